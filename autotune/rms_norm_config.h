@@ -1,0 +1,37 @@
+// Launch configurations of the RMSNorm kernels and the heuristic that picks one without tuning.
+//
+// A config fixes the vector width (elements per access, chosen by alignment), how many threads share
+// one row and how many rows a block holds, separately for forward and backward: the backward wants
+// fewer, wider blocks because each row group writes a partial weight-gradient row.
+//
+//   RmsNormConfig c = DefaultRmsNormConfig(/*hidden=*/4096, /*max_vec=*/8);
+//   // c.vec == 8, c.forward.threads_per_row == 128, c.forward.rows_per_block == 1
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kjit::autotune {
+
+struct RowShape {
+  int threads_per_row = 32;  // a power of two <= 32, or a multiple of 32 <= 1024
+  int rows_per_block = 1;    // 1 when threads_per_row > 32
+  int block_threads() const { return threads_per_row * rows_per_block; }
+  bool operator==(const RowShape&) const = default;
+};
+
+struct RmsNormConfig {
+  int vec = 1;  // elements per vector access; divides hidden
+  RowShape forward;
+  RowShape backward;
+  std::string ToString() const;  // "vec=8 fwd=128x1 bwd=512x1"
+  bool operator==(const RmsNormConfig&) const = default;
+};
+
+// The widest vector (<= 16 bytes) that divides hidden; alignment of the actual pointers may lower it.
+int MaxVecForHidden(int64_t hidden, int elem_bytes);
+
+// A sound default for a hidden size and vector width.
+RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec);
+
+}  // namespace kjit::autotune

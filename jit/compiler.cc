@@ -1,0 +1,105 @@
+#include "jit/compiler.h"
+
+#include <chrono>
+#include <memory>
+
+#include <absl/strings/cord.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace kjit::jit {
+
+std::vector<std::string> CompileOptions(const Target& target) {
+  return {target.GpuArchitectureOption(), "--std=c++17", "--fmad=true", "--device-int128"};
+}
+
+namespace {
+
+std::string ProgramLog(const Nvrtc& nvrtc, nvrtcProgram prog) {
+  size_t size = 0;
+  if (nvrtc.nvrtcGetProgramLogSize(prog, &size) != NVRTC_SUCCESS || size <= 1) return "";
+  std::string log(size, '\0');
+  if (nvrtc.nvrtcGetProgramLog(prog, log.data()) != NVRTC_SUCCESS) return "";
+  log.resize(size - 1);  // drop the terminating NUL
+  return log;
+}
+
+}  // namespace
+
+absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const Target& target) {
+  KJIT_RETURN_IF_ERROR(CheckNvrtcSupports(target, nvrtc.supported_archs()));
+  std::vector<const char*> header_texts, header_names;
+  for (const auto& [name, text] : source.headers) {
+    header_names.push_back(name.c_str());
+    header_texts.push_back(text.c_str());
+  }
+  nvrtcProgram prog = nullptr;
+  KJIT_RETURN_IF_ERROR(nvrtc.Check(
+      nvrtc.nvrtcCreateProgram(&prog, source.text.c_str(), (source.name + ".cu").c_str(),
+                               static_cast<int>(header_texts.size()), header_texts.data(),
+                               header_names.data()),
+      "nvrtcCreateProgram"));
+  auto destroy = [&nvrtc](nvrtcProgram* p) { nvrtc.nvrtcDestroyProgram(p); };
+  std::unique_ptr<nvrtcProgram, decltype(destroy)> guard(&prog, destroy);
+
+  for (const std::string& expr : source.name_expressions) {
+    KJIT_RETURN_IF_ERROR(
+        nvrtc.Check(nvrtc.nvrtcAddNameExpression(prog, expr.c_str()), "nvrtcAddNameExpression"));
+  }
+  const std::vector<std::string> options = CompileOptions(target);
+  std::vector<const char*> option_ptrs;
+  for (const std::string& o : options) option_ptrs.push_back(o.c_str());
+
+  nvrtcResult compiled =
+      nvrtc.nvrtcCompileProgram(prog, static_cast<int>(option_ptrs.size()), option_ptrs.data());
+  std::string log = ProgramLog(nvrtc, prog);
+  if (compiled != NVRTC_SUCCESS) {
+    absl::Status err = absl::InternalError(fmt::format(
+        "NVRTC failed to compile '{}' for {}: {}\n  params: {}\n  options: {}\n  NVRTC {} ({})\n"
+        "--- log ---\n{}",
+        source.name, target.ToString(), nvrtc.nvrtcGetErrorString(compiled),
+        FormatParams(source.params), fmt::join(options, " "), nvrtc.version().ToString(),
+        nvrtc.path(), log));
+    err.SetPayload(kCompileLogPayload, absl::Cord(log));
+    return err;
+  }
+
+  Binary bin;
+  bin.target = target;
+  size_t size = 0;
+  if (target.kind == Target::Kind::kCubin) {
+    KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize"));
+    // NVRTC reports success with size 0 when the target was virtual; never cache an empty CUBIN.
+    if (size == 0) {
+      return absl::InternalError(
+          fmt::format("NVRTC produced an empty CUBIN for {} ('{}')", target.ToString(), source.name));
+    }
+    bin.code.resize(size);
+    KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetCUBIN(prog, bin.code.data()), "nvrtcGetCUBIN"));
+  } else {
+    KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetPTXSize(prog, &size), "nvrtcGetPTXSize"));
+    if (size <= 1) {
+      return absl::InternalError(
+          fmt::format("NVRTC produced empty PTX for {} ('{}')", target.ToString(), source.name));
+    }
+    bin.code.resize(size);
+    KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetPTX(prog, bin.code.data()), "nvrtcGetPTX"));
+  }
+  for (const std::string& expr : source.name_expressions) {
+    const char* lowered = nullptr;
+    KJIT_RETURN_IF_ERROR(
+        nvrtc.Check(nvrtc.nvrtcGetLoweredName(prog, expr.c_str(), &lowered), "nvrtcGetLoweredName"));
+    bin.lowered_names[expr] = lowered;
+  }
+  bin.nvrtc_version = nvrtc.version().ToString();
+  bin.options = options;
+  bin.params = source.params;
+  bin.program_name = source.name;
+  bin.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  bin.log = std::move(log);
+  return bin;
+}
+
+}  // namespace kjit::jit

@@ -1,0 +1,35 @@
+#include "jit/dtype.h"
+
+#include <fmt/format.h>
+
+namespace kjit {
+
+size_t SizeOf(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+const char* Name(DType t) {
+  switch (t) {
+    case DType::kF32: return "fp32";
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+const char* DeviceTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "float";
+    case DType::kF16: return "kjit::f16";
+    case DType::kBF16: return "kjit::bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(std::string_view text) {
+  if (text == "fp32" || text == "f32" || text == "float32" || text == "float") return DType::kF32;
+  if (text == "fp16" || text == "f16" || text == "float16" || text == "half") return DType::kF16;
+  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      fmt::format("dtype: '{}' is not supported; expected fp32, fp16 or bf16", text));
+}
+
+}  // namespace kjit

@@ -1,0 +1,113 @@
+#include "jit/jit.h"
+
+#include <fmt/format.h>
+
+#include "jit/cache_key.h"
+#include "jit/compiler.h"
+
+namespace kjit::jit {
+
+const char* OriginName(Jit::Origin origin) {
+  switch (origin) {
+    case Jit::Origin::kMemory: return "memory";
+    case Jit::Origin::kDisk: return "disk cache";
+    case Jit::Origin::kCompiled: return "compiled";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::unique_ptr<Jit>> Jit::Create(const Options& options) {
+  std::unique_ptr<Jit> jit(new Jit(options));
+  if (options.use_disk_cache) {
+    DiskCache::Options cache_options;
+    if (options.cache) {
+      cache_options = *options.cache;
+    } else {
+      KJIT_ASSIGN_OR_RETURN(cache_options, DiskCache::Options::FromEnvironment());
+    }
+    KJIT_ASSIGN_OR_RETURN(DiskCache disk, DiskCache::Open(cache_options));
+    if (!disk.warning().empty()) fmt::print(stderr, "kjit: warning: {}\n", disk.warning());
+    jit->disk_ = std::move(disk);
+  }
+  return jit;
+}
+
+int Jit::compile_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return compiles_;
+}
+
+absl::StatusOr<Jit::Built> Jit::Build(const Source& source, const Target& target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return BuildLocked(source, target);
+}
+
+absl::StatusOr<Jit::Built> Jit::BuildLocked(const Source& source, const Target& target) {
+  KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
+  Built built;
+  built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
+  if (auto it = binaries_.find(built.key); it != binaries_.end()) {
+    built.binary = it->second;
+    built.origin = Origin::kMemory;
+    if (disk_) built.path = disk_->dir() + "/" + built.key + ".kjit";
+    return built;
+  }
+  auto remember = [&](Binary bin, Origin origin, bool on_disk) {
+    built.binary = std::make_shared<const Binary>(std::move(bin));
+    built.origin = origin;
+    if (on_disk) built.path = disk_->dir() + "/" + built.key + ".kjit";
+    binaries_[built.key] = built.binary;
+    return built;
+  };
+  if (!disk_) {
+    KJIT_ASSIGN_OR_RETURN(Binary bin, Compile(*nvrtc, source, target));
+    ++compiles_;
+    return remember(std::move(bin), Origin::kCompiled, false);
+  }
+  if (std::optional<Binary> hit = disk_->Lookup(built.key)) {
+    return remember(std::move(*hit), Origin::kDisk, true);
+  }
+  // Hold the key's lock while compiling so that other processes wait for our entry instead of
+  // compiling the same kernel; past the timeout (a hung peer, a slow shared filesystem) compile
+  // anyway.
+  std::optional<DiskCache::KeyLock> key_lock;
+  if (!disk_->read_only()) {
+    auto locked = disk_->LockKey(built.key, options_.lock_timeout);
+    if (locked.ok()) {
+      key_lock.emplace(std::move(*locked));
+      if (std::optional<Binary> hit = disk_->Lookup(built.key)) {
+        return remember(std::move(*hit), Origin::kDisk, true);
+      }
+    } else {
+      fmt::print(stderr, "kjit: warning: {}; compiling without the lock\n",
+                 ToStd(locked.status().message()));
+    }
+  }
+  KJIT_ASSIGN_OR_RETURN(Binary bin, Compile(*nvrtc, source, target));
+  ++compiles_;
+  bool stored = false;
+  if (!disk_->read_only()) {
+    absl::Status s = disk_->Store(built.key, bin);
+    stored = s.ok();
+    if (!stored) {
+      fmt::print(stderr, "kjit: warning: could not store {} in the cache ({}); keeping it in memory\n",
+                 built.key, ToStd(s.message()));
+    }
+  }
+  return remember(std::move(bin), Origin::kCompiled, stored);
+}
+
+absl::StatusOr<std::shared_ptr<const LoadedModule>> Jit::Load(const Source& source,
+                                                              const Target& target,
+                                                              const Driver& cu, CUcontext ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KJIT_ASSIGN_OR_RETURN(Built built, BuildLocked(source, target));
+  auto slot = std::make_pair(built.key, ctx);
+  if (auto it = modules_.find(slot); it != modules_.end()) return it->second;
+  KJIT_ASSIGN_OR_RETURN(std::shared_ptr<LoadedModule> module,
+                        LoadedModule::Load(cu, *built.binary, ctx));
+  modules_[slot] = module;
+  return std::shared_ptr<const LoadedModule>(module);
+}
+
+}  // namespace kjit::jit

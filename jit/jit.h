@@ -1,0 +1,75 @@
+// Jit: the pipeline with its caches, Source -> Binary -> LoadedModule.
+//
+// In front sits an in-memory registry (a second request in the process touches neither disk nor
+// NVRTC), then the disk cache (a request in a new process loads the stored binary), then NVRTC. A
+// per-key disk lock makes concurrent processes compile a kernel once; a process that cannot get the
+// lock in time compiles on its own. A cache that cannot be written leaves the binary in memory.
+//
+//   KJIT_ASSIGN_OR_RETURN(auto jit, Jit::Create({}));
+//   KJIT_ASSIGN_OR_RETURN(Jit::Built built, jit->Build(source, target));      // no GPU needed
+//   KJIT_ASSIGN_OR_RETURN(auto module, jit->Load(source, target, *driver, ctx));
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "jit/binary.h"
+#include "jit/disk_cache.h"
+#include "jit/driver.h"
+#include "jit/loaded_module.h"
+#include "jit/nvrtc.h"
+#include "jit/source.h"
+#include "jit/target.h"
+
+namespace kjit::jit {
+
+class Jit {
+ public:
+  struct Options {
+    bool use_disk_cache = true;
+    std::optional<DiskCache::Options> cache;  // nullopt: DiskCache::Options::FromEnvironment()
+    std::chrono::milliseconds lock_timeout{std::chrono::seconds(120)};
+  };
+
+  enum class Origin { kMemory, kDisk, kCompiled };
+  struct Built {
+    std::shared_ptr<const Binary> binary;
+    std::string key;
+    Origin origin = Origin::kCompiled;
+    std::string path;  // the disk entry, empty when memory-only
+  };
+
+  // Fails only for an unusable cache configuration (e.g. an others-writable cache directory);
+  // NVRTC is loaded on the first compile.
+  static absl::StatusOr<std::unique_ptr<Jit>> Create(const Options& options);
+
+  absl::StatusOr<Built> Build(const Source& source, const Target& target);
+  absl::StatusOr<std::shared_ptr<const LoadedModule>> Load(const Source& source,
+                                                           const Target& target,
+                                                           const Driver& cu, CUcontext ctx);
+
+  // nullptr when the disk cache is off.
+  const DiskCache* disk_cache() const { return disk_ ? &*disk_ : nullptr; }
+  // How many NVRTC compiles this Jit ran; tests use it to prove cache hits.
+  int compile_count() const;
+
+ private:
+  explicit Jit(const Options& options) : options_(options) {}
+  absl::StatusOr<Built> BuildLocked(const Source& source, const Target& target);
+
+  Options options_;
+  std::optional<DiskCache> disk_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const Binary>> binaries_;  // key -> binary
+  std::map<std::pair<std::string, CUcontext>, std::shared_ptr<const LoadedModule>> modules_;
+  int compiles_ = 0;
+};
+
+const char* OriginName(Jit::Origin origin);
+
+}  // namespace kjit::jit

@@ -1,0 +1,80 @@
+#include "jit/nvrtc.h"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace kjit::jit {
+
+std::vector<std::string> DefaultNvrtcCandidates() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("KJIT_NVRTC_PATH"); env != nullptr && *env != '\0') {
+    out.push_back(env);
+  }
+  for (const char* name : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) out.push_back(name);
+  for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib"}) {
+    out.push_back(fmt::format("{}/libnvrtc.so", dir));
+  }
+  return out;
+}
+
+absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
+  auto lib = DynLib::Open(candidates);
+  if (!lib.ok()) {
+    return absl::NotFoundError(fmt::format(
+        "NVRTC (libnvrtc) is not available: {}\nfix: install the CUDA toolkit's NVRTC (e.g. the "
+        "cuda-nvrtc-13-0 package, or pip's nvidia-cuda-nvrtc) or point KJIT_NVRTC_PATH at "
+        "libnvrtc.so",
+        ToStd(lib.status().message())));
+  }
+  Nvrtc n(std::move(*lib));
+  std::string missing;
+#define KJIT_NVRTC_LOAD(name)                                                   \
+  n.name = reinterpret_cast<decltype(n.name)>(n.lib_.Symbol(#name));            \
+  if (n.name == nullptr) missing += " " #name
+  KJIT_NVRTC_LOAD(nvrtcGetErrorString);
+  KJIT_NVRTC_LOAD(nvrtcVersion);
+  KJIT_NVRTC_LOAD(nvrtcGetNumSupportedArchs);
+  KJIT_NVRTC_LOAD(nvrtcGetSupportedArchs);
+  KJIT_NVRTC_LOAD(nvrtcCreateProgram);
+  KJIT_NVRTC_LOAD(nvrtcDestroyProgram);
+  KJIT_NVRTC_LOAD(nvrtcCompileProgram);
+  KJIT_NVRTC_LOAD(nvrtcGetProgramLogSize);
+  KJIT_NVRTC_LOAD(nvrtcGetProgramLog);
+  KJIT_NVRTC_LOAD(nvrtcGetPTXSize);
+  KJIT_NVRTC_LOAD(nvrtcGetPTX);
+  KJIT_NVRTC_LOAD(nvrtcGetCUBINSize);
+  KJIT_NVRTC_LOAD(nvrtcGetCUBIN);
+  KJIT_NVRTC_LOAD(nvrtcAddNameExpression);
+  KJIT_NVRTC_LOAD(nvrtcGetLoweredName);
+#undef KJIT_NVRTC_LOAD
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{} lacks{}: kjit needs NVRTC 11.2 or newer (CUDA 12.8+ for Blackwell); fix: install a "
+        "newer CUDA toolkit or set KJIT_NVRTC_PATH",
+        n.path(), missing));
+  }
+  KJIT_RETURN_IF_ERROR(n.Check(n.nvrtcVersion(&n.version_.major, &n.version_.minor), "nvrtcVersion"));
+  int count = 0;
+  KJIT_RETURN_IF_ERROR(n.Check(n.nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs"));
+  n.archs_.resize(count);
+  if (count > 0) {
+    KJIT_RETURN_IF_ERROR(n.Check(n.nvrtcGetSupportedArchs(n.archs_.data()), "nvrtcGetSupportedArchs"));
+  }
+  return n;
+}
+
+absl::StatusOr<const Nvrtc*> Nvrtc::Get() {
+  static const absl::StatusOr<Nvrtc>* instance =
+      new absl::StatusOr<Nvrtc>(Load(DefaultNvrtcCandidates()));
+  if (!instance->ok()) return instance->status();
+  return &**instance;
+}
+
+absl::Status Nvrtc::Check(nvrtcResult result, const char* call) const {
+  if (result == NVRTC_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(fmt::format("{} failed: {} ({})", call, nvrtcGetErrorString(result),
+                                         static_cast<int>(result)));
+}
+
+}  // namespace kjit::jit

@@ -1,0 +1,70 @@
+// NVRTC, opened at run time.
+//
+// libnvrtc is found through KJIT_NVRTC_PATH, then the loader's path, then the toolkit's usual
+// places; a missing NVRTC is an error that says how to install it, never a crash.
+//
+//   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
+//   fmt::print("NVRTC {}.{} from {}\n", nvrtc->version().major, nvrtc->version().minor,
+//              nvrtc->path());
+#pragma once
+
+#include <nvrtc.h>
+
+#include <string>
+#include <vector>
+
+#include "jit/dynlib.h"
+#include "jit/status.h"
+
+namespace kjit::jit {
+
+struct NvrtcVersion {
+  int major = 0;
+  int minor = 0;
+  std::string ToString() const { return std::to_string(major) + "." + std::to_string(minor); }
+};
+
+class Nvrtc {
+ public:
+  // The process-wide instance, loaded on first use. The error (NotFound) is remembered too.
+  static absl::StatusOr<const Nvrtc*> Get();
+  // Loads from explicit candidates; for tests and `kjit doctor`.
+  static absl::StatusOr<Nvrtc> Load(const std::vector<std::string>& candidates);
+
+  const std::string& path() const { return lib_.path(); }
+  NvrtcVersion version() const { return version_; }
+  // Real compute capabilities, e.g. {75, 80, ..., 120}, as nvrtcGetSupportedArchs reports them.
+  const std::vector<int>& supported_archs() const { return archs_; }
+
+  // Converts an nvrtcResult into a Status naming the call.
+  absl::Status Check(nvrtcResult result, const char* call) const;
+
+#define KJIT_NVRTC_FN(name) decltype(&::name) name = nullptr
+  KJIT_NVRTC_FN(nvrtcGetErrorString);
+  KJIT_NVRTC_FN(nvrtcVersion);
+  KJIT_NVRTC_FN(nvrtcGetNumSupportedArchs);
+  KJIT_NVRTC_FN(nvrtcGetSupportedArchs);
+  KJIT_NVRTC_FN(nvrtcCreateProgram);
+  KJIT_NVRTC_FN(nvrtcDestroyProgram);
+  KJIT_NVRTC_FN(nvrtcCompileProgram);
+  KJIT_NVRTC_FN(nvrtcGetProgramLogSize);
+  KJIT_NVRTC_FN(nvrtcGetProgramLog);
+  KJIT_NVRTC_FN(nvrtcGetPTXSize);
+  KJIT_NVRTC_FN(nvrtcGetPTX);
+  KJIT_NVRTC_FN(nvrtcGetCUBINSize);
+  KJIT_NVRTC_FN(nvrtcGetCUBIN);
+  KJIT_NVRTC_FN(nvrtcAddNameExpression);
+  KJIT_NVRTC_FN(nvrtcGetLoweredName);
+#undef KJIT_NVRTC_FN
+
+ private:
+  explicit Nvrtc(DynLib lib) : lib_(std::move(lib)) {}
+  DynLib lib_;
+  NvrtcVersion version_;
+  std::vector<int> archs_;
+};
+
+// Where Get() looks, in order.
+std::vector<std::string> DefaultNvrtcCandidates();
+
+}  // namespace kjit::jit

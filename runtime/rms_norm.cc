@@ -1,0 +1,334 @@
+#include "runtime/rms_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "runtime/runtime.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tensor_checks.h"
+#include "templates/rms_norm_params.h"
+
+namespace kjit {
+
+namespace {
+
+constexpr int64_t kMaxHidden = 65536;
+// The dw reduce kernel's block: 32 columns x 8 row stripes.
+constexpr int kReduceColumns = 32;
+constexpr int kReduceSlices = 8;
+
+DType WeightDType(const RmsNormSpec& spec) { return spec.weight_dtype.value_or(spec.dtype); }
+
+std::string ForwardExpr(const RmsNormSpec& s, const autotune::RmsNormConfig& c) {
+  return fmt::format("kjit::rms_norm_forward<{}, {}, {}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
+                     DeviceTypeName(WeightDType(s)), s.hidden, c.forward.threads_per_row,
+                     c.forward.rows_per_block, c.vec,
+                     s.casting == RmsNormCasting::kGemma ? "true" : "false",
+                     s.fused_residual ? "true" : "false");
+}
+std::string BackwardExpr(const RmsNormSpec& s, const autotune::RmsNormConfig& c) {
+  return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
+                     DeviceTypeName(WeightDType(s)), s.hidden, c.backward.threads_per_row,
+                     c.backward.rows_per_block, c.vec);
+}
+std::string ReduceExpr(const RmsNormSpec& s) {
+  return fmt::format("kjit::rms_norm_dw_reduce<{}, {}, {}, {}>", DeviceTypeName(WeightDType(s)),
+                     s.hidden, kReduceColumns, kReduceSlices);
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Row groups the backward runs with: enough blocks to fill the GPU about once.
+int64_t BackwardGroups(const autotune::RmsNormConfig& c, int64_t rows, int sm_count) {
+  const int block = c.backward.block_threads();
+  const int64_t blocks = std::min<int64_t>(CeilDiv(rows, c.backward.rows_per_block),
+                                           int64_t{sm_count} * std::max(1, 2048 / block));
+  return blocks * c.backward.rows_per_block;
+}
+
+absl::Status CheckRowShape(const char* which, const autotune::RowShape& s) {
+  const int t = s.threads_per_row;
+  const bool pow2_warp = t >= 1 && t <= 32 && (t & (t - 1)) == 0;
+  const bool block_row = t > 32 && t <= 1024 && t % 32 == 0 && s.rows_per_block == 1;
+  if (!(pow2_warp || block_row) || s.rows_per_block < 1 || s.block_threads() > 1024 ||
+      s.block_threads() % 32 != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.{}: {} threads per row x {} rows per block is not a valid shape (threads per row a "
+        "power of two up to 32, or a multiple of 32 up to 1024 with one row per block; the block a "
+        "multiple of 32 threads)",
+        which, t, s.rows_per_block));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateConfig(const RmsNormSpec& spec, const autotune::RmsNormConfig& c) {
+  if (c.vec < 1 || c.vec > 16 || (c.vec & (c.vec - 1)) != 0 || spec.hidden % c.vec != 0 ||
+      c.vec * static_cast<int>(std::max(SizeOf(spec.dtype), SizeOf(WeightDType(spec)))) > 16) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.vec: {} must be a power of two dividing hidden ({}) with at most 16 bytes per "
+        "access",
+        c.vec, spec.hidden));
+  }
+  KJIT_RETURN_IF_ERROR(CheckRowShape("forward", c.forward));
+  return CheckRowShape("backward", c.backward);
+}
+
+}  // namespace
+
+absl::Status ValidateRmsNormSpec(const RmsNormSpec& spec) {
+  if (spec.hidden < 1 || spec.hidden > kMaxHidden) {
+    return absl::InvalidArgumentError(
+        fmt::format("hidden: {} is out of range, expected 1 to {}", spec.hidden, kMaxHidden));
+  }
+  if (!std::isfinite(spec.eps) || spec.eps < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("eps: {} must be finite and not negative", spec.eps));
+  }
+  if (!std::isfinite(spec.weight_offset)) {
+    return absl::InvalidArgumentError(
+        fmt::format("weight_offset: {} must be finite", spec.weight_offset));
+  }
+  if (spec.config) KJIT_RETURN_IF_ERROR(ValidateConfig(spec, *spec.config));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<jit::Source> RenderRmsNorm(const RmsNormSpec& spec,
+                                          const autotune::RmsNormConfig& config) {
+  KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(spec));
+  KJIT_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  std::map<std::string, std::string> params = {
+      {"op", "rms_norm"},
+      {"hidden", std::to_string(spec.hidden)},
+      {"dtype", Name(spec.dtype)},
+      {"weight_dtype", Name(WeightDType(spec))},
+      {"casting", spec.casting == RmsNormCasting::kGemma ? "gemma" : "llama"},
+      {"fused_residual", spec.fused_residual ? "true" : "false"},
+      {"config", config.ToString()},
+  };
+  return jit::RenderSource("rms_norm", {"common.cuh", "rms_norm_params.h", "rms_norm.cuh"},
+                           {ForwardExpr(spec, config), BackwardExpr(spec, config), ReduceExpr(spec)},
+                           std::move(params));
+}
+
+namespace internal {
+
+struct RmsNormKernels {
+  autotune::RmsNormConfig config;
+  std::shared_ptr<const jit::LoadedModule> module;
+  CUfunction forward = nullptr;
+  CUfunction backward = nullptr;
+  CUfunction reduce = nullptr;
+};
+
+struct RmsNormState {
+  RmsNormSpec spec;
+  autotune::RmsNormConfig config;  // for the widest vector
+  std::mutex mu;
+  std::map<int, RmsNormKernels> by_vec;  // lower vector widths compiled on demand (misaligned views)
+
+  autotune::RmsNormConfig ConfigForVec(int vec) const {
+    if (vec == config.vec) return config;
+    return autotune::DefaultRmsNormConfig(spec.hidden, vec);
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::RuntimeState& rt,
+                                                           internal::RmsNormState& op, int vec) {
+  std::lock_guard<std::mutex> lock(op.mu);
+  if (auto it = op.by_vec.find(vec); it != op.by_vec.end()) return &it->second;
+  internal::RmsNormKernels k;
+  k.config = op.ConfigForVec(vec);
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderRmsNorm(op.spec, k.config));
+  KJIT_ASSIGN_OR_RETURN(k.module, rt.jit->Load(src, rt.target, *rt.driver, rt.ctx));
+  KJIT_ASSIGN_OR_RETURN(k.forward, k.module->Function(src.name_expressions[0]));
+  KJIT_ASSIGN_OR_RETURN(k.backward, k.module->Function(src.name_expressions[1]));
+  KJIT_ASSIGN_OR_RETURN(k.reduce, k.module->Function(src.name_expressions[2]));
+  return &op.by_vec.emplace(vec, std::move(k)).first->second;
+}
+
+absl::Status Launch(const internal::RuntimeState& rt, CUfunction fn, int64_t grid, int block,
+                    CUstream stream, void* params) {
+  if (grid > 0x7fffffff) {
+    return absl::InvalidArgumentError(fmt::format("rows: {} blocks exceed the grid limit", grid));
+  }
+  KJIT_RETURN_IF_ERROR(rt.MakeCurrent());
+  void* args[] = {params};
+  return rt.driver->Check(rt.driver->cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1,
+                                                    static_cast<unsigned>(block), 1, 1, 0, stream,
+                                                    args, nullptr),
+                          "cuLaunchKernel");
+}
+
+absl::Status NeedsDevice(const internal::RuntimeState& rt) {
+  if (rt.compile_only) {
+    return absl::FailedPreconditionError(
+        "this runtime is compile-only (no GPU): kernels can be built but not launched");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoPartialOverlap(const char* a_name, const TensorView& a, const char* b_name,
+                              const TensorView& b) {
+  if (internal::PartiallyOverlaps(a, b)) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: overlaps {} (only exact in-place aliasing is allowed)", a_name, b_name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoOverlap(const char* a_name, const TensorView& a, const char* b_name,
+                       const TensorView& b) {
+  if (!a.empty() && a.data == b.data) {
+    return absl::InvalidArgumentError(fmt::format("{}: must not alias {}", a_name, b_name));
+  }
+  return NoPartialOverlap(a_name, a, b_name, b);
+}
+
+}  // namespace
+
+const RmsNormSpec& RmsNorm::spec() const { return op_->spec; }
+const autotune::RmsNormConfig& RmsNorm::config() const { return op_->config; }
+
+absl::StatusOr<jit::Jit::Built> RmsNorm::Build() const {
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderRmsNorm(op_->spec, op_->config));
+  return rt_->jit->Build(src, rt_->target);
+}
+
+int64_t RmsNorm::BackwardWorkspaceBytes(int64_t rows) const {
+  const int sm_count = rt_->compile_only ? 1 : rt_->device.sm_count;
+  // Lower vector widths (misaligned views) may pack more rows per block: leave room for a full one.
+  const int64_t groups = std::max<int64_t>(BackwardGroups(op_->config, std::max<int64_t>(rows, 1), sm_count), 128);
+  return groups * op_->spec.hidden * static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) const {
+  const RmsNormSpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("x", a.x, s.dtype, internal::kAnyRows, s.hidden));
+  const int64_t rows = a.x.rows;
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("weight", a.weight, WeightDType(s), 1, s.hidden));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("y", a.y, s.dtype, rows, s.hidden));
+  if (!a.rstd.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("rstd", a.rstd, DType::kF32, 1, rows));
+  if (s.fused_residual) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("residual", a.residual, s.dtype, rows, s.hidden));
+    KJIT_RETURN_IF_ERROR(
+        internal::CheckMatrix("residual_out", a.residual_out, s.dtype, rows, s.hidden));
+    KJIT_RETURN_IF_ERROR(NoPartialOverlap("residual_out", a.residual_out, "residual", a.residual));
+    KJIT_RETURN_IF_ERROR(NoOverlap("residual_out", a.residual_out, "x", a.x));
+    KJIT_RETURN_IF_ERROR(NoOverlap("y", a.y, "residual_out", a.residual_out));
+  } else if (!a.residual.empty() || !a.residual_out.empty()) {
+    return absl::InvalidArgumentError(
+        "residual: given, but the op was created without fused_residual");
+  }
+  KJIT_RETURN_IF_ERROR(NoPartialOverlap("y", a.y, "x", a.x));
+  KJIT_RETURN_IF_ERROR(NoOverlap("y", a.y, "weight", a.weight));
+  KJIT_RETURN_IF_ERROR(NoOverlap("rstd", a.rstd, "y", a.y));
+
+  const int vec = internal::WidestAlignedVec(
+      op_->config.vec, {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, vec));
+  RmsNormForwardParams p{};
+  p.x = a.x.data;
+  p.x_stride = a.x.row_stride;
+  p.residual = a.residual.data;
+  p.residual_stride = a.residual.row_stride;
+  p.residual_out = a.residual_out.data;
+  p.residual_out_stride = a.residual_out.row_stride;
+  p.weight = a.weight.data;
+  p.y = a.y.data;
+  p.y_stride = a.y.row_stride;
+  p.rstd = static_cast<float*>(a.rstd.data);
+  p.rows = rows;
+  p.eps = s.eps;
+  p.weight_offset = s.weight_offset;
+  return Launch(*rt_, k->forward, CeilDiv(rows, k->config.forward.rows_per_block),
+                k->config.forward.block_threads(), stream, &p);
+}
+
+absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) const {
+  const RmsNormSpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dy", a.dy, s.dtype, internal::kAnyRows, s.hidden));
+  const int64_t rows = a.dy.rows;
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("x", a.x, s.dtype, rows, s.hidden));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("weight", a.weight, WeightDType(s), 1, s.hidden));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("rstd", a.rstd, DType::kF32, 1, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dx", a.dx, s.dtype, rows, s.hidden));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dw", a.dw, WeightDType(s), 1, s.hidden));
+  if (!a.dresidual.empty()) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dresidual", a.dresidual, s.dtype, rows, s.hidden));
+    KJIT_RETURN_IF_ERROR(NoPartialOverlap("dx", a.dx, "dresidual", a.dresidual));
+  }
+  KJIT_RETURN_IF_ERROR(NoPartialOverlap("dx", a.dx, "dy", a.dy));
+  KJIT_RETURN_IF_ERROR(NoOverlap("dx", a.dx, "x", a.x));
+  KJIT_RETURN_IF_ERROR(NoOverlap("dw", a.dw, "dx", a.dx));
+  if (a.workspace == nullptr) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace: null; pass BackwardWorkspaceBytes(rows) = {} bytes of device memory",
+        BackwardWorkspaceBytes(rows)));
+  }
+  if (reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
+    return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
+  }
+
+  const int vec =
+      internal::WidestAlignedVec(op_->config.vec, {&a.dy, &a.x, &a.weight, &a.dx, &a.dresidual});
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, vec));
+  const int rpb = k->config.backward.rows_per_block;
+  const int64_t per_group = s.hidden * static_cast<int64_t>(sizeof(float));
+  // A smaller workspace than asked for still works, with fewer (longer) row groups.
+  const int64_t blocks = std::min(BackwardGroups(k->config, rows, rt_->device.sm_count) / rpb,
+                                  a.workspace_bytes / per_group / rpb);
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace_bytes: {} is too small, need at least {} (BackwardWorkspaceBytes(rows) = {})",
+        a.workspace_bytes, per_group * rpb, BackwardWorkspaceBytes(rows)));
+  }
+  RmsNormBackwardParams p{};
+  p.dy = a.dy.data;
+  p.dy_stride = a.dy.row_stride;
+  p.x = a.x.data;
+  p.x_stride = a.x.row_stride;
+  p.weight = a.weight.data;
+  p.rstd = static_cast<const float*>(a.rstd.data);
+  p.dresidual = a.dresidual.data;
+  p.dresidual_stride = a.dresidual.row_stride;
+  p.dx = a.dx.data;
+  p.dx_stride = a.dx.row_stride;
+  p.dw_partial = static_cast<float*>(a.workspace);
+  p.rows = rows;
+  p.weight_offset = s.weight_offset;
+  KJIT_RETURN_IF_ERROR(
+      Launch(*rt_, k->backward, blocks, k->config.backward.block_threads(), stream, &p));
+  RmsNormDwReduceParams r{};
+  r.dw_partial = p.dw_partial;
+  r.partial_rows = blocks * rpb;
+  r.dw = a.dw.data;
+  return Launch(*rt_, k->reduce, CeilDiv(s.hidden, kReduceColumns), kReduceColumns * kReduceSlices,
+                stream, &r);
+}
+
+absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
+  KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(spec));
+  auto op = std::make_shared<internal::RmsNormState>();
+  op->spec = spec;
+  const int max_vec = autotune::MaxVecForHidden(
+      spec.hidden, static_cast<int>(std::max(SizeOf(spec.dtype), SizeOf(WeightDType(spec)))));
+  op->config = spec.config.value_or(autotune::DefaultRmsNormConfig(spec.hidden, max_vec));
+  kjit::RmsNorm norm(state_, op);
+  if (!state_->compile_only) {
+    // Build and load the common case now so that errors surface here, not in the first launch.
+    KJIT_RETURN_IF_ERROR(KernelsFor(*state_, *op, op->config.vec).status());
+  }
+  return norm;
+}
+
+}  // namespace kjit

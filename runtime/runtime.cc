@@ -1,0 +1,63 @@
+#include "runtime/runtime.h"
+
+#include <fmt/format.h>
+
+#include "runtime/runtime_state.h"
+
+namespace kjit {
+namespace internal {
+
+RuntimeState::~RuntimeState() {
+  jit.reset();  // unloads modules while the context is alive
+  if (driver != nullptr && ctx != nullptr) driver->cuDevicePrimaryCtxRelease(cu_device);
+}
+
+absl::Status RuntimeState::MakeCurrent() const {
+  CUcontext current = nullptr;
+  KJIT_RETURN_IF_ERROR(driver->Check(driver->cuCtxGetCurrent(&current), "cuCtxGetCurrent"));
+  if (current == ctx) return absl::OkStatus();
+  return driver->Check(driver->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+}  // namespace internal
+
+absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
+  auto state = std::make_shared<internal::RuntimeState>();
+  KJIT_ASSIGN_OR_RETURN(state->jit, jit::Jit::Create(options.jit));
+  state->compile_only = options.compile_only;
+  if (options.compile_only) {
+    if (options.target.empty()) {
+      return absl::InvalidArgumentError(
+          "target: a compile-only runtime needs an explicit target such as sm_90 or sm_100");
+    }
+    KJIT_ASSIGN_OR_RETURN(state->target, jit::ParseTarget(options.target));
+    return Runtime(std::move(state));
+  }
+  KJIT_ASSIGN_OR_RETURN(state->driver, jit::Driver::Get());
+  const jit::Driver& cu = *state->driver;
+  KJIT_ASSIGN_OR_RETURN(state->device, jit::QueryDevice(cu, options.device));
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuDeviceGet(&state->cu_device, options.device), "cuDeviceGet"));
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuDevicePrimaryCtxRetain(&state->ctx, state->cu_device),
+                                "cuDevicePrimaryCtxRetain"));
+  KJIT_RETURN_IF_ERROR(state->MakeCurrent());
+  if (options.target.empty()) {
+    KJIT_ASSIGN_OR_RETURN(const jit::Nvrtc* nvrtc, jit::Nvrtc::Get());
+    const int nvrtc_version = nvrtc->version().major * 1000 + nvrtc->version().minor * 10;
+    KJIT_ASSIGN_OR_RETURN(state->target,
+                          jit::SelectTargetForDevice(state->device.compute_capability(),
+                                                     nvrtc->supported_archs(), nvrtc_version,
+                                                     cu.version()));
+  } else {
+    KJIT_ASSIGN_OR_RETURN(state->target, jit::ParseTarget(options.target));
+  }
+  return Runtime(std::move(state));
+}
+
+const jit::Target& Runtime::target() const { return state_->target; }
+bool Runtime::compile_only() const { return state_->compile_only; }
+const jit::DeviceInfo& Runtime::device() const { return state_->device; }
+jit::Jit& Runtime::jit() const { return *state_->jit; }
+const jit::Driver* Runtime::driver() const { return state_->driver; }
+CUcontext Runtime::context() const { return state_->ctx; }
+
+}  // namespace kjit

@@ -1,0 +1,52 @@
+// Runtime: the entry point of kjit's public API. It owns the JIT (memory and disk caches, NVRTC)
+// and, unless it was created compile-only, one GPU's primary context and the target for it.
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create());       // device 0
+//   KJIT_ASSIGN_OR_RETURN(kjit::RmsNorm norm, rt.RmsNorm({.hidden = 4096}));
+//   // without a GPU, to prebuild a cache:
+//   auto rt = kjit::Runtime::Create({.target = "sm_100", .compile_only = true});
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "jit/driver.h"
+#include "jit/jit.h"
+#include "jit/status.h"
+#include "jit/target.h"
+#include "runtime/rms_norm.h"
+
+namespace kjit {
+
+struct RuntimeOptions {
+  int device = 0;
+  // "" picks the device's own arch (CUBIN, or PTX as a fallback); else "sm_90", "compute_90"...
+  std::string target;
+  // No driver is touched: kernels are compiled and cached but cannot be launched. Needs `target`.
+  bool compile_only = false;
+  jit::Jit::Options jit;
+};
+
+namespace internal { struct RuntimeState; }
+
+class Runtime {
+ public:
+  static absl::StatusOr<Runtime> Create(const RuntimeOptions& options = {});
+
+  absl::StatusOr<kjit::RmsNorm> RmsNorm(const RmsNormSpec& spec) const;
+
+  const jit::Target& target() const;
+  bool compile_only() const;
+  // Empty when compile-only.
+  const jit::DeviceInfo& device() const;
+  jit::Jit& jit() const;
+  // The driver and context kernels launch in; null when compile-only.
+  const jit::Driver* driver() const;
+  CUcontext context() const;
+
+ private:
+  explicit Runtime(std::shared_ptr<internal::RuntimeState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::RuntimeState> state_;
+};
+
+}  // namespace kjit

@@ -1,0 +1,70 @@
+#include "runtime/tensor_checks.h"
+
+#include <fmt/format.h>
+
+namespace kjit::internal {
+
+absl::Status CheckMatrix(std::string_view name, const TensorView& t, DType dtype, int64_t rows,
+                         int64_t cols) {
+  if (t.data == nullptr) return absl::InvalidArgumentError(fmt::format("{}: null pointer", name));
+  if (t.dtype != dtype) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: dtype is {}, expected {}", name, Name(t.dtype), Name(dtype)));
+  }
+  if (reinterpret_cast<uintptr_t>(t.data) % SizeOf(dtype) != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: pointer {} is not aligned to its {}-byte elements", name, t.data, SizeOf(dtype)));
+  }
+  if (rows == kAnyRows ? t.rows < 1 : t.rows != rows) {
+    return absl::InvalidArgumentError(
+        rows == kAnyRows ? fmt::format("{}: rows is {}, expected at least 1", name, t.rows)
+                         : fmt::format("{}: rows is {}, expected {}", name, t.rows, rows));
+  }
+  if (t.cols != cols) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: cols is {}, expected {}", name, t.cols, cols));
+  }
+  if (t.row_stride < t.cols) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: row_stride {} is shorter than the row ({} elements)", name, t.row_stride, t.cols));
+  }
+  return absl::OkStatus();
+}
+
+bool PartiallyOverlaps(const TensorView& a, const TensorView& b) {
+  if (a.data == nullptr || b.data == nullptr || a.data == b.data) return false;
+  auto span = [](const TensorView& t) {
+    const auto begin = reinterpret_cast<uintptr_t>(t.data);
+    const auto bytes = static_cast<uintptr_t>(((t.rows - 1) * t.row_stride + t.cols) * SizeOf(t.dtype));
+    return std::pair(begin, begin + bytes);
+  };
+  auto [a0, a1] = span(a);
+  auto [b0, b1] = span(b);
+  if (!(a0 < b1 && b0 < a1)) return false;
+  // Views of one strided buffer may interleave without sharing an element (two column ranges of
+  // the same rows): compare the columns they cover within a row.
+  const auto elem = static_cast<intptr_t>(SizeOf(a.dtype));
+  if (a.dtype != b.dtype || a.row_stride != b.row_stride || (b0 > a0 ? b0 - a0 : a0 - b0) % elem) {
+    return true;
+  }
+  const intptr_t s = a.row_stride;
+  const intptr_t d = (static_cast<intptr_t>(b0) - static_cast<intptr_t>(a0)) / elem;
+  const intptr_t r = ((d % s) + s) % s;  // b's first column relative to a's rows
+  auto hits = [&](intptr_t start) { return start < a.cols && 0 < start + b.cols; };
+  return hits(r) || hits(r - s);
+}
+
+int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views) {
+  int vec = max_vec;
+  for (const TensorView* t : views) {
+    if (t == nullptr || t->data == nullptr) continue;
+    const auto addr = reinterpret_cast<uintptr_t>(t->data);
+    while (vec > 1 && (addr % (vec * SizeOf(t->dtype)) != 0 ||
+                       (t->rows > 1 && t->row_stride % vec != 0))) {
+      vec /= 2;
+    }
+  }
+  return vec;
+}
+
+}  // namespace kjit::internal

@@ -1,0 +1,7 @@
+#include "runtime/version.h"
+
+namespace kjit {
+
+std::string VersionString() { return "kjit " KJIT_VERSION; }
+
+}  // namespace kjit

@@ -1,0 +1,92 @@
+// Device helpers shared by every kjit kernel: dtypes, conversions, vector access, reductions.
+//
+// This file and everything it includes must compile with NVRTC and no toolkit header (a
+// runtime-only install has no cuda_bf16.h), so bf16/fp16 are kjit's own 16-bit types converted with
+// bit operations and inline PTX `cvt`, which is what the toolkit's headers do inside.
+//
+//   using V = kjit::Vec<kjit::bf16, 8>;                  // 16 bytes: one ld.global.v4
+//   V v = kjit::load_vec<kjit::bf16, 8>(row, col);
+//   float s = kjit::row_sum<256>(partial, smem);         // sum over the 256 threads of a row
+#pragma once
+
+namespace kjit {
+
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __uint_as_float(static_cast<unsigned>(x.bits) << 16);
+}
+__device__ __forceinline__ float to_float(f16 x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  bf16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));  // round to nearest even; NaN stays NaN
+  return r;
+}
+template <> __device__ __forceinline__ f16 from_float<f16>(float x) {
+  f16 r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+  return r;
+}
+
+// Rounds through T and back: what storing a value in T and reading it again gives.
+template <typename T> __device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+// N elements moved as one aligned access (16 bytes at most, the widest global load).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* base, long long index) {
+  return *reinterpret_cast<const Vec<T, N>*>(base + index);
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* base, long long index, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(base + index) = v;
+}
+
+// Sum over groups of kWidth consecutive lanes (kWidth a power of two <= 32). Every lane of the warp
+// must call it. The butterfly gives every lane the same, order-fixed result.
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset, kWidth);
+  }
+  return v;
+}
+
+// Sum over the kWidth threads that share one row. kWidth <= 32: lanes of one warp, no barrier.
+// kWidth > 32 (a multiple of 32, one row per block): warps, then shared memory; `smem` holds 32
+// floats and every thread of the block must call it. Deterministic: a fixed tree.
+template <int kWidth>
+__device__ __forceinline__ float row_sum(float v, float* smem) {
+  if constexpr (kWidth <= 32) {
+    return group_sum<kWidth>(v);
+  } else {
+    static_assert(kWidth % 32 == 0 && kWidth <= 1024, "row width must be a multiple of 32");
+    constexpr int kWarps = kWidth / 32;
+    v = group_sum<32>(v);
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    __syncthreads();  // smem may still be read by a previous call
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    float total = lane < kWarps ? smem[lane] : 0.0f;
+    return group_sum<32>(total);
+  }
+}
+
+}  // namespace kjit

@@ -1,0 +1,227 @@
+// RMSNorm forward and backward, specialized for one hidden size, dtype pair and launch shape.
+//
+// y = x * rstd * (offset + w), rstd = 1 / sqrt(mean(x^2) + eps), all in fp32. Casting modes: llama
+// rounds x * rstd to the input dtype before multiplying by the weight (as Hugging Face's LlamaRMSNorm
+// does); gemma keeps everything in fp32 until the final store. Optionally the residual add is fused:
+// h = x + residual is rounded to the dtype, written to residual_out and normalized.
+//
+// Each row is handled by kThreads consecutive threads (a sub-warp, a warp or a whole block); each
+// thread owns the same columns in every row, kVec adjacent elements per access, so loads are 16-byte
+// vectors and the weight gradient can be summed per thread without atomics. The backward writes one
+// fp32 partial dw row per row group; rms_norm_dw_reduce sums them in a fixed order (deterministic).
+//
+//   kjit::rms_norm_forward<kjit::bf16, kjit::bf16, 4096, 128, 1, 8, false, false>
+#pragma once
+
+#include "common.cuh"
+#include "rms_norm_params.h"
+
+namespace kjit {
+
+template <int kHidden, int kThreads, int kVec>
+struct RowLayout {
+  static constexpr int kPerPass = kThreads * kVec;
+  static constexpr int kIters = (kHidden + kPerPass - 1) / kPerPass;
+  static_assert(kHidden % kVec == 0, "the host picks kVec dividing the hidden size");
+  // Column of this thread's it-th vector; valid when < kHidden.
+  static __device__ __forceinline__ int col(int lane, int it) { return (it * kThreads + lane) * kVec; }
+};
+
+// Rows too wide to keep in registers are read a second time (from L2) instead of spilling.
+template <typename T, int kIters, int kVec>
+constexpr bool kKeepRowInRegisters = kIters * kVec * sizeof(T) <= 128;
+
+template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, int kVec,
+          bool kGemmaCast, bool kResidual>
+__global__ void __launch_bounds__(kThreads * kRowsPerBlock)
+rms_norm_forward(const RmsNormForwardParams p) {
+  using L = RowLayout<kHidden, kThreads, kVec>;
+  constexpr bool kKeep = kKeepRowInRegisters<T, L::kIters, kVec>;
+  static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
+  __shared__ float smem[32];
+
+  const int lane = threadIdx.x % kThreads;
+  const long long row = static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
+  // Rows past the end still take part in the shuffles with zeros; they only skip memory.
+  const bool live = row < p.rows;
+
+  const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+  const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
+  T* res_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
+  const W* w = static_cast<const W*>(p.weight);
+  T* y = static_cast<T*>(p.y) + row * p.y_stride;
+
+  Vec<T, kVec> cached[kKeep ? L::kIters : 1];
+  float sumsq = 0.0f;
+#pragma unroll
+  for (int it = 0; it < L::kIters; ++it) {
+    const int c = L::col(lane, it);
+    Vec<T, kVec> v;
+    if (live && c < kHidden) {
+      v = load_vec<T, kVec>(x, c);
+      if constexpr (kResidual) {
+        const Vec<T, kVec> r = load_vec<T, kVec>(res, c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v.v[k] = from_float<T>(to_float(v.v[k]) + to_float(r.v[k]));
+        store_vec<T, kVec>(res_out, c, v);
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sumsq += to_float(v.v[k]) * to_float(v.v[k]);
+    }
+    if constexpr (kKeep) cached[it] = v;
+  }
+  const float rstd = rsqrtf(row_sum<kThreads>(sumsq, smem) / kHidden + p.eps);
+  if (!live) return;
+  if (lane == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
+
+  const T* again = kResidual ? static_cast<const T*>(res_out) : x;
+#pragma unroll
+  for (int it = 0; it < L::kIters; ++it) {
+    const int c = L::col(lane, it);
+    if (c >= kHidden) continue;
+    Vec<T, kVec> v;
+    if constexpr (kKeep) v = cached[it]; else v = load_vec<T, kVec>(again, c);
+    const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
+    Vec<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      float n = to_float(v.v[k]) * rstd;
+      if constexpr (!kGemmaCast) n = round_to<T>(n);
+      out.v[k] = from_float<T>(n * (p.weight_offset + to_float(wv.v[k])));
+    }
+    store_vec<T, kVec>(y, c, out);
+  }
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * (offset + w), xhat = x * rstd, plus the
+// residual gradient when given; dw_partial[group] = sum over the group's rows of dy * xhat.
+// The grid strides over rows so that each row group accumulates many rows.
+template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, int kVec>
+__global__ void __launch_bounds__(kThreads * kRowsPerBlock)
+rms_norm_backward(const RmsNormBackwardParams p) {
+  using L = RowLayout<kHidden, kThreads, kVec>;
+  // The weight gradient stays in registers when it fits, else accumulates in the group's own
+  // partial row (its own columns only, so no other thread touches them).
+  constexpr bool kDwInRegisters = L::kIters * kVec <= 32;
+  constexpr bool kKeep = kKeepRowInRegisters<T, 2 * L::kIters, kVec>;
+  static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
+  __shared__ float smem[32];
+
+  const int lane = threadIdx.x % kThreads;
+  const long long group = static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
+  const long long groups = static_cast<long long>(gridDim.x) * kRowsPerBlock;
+  const W* w = static_cast<const W*>(p.weight);
+  float* dw_row = p.dw_partial + group * kHidden;
+
+  float dw_acc[kDwInRegisters ? L::kIters * kVec : 1];
+  if constexpr (kDwInRegisters) {
+#pragma unroll
+    for (int i = 0; i < L::kIters * kVec; ++i) dw_acc[i] = 0.0f;
+  } else {
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dw_row[c + k] = 0.0f;
+      }
+    }
+  }
+
+  // Every row group runs the same number of iterations so that block-wide reductions line up.
+  const long long iterations = (p.rows + groups - 1) / groups;
+  for (long long i = 0; i < iterations; ++i) {
+    const long long row = group + i * groups;
+    const bool live = row < p.rows;
+    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+    const float rstd = live ? p.rstd[row] : 0.0f;
+
+    Vec<T, kVec> dy_keep[kKeep ? L::kIters : 1], x_keep[kKeep ? L::kIters : 1];
+    float dot = 0.0f;
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (live && c < kHidden) {
+        const Vec<T, kVec> dyv = load_vec<T, kVec>(dy, c);
+        const Vec<T, kVec> xv = load_vec<T, kVec>(x, c);
+        const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float g = to_float(dyv.v[k]) * (p.weight_offset + to_float(wv.v[k]));
+          dot += g * to_float(xv.v[k]) * rstd;
+        }
+        if constexpr (kKeep) {
+          dy_keep[it] = dyv;
+          x_keep[it] = xv;
+        }
+      }
+    }
+    const float mean_dot = row_sum<kThreads>(dot, smem) / kHidden;
+    if (!live) continue;
+
+    T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
+    const T* dres = static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c >= kHidden) continue;
+      // Without registers to spare, re-read; dy is read before dx overwrites it even in place.
+      const Vec<T, kVec> dyv = kKeep ? dy_keep[kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
+      const Vec<T, kVec> xv = kKeep ? x_keep[kKeep ? it : 0] : load_vec<T, kVec>(x, c);
+      const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
+      Vec<T, kVec> dres_v;
+      if (p.dresidual != nullptr) dres_v = load_vec<T, kVec>(dres, c);
+      Vec<T, kVec> out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float d = to_float(dyv.v[k]);
+        const float xhat = to_float(xv.v[k]) * rstd;
+        float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
+        if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
+        out.v[k] = from_float<T>(g);
+        if constexpr (kDwInRegisters) {
+          dw_acc[it * kVec + k] += d * xhat;
+        } else {
+          dw_row[c + k] += d * xhat;
+        }
+      }
+      store_vec<T, kVec>(dx, c, out);
+    }
+  }
+  if constexpr (kDwInRegisters) {
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dw_row[c + k] = dw_acc[it * kVec + k];
+      }
+    }
+  }
+}
+
+// dw[c] = sum over partial rows of dw_partial[r][c], in a fixed order: each of the kSlices
+// threads of a column sums a fixed stripe of rows, then the stripes are added in slice order.
+template <typename W, int kHidden, int kColumns, int kSlices>
+__global__ void __launch_bounds__(kColumns * kSlices)
+rms_norm_dw_reduce(const RmsNormDwReduceParams p) {
+  __shared__ float stripe[kSlices][kColumns];
+  const int tx = threadIdx.x % kColumns;
+  const int slice = threadIdx.x / kColumns;
+  const int c = blockIdx.x * kColumns + tx;
+  float s = 0.0f;
+  if (c < kHidden) {
+    for (long long r = slice; r < p.partial_rows; r += kSlices) s += p.dw_partial[r * kHidden + c];
+  }
+  stripe[slice][tx] = s;
+  __syncthreads();
+  if (slice == 0 && c < kHidden) {
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) total += stripe[i][tx];
+    static_cast<W*>(p.dw)[c] = from_float<W>(total);
+  }
+}
+
+}  // namespace kjit

@@ -1,0 +1,267 @@
+// `kjit bench`: time kjit's kernels on the GPU, checked against the fp64 reference first, and
+// report effective bandwidth as a ratio to a device-to-device copy measured in the same run.
+//
+// Each timed repeat starts with a cold L2 (a buffer several times the L2 is overwritten first) and
+// is bracketed by CUDA events; the report gives the median and the 10th/90th percentiles.
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "autotune/compare.h"
+#include "autotune/host_convert.h"
+#include "autotune/rms_norm_reference.h"
+#include "runtime/device_buffer.h"
+#include "runtime/kjit.h"
+#include "tools/commands.h"
+#include "tools/targets.h"
+
+namespace kjit::tools {
+
+namespace {
+
+struct BenchFlags {
+  std::string op = "rms_norm";
+  int64_t hidden = 0;
+  int64_t rows = 0;
+  std::string dtype = "bf16";
+  int repeats = 100;
+  bool json = false;
+  std::string output;
+};
+
+struct Timing {
+  double median_us = 0, p10_us = 0, p90_us = 0;
+};
+
+class Timer {
+ public:
+  static absl::StatusOr<Timer> Create(const Runtime& rt) {
+    Timer t(rt);
+    const jit::Driver& cu = *rt.driver();
+    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(&t.start_, CU_EVENT_DEFAULT), "cuEventCreate"));
+    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(&t.stop_, CU_EVENT_DEFAULT), "cuEventCreate"));
+    KJIT_ASSIGN_OR_RETURN(DeviceBuffer flush, DeviceBuffer::Create(rt, size_t{512} << 20));
+    t.flush_.emplace(std::move(flush));
+    return t;
+  }
+  // Runs `body` once untimed, then `repeats` times after an L2 flush, timing each with events.
+  template <typename Body>
+  absl::StatusOr<Timing> Time(int repeats, Body body) {
+    const jit::Driver& cu = *rt_.driver();
+    KJIT_RETURN_IF_ERROR(body());
+    std::vector<double> us;
+    for (int i = 0; i < repeats; ++i) {
+      KJIT_RETURN_IF_ERROR(cu.Check(
+          cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(flush_->data()), static_cast<unsigned char>(i),
+                             flush_->size(), nullptr),
+          "cuMemsetD8Async"));
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventRecord(start_, nullptr), "cuEventRecord"));
+      KJIT_RETURN_IF_ERROR(body());
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventRecord(stop_, nullptr), "cuEventRecord"));
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventSynchronize(stop_), "cuEventSynchronize"));
+      float ms = 0;
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime"));
+      us.push_back(ms * 1000.0);
+    }
+    std::sort(us.begin(), us.end());
+    auto at = [&](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
+    return Timing{at(0.5), at(0.1), at(0.9)};
+  }
+
+ private:
+  explicit Timer(const Runtime& rt) : rt_(rt) {}
+  Runtime rt_;
+  CUevent start_ = nullptr, stop_ = nullptr;
+  std::optional<DeviceBuffer> flush_;
+};
+
+absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<double>& v, DType t) {
+  const std::vector<unsigned char> bytes = autotune::Encode(v, t);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes.size()));
+  KJIT_RETURN_IF_ERROR(b.Upload(bytes.data(), bytes.size()));
+  return b;
+}
+
+absl::StatusOr<std::vector<double>> Download(const DeviceBuffer& b, DType t) {
+  std::vector<unsigned char> bytes(b.size());
+  KJIT_RETURN_IF_ERROR(b.Download(bytes.data(), bytes.size()));
+  return autotune::Decode(bytes, t);
+}
+
+absl::StatusOr<Timing> TimeCopy(const Runtime& rt, Timer& timer, size_t bytes, int repeats) {
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer src, DeviceBuffer::Create(rt, bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dst, DeviceBuffer::Create(rt, bytes));
+  KJIT_RETURN_IF_ERROR(src.Fill(1));
+  const jit::Driver& cu = *rt.driver();
+  return timer.Time(repeats, [&] {
+    return cu.Check(cu.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst.data()),
+                                         reinterpret_cast<CUdeviceptr>(src.data()), bytes, nullptr),
+                    "cuMemcpyDtoDAsync");
+  });
+}
+
+absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, Timer& timer, DType dtype,
+                                            int64_t hidden, int64_t rows, int repeats,
+                                            double copy_gbps) {
+  KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = hidden, .dtype = dtype}));
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](int64_t n, double scale, double offset) {
+    std::vector<double> v(n);
+    for (double& e : v) e = autotune::RoundTo(offset + scale * normal(rng), dtype);
+    return v;
+  };
+  const std::vector<double> x = random(rows * hidden, 1.0, 0.0);
+  const std::vector<double> w = random(hidden, 0.1, 1.0);
+  const std::vector<double> dy = random(rows * hidden, 1.0, 0.0);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dx_buf, Upload(rt, x, dtype));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dw_buf, Upload(rt, w, dtype));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ddy_buf, Upload(rt, dy, dtype));
+  const size_t tensor_bytes = rows * hidden * SizeOf(dtype);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer y_buf, DeviceBuffer::Create(rt, tensor_bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer grad_buf, DeviceBuffer::Create(rt, tensor_bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer rstd_buf, DeviceBuffer::Create(rt, rows * sizeof(float)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dweight_buf, DeviceBuffer::Create(rt, hidden * SizeOf(dtype)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Create(rt, norm.BackwardWorkspaceBytes(rows)));
+  for (const DeviceBuffer* b : {&y_buf, &grad_buf, &rstd_buf, &dweight_buf}) {
+    KJIT_RETURN_IF_ERROR(b->Fill(0xFF));  // NaN everywhere: an unwritten element fails the check
+  }
+  const RmsNormForwardArgs fwd{.x = TensorView::Matrix(dx_buf.data(), dtype, rows, hidden),
+                               .weight = TensorView::Vector(dw_buf.data(), dtype, hidden),
+                               .y = TensorView::Matrix(y_buf.data(), dtype, rows, hidden),
+                               .rstd = TensorView::Vector(rstd_buf.data(), DType::kF32, rows)};
+  const RmsNormBackwardArgs bwd{.dy = TensorView::Matrix(ddy_buf.data(), dtype, rows, hidden),
+                                .x = fwd.x,
+                                .weight = fwd.weight,
+                                .rstd = fwd.rstd,
+                                .dx = TensorView::Matrix(grad_buf.data(), dtype, rows, hidden),
+                                .dw = TensorView::Vector(dweight_buf.data(), dtype, hidden),
+                                .workspace = ws.data(),
+                                .workspace_bytes = static_cast<int64_t>(ws.size())};
+
+  // Check before timing.
+  KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, fwd));
+  KJIT_RETURN_IF_ERROR(norm.Backward(nullptr, bwd));
+  const autotune::RmsNormMath math{.hidden = hidden, .dtype = dtype, .eps = 1e-6};
+  const auto ref_f = autotune::RmsNormForwardReference(math, rows, x, nullptr, w);
+  const auto ref_b = autotune::RmsNormBackwardReference(math, rows, dy, x, w, nullptr);
+  const double rtol = 2 * autotune::RoundingRtol(dtype) + 1e-5;
+  std::vector<std::string> problems;
+  auto check = [&](const char* name, const DeviceBuffer& b, DType t, const std::vector<double>& ref,
+                   autotune::Tolerance tol, const std::vector<double>& atol = {}) -> absl::Status {
+    KJIT_ASSIGN_OR_RETURN(std::vector<double> out, Download(b, t));
+    const auto r = autotune::Compare(out, ref, tol, atol);
+    if (!r.ok) problems.push_back(r.Describe(name));
+    return absl::OkStatus();
+  };
+  KJIT_RETURN_IF_ERROR(check("y", y_buf, dtype, ref_f.y, {rtol, 1e-6 * autotune::MaxAbs(ref_f.y)}));
+  KJIT_RETURN_IF_ERROR(check("rstd", rstd_buf, DType::kF32, ref_f.rstd, {1e-5, 0}));
+  KJIT_RETURN_IF_ERROR(check("dx", grad_buf, dtype, ref_b.dx, {rtol, 1e-5 * autotune::MaxAbs(ref_b.dx)}));
+  std::vector<double> dw_atol(hidden);
+  for (int64_t c = 0; c < hidden; ++c) dw_atol[c] = 1e-5 * ref_b.dw_abs[c];
+  KJIT_RETURN_IF_ERROR(check("dw", dweight_buf, dtype, ref_b.dw, {rtol, 0}, dw_atol));
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += "\n  " + p;
+    return absl::InternalError(fmt::format("rms_norm hidden={} rows={}: wrong results:{}", hidden, rows, all));
+  }
+
+  KJIT_ASSIGN_OR_RETURN(Timing t_fwd, timer.Time(repeats, [&] { return norm.Forward(nullptr, fwd); }));
+  KJIT_ASSIGN_OR_RETURN(Timing t_both, timer.Time(repeats, [&] {
+    KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, fwd));
+    return norm.Backward(nullptr, bwd);
+  }));
+  // Fewest bytes: forward reads x, writes y (rstd and w are negligible but counted);
+  // backward reads dy and x, writes dx.
+  const double elems = static_cast<double>(rows) * hidden * SizeOf(dtype);
+  const double fwd_bytes = 2 * elems + rows * 4.0 + hidden * SizeOf(dtype);
+  const double both_bytes = fwd_bytes + 3 * elems + rows * 4.0 + 2 * hidden * SizeOf(dtype);
+  auto entry = [&](const char* pass, const Timing& t, double bytes) {
+    const double gbps = bytes / (t.median_us * 1e3);
+    return nlohmann::json{{"op", "rms_norm"},         {"pass", pass},
+                          {"dtype", Name(dtype)},     {"hidden", hidden},
+                          {"rows", rows},             {"config", norm.config().ToString()},
+                          {"median_us", t.median_us}, {"p10_us", t.p10_us},
+                          {"p90_us", t.p90_us},       {"bytes", bytes},
+                          {"gbps", gbps},             {"ratio_to_copy", gbps / copy_gbps},
+                          {"checked", true}};
+  };
+  return nlohmann::json::array({entry("forward", t_fwd, fwd_bytes),
+                                entry("forward_backward", t_both, both_bytes)});
+}
+
+int RunBench(const BenchFlags& f) {
+  auto dtype = ParseDType(f.dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
+  auto rt = Runtime::Create();
+  if (!rt.ok()) return Fail(rt.status());
+  auto timer = Timer::Create(*rt);
+  if (!timer.ok()) return Fail(timer.status());
+  const size_t copy_bytes = size_t{1} << 30;
+  auto copy = TimeCopy(*rt, *timer, copy_bytes, f.repeats);
+  if (!copy.ok()) return Fail(copy.status());
+  const double copy_gbps = 2.0 * copy_bytes / (copy->median_us * 1e3);
+
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // (hidden, rows)
+  if (f.hidden > 0 || f.rows > 0) {
+    shapes.emplace_back(f.hidden > 0 ? f.hidden : 4096, f.rows > 0 ? f.rows : 16384);
+  } else {
+    shapes = {{4096, 16384}, {1024, 16384}, {4096, 256}, {8192, 16384}};
+  }
+  nlohmann::json results = nlohmann::json::array();
+  for (auto [hidden, rows] : shapes) {
+    auto r = BenchRmsNorm(*rt, *timer, *dtype, hidden, rows, f.repeats, copy_gbps);
+    if (!r.ok()) return Fail(r.status());
+    for (auto& e : *r) results.push_back(e);
+  }
+  nlohmann::json report = {
+      {"device", rt->device().name},
+      {"target", rt->target().ToString()},
+      {"driver", rt->driver()->version()},
+      {"copy", {{"bytes", 2.0 * copy_bytes}, {"median_us", copy->median_us}, {"gbps", copy_gbps}}},
+      {"repeats", f.repeats},
+      {"l2_flushed", true},
+      {"results", results}};
+  if (!f.output.empty()) std::ofstream(f.output) << report.dump(2) << "\n";
+  if (f.json) {
+    fmt::print("{}\n", report.dump(2));
+  } else {
+    fmt::print("{} ({}), copy {:.0f} GB/s\n", rt->device().name, rt->target().ToString(), copy_gbps);
+    fmt::print("{:<9} {:<17} {:>6} {:>6} {:>10} {:>10} {:>8}  {}\n", "op", "pass", "hidden",
+               "rows", "median_us", "GB/s", "of copy", "config");
+    for (const auto& e : results) {
+      fmt::print("{:<9} {:<17} {:>6} {:>6} {:>10.2f} {:>10.0f} {:>7.1f}%  {}\n",
+                 e["op"].get<std::string>(), e["pass"].get<std::string>(), e["hidden"].get<int64_t>(),
+                 e["rows"].get<int64_t>(), e["median_us"].get<double>(), e["gbps"].get<double>(),
+                 100 * e["ratio_to_copy"].get<double>(), e["config"].get<std::string>());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command AddBenchCommand(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Time kernels on the GPU (checked first) against the device's copy bandwidth");
+  cmd->add_option("--op", f->op, "The op")->check(CLI::IsMember({"rms_norm"}))->capture_default_str();
+  cmd->add_option("--hidden", f->hidden, "Hidden size (default: a standard set of shapes)")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--rows", f->rows, "Rows (tokens)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
+  cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
+      ->check(CLI::Range(3, 100000))
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json, "Print the report as JSON");
+  cmd->add_option("--output", f->output, "Also write the JSON report to this file");
+  return [f] { return RunBench(*f); };
+}
+
+}  // namespace kjit::tools

@@ -1,0 +1,20 @@
+// kjit: compile, cache and benchmark kjit kernels from the command line.
+#include <fmt/format.h>
+
+#include "runtime/version.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kjit: JIT-specialized fused kernels (RMSNorm, cross-entropy) for LLM fine-tuning",
+               "kjit"};
+  app.set_version_flag("--version", kjit::VersionString());
+  app.require_subcommand(1);
+  kjit::tools::Command compile = kjit::tools::AddCompileCommand(app);
+  kjit::tools::Command cache = kjit::tools::AddCacheCommand(app);
+  kjit::tools::Command bench = kjit::tools::AddBenchCommand(app);
+  CLI11_PARSE(app, argc, argv);
+  if (app.got_subcommand("compile")) return compile();
+  if (app.got_subcommand("cache")) return cache();
+  if (app.got_subcommand("bench")) return bench();
+  return 2;
+}
