@@ -30,7 +30,7 @@ CompareResult Compare(const std::vector<double>& out, const std::vector<double>&
     } else if (std::isinf(e) || std::isinf(o)) {
       good = o == e;
     } else {
-      const double atol = atol_per_element.empty() ? tol.atol : atol_per_element[i];
+      const double atol = tol.atol + (atol_per_element.empty() ? 0.0 : atol_per_element[i]);
       const double allowed = atol + tol.rtol * std::fabs(e);
       const double err = std::fabs(o - e);
       const double ratio = allowed > 0 ? err / allowed : (err > 0 ? INFINITY : 0);
@@ -63,6 +63,15 @@ double RoundingRtol(DType dtype) {
     case DType::kF32: return std::ldexp(1.0, -24);
     case DType::kF16: return std::ldexp(1.0, -11);
     case DType::kBF16: return std::ldexp(1.0, -8);
+  }
+  return 0;
+}
+
+double RoundingAtol(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return std::ldexp(1.0, -150);
+    case DType::kF16: return std::ldexp(1.0, -25);
+    case DType::kBF16: return std::ldexp(1.0, -134);
   }
   return 0;
 }

@@ -31,13 +31,16 @@ struct CompareResult {
   std::string Describe(const std::string& name) const;
 };
 
-// `atol_per_element`, when non-empty, replaces tol.atol element by element.
+// `atol_per_element`, when non-empty, is added to tol.atol element by element.
 CompareResult Compare(const std::vector<double>& out, const std::vector<double>& ref,
                       const Tolerance& tol, const std::vector<double>& atol_per_element = {});
 
 double MaxAbs(const std::vector<double>& v);  // over finite values
 
-// Half an ulp of the dtype, relative: the error one rounding to it may add.
+// What one rounding to the dtype may add: half an ulp relative to the value (RoundingRtol), but at
+// least half the smallest subnormal in absolute terms (RoundingAtol; fp16's is 2^-25, which
+// matters for gradients of 1e-5).
 double RoundingRtol(DType dtype);
+double RoundingAtol(DType dtype);
 
 }  // namespace kjit::autotune

@@ -12,6 +12,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <string>
+#include <utility>
+
+#include "autotune/compare.h"
 #include "jit/dtype.h"
 
 namespace kjit::autotune {
@@ -34,6 +38,10 @@ struct RmsNormBackwardResult {
   std::vector<double> dx;      // [rows * hidden]
   std::vector<double> dw;      // [hidden]
   std::vector<double> dw_abs;  // [hidden]: sum of |dy * xhat|, the scale of dw's rounding error
+  // [rows * hidden]: rstd * (|g| + |xhat| * mean|g * xhat|) (+ |dresidual|), the size of the terms
+  // dx is the difference of. dx cancels (hidden = 1 gives dx near 0), so its error scales with
+  // these, not with dx.
+  std::vector<double> dx_scale;
 };
 
 // Contiguous [rows, hidden] arrays.
@@ -48,5 +56,34 @@ RmsNormBackwardResult RmsNormBackwardReference(const RmsNormMath& m, int64_t row
                                                const std::vector<double>& x,
                                                const std::vector<double>& w,
                                                const std::vector<double>* dresidual);
+
+// What a kernel's outputs may differ from the reference by, per output. y: half an ulp at the store,
+// plus (llama casting) one ulp of the normalized value when fp32 and fp64 round a tie apart; dx and
+// dw: fp32 arithmetic relative to the terms they sum, plus the store.
+struct RmsNormTolerances {
+  Tolerance y, rstd, residual_out, dx, dw;
+  double y_atol_per_row_max = 1e-6;  // atol = this * max |y| of the row
+  double dx_atol_per_scale = 1e-5;   // atol = this * dx_scale
+  double dw_atol_per_abs = 5e-5;     // atol = this * dw_abs
+};
+RmsNormTolerances RmsNormTolerancesFor(DType dtype, DType weight_dtype, bool gemma_cast);
+
+// The outputs a kernel produced (decoded to double); null ones are not checked.
+struct RmsNormOutputs {
+  const std::vector<double>* y = nullptr;
+  const std::vector<double>* rstd = nullptr;
+  const std::vector<double>* residual_out = nullptr;
+  const std::vector<double>* dx = nullptr;
+  const std::vector<double>* dw = nullptr;
+};
+
+// Compares every given output with the references; one (name, result) per output checked.
+std::vector<std::pair<std::string, CompareResult>> CheckRmsNorm(
+    const RmsNormMath& m, int64_t rows, DType weight_dtype, const RmsNormOutputs& out,
+    const RmsNormForwardResult& fwd, const RmsNormBackwardResult* bwd);
+
+// The per-element atol CheckRmsNorm uses for y.
+std::vector<double> RmsNormYAtol(const RmsNormMath& m, int64_t rows, const std::vector<double>& y_ref,
+                                 const RmsNormTolerances& tol);
 
 }  // namespace kjit::autotune

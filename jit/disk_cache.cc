@@ -34,6 +34,8 @@ constexpr std::string_view kTempPrefix = ".tmp-";
 // Older than this, a temp file's writer is dead (a write takes well under a second).
 constexpr int64_t kStaleTempSeconds = 3600;
 constexpr std::chrono::milliseconds kLockPoll{5};
+// Far above any real CUBIN; a bigger file is not ours and is not read (it could exhaust memory).
+constexpr uint64_t kMaxEntryBytes = uint64_t{1} << 30;
 
 // Keys are CacheKey's 32 lowercase hex digits. Checking the exact form keeps every path we build
 // inside the cache directory ("../", "/" and NUL cannot appear).
@@ -92,9 +94,10 @@ class UniqueFd {
   int fd_;
 };
 
-int ReadAll(int fd, std::string& out) {
+// Reads to EOF, or stops once more than `limit` bytes have been read.
+int ReadAll(int fd, std::string& out, uint64_t limit) {
   char buf[1 << 16];
-  for (;;) {
+  while (out.size() <= limit) {
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n == 0) return 0;
     if (n < 0) {
@@ -103,6 +106,7 @@ int ReadAll(int fd, std::string& out) {
     }
     out.append(buf, static_cast<size_t>(n));
   }
+  return 0;
 }
 
 int WriteAll(int fd, std::string_view data) {
@@ -180,10 +184,19 @@ EntryFile ReadEntryFile(const std::string& path) {
     e.binary = absl::DataLossError("not a regular file");
     return e;
   }
+  if (static_cast<uint64_t>(e.st.st_size) > kMaxEntryBytes) {
+    e.binary = absl::DataLossError(fmt::format("{} bytes, more than an entry can have ({})",
+                                               e.st.st_size, kMaxEntryBytes));
+    return e;
+  }
   std::string bytes;
   bytes.reserve(static_cast<size_t>(e.st.st_size));
-  if (int err = ReadAll(e.fd.get(), bytes)) {
+  if (int err = ReadAll(e.fd.get(), bytes, kMaxEntryBytes)) {
     e.binary = ErrnoStatus(err, fmt::format("cannot read {}", path));
+    return e;
+  }
+  if (bytes.size() > kMaxEntryBytes) {
+    e.binary = absl::DataLossError(fmt::format("grew past {} bytes while read", kMaxEntryBytes));
     return e;
   }
   e.binary = DecodeEntry(bytes);
@@ -383,7 +396,7 @@ absl::StatusOr<DiskCache> DiskCache::Open(const Options& options) {
   if (!why.empty()) {
     cache.read_only_ = true;
     cache.warning_ = fmt::format(
-        "kjit: disk cache {} is not writable ({}); using it read-only, so kernels compiled now "
+        "disk cache {} is not writable ({}); using it read-only, so kernels compiled now "
         "are kept in memory only",
         dir, why);
   }
@@ -421,6 +434,11 @@ absl::Status DiskCache::Store(const std::string& key, const Binary& binary) cons
     return absl::InvalidArgumentError("disk cache: refusing to store a binary with no code");
   }
   const std::string bytes = EncodeEntry(binary);
+  if (bytes.size() > kMaxEntryBytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "disk cache: a {}-byte entry is over the {}-byte limit; it stays in memory", bytes.size(),
+        kMaxEntryBytes));
+  }
   KJIT_ASSIGN_OR_RETURN(std::string suffix, RandomHex16());
   const std::string tmp = fmt::format("{}/{}{}-{}", dir_, kTempPrefix, key, suffix);
   const std::string path = EntryPath(key);

@@ -46,17 +46,16 @@ absl::StatusOr<Jit::Built> Jit::BuildLocked(const Source& source, const Target& 
   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
   Built built;
   built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
-  if (auto it = binaries_.find(built.key); it != binaries_.end()) {
-    built.binary = it->second;
-    built.origin = Origin::kMemory;
-    if (disk_) built.path = disk_->dir() + "/" + built.key + ".kjit";
-    return built;
+  if (auto it = built_.find(built.key); it != built_.end()) {
+    Built hit = it->second;
+    hit.origin = Origin::kMemory;
+    return hit;
   }
   auto remember = [&](Binary bin, Origin origin, bool on_disk) {
     built.binary = std::make_shared<const Binary>(std::move(bin));
     built.origin = origin;
     if (on_disk) built.path = disk_->dir() + "/" + built.key + ".kjit";
-    binaries_[built.key] = built.binary;
+    built_[built.key] = built;
     return built;
   };
   if (!disk_) {

@@ -65,7 +65,7 @@ class Jit {
   Options options_;
   std::optional<DiskCache> disk_;
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const Binary>> binaries_;  // key -> binary
+  std::map<std::string, Built> built_;  // key -> what the first request got (binary, disk path)
   std::map<std::pair<std::string, CUcontext>, std::shared_ptr<const LoadedModule>> modules_;
   int compiles_ = 0;
 };

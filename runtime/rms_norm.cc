@@ -211,7 +211,6 @@ int64_t RmsNorm::BackwardWorkspaceBytes(int64_t rows) const {
 
 absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) const {
   const RmsNormSpec& s = op_->spec;
-  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("x", a.x, s.dtype, internal::kAnyRows, s.hidden));
   const int64_t rows = a.x.rows;
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("weight", a.weight, WeightDType(s), 1, s.hidden));
@@ -231,6 +230,7 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
   KJIT_RETURN_IF_ERROR(NoPartialOverlap("y", a.y, "x", a.x));
   KJIT_RETURN_IF_ERROR(NoOverlap("y", a.y, "weight", a.weight));
   KJIT_RETURN_IF_ERROR(NoOverlap("rstd", a.rstd, "y", a.y));
+  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
 
   const int vec = internal::WidestAlignedVec(
       op_->config.vec, {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
@@ -255,7 +255,6 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
 
 absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) const {
   const RmsNormSpec& s = op_->spec;
-  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dy", a.dy, s.dtype, internal::kAnyRows, s.hidden));
   const int64_t rows = a.dy.rows;
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("x", a.x, s.dtype, rows, s.hidden));
@@ -278,6 +277,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   if (reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
     return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
   }
+  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
 
   const int vec =
       internal::WidestAlignedVec(op_->config.vec, {&a.dy, &a.x, &a.weight, &a.dx, &a.dresidual});

@@ -151,21 +151,15 @@ absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, Timer& timer, DTy
   const autotune::RmsNormMath math{.hidden = hidden, .dtype = dtype, .eps = 1e-6};
   const auto ref_f = autotune::RmsNormForwardReference(math, rows, x, nullptr, w);
   const auto ref_b = autotune::RmsNormBackwardReference(math, rows, dy, x, w, nullptr);
-  const double rtol = 2 * autotune::RoundingRtol(dtype) + 1e-5;
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, Download(y_buf, dtype));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, Download(rstd_buf, DType::kF32));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> dx, Download(grad_buf, dtype));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> dw, Download(dweight_buf, dtype));
   std::vector<std::string> problems;
-  auto check = [&](const char* name, const DeviceBuffer& b, DType t, const std::vector<double>& ref,
-                   autotune::Tolerance tol, const std::vector<double>& atol = {}) -> absl::Status {
-    KJIT_ASSIGN_OR_RETURN(std::vector<double> out, Download(b, t));
-    const auto r = autotune::Compare(out, ref, tol, atol);
+  for (const auto& [name, r] : autotune::CheckRmsNorm(
+           math, rows, dtype, {.y = &y, .rstd = &rstd, .dx = &dx, .dw = &dw}, ref_f, &ref_b)) {
     if (!r.ok) problems.push_back(r.Describe(name));
-    return absl::OkStatus();
-  };
-  KJIT_RETURN_IF_ERROR(check("y", y_buf, dtype, ref_f.y, {rtol, 1e-6 * autotune::MaxAbs(ref_f.y)}));
-  KJIT_RETURN_IF_ERROR(check("rstd", rstd_buf, DType::kF32, ref_f.rstd, {1e-5, 0}));
-  KJIT_RETURN_IF_ERROR(check("dx", grad_buf, dtype, ref_b.dx, {rtol, 1e-5 * autotune::MaxAbs(ref_b.dx)}));
-  std::vector<double> dw_atol(hidden);
-  for (int64_t c = 0; c < hidden; ++c) dw_atol[c] = 1e-5 * ref_b.dw_abs[c];
-  KJIT_RETURN_IF_ERROR(check("dw", dweight_buf, dtype, ref_b.dw, {rtol, 0}, dw_atol));
+  }
   if (!problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += "\n  " + p;

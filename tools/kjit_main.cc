@@ -12,7 +12,12 @@ int main(int argc, char** argv) {
   kjit::tools::Command compile = kjit::tools::AddCompileCommand(app);
   kjit::tools::Command cache = kjit::tools::AddCacheCommand(app);
   kjit::tools::Command bench = kjit::tools::AddBenchCommand(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" that exit 0; every real usage error exits 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (app.got_subcommand("compile")) return compile();
   if (app.got_subcommand("cache")) return cache();
   if (app.got_subcommand("bench")) return bench();

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see ../shared/design/GPU.md): the GPU suite, compute-sanitizer on a
+# subset, and the benchmark, everything written under $OUT. Build here first and bundle:
+#   ../shared/tools/device-bundle build/tests/kjit_gpu_tests build/tools/kjit
+# then, through the device tool, with carry [".device-bundle"]:
+#   bash scripts/gpu-check.sh [gtest-filter]
+set -uo pipefail
+out=${OUT:-/tmp/kjit-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/.device-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export KJIT_CACHE_DIR=$(mktemp -d)/kjit
+bin=.device-bundle/bin
+filter=${1:-*}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+status=0
+echo "== GPU tests"
+timeout ${TEST_TIMEOUT:-300} $bin/kjit_gpu_tests --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/gpu-tests.log" | tail -40 || status=1
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ -n "${san:-}" ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool"
+    timeout 120 "$san" --tool $tool --error-exitcode 3 $bin/kjit_gpu_tests \
+      --gtest_filter='RmsNormGpu.MisalignedViewsUseNarrowerVectors:RmsNormGpu.NanRowLeavesOtherRowsFinite:RmsNormGpu.BadInputLaunchesNothing' \
+      --gtest_brief=1 > "$out/sanitizer-$tool.log" 2>&1
+    rc=$?; tail -5 "$out/sanitizer-$tool.log"; echo "$tool exit $rc"; [ $rc = 0 ] || status=1
+  done
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  echo "== bench"
+  timeout 180 $bin/kjit bench --op rms_norm --output "$out/bench-rms_norm.json" || status=1
+fi
+exit $status

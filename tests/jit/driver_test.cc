@@ -1,0 +1,299 @@
+// Loading the CUDA driver and NVRTC at run time, on a machine without a GPU: a missing driver, the
+// toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34) and a missing NVRTC are errors with a fix,
+// never a crash; a compile-only runtime builds kernels without touching a driver.
+#include "jit/driver.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "jit/nvrtc.h"
+#include "runtime/rms_norm.h"
+#include "runtime/runtime.h"
+
+#ifndef KJIT_STUB_LIBCUDA
+#error "KJIT_STUB_LIBCUDA must name the toolkit's stubs/libcuda.so"
+#endif
+
+namespace kjit {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Msg(const absl::Status& s) { return std::string(ToStd(s.message())); }
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/kjit_driver_test_XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+jit::Jit::Options JitOptions(const std::string& dir) {
+  return jit::Jit::Options{.cache = jit::DiskCache::Options{.dir = dir}};
+}
+
+// --- Driver -------------------------------------------------------------------------------------
+
+TEST(DriverTest, MissingLibraryIsFailedPreconditionWithTheFix) {
+  auto d = jit::Driver::Load({"/nonexistent/libcuda.so.1"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+  const std::string msg = Msg(d.status());
+  EXPECT_TRUE(Contains(msg, "no CUDA driver")) << msg;
+  EXPECT_TRUE(Contains(msg, "/nonexistent/libcuda.so.1")) << "names what it tried: " << msg;
+  EXPECT_TRUE(Contains(msg, "fix")) << msg;
+  EXPECT_TRUE(Contains(msg, "--gpus all")) << msg;
+  EXPECT_TRUE(Contains(msg, "NVIDIA Container Toolkit")) << msg;
+}
+
+TEST(DriverTest, EveryCandidateIsTriedAndNamed) {
+  auto d = jit::Driver::Load({"/nonexistent/a/libcuda.so.1", "/nonexistent/b/libcuda.so"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(Msg(d.status()), "/nonexistent/a/libcuda.so.1")) << d.status();
+  EXPECT_TRUE(Contains(Msg(d.status()), "/nonexistent/b/libcuda.so")) << d.status();
+}
+
+TEST(DriverTest, StubLibraryIsRecognizedWithTheFix) {
+  ASSERT_TRUE(fs::exists(KJIT_STUB_LIBCUDA)) << KJIT_STUB_LIBCUDA;
+  auto d = jit::Driver::Load({KJIT_STUB_LIBCUDA});
+  ASSERT_FALSE(d.ok()) << "the stub driver must never pass for a real one";
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+  const std::string msg = Msg(d.status());
+  EXPECT_TRUE(Contains(msg, "stub")) << msg;
+  EXPECT_TRUE(Contains(msg, "CUDA_ERROR_STUB_LIBRARY")) << msg;
+  EXPECT_TRUE(Contains(msg, "34")) << msg;
+  EXPECT_TRUE(Contains(msg, "stubs")) << "names the stub's path: " << msg;
+  EXPECT_TRUE(Contains(msg, "fix")) << msg;
+  EXPECT_TRUE(Contains(msg, "LD_LIBRARY_PATH")) << msg;
+  EXPECT_TRUE(Contains(msg, "--gpus all")) << msg;
+}
+
+TEST(DriverTest, StubIsFoundAfterAMissingCandidate) {
+  auto d = jit::Driver::Load({"/nonexistent/libcuda.so.1", KJIT_STUB_LIBCUDA});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(Msg(d.status()), "CUDA_ERROR_STUB_LIBRARY")) << d.status();
+}
+
+TEST(DriverTest, LibraryWithoutTheDriverApiIsRefused) {
+  // libc loads fine but has no cuInit: an error naming the missing symbols, not a crash.
+  auto d = jit::Driver::Load({"libc.so.6"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+  EXPECT_TRUE(Contains(Msg(d.status()), "cuInit")) << d.status();
+  EXPECT_TRUE(Contains(Msg(d.status()), "fix")) << d.status();
+}
+
+TEST(DriverTest, DefaultCandidatesHonorTheOverride) {
+  {
+    ScopedEnv env("KJIT_LIBCUDA_PATH", "/opt/custom/libcuda.so.1");
+    EXPECT_EQ(jit::DefaultDriverCandidates(), std::vector<std::string>{"/opt/custom/libcuda.so.1"});
+  }
+  {
+    ScopedEnv env("KJIT_LIBCUDA_PATH", nullptr);
+    const auto c = jit::DefaultDriverCandidates();
+    ASSERT_FALSE(c.empty());
+    EXPECT_EQ(c.front(), "libcuda.so.1") << "the driver's soname comes first";
+  }
+}
+
+// --- NVRTC --------------------------------------------------------------------------------------
+
+TEST(NvrtcTest, MissingLibraryIsNotFoundWithTheFix) {
+  auto n = jit::Nvrtc::Load({"/nonexistent/libnvrtc.so"});
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kNotFound) << n.status();
+  const std::string msg = Msg(n.status());
+  EXPECT_TRUE(Contains(msg, "NVRTC")) << msg;
+  EXPECT_TRUE(Contains(msg, "/nonexistent/libnvrtc.so")) << msg;
+  EXPECT_TRUE(Contains(msg, "fix")) << msg;
+  EXPECT_TRUE(Contains(msg, "KJIT_NVRTC_PATH")) << msg;
+}
+
+TEST(NvrtcTest, LibraryWithoutTheNvrtcApiIsRefused) {
+  auto n = jit::Nvrtc::Load({"libc.so.6"});
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kFailedPrecondition) << n.status();
+  EXPECT_TRUE(Contains(Msg(n.status()), "nvrtcCompileProgram")) << n.status();
+}
+
+TEST(NvrtcTest, OverrideComesFirstInTheCandidates) {
+  ScopedEnv env("KJIT_NVRTC_PATH", "/opt/custom/libnvrtc.so.13");
+  const auto c = jit::DefaultNvrtcCandidates();
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.front(), "/opt/custom/libnvrtc.so.13");
+  EXPECT_GT(c.size(), 1u) << "the usual places are still searched after the override";
+}
+
+TEST(NvrtcTest, GetLoadsNvrtc13WithTheBlackwellArchs) {
+  auto n = jit::Nvrtc::Get();
+  ASSERT_TRUE(n.ok()) << n.status();
+  const jit::Nvrtc& nvrtc = **n;
+  EXPECT_EQ(nvrtc.version().major, 13) << nvrtc.version().ToString();
+  EXPECT_GE(nvrtc.version().minor, 0);
+  EXPECT_EQ(nvrtc.version().ToString().rfind("13.", 0), 0u) << nvrtc.version().ToString();
+  EXPECT_TRUE(Contains(nvrtc.path(), "nvrtc")) << nvrtc.path();
+  const std::vector<int>& archs = nvrtc.supported_archs();
+  for (int arch : {80, 90, 100, 120}) {
+    EXPECT_NE(std::find(archs.begin(), archs.end(), arch), archs.end()) << "sm_" << arch;
+  }
+  EXPECT_TRUE(std::is_sorted(archs.begin(), archs.end()));
+  // The same instance every time.
+  auto again = jit::Nvrtc::Get();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *n);
+  // And explicit loading from the path it found works as well.
+  auto loaded = jit::Nvrtc::Load({nvrtc.path()});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->supported_archs(), archs);
+}
+
+// --- Runtime ------------------------------------------------------------------------------------
+
+TEST(RuntimeTest, CreateWithoutADriverFailsWithTheDriversError) {
+  ScopedEnv env("KJIT_LIBCUDA_PATH", nullptr);
+  // Driver::Get() remembers its first result for the whole process, so compare against it.
+  auto driver = jit::Driver::Get();
+  if (driver.ok()) {
+    GTEST_SKIP() << "a real CUDA driver is present (" << (*driver)->path()
+                 << "); this test checks the no-driver path";
+  }
+  EXPECT_EQ(driver.status().code(), absl::StatusCode::kFailedPrecondition) << driver.status();
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  auto rt = Runtime::Create({.jit = JitOptions(dir.path())});
+  ASSERT_FALSE(rt.ok()) << "Runtime::Create succeeded although Driver::Get failed";
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kFailedPrecondition) << rt.status();
+  EXPECT_EQ(Msg(rt.status()), Msg(driver.status()));
+  const std::string msg = Msg(rt.status());
+  EXPECT_TRUE(Contains(msg, "no CUDA driver") || Contains(msg, "CUDA_ERROR_STUB_LIBRARY") ||
+              Contains(msg, "CUDA_ERROR_NO_DEVICE"))
+      << msg;
+  EXPECT_TRUE(Contains(msg, "fix")) << msg;
+}
+
+TEST(RuntimeTest, CompileOnlyNeedsATarget) {
+  TempDir dir;
+  auto rt = Runtime::Create({.compile_only = true, .jit = JitOptions(dir.path())});
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << rt.status();
+  EXPECT_TRUE(Contains(Msg(rt.status()), "target")) << rt.status();
+
+  auto bad = Runtime::Create({.target = "sm_5", .compile_only = true, .jit = JitOptions(dir.path())});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_TRUE(Contains(Msg(bad.status()), "arch")) << bad.status();
+}
+
+TEST(RuntimeTest, CompileOnlyBuildsButDoesNotLaunch) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  auto rt = Runtime::Create({.target = "sm_100", .compile_only = true, .jit = JitOptions(dir.path())});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_TRUE(rt->compile_only());
+  EXPECT_EQ(rt->driver(), nullptr);
+  EXPECT_EQ(rt->context(), nullptr);
+  EXPECT_EQ(rt->target().ToString(), "sm_100");
+
+  constexpr int64_t kHidden = 64, kRows = 4;
+  auto norm = rt->RmsNorm({.hidden = kHidden, .dtype = DType::kBF16});
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  auto built = norm->Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->origin, jit::Jit::Origin::kCompiled);
+  EXPECT_EQ(built->binary->target.ToString(), "sm_100");
+  EXPECT_EQ(built->binary->code.substr(0, 4), "\x7f" "ELF");
+  EXPECT_TRUE(fs::is_regular_file(built->path)) << built->path;
+  EXPECT_EQ(rt->jit().compile_count(), 1);
+
+  // Fake, well-aligned, non-overlapping device addresses of the right shapes: argument checks pass,
+  // so what stops the launch is the compile-only runtime. Nothing is dereferenced.
+  auto addr = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  const RmsNormForwardArgs fwd{
+      .x = TensorView::Matrix(addr(0x100000), DType::kBF16, kRows, kHidden),
+      .weight = TensorView::Vector(addr(0x200000), DType::kBF16, kHidden),
+      .y = TensorView::Matrix(addr(0x300000), DType::kBF16, kRows, kHidden),
+      .rstd = TensorView::Vector(addr(0x400000), DType::kF32, kRows)};
+  absl::Status s = norm->Forward(nullptr, fwd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(Msg(s), "compile-only")) << s;
+
+  // Arguments are checked first: a bad one is reported as such, even compile-only.
+  RmsNormForwardArgs null_x = fwd;
+  null_x.x.data = nullptr;
+  s = norm->Forward(nullptr, null_x);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(Contains(Msg(s), "x")) << s;
+  RmsNormForwardArgs wrong_cols = fwd;
+  wrong_cols.y.cols = kHidden / 2;
+  s = norm->Forward(nullptr, wrong_cols);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(Contains(Msg(s), "y")) << s;
+
+  const RmsNormBackwardArgs bwd{
+      .dy = TensorView::Matrix(addr(0x500000), DType::kBF16, kRows, kHidden),
+      .x = fwd.x,
+      .weight = fwd.weight,
+      .rstd = fwd.rstd,
+      .dx = TensorView::Matrix(addr(0x600000), DType::kBF16, kRows, kHidden),
+      .dw = TensorView::Vector(addr(0x700000), DType::kBF16, kHidden),
+      .workspace = addr(0x800000),
+      .workspace_bytes = norm->BackwardWorkspaceBytes(kRows)};
+  EXPECT_GT(bwd.workspace_bytes, 0);
+  s = norm->Backward(nullptr, bwd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(Msg(s), "compile-only")) << s;
+
+  // Nothing was compiled or loaded for the refused launches.
+  EXPECT_EQ(rt->jit().compile_count(), 1);
+}
+
+}  // namespace
+}  // namespace kjit

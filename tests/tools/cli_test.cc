@@ -1,0 +1,379 @@
+// The `kjit` command line, run as a subprocess: exit codes, messages and JSON. Each test gets a
+// fresh KJIT_CACHE_DIR. Tests that need "no GPU" point KJIT_LIBCUDA_PATH at a missing file, so they
+// mean the same on a machine with a GPU.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#ifndef KJIT_CLI_PATH
+#error "KJIT_CLI_PATH must name the built kjit binary"
+#endif
+
+extern char** environ;
+
+namespace kjit::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CliResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+  std::string out;
+  std::string err;
+  std::string all() const { return out + err; }
+  // For failure messages.
+  std::string Describe() const {
+    return "exit " + std::to_string(exit_code) + (signal ? " signal " + std::to_string(signal) : "") +
+           "\n--- stdout ---\n" + out + "--- stderr ---\n" + err;
+  }
+};
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The value printed after `name` on its own line of `kjit compile`'s text report ("  key     ab12").
+std::vector<std::string> Fields(const std::string& text, const std::string& name) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string first, value;
+    if (words >> first && first == name && words >> value) out.push_back(value);
+  }
+  return out;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(KJIT_CLI_PATH)) << KJIT_CLI_PATH << " is not built";
+    char tmpl[] = "/tmp/kjit_cli_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
+    root_ = tmpl;
+    cache_ = root_ + "/cache";
+    env_["KJIT_CACHE_DIR"] = cache_;
+    env_["KJIT_CACHE_MAX_BYTES"] = "";  // no eviction from the caller's environment
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
+  CliResult Run(const std::vector<std::string>& args) {
+    const std::string out_path = root_ + "/stdout", err_path = root_ + "/stderr";
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv = *e;
+      std::string name = kv.substr(0, kv.find('='));
+      if (!env_.count(name)) env_strings.push_back(kv);
+    }
+    for (const auto& [name, value] : env_) {
+      if (!value.empty()) env_strings.push_back(name + "=" + value);
+    }
+    std::vector<std::string> argv_strings = {KJIT_CLI_PATH};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv, envp;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+
+    CliResult r;
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      return r;
+    }
+    if (pid == 0) {
+      int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int in = ::open("/dev/null", O_RDONLY);
+      if (out < 0 || err < 0 || in < 0) ::_exit(126);
+      ::dup2(in, 0);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    r.out = ReadFile(out_path);
+    r.err = ReadFile(err_path);
+    return r;
+  }
+
+  // Entry files (*.kjit) in the cache directory.
+  std::vector<std::string> EntryFiles() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(cache_, ec)) {
+      if (e.path().extension() == ".kjit") out.push_back(e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  std::string root_;
+  std::string cache_;
+  std::map<std::string, std::string> env_;
+};
+
+const std::vector<std::string> kCompile4096 = {"compile", "--op",   "rms_norm", "--hidden", "4096",
+                                               "--dtype", "bf16",   "--arch",   "sm_100"};
+
+TEST_F(CliTest, VersionPrintsTheVersion) {
+  CliResult r = Run({"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.all(), "kjit 0.1.0")) << r.Describe();
+}
+
+TEST_F(CliTest, HelpListsTheSubcommands) {
+  CliResult r = Run({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  for (const char* cmd : {"compile", "cache", "bench"}) {
+    EXPECT_TRUE(Contains(r.out, cmd)) << cmd << "\n" << r.Describe();
+  }
+  CliResult sub = Run({"compile", "--help"});
+  EXPECT_EQ(sub.exit_code, 0) << sub.Describe();
+  for (const char* opt : {"--op", "--hidden", "--dtype", "--arch", "--json"}) {
+    EXPECT_TRUE(Contains(sub.out, opt)) << opt << "\n" << sub.Describe();
+  }
+}
+
+TEST_F(CliTest, CompileThenTheSecondCallHitsTheDiskCache) {
+  CliResult first = Run(kCompile4096);
+  ASSERT_EQ(first.exit_code, 0) << first.Describe();
+  EXPECT_EQ(Fields(first.out, "from"), std::vector<std::string>{"compiled"}) << first.Describe();
+  const std::vector<std::string> keys = Fields(first.out, "key");
+  ASSERT_EQ(keys.size(), 1u) << first.Describe();
+  EXPECT_EQ(keys[0].size(), 32u) << keys[0];
+  EXPECT_TRUE(Contains(first.out, "sm_100")) << first.Describe();
+  ASSERT_EQ(EntryFiles(), std::vector<std::string>{cache_ + "/" + keys[0] + ".kjit"});
+  EXPECT_EQ(Fields(first.out, "path"), std::vector<std::string>{cache_ + "/" + keys[0] + ".kjit"});
+
+  CliResult second = Run(kCompile4096);
+  ASSERT_EQ(second.exit_code, 0) << second.Describe();
+  EXPECT_TRUE(Contains(second.out, "disk cache")) << second.Describe();
+  EXPECT_EQ(Fields(second.out, "key"), keys) << second.Describe();
+  EXPECT_EQ(EntryFiles().size(), 1u);
+}
+
+TEST_F(CliTest, JsonReportHasOneEntryPerArch) {
+  std::vector<std::string> args = {"compile", "--op",   "rms_norm",      "--hidden", "4096",
+                                   "--dtype", "bf16",   "--arch",        "sm_90,sm_100",
+                                   "--json"};
+  CliResult r = Run(args);
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.Describe();
+  ASSERT_TRUE(j.is_array()) << j.dump(2);
+  ASSERT_EQ(j.size(), 2u) << j.dump(2);
+  const std::vector<std::string> targets = {"sm_90", "sm_100"};
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    for (const char* field : {"target", "key", "config", "origin", "path"}) {
+      ASSERT_TRUE(e.contains(field)) << field << " missing in " << e.dump(2);
+      EXPECT_TRUE(e[field].is_string()) << field << " in " << e.dump(2);
+    }
+    EXPECT_EQ(e["target"], targets[i]);
+    EXPECT_EQ(e["origin"], "compiled");
+    EXPECT_EQ(e["key"].get<std::string>().size(), 32u);
+    EXPECT_TRUE(Contains(e["config"].get<std::string>(), "vec=")) << e.dump(2);
+    EXPECT_EQ(e["path"], cache_ + "/" + e["key"].get<std::string>() + ".kjit");
+    EXPECT_TRUE(fs::is_regular_file(e["path"].get<std::string>())) << e.dump(2);
+  }
+  EXPECT_NE(j[0]["key"], j[1]["key"]);
+
+  CliResult again = Run(args);
+  ASSERT_EQ(again.exit_code, 0) << again.Describe();
+  nlohmann::json k = nlohmann::json::parse(again.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(k.is_discarded()) << again.Describe();
+  ASSERT_EQ(k.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(k[i]["origin"], "disk cache");
+    EXPECT_EQ(k[i]["key"], j[i]["key"]);
+  }
+}
+
+TEST_F(CliTest, BadArchIsAnErrorNamingArch) {
+  CliResult r = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_5"});
+  EXPECT_NE(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.signal, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "arch")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "sm_5")) << r.Describe();
+  EXPECT_TRUE(EntryFiles().empty());
+}
+
+// CLI11 validation failures are usage errors; commands.h promises exit code 2 for them.
+TEST_F(CliTest, HiddenZeroIsAUsageError) {
+  CliResult r = Run({"compile", "--op", "rms_norm", "--hidden", "0", "--arch", "sm_90"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "--hidden")) << r.Describe();
+  EXPECT_TRUE(EntryFiles().empty());
+}
+
+TEST_F(CliTest, OtherUsageErrorsExitWith2) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {},                                             // no subcommand
+           {"compile", "--hidden", "64"},                  // --op missing
+           {"compile", "--op", "rms_norm", "--hidden", "64", "--no-such-flag"},
+           {"cache", "frobnicate"}}) {
+    CliResult r = Run(args);
+    std::string line;
+    for (const auto& a : args) line += a + " ";
+    EXPECT_EQ(r.exit_code, 2) << "kjit " << line << "\n" << r.Describe();
+  }
+}
+
+TEST_F(CliTest, UnsupportedDtypeIsAnErrorNamingDtype) {
+  CliResult r = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--dtype", "int8", "--arch",
+                     "sm_90"});
+  EXPECT_NE(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.signal, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "dtype")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "int8")) << r.Describe();
+  EXPECT_TRUE(EntryFiles().empty());
+}
+
+TEST_F(CliTest, CacheLsVerifyPruneClear) {
+  CliResult c = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,sm_100",
+                     "--json"});
+  ASSERT_EQ(c.exit_code, 0) << c.Describe();
+  nlohmann::json built = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_TRUE(built.is_array() && built.size() == 2) << c.Describe();
+  const std::string key90 = built[0]["key"], key100 = built[1]["key"];
+  ASSERT_EQ(EntryFiles().size(), 2u);
+
+  CliResult ls = Run({"cache", "ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.Describe();
+  EXPECT_TRUE(Contains(ls.out, key90)) << ls.Describe();
+  EXPECT_TRUE(Contains(ls.out, key100)) << ls.Describe();
+  EXPECT_TRUE(Contains(ls.out, "2 entries")) << ls.Describe();
+  EXPECT_TRUE(Contains(ls.out, "hidden=64")) << ls.Describe();
+
+  CliResult ls_json = Run({"cache", "ls", "--json"});
+  ASSERT_EQ(ls_json.exit_code, 0) << ls_json.Describe();
+  nlohmann::json listed = nlohmann::json::parse(ls_json.out, nullptr, false);
+  ASSERT_FALSE(listed.is_discarded()) << ls_json.Describe();
+  ASSERT_EQ(listed["entries"].size(), 2u) << listed.dump(2);
+  EXPECT_EQ(listed["invalid"], 0);
+  EXPECT_EQ(listed["dir"], cache_);
+
+  CliResult verify = Run({"cache", "verify"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.Describe();
+  EXPECT_TRUE(Contains(verify.out, "0 invalid")) << verify.Describe();
+
+  // Corrupt the sm_90 entry: flip a byte in the middle of the file.
+  const std::string victim = cache_ + "/" + key90 + ".kjit";
+  std::string bytes = ReadFile(victim);
+  ASSERT_GT(bytes.size(), 100u);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x01);
+  {
+    std::ofstream out(victim, std::ios::binary | std::ios::trunc);
+    out << bytes;
+    ASSERT_TRUE(out.good());
+  }
+
+  CliResult bad = Run({"cache", "verify"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.Describe();
+  std::string victim_line;
+  for (std::istringstream in(bad.out); std::getline(in, victim_line);) {
+    if (victim_line.starts_with(key90)) break;
+  }
+  EXPECT_TRUE(victim_line.starts_with(key90) && Contains(victim_line, "INVALID"))
+      << "verify must name the corrupt entry INVALID\n" << bad.Describe();
+  EXPECT_FALSE(Contains(bad.out, key100)) << "verify lists only the bad entries\n" << bad.Describe();
+  EXPECT_TRUE(Contains(bad.out, "1 invalid")) << bad.Describe();
+
+  CliResult ls_bad = Run({"cache", "ls"});
+  EXPECT_EQ(ls_bad.exit_code, 0) << "ls reports, it does not judge\n" << ls_bad.Describe();
+
+  CliResult prune = Run({"cache", "prune"});
+  EXPECT_EQ(prune.exit_code, 0) << prune.Describe();
+  EXPECT_TRUE(Contains(prune.out, "removed 1")) << prune.Describe();
+  EXPECT_FALSE(fs::exists(victim));
+  EXPECT_EQ(EntryFiles(), std::vector<std::string>{cache_ + "/" + key100 + ".kjit"});
+
+  CliResult verify2 = Run({"cache", "verify"});
+  EXPECT_EQ(verify2.exit_code, 0) << verify2.Describe();
+  EXPECT_TRUE(Contains(verify2.out, "1 entries")) << verify2.Describe();
+
+  CliResult clear = Run({"cache", "clear"});
+  EXPECT_EQ(clear.exit_code, 0) << clear.Describe();
+  EXPECT_TRUE(Contains(clear.out, "removed 1")) << clear.Describe();
+  EXPECT_TRUE(EntryFiles().empty());
+
+  CliResult empty = Run({"cache", "ls"});
+  EXPECT_EQ(empty.exit_code, 0) << empty.Describe();
+  EXPECT_TRUE(Contains(empty.out, "0 entries")) << empty.Describe();
+}
+
+TEST_F(CliTest, AutoArchWithoutAGpuBuildsTheDefaultTargets) {
+  env_["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
+  CliResult r = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--json"});  // --arch auto
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "no GPU")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "sm_90, sm_100")) << r.Describe();
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "the note must go to stderr, not into the JSON\n" << r.Describe();
+  ASSERT_EQ(j.size(), 2u) << j.dump(2);
+  EXPECT_EQ(j[0]["target"], "sm_90");
+  EXPECT_EQ(j[1]["target"], "sm_100");
+  EXPECT_EQ(EntryFiles().size(), 2u);
+}
+
+TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
+  env_["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
+  CliResult r = Run({"bench", "--hidden", "64", "--rows", "4"});
+  EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "no CUDA driver")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "fix")) << r.Describe();
+  EXPECT_TRUE(r.out.empty()) << r.Describe();
+}
+
+TEST_F(CliTest, BenchWithTheStubDriverFailsCleanly) {
+#ifdef KJIT_STUB_LIBCUDA
+  env_["KJIT_LIBCUDA_PATH"] = KJIT_STUB_LIBCUDA;
+  CliResult r = Run({"bench", "--hidden", "64", "--rows", "4"});
+  EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "CUDA_ERROR_STUB_LIBRARY")) << r.Describe();
+#else
+  GTEST_SKIP() << "KJIT_STUB_LIBCUDA is not defined";
+#endif
+}
+
+}  // namespace
+}  // namespace kjit::tools
