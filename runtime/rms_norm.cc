@@ -17,9 +17,9 @@ namespace kjit {
 namespace {
 
 constexpr int64_t kMaxHidden = 65536;
-// The dw reduce kernel's block: 32 columns x 8 row stripes.
+// The dw reduce kernel's block: 32 columns x 32 row stripes, so that each thread sums few partials.
 constexpr int kReduceColumns = 32;
-constexpr int kReduceSlices = 8;
+constexpr int kReduceSlices = 32;
 
 DType WeightDType(const RmsNormSpec& spec) { return spec.weight_dtype.value_or(spec.dtype); }
 

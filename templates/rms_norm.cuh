@@ -128,65 +128,92 @@ rms_norm_backward(const RmsNormBackwardParams p) {
     }
   }
 
+  using V = Vec<T, kVec>;
+  // Rows that fit in registers are double-buffered: the next row's loads are issued before this
+  // row's reduction, so memory latency overlaps the barrier instead of following it.
+  constexpr int kSlots = kKeep ? L::kIters : 1;
+  V dy_cur[kSlots], x_cur[kSlots], dy_next[kSlots], x_next[kSlots];
+  float rstd_cur = 0.0f, rstd_next = 0.0f;
+  auto load_row = [&](long long row, V (&dyv)[kSlots], V (&xv)[kSlots], float& rstd) {
+    if (row >= p.rows) return;
+    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+    rstd = p.rstd[row];
+#pragma unroll
+    for (int it = 0; it < kSlots; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+        dyv[it] = load_vec<T, kVec>(dy, c);
+        xv[it] = load_vec<T, kVec>(x, c);
+      }
+    }
+  };
+  if constexpr (kKeep) load_row(group, dy_cur, x_cur, rstd_cur);
+
   // Every row group runs the same number of iterations so that block-wide reductions line up.
   const long long iterations = (p.rows + groups - 1) / groups;
   for (long long i = 0; i < iterations; ++i) {
     const long long row = group + i * groups;
     const bool live = row < p.rows;
+    if constexpr (kKeep) load_row(row + groups, dy_next, x_next, rstd_next);
     const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-    const float rstd = live ? p.rstd[row] : 0.0f;
+    const float rstd = kKeep ? rstd_cur : (live ? p.rstd[row] : 0.0f);
 
-    Vec<T, kVec> dy_keep[kKeep ? L::kIters : 1], x_keep[kKeep ? L::kIters : 1];
     float dot = 0.0f;
 #pragma unroll
     for (int it = 0; it < L::kIters; ++it) {
       const int c = L::col(lane, it);
       if (live && c < kHidden) {
-        const Vec<T, kVec> dyv = load_vec<T, kVec>(dy, c);
-        const Vec<T, kVec> xv = load_vec<T, kVec>(x, c);
+        const V dyv = kKeep ? dy_cur[kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
+        const V xv = kKeep ? x_cur[kKeep ? it : 0] : load_vec<T, kVec>(x, c);
         const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const float g = to_float(dyv.v[k]) * (p.weight_offset + to_float(wv.v[k]));
           dot += g * to_float(xv.v[k]) * rstd;
         }
-        if constexpr (kKeep) {
-          dy_keep[it] = dyv;
-          x_keep[it] = xv;
-        }
       }
     }
     const float mean_dot = row_sum<kThreads>(dot, smem) / kHidden;
-    if (!live) continue;
 
-    T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
-    const T* dres = static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
+    if (live) {
+      T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
+      const T* dres = static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
 #pragma unroll
-    for (int it = 0; it < L::kIters; ++it) {
-      const int c = L::col(lane, it);
-      if (c >= kHidden) continue;
-      // Without registers to spare, re-read; dy is read before dx overwrites it even in place.
-      const Vec<T, kVec> dyv = kKeep ? dy_keep[kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
-      const Vec<T, kVec> xv = kKeep ? x_keep[kKeep ? it : 0] : load_vec<T, kVec>(x, c);
-      const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
-      Vec<T, kVec> dres_v;
-      if (p.dresidual != nullptr) dres_v = load_vec<T, kVec>(dres, c);
-      Vec<T, kVec> out;
+      for (int it = 0; it < L::kIters; ++it) {
+        const int c = L::col(lane, it);
+        if (c >= kHidden) continue;
+        // Without registers to spare, re-read; dy is read before dx overwrites it even in place.
+        const V dyv = kKeep ? dy_cur[kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
+        const V xv = kKeep ? x_cur[kKeep ? it : 0] : load_vec<T, kVec>(x, c);
+        const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
+        V dres_v;
+        if (p.dresidual != nullptr) dres_v = load_vec<T, kVec>(dres, c);
+        V out;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float d = to_float(dyv.v[k]);
-        const float xhat = to_float(xv.v[k]) * rstd;
-        float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
-        if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
-        out.v[k] = from_float<T>(g);
-        if constexpr (kDwInRegisters) {
-          dw_acc[it * kVec + k] += d * xhat;
-        } else {
-          dw_row[c + k] += d * xhat;
+        for (int k = 0; k < kVec; ++k) {
+          const float d = to_float(dyv.v[k]);
+          const float xhat = to_float(xv.v[k]) * rstd;
+          float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
+          if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
+          out.v[k] = from_float<T>(g);
+          if constexpr (kDwInRegisters) {
+            dw_acc[it * kVec + k] += d * xhat;
+          } else {
+            dw_row[c + k] += d * xhat;
+          }
         }
+        store_vec<T, kVec>(dx, c, out);
       }
-      store_vec<T, kVec>(dx, c, out);
+    }
+    if constexpr (kKeep) {
+#pragma unroll
+      for (int it = 0; it < kSlots; ++it) {
+        dy_cur[it] = dy_next[it];
+        x_cur[it] = x_next[it];
+      }
+      rstd_cur = rstd_next;
     }
   }
   if constexpr (kDwInRegisters) {
@@ -212,6 +239,7 @@ rms_norm_dw_reduce(const RmsNormDwReduceParams p) {
   const int c = blockIdx.x * kColumns + tx;
   float s = 0.0f;
   if (c < kHidden) {
+#pragma unroll 4
     for (long long r = slice; r < p.partial_rows; r += kSlices) s += p.dw_partial[r * kHidden + c];
   }
   stripe[slice][tx] = s;

@@ -1,8 +1,8 @@
 // `kjit bench`: time kjit's kernels on the GPU, checked against the fp64 reference first, and
 // report effective bandwidth as a ratio to a device-to-device copy measured in the same run.
 //
-// Each timed repeat starts with a cold L2 (a buffer several times the L2 is overwritten first) and
-// is bracketed by CUDA events; the report gives the median and the 10th/90th percentiles.
+// Timing is autotune::GpuTimer's: a cold L2 before each repeat, CUDA events, the median and the
+// 10th/90th percentiles.
 #include <algorithm>
 #include <fstream>
 #include <optional>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune/compare.h"
+#include "autotune/gpu_timer.h"
 #include "autotune/host_convert.h"
 #include "autotune/rms_norm_reference.h"
 #include "runtime/device_buffer.h"
@@ -35,51 +36,8 @@ struct BenchFlags {
   std::string output;
 };
 
-struct Timing {
-  double median_us = 0, p10_us = 0, p90_us = 0;
-};
-
-class Timer {
- public:
-  static absl::StatusOr<Timer> Create(const Runtime& rt) {
-    Timer t(rt);
-    const jit::Driver& cu = *rt.driver();
-    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(&t.start_, CU_EVENT_DEFAULT), "cuEventCreate"));
-    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(&t.stop_, CU_EVENT_DEFAULT), "cuEventCreate"));
-    KJIT_ASSIGN_OR_RETURN(DeviceBuffer flush, DeviceBuffer::Create(rt, size_t{512} << 20));
-    t.flush_.emplace(std::move(flush));
-    return t;
-  }
-  // Runs `body` once untimed, then `repeats` times after an L2 flush, timing each with events.
-  template <typename Body>
-  absl::StatusOr<Timing> Time(int repeats, Body body) {
-    const jit::Driver& cu = *rt_.driver();
-    KJIT_RETURN_IF_ERROR(body());
-    std::vector<double> us;
-    for (int i = 0; i < repeats; ++i) {
-      KJIT_RETURN_IF_ERROR(cu.Check(
-          cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(flush_->data()), static_cast<unsigned char>(i),
-                             flush_->size(), nullptr),
-          "cuMemsetD8Async"));
-      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventRecord(start_, nullptr), "cuEventRecord"));
-      KJIT_RETURN_IF_ERROR(body());
-      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventRecord(stop_, nullptr), "cuEventRecord"));
-      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventSynchronize(stop_), "cuEventSynchronize"));
-      float ms = 0;
-      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime"));
-      us.push_back(ms * 1000.0);
-    }
-    std::sort(us.begin(), us.end());
-    auto at = [&](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
-    return Timing{at(0.5), at(0.1), at(0.9)};
-  }
-
- private:
-  explicit Timer(const Runtime& rt) : rt_(rt) {}
-  Runtime rt_;
-  CUevent start_ = nullptr, stop_ = nullptr;
-  std::optional<DeviceBuffer> flush_;
-};
+using autotune::GpuTimer;
+using autotune::Timing;
 
 absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<double>& v, DType t) {
   const std::vector<unsigned char> bytes = autotune::Encode(v, t);
@@ -94,7 +52,7 @@ absl::StatusOr<std::vector<double>> Download(const DeviceBuffer& b, DType t) {
   return autotune::Decode(bytes, t);
 }
 
-absl::StatusOr<Timing> TimeCopy(const Runtime& rt, Timer& timer, size_t bytes, int repeats) {
+absl::StatusOr<Timing> TimeCopy(const Runtime& rt, GpuTimer& timer, size_t bytes, int repeats) {
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer src, DeviceBuffer::Create(rt, bytes));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer dst, DeviceBuffer::Create(rt, bytes));
   KJIT_RETURN_IF_ERROR(src.Fill(1));
@@ -106,7 +64,7 @@ absl::StatusOr<Timing> TimeCopy(const Runtime& rt, Timer& timer, size_t bytes, i
   });
 }
 
-absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, Timer& timer, DType dtype,
+absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, GpuTimer& timer, DType dtype,
                                             int64_t hidden, int64_t rows, int repeats,
                                             double copy_gbps) {
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = hidden, .dtype = dtype}));
@@ -195,10 +153,10 @@ int RunBench(const BenchFlags& f) {
   if (!dtype.ok()) return Fail(dtype.status());
   auto rt = Runtime::Create();
   if (!rt.ok()) return Fail(rt.status());
-  auto timer = Timer::Create(*rt);
+  auto timer = GpuTimer::Create(rt->jit(), *rt->driver(), rt->context(), rt->target());
   if (!timer.ok()) return Fail(timer.status());
   const size_t copy_bytes = size_t{1} << 30;
-  auto copy = TimeCopy(*rt, *timer, copy_bytes, f.repeats);
+  auto copy = TimeCopy(*rt, **timer, copy_bytes, f.repeats);
   if (!copy.ok()) return Fail(copy.status());
   const double copy_gbps = 2.0 * copy_bytes / (copy->median_us * 1e3);
 
@@ -210,7 +168,7 @@ int RunBench(const BenchFlags& f) {
   }
   nlohmann::json results = nlohmann::json::array();
   for (auto [hidden, rows] : shapes) {
-    auto r = BenchRmsNorm(*rt, *timer, *dtype, hidden, rows, f.repeats, copy_gbps);
+    auto r = BenchRmsNorm(*rt, **timer, *dtype, hidden, rows, f.repeats, copy_gbps);
     if (!r.ok()) return Fail(r.status());
     for (auto& e : *r) results.push_back(e);
   }

@@ -53,7 +53,7 @@ TEST(RmsNormSpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   ASSERT_EQ(src->name_expressions.size(), 3u);
   EXPECT_EQ(src->name_expressions[0],
             "kjit::rms_norm_forward<kjit::f16, float, 5120, 320, 1, 4, true, true>");
-  EXPECT_EQ(src->name_expressions[2], "kjit::rms_norm_dw_reduce<float, 5120, 32, 8>");
+  EXPECT_EQ(src->name_expressions[2], "kjit::rms_norm_dw_reduce<float, 5120, 32, 32>");
   EXPECT_NE(src->text.find("#include \"rms_norm.cuh\""), std::string::npos);
   EXPECT_EQ(src->text.find("#define"), std::string::npos) << "no -D style specialization";
   EXPECT_EQ(src->params.at("hidden"), "5120");

@@ -1,0 +1,52 @@
+// GpuTimer: times device work the way every kjit measurement must: warm-up first, a cold L2 before
+// each repeat (a read of a buffer several times the L2, JIT-compiled like any kjit kernel), CUDA
+// events around the work only, and the median with the 10th and 90th percentiles.
+//
+//   KJIT_ASSIGN_OR_RETURN(auto timer, GpuTimer::Create(jit, *driver, ctx, target));
+//   KJIT_ASSIGN_OR_RETURN(Timing t, timer->Time(100, [&] { return op.Forward(nullptr, args); }));
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <memory>
+
+#include "jit/driver.h"
+#include "jit/jit.h"
+#include "jit/target.h"
+
+namespace kjit::autotune {
+
+struct Timing {
+  double median_us = 0;
+  double p10_us = 0;
+  double p90_us = 0;
+  int repeats = 0;
+};
+
+class GpuTimer {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuTimer>> Create(jit::Jit& jit, const jit::Driver& cu,
+                                                          CUcontext ctx, const jit::Target& target);
+  ~GpuTimer();
+  GpuTimer(const GpuTimer&) = delete;
+  GpuTimer& operator=(const GpuTimer&) = delete;
+
+  // `launch` enqueues the work on the default stream; it is run once untimed, then `repeats` times.
+  absl::StatusOr<Timing> Time(int repeats, const std::function<absl::Status()>& launch);
+
+ private:
+  GpuTimer(const jit::Driver& cu) : cu_(cu) {}
+  absl::Status FlushL2();
+
+  const jit::Driver& cu_;
+  std::shared_ptr<const jit::LoadedModule> module_;
+  CUfunction flush_ = nullptr;
+  CUdeviceptr buffer_ = 0;
+  CUdeviceptr sink_ = 0;
+  long long vectors_ = 0;
+  CUevent start_ = nullptr;
+  CUevent stop_ = nullptr;
+};
+
+}  // namespace kjit::autotune
