@@ -33,6 +33,7 @@ struct BenchFlags {
   std::string dtype = "bf16";
   int repeats = 100;
   bool json = false;
+  bool sweep = false;
   std::string output;
 };
 
@@ -64,10 +65,11 @@ absl::StatusOr<Timing> TimeCopy(const Runtime& rt, GpuTimer& timer, size_t bytes
   });
 }
 
-absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, GpuTimer& timer, DType dtype,
-                                            int64_t hidden, int64_t rows, int repeats,
-                                            double copy_gbps) {
-  KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = hidden, .dtype = dtype}));
+// Times one RMSNorm shape under each config (nullopt: the heuristic's), each checked against the
+// fp64 reference first. Returns one JSON entry per config and pass.
+absl::StatusOr<nlohmann::json> BenchRmsNorm(
+    const Runtime& rt, GpuTimer& timer, DType dtype, int64_t hidden, int64_t rows, int repeats,
+    double copy_gbps, const std::vector<std::optional<autotune::RmsNormConfig>>& configs) {
   std::mt19937_64 rng(std::random_device{}());
   std::normal_distribution<double> normal(0.0, 1.0);
   auto random = [&](int64_t n, double scale, double offset) {
@@ -78,6 +80,9 @@ absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, GpuTimer& timer, 
   const std::vector<double> x = random(rows * hidden, 1.0, 0.0);
   const std::vector<double> w = random(hidden, 0.1, 1.0);
   const std::vector<double> dy = random(rows * hidden, 1.0, 0.0);
+  const autotune::RmsNormMath math{.hidden = hidden, .dtype = dtype, .eps = 1e-6};
+  const auto ref_f = autotune::RmsNormForwardReference(math, rows, x, nullptr, w);
+  const auto ref_b = autotune::RmsNormBackwardReference(math, rows, dy, x, w, nullptr);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer dx_buf, Upload(rt, x, dtype));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer dw_buf, Upload(rt, w, dtype));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer ddy_buf, Upload(rt, dy, dtype));
@@ -86,66 +91,89 @@ absl::StatusOr<nlohmann::json> BenchRmsNorm(const Runtime& rt, GpuTimer& timer, 
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer grad_buf, DeviceBuffer::Create(rt, tensor_bytes));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer rstd_buf, DeviceBuffer::Create(rt, rows * sizeof(float)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer dweight_buf, DeviceBuffer::Create(rt, hidden * SizeOf(dtype)));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Create(rt, norm.BackwardWorkspaceBytes(rows)));
-  for (const DeviceBuffer* b : {&y_buf, &grad_buf, &rstd_buf, &dweight_buf}) {
-    KJIT_RETURN_IF_ERROR(b->Fill(0xFF));  // NaN everywhere: an unwritten element fails the check
-  }
   const RmsNormForwardArgs fwd{.x = TensorView::Matrix(dx_buf.data(), dtype, rows, hidden),
                                .weight = TensorView::Vector(dw_buf.data(), dtype, hidden),
                                .y = TensorView::Matrix(y_buf.data(), dtype, rows, hidden),
                                .rstd = TensorView::Vector(rstd_buf.data(), DType::kF32, rows)};
-  const RmsNormBackwardArgs bwd{.dy = TensorView::Matrix(ddy_buf.data(), dtype, rows, hidden),
-                                .x = fwd.x,
-                                .weight = fwd.weight,
-                                .rstd = fwd.rstd,
-                                .dx = TensorView::Matrix(grad_buf.data(), dtype, rows, hidden),
-                                .dw = TensorView::Vector(dweight_buf.data(), dtype, hidden),
-                                .workspace = ws.data(),
-                                .workspace_bytes = static_cast<int64_t>(ws.size())};
-
-  // Check before timing.
-  KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, fwd));
-  KJIT_RETURN_IF_ERROR(norm.Backward(nullptr, bwd));
-  const autotune::RmsNormMath math{.hidden = hidden, .dtype = dtype, .eps = 1e-6};
-  const auto ref_f = autotune::RmsNormForwardReference(math, rows, x, nullptr, w);
-  const auto ref_b = autotune::RmsNormBackwardReference(math, rows, dy, x, w, nullptr);
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, Download(y_buf, dtype));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, Download(rstd_buf, DType::kF32));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> dx, Download(grad_buf, dtype));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> dw, Download(dweight_buf, dtype));
-  std::vector<std::string> problems;
-  for (const auto& [name, r] : autotune::CheckRmsNorm(
-           math, rows, dtype, {.y = &y, .rstd = &rstd, .dx = &dx, .dw = &dw}, ref_f, &ref_b)) {
-    if (!r.ok) problems.push_back(r.Describe(name));
-  }
-  if (!problems.empty()) {
-    std::string all;
-    for (const auto& p : problems) all += "\n  " + p;
-    return absl::InternalError(fmt::format("rms_norm hidden={} rows={}: wrong results:{}", hidden, rows, all));
-  }
-
-  KJIT_ASSIGN_OR_RETURN(Timing t_fwd, timer.Time(repeats, [&] { return norm.Forward(nullptr, fwd); }));
-  KJIT_ASSIGN_OR_RETURN(Timing t_both, timer.Time(repeats, [&] {
-    KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, fwd));
-    return norm.Backward(nullptr, bwd);
-  }));
-  // Fewest bytes: forward reads x, writes y (rstd and w are negligible but counted);
-  // backward reads dy and x, writes dx.
+  // Fewest bytes: forward reads x, writes y and rstd; backward reads dy, x, rstd, writes dx
+  // (the weight and its gradient are counted, the fp32 partials are not).
   const double elems = static_cast<double>(rows) * hidden * SizeOf(dtype);
   const double fwd_bytes = 2 * elems + rows * 4.0 + hidden * SizeOf(dtype);
-  const double both_bytes = fwd_bytes + 3 * elems + rows * 4.0 + 2 * hidden * SizeOf(dtype);
-  auto entry = [&](const char* pass, const Timing& t, double bytes) {
-    const double gbps = bytes / (t.median_us * 1e3);
-    return nlohmann::json{{"op", "rms_norm"},         {"pass", pass},
-                          {"dtype", Name(dtype)},     {"hidden", hidden},
-                          {"rows", rows},             {"config", norm.config().ToString()},
-                          {"median_us", t.median_us}, {"p10_us", t.p10_us},
-                          {"p90_us", t.p90_us},       {"bytes", bytes},
-                          {"gbps", gbps},             {"ratio_to_copy", gbps / copy_gbps},
-                          {"checked", true}};
-  };
-  return nlohmann::json::array({entry("forward", t_fwd, fwd_bytes),
-                                entry("forward_backward", t_both, both_bytes)});
+  const double bwd_bytes = 3 * elems + rows * 4.0 + 2 * hidden * SizeOf(dtype);
+
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& config : configs) {
+    RmsNormSpec spec{.hidden = hidden, .dtype = dtype};
+    spec.config = config;
+    KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm(spec));
+    KJIT_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Create(rt, norm.BackwardWorkspaceBytes(rows)));
+    const RmsNormBackwardArgs bwd{.dy = TensorView::Matrix(ddy_buf.data(), dtype, rows, hidden),
+                                  .x = fwd.x,
+                                  .weight = fwd.weight,
+                                  .rstd = fwd.rstd,
+                                  .dx = TensorView::Matrix(grad_buf.data(), dtype, rows, hidden),
+                                  .dw = TensorView::Vector(dweight_buf.data(), dtype, hidden),
+                                  .workspace = ws.data(),
+                                  .workspace_bytes = static_cast<int64_t>(ws.size())};
+    // Check before timing, with every output poisoned first (NaN: an unwritten element fails).
+    for (const DeviceBuffer* b : {&y_buf, &grad_buf, &rstd_buf, &dweight_buf}) {
+      KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
+    }
+    KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, fwd));
+    KJIT_RETURN_IF_ERROR(norm.Backward(nullptr, bwd));
+    KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, Download(y_buf, dtype));
+    KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, Download(rstd_buf, DType::kF32));
+    KJIT_ASSIGN_OR_RETURN(const std::vector<double> dx, Download(grad_buf, dtype));
+    KJIT_ASSIGN_OR_RETURN(const std::vector<double> dw, Download(dweight_buf, dtype));
+    std::string problems;
+    for (const auto& [name, r] : autotune::CheckRmsNorm(
+             math, rows, dtype, {.y = &y, .rstd = &rstd, .dx = &dx, .dw = &dw}, ref_f, &ref_b)) {
+      if (!r.ok) problems += "\n  " + r.Describe(name);
+    }
+    if (!problems.empty()) {
+      return absl::InternalError(fmt::format("rms_norm hidden={} rows={} {}: wrong results:{}",
+                                             hidden, rows, norm.config().ToString(), problems));
+    }
+    KJIT_ASSIGN_OR_RETURN(Timing t_fwd, timer.Time(repeats, [&] { return norm.Forward(nullptr, fwd); }));
+    KJIT_ASSIGN_OR_RETURN(Timing t_bwd, timer.Time(repeats, [&] { return norm.Backward(nullptr, bwd); }));
+    KJIT_ASSIGN_OR_RETURN(Timing t_both, timer.Time(repeats, [&] {
+      KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, fwd));
+      return norm.Backward(nullptr, bwd);
+    }));
+    auto entry = [&](const char* pass, const Timing& t, double bytes) {
+      const double gbps = bytes / (t.median_us * 1e3);
+      return nlohmann::json{{"op", "rms_norm"},         {"pass", pass},
+                            {"dtype", Name(dtype)},     {"hidden", hidden},
+                            {"rows", rows},             {"config", norm.config().ToString()},
+                            {"heuristic", !config.has_value()},
+                            {"median_us", t.median_us}, {"p10_us", t.p10_us},
+                            {"p90_us", t.p90_us},       {"bytes", bytes},
+                            {"gbps", gbps},             {"ratio_to_copy", gbps / copy_gbps},
+                            {"checked", true}};
+    };
+    entries.push_back(entry("forward", t_fwd, fwd_bytes));
+    entries.push_back(entry("backward", t_bwd, bwd_bytes));
+    entries.push_back(entry("forward_backward", t_both, fwd_bytes + bwd_bytes));
+  }
+  return entries;
+}
+
+// The heuristic's config, then (when sweeping) every forward row shape with the heuristic's
+// backward and every backward row shape with the heuristic's forward.
+std::vector<std::optional<autotune::RmsNormConfig>> RmsNormConfigs(DType dtype, int64_t hidden,
+                                                                    bool sweep) {
+  std::vector<std::optional<autotune::RmsNormConfig>> out = {std::nullopt};
+  if (!sweep) return out;
+  const int vec = autotune::MaxVecForHidden(hidden, static_cast<int>(SizeOf(dtype)));
+  const autotune::RmsNormConfig base = autotune::DefaultRmsNormConfig(hidden, vec);
+  for (const autotune::RowShape& s : autotune::RowShapeCandidates(hidden, vec)) {
+    autotune::RmsNormConfig f = base, b = base;
+    f.forward = s;
+    b.backward = s;
+    if (!(f == base)) out.push_back(f);
+    if (!(b == base)) out.push_back(b);
+  }
+  return out;
 }
 
 int RunBench(const BenchFlags& f) {
@@ -168,7 +196,8 @@ int RunBench(const BenchFlags& f) {
   }
   nlohmann::json results = nlohmann::json::array();
   for (auto [hidden, rows] : shapes) {
-    auto r = BenchRmsNorm(*rt, **timer, *dtype, hidden, rows, f.repeats, copy_gbps);
+    auto r = BenchRmsNorm(*rt, **timer, *dtype, hidden, rows, f.repeats, copy_gbps,
+                          RmsNormConfigs(*dtype, hidden, f.sweep));
     if (!r.ok()) return Fail(r.status());
     for (auto& e : *r) results.push_back(e);
   }
@@ -212,6 +241,8 @@ Command AddBenchCommand(CLI::App& app) {
       ->check(CLI::Range(3, 100000))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print the report as JSON");
+  cmd->add_flag("--sweep", f->sweep,
+                "Also time every candidate launch shape (forward and backward separately)");
   cmd->add_option("--output", f->output, "Also write the JSON report to this file");
   return [f] { return RunBench(*f); };
 }
