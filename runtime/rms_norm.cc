@@ -42,11 +42,12 @@ std::string ReduceExpr(const RmsNormSpec& s) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Row groups the backward runs with: enough blocks to fill the GPU about once.
-int64_t BackwardGroups(const autotune::RmsNormConfig& c, int64_t rows, int sm_count) {
-  const int block = c.backward.block_threads();
+// Row groups the backward runs with: as many blocks as are resident at once, so the GPU is filled
+// exactly once and each block walks its rows without a tail wave.
+int64_t BackwardGroups(const autotune::RmsNormConfig& c, int64_t rows, int sm_count,
+                       int blocks_per_sm) {
   const int64_t blocks = std::min<int64_t>(CeilDiv(rows, c.backward.rows_per_block),
-                                           int64_t{sm_count} * std::max(1, 2048 / block));
+                                           int64_t{sm_count} * std::max(1, blocks_per_sm));
   return blocks * c.backward.rows_per_block;
 }
 
@@ -122,6 +123,7 @@ struct RmsNormKernels {
   CUfunction forward = nullptr;
   CUfunction backward = nullptr;
   CUfunction reduce = nullptr;
+  int backward_blocks_per_sm = 1;  // from the occupancy calculator: registers decide it
 };
 
 struct RmsNormState {
@@ -151,6 +153,10 @@ absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::Runti
   KJIT_ASSIGN_OR_RETURN(k.forward, k.module->Function(src.name_expressions[0]));
   KJIT_ASSIGN_OR_RETURN(k.backward, k.module->Function(src.name_expressions[1]));
   KJIT_ASSIGN_OR_RETURN(k.reduce, k.module->Function(src.name_expressions[2]));
+  KJIT_RETURN_IF_ERROR(rt.driver->Check(
+      rt.driver->cuOccupancyMaxActiveBlocksPerMultiprocessor(
+          &k.backward_blocks_per_sm, k.backward, k.config.backward.block_threads(), 0),
+      "cuOccupancyMaxActiveBlocksPerMultiprocessor"));
   return &op.by_vec.emplace(vec, std::move(k)).first->second;
 }
 
@@ -203,9 +209,15 @@ absl::StatusOr<jit::Jit::Built> RmsNorm::Build() const {
 }
 
 int64_t RmsNorm::BackwardWorkspaceBytes(int64_t rows) const {
-  const int sm_count = rt_->compile_only ? 1 : rt_->device.sm_count;
+  int sm_count = 1, blocks_per_sm = 1;
+  if (!rt_->compile_only) {
+    auto k = KernelsFor(*rt_, *op_, op_->config.vec);  // loaded when the op was created
+    sm_count = rt_->device.sm_count;
+    if (k.ok()) blocks_per_sm = (*k)->backward_blocks_per_sm;
+  }
   // Lower vector widths (misaligned views) may pack more rows per block: leave room for a full one.
-  const int64_t groups = std::max<int64_t>(BackwardGroups(op_->config, std::max<int64_t>(rows, 1), sm_count), 128);
+  const int64_t groups = std::max<int64_t>(
+      BackwardGroups(op_->config, std::max<int64_t>(rows, 1), sm_count, blocks_per_sm), 128);
   return groups * op_->spec.hidden * static_cast<int64_t>(sizeof(float));
 }
 
@@ -285,7 +297,8 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   const int rpb = k->config.backward.rows_per_block;
   const int64_t per_group = s.hidden * static_cast<int64_t>(sizeof(float));
   // A smaller workspace than asked for still works, with fewer (longer) row groups.
-  const int64_t blocks = std::min(BackwardGroups(k->config, rows, rt_->device.sm_count) / rpb,
+  const int64_t blocks = std::min(BackwardGroups(k->config, rows, rt_->device.sm_count,
+                                                 k->backward_blocks_per_sm) / rpb,
                                   a.workspace_bytes / per_group / rpb);
   if (blocks < 1) {
     return absl::InvalidArgumentError(fmt::format(
