@@ -8,6 +8,7 @@
 
 #include "jit/dtype.h"
 #include "jit/status.h"
+#include "runtime/cross_entropy.h"
 #include "runtime/rms_norm.h"
 #include "runtime/runtime.h"
 #include "runtime/tensor.h"

@@ -14,6 +14,7 @@
 #include "jit/jit.h"
 #include "jit/status.h"
 #include "jit/target.h"
+#include "runtime/cross_entropy.h"
 #include "runtime/rms_norm.h"
 
 namespace kjit {
@@ -34,6 +35,7 @@ class Runtime {
   static absl::StatusOr<Runtime> Create(const RuntimeOptions& options = {});
 
   absl::StatusOr<kjit::RmsNorm> RmsNorm(const RmsNormSpec& spec) const;
+  absl::StatusOr<kjit::CrossEntropy> CrossEntropy(const CrossEntropySpec& spec) const;
 
   const jit::Target& target() const;
   bool compile_only() const;

@@ -16,5 +16,6 @@ using Command = std::function<int()>;
 Command AddCompileCommand(CLI::App& app);
 Command AddCacheCommand(CLI::App& app);
 Command AddBenchCommand(CLI::App& app);
+Command AddDoctorCommand(CLI::App& app);
 
 }  // namespace kjit::tools

@@ -1,4 +1,5 @@
 // `kjit compile`: render, compile (or find in the cache) one op's kernels and say where they lie.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,35 +17,80 @@ namespace {
 struct CompileFlags {
   std::string op;
   int64_t hidden = 0;
+  int64_t vocab = 0;
   std::string dtype = "bf16";
   std::string weight_dtype;
   std::string casting = "llama";
   bool residual = false;
+  std::string target_type = "int64";
+  std::string reduction = "mean";
+  float label_smoothing = 0;
+  float z_loss = 0;
+  float softcap = 0;
+  bool argmax = false;
   std::string arch = "auto";
   bool json = false;
 };
 
-int RunCompile(const CompileFlags& f) {
-  auto dtype = ParseDType(f.dtype);
-  if (!dtype.ok()) return Fail(dtype.status());
-  RmsNormSpec spec{.hidden = f.hidden, .dtype = *dtype};
+// Which flags belong to which op: a missing size is a usage error (exit 2), like CLI11's own.
+int CheckOpFlags(const CompileFlags& f) {
+  const bool ce = f.op == "cross_entropy";
+  const char* needed = ce ? "--vocab" : "--hidden";
+  if ((ce ? f.vocab : f.hidden) == 0) {
+    fmt::print(stderr, "kjit compile: {} is required for --op {}\n", needed, f.op);
+    return 2;
+  }
+  if ((ce ? f.hidden : f.vocab) != 0) {
+    fmt::print(stderr, "kjit compile: {} does not apply to --op {}\n", ce ? "--hidden" : "--vocab",
+               f.op);
+    return 2;
+  }
+  return 0;
+}
+
+// Renders and builds the op's program for one runtime.
+using Builder = std::function<absl::StatusOr<jit::Jit::Built>(const Runtime&)>;
+
+absl::StatusOr<Builder> MakeBuilder(const CompileFlags& f) {
+  KJIT_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
+  if (f.op == "cross_entropy") {
+    CrossEntropySpec spec{.vocab = f.vocab, .dtype = dtype};
+    spec.target_type = f.target_type == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+    spec.reduction = f.reduction == "none" ? Reduction::kNone
+                     : f.reduction == "sum" ? Reduction::kSum
+                                            : Reduction::kMean;
+    spec.label_smoothing = f.label_smoothing;
+    spec.lse_square_scale = f.z_loss;
+    spec.softcap = f.softcap;
+    spec.argmax = f.argmax;
+    return Builder([spec](const Runtime& rt) -> absl::StatusOr<jit::Jit::Built> {
+      KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(spec));
+      return ce.Build();
+    });
+  }
+  RmsNormSpec spec{.hidden = f.hidden, .dtype = dtype};
   if (!f.weight_dtype.empty()) {
-    auto w = ParseDType(f.weight_dtype);
-    if (!w.ok()) return Fail(w.status());
-    spec.weight_dtype = *w;
+    KJIT_ASSIGN_OR_RETURN(spec.weight_dtype, ParseDType(f.weight_dtype));
   }
   spec.casting = f.casting == "gemma" ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
   spec.fused_residual = f.residual;
+  return Builder([spec](const Runtime& rt) -> absl::StatusOr<jit::Jit::Built> {
+    KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm(spec));
+    return norm.Build();
+  });
+}
+
+int RunCompile(const CompileFlags& f) {
+  if (int usage = CheckOpFlags(f); usage != 0) return usage;
+  auto build = MakeBuilder(f);
+  if (!build.ok()) return Fail(build.status());
 
   auto runtimes = RuntimesForArch(f.arch);
   if (!runtimes.ok()) return Fail(runtimes.status());
   nlohmann::json report = nlohmann::json::array();
   int failures = 0;
   for (const Runtime& rt : *runtimes) {
-    auto built = [&]() -> absl::StatusOr<jit::Jit::Built> {
-      KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm(spec));
-      return norm.Build();
-    }();
+    auto built = (*build)(rt);
     if (!built.ok()) {
       ++failures;
       fmt::print(stderr, "kjit compile: {}: {}\n", rt.target().ToString(),
@@ -82,14 +128,28 @@ Command AddCompileCommand(CLI::App& app) {
   auto f = std::make_shared<CompileFlags>();
   CLI::App* cmd = app.add_subcommand(
       "compile", "Render and compile one op's kernels (or find them in the cache); no GPU needed");
-  cmd->add_option("--op", f->op, "The op")->required()->check(CLI::IsMember({"rms_norm"}));
-  cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm)")->required()->check(CLI::Range(1, 65536));
+  cmd->add_option("--op", f->op, "The op")
+      ->required()
+      ->check(CLI::IsMember({"rms_norm", "cross_entropy"}));
+  cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm; required)")->check(CLI::Range(1, 65536));
+  cmd->add_option("--vocab", f->vocab, "Vocab size (cross_entropy; required)")
+      ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
   cmd->add_option("--weight-dtype", f->weight_dtype, "Weight dtype (default: --dtype)");
   cmd->add_option("--casting", f->casting, "llama or gemma")
       ->check(CLI::IsMember({"llama", "gemma"}))
       ->capture_default_str();
-  cmd->add_flag("--residual", f->residual, "Fuse the residual add");
+  cmd->add_flag("--residual", f->residual, "Fuse the residual add (rms_norm)");
+  cmd->add_option("--target-type", f->target_type, "Targets: int32 or int64 (cross_entropy)")
+      ->check(CLI::IsMember({"int32", "int64"}))
+      ->capture_default_str();
+  cmd->add_option("--reduction", f->reduction, "none, sum or mean (cross_entropy)")
+      ->check(CLI::IsMember({"none", "sum", "mean"}))
+      ->capture_default_str();
+  cmd->add_option("--label-smoothing", f->label_smoothing, "Label smoothing in [0, 1) (cross_entropy)");
+  cmd->add_option("--z-loss", f->z_loss, "lse_square_scale, the z-loss coefficient (cross_entropy)");
+  cmd->add_option("--softcap", f->softcap, "Logit soft-cap, 0 = off (cross_entropy)");
+  cmd->add_flag("--argmax", f->argmax, "Also write the predicted token per row (cross_entropy)");
   cmd->add_option("--arch", f->arch,
                   "auto (the GPU present, else sm_90 and sm_100) or a list: sm_90,sm_100,compute_90")
       ->capture_default_str();

@@ -1,4 +1,4 @@
-// kjit: compile, cache and benchmark kjit kernels from the command line.
+// kjit: compile, cache, benchmark and diagnose kjit kernels from the command line.
 #include <fmt/format.h>
 
 #include "runtime/version.h"
@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   kjit::tools::Command compile = kjit::tools::AddCompileCommand(app);
   kjit::tools::Command cache = kjit::tools::AddCacheCommand(app);
   kjit::tools::Command bench = kjit::tools::AddBenchCommand(app);
+  kjit::tools::Command doctor = kjit::tools::AddDoctorCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -21,5 +22,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("compile")) return compile();
   if (app.got_subcommand("cache")) return cache();
   if (app.got_subcommand("bench")) return bench();
+  if (app.got_subcommand("doctor")) return doctor();
   return 2;
 }

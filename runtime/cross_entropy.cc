@@ -1,0 +1,450 @@
+#include "runtime/cross_entropy.h"
+
+#include <climits>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/runtime.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tensor_checks.h"
+
+namespace kjit {
+
+const char* Name(IndexType t) { return t == IndexType::kInt32 ? "int32" : "int64"; }
+size_t SizeOf(IndexType t) { return t == IndexType::kInt32 ? 4 : 8; }
+
+namespace {
+
+constexpr int64_t kMinVocab = 2;
+constexpr int64_t kMaxVocab = int64_t{1} << 20;
+// The count and reduce kernels are one block each: targets and per-row losses are small.
+constexpr int kCountThreads = 1024;
+constexpr int kReduceThreads = 1024;
+constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
+static_assert(sizeof(CrossEntropyCounters) <= kCountersBytes);
+
+const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
+const char* ReductionDeviceName(Reduction r) {
+  switch (r) {
+    case Reduction::kNone: return "kjit::kCeNone";
+    case Reduction::kSum: return "kjit::kCeSum";
+    case Reduction::kMean: return "kjit::kCeMean";
+  }
+  return "?";
+}
+const char* Bool(bool b) { return b ? "true" : "false"; }
+
+// The template arguments the forward and backward kernels share, in their order.
+std::string RowArgs(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
+                     IndexDeviceType(s.target_type), s.vocab, c.threads, c.vec, c.unroll,
+                     ReductionDeviceName(s.reduction), Bool(s.label_smoothing > 0),
+                     Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
+}
+std::string ForwardExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c,
+                        bool gradient) {
+  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
+                     Bool(gradient));
+}
+std::string BackwardExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
+  return fmt::format("kjit::cross_entropy_backward<{}>", RowArgs(s, c));
+}
+std::string CountExpr(const CrossEntropySpec& s) {
+  return fmt::format("kjit::cross_entropy_count<{}, {}, {}>", IndexDeviceType(s.target_type),
+                     s.vocab, kCountThreads);
+}
+std::string ReduceExpr(const CrossEntropySpec& s) {
+  return fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
+                     ReductionDeviceName(s.reduction));
+}
+
+absl::Status ValidateConfig(const CrossEntropySpec& spec, const autotune::CrossEntropyConfig& c) {
+  if (c.vec < 1 || (c.vec & (c.vec - 1)) != 0 ||
+      c.vec * static_cast<int64_t>(SizeOf(spec.dtype)) > 16) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.vec: {} must be a power of two with at most 16 bytes per access", c.vec));
+  }
+  if (c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("config.threads: {} must be a multiple of 32 from 32 to 1024", c.threads));
+  }
+  if (c.unroll != 1 && c.unroll != 2 && c.unroll != 4 && c.unroll != 8) {
+    return absl::InvalidArgumentError(
+        fmt::format("config.unroll: {} must be 1, 2, 4 or 8", c.unroll));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
+  if (spec.vocab < kMinVocab || spec.vocab > kMaxVocab) {
+    return absl::InvalidArgumentError(fmt::format("vocab: {} is out of range, expected {} to {}",
+                                                  spec.vocab, kMinVocab, kMaxVocab));
+  }
+  if (spec.target_type == IndexType::kInt32 &&
+      (spec.ignore_index < INT32_MIN || spec.ignore_index > INT32_MAX)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "ignore_index: {} does not fit the int32 targets", spec.ignore_index));
+  }
+  if (!std::isfinite(spec.label_smoothing) || spec.label_smoothing < 0 ||
+      spec.label_smoothing >= 1) {
+    return absl::InvalidArgumentError(
+        fmt::format("label_smoothing: {} must be in [0, 1)", spec.label_smoothing));
+  }
+  if (!std::isfinite(spec.lse_square_scale) || spec.lse_square_scale < 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "lse_square_scale: {} must be finite and not negative", spec.lse_square_scale));
+  }
+  if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("softcap: {} must be 0 (off) or a finite positive cap", spec.softcap));
+  }
+  if (spec.config) KJIT_RETURN_IF_ERROR(ValidateConfig(spec, *spec.config));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<jit::Source> RenderCrossEntropy(const CrossEntropySpec& spec,
+                                               const autotune::CrossEntropyConfig& config) {
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  KJIT_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  std::map<std::string, std::string> params = {
+      {"op", "cross_entropy"},
+      {"vocab", std::to_string(spec.vocab)},
+      {"dtype", Name(spec.dtype)},
+      {"target_type", Name(spec.target_type)},
+      {"reduction", Name(spec.reduction)},
+      {"label_smoothing", fmt::format("{}", spec.label_smoothing)},
+      {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
+      {"softcap", fmt::format("{}", spec.softcap)},
+      {"argmax", Bool(spec.argmax)},
+      {"config", config.ToString()},
+  };
+  // Order matters: CrossEntropyKernels reads them back by position.
+  std::vector<std::string> kernels = {CountExpr(spec), ForwardExpr(spec, config, false),
+                                      ForwardExpr(spec, config, true), BackwardExpr(spec, config)};
+  if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
+  return jit::RenderSource("cross_entropy",
+                           {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh"},
+                           std::move(kernels), std::move(params));
+}
+
+namespace internal {
+
+struct CrossEntropyKernels {
+  autotune::CrossEntropyConfig config;
+  std::shared_ptr<const jit::LoadedModule> module;
+  CUfunction count = nullptr;
+  CUfunction forward = nullptr;
+  CUfunction forward_backward = nullptr;
+  CUfunction backward = nullptr;
+  CUfunction reduce = nullptr;  // null for reduction none
+};
+
+struct CrossEntropyState {
+  CrossEntropySpec spec;
+  autotune::CrossEntropyConfig config;  // for the widest vector
+  std::mutex mu;
+  std::map<int, CrossEntropyKernels> by_vec;  // narrower vectors compiled on demand (misaligned views)
+
+  autotune::CrossEntropyConfig ConfigForVec(int vec) const {
+    if (vec == config.vec) return config;
+    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec);
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::RuntimeState& rt,
+                                                                internal::CrossEntropyState& op,
+                                                                int vec) {
+  std::lock_guard<std::mutex> lock(op.mu);
+  if (auto it = op.by_vec.find(vec); it != op.by_vec.end()) return &it->second;
+  internal::CrossEntropyKernels k;
+  k.config = op.ConfigForVec(vec);
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderCrossEntropy(op.spec, k.config));
+  KJIT_ASSIGN_OR_RETURN(k.module, rt.jit->Load(src, rt.target, *rt.driver, rt.ctx));
+  KJIT_ASSIGN_OR_RETURN(k.count, k.module->Function(src.name_expressions[0]));
+  KJIT_ASSIGN_OR_RETURN(k.forward, k.module->Function(src.name_expressions[1]));
+  KJIT_ASSIGN_OR_RETURN(k.forward_backward, k.module->Function(src.name_expressions[2]));
+  KJIT_ASSIGN_OR_RETURN(k.backward, k.module->Function(src.name_expressions[3]));
+  if (src.name_expressions.size() > 4) {
+    KJIT_ASSIGN_OR_RETURN(k.reduce, k.module->Function(src.name_expressions[4]));
+  }
+  return &op.by_vec.emplace(vec, std::move(k)).first->second;
+}
+
+absl::Status Launch(const internal::RuntimeState& rt, CUfunction fn, int64_t grid, int block,
+                    CUstream stream, void* params) {
+  KJIT_RETURN_IF_ERROR(rt.MakeCurrent());
+  void* args[] = {params};
+  return rt.driver->Check(rt.driver->cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1,
+                                                    static_cast<unsigned>(block), 1, 1, 0, stream,
+                                                    args, nullptr),
+                          "cuLaunchKernel");
+}
+
+absl::Status NeedsDevice(const internal::RuntimeState& rt) {
+  if (rt.compile_only) {
+    return absl::FailedPreconditionError(
+        "this runtime is compile-only (no GPU): kernels can be built but not launched");
+  }
+  return absl::OkStatus();
+}
+
+// One block per row: the grid's x dimension bounds the rows, and the counters are 32-bit.
+absl::Status CheckRows(int64_t rows) {
+  if (rows > INT_MAX) {
+    return absl::InvalidArgumentError(
+        fmt::format("logits: {} rows exceed the {} a launch handles", rows, INT_MAX));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIndexVector(const char* name, const IndexView& v, IndexType type, int64_t size) {
+  if (v.data == nullptr) return absl::InvalidArgumentError(fmt::format("{}: null pointer", name));
+  if (v.type != type) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: type is {}, expected {}", name, Name(v.type), Name(type)));
+  }
+  if (reinterpret_cast<uintptr_t>(v.data) % SizeOf(type) != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: pointer {} is not aligned to its {}-byte elements", name, v.data, SizeOf(type)));
+  }
+  if (v.size != size) {
+    return absl::InvalidArgumentError(fmt::format("{}: size is {}, expected {}", name, v.size, size));
+  }
+  return absl::OkStatus();
+}
+
+// The loss, grad_output and lse shapes depend on the reduction: per row for none, else one value.
+int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
+  return s.reduction == Reduction::kNone ? rows : 1;
+}
+
+absl::Status CheckWorkspace(void* workspace, int64_t bytes, int64_t needed) {
+  if (workspace == nullptr) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace: null; pass WorkspaceBytes(rows) = {} bytes of device memory", needed));
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
+  }
+  if (bytes < needed) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace_bytes: {} is too small, need WorkspaceBytes(rows) = {}", bytes, needed));
+  }
+  return absl::OkStatus();
+}
+
+// The bytes a buffer spans, for overlap checks between differently shaped arguments.
+struct Span {
+  const char* name;
+  uintptr_t begin = 0, end = 0;
+};
+Span SpanOf(const char* name, const TensorView& t) {
+  if (t.empty()) return {name};
+  const auto b = reinterpret_cast<uintptr_t>(t.data);
+  return {name, b, b + static_cast<uintptr_t>(((t.rows - 1) * t.row_stride + t.cols) * SizeOf(t.dtype))};
+}
+Span SpanOf(const char* name, const IndexView& v) {
+  if (v.empty()) return {name};
+  const auto b = reinterpret_cast<uintptr_t>(v.data);
+  return {name, b, b + static_cast<uintptr_t>(v.size * SizeOf(v.type))};
+}
+Span SpanOf(const char* name, void* p, int64_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return {name, b, b + static_cast<uintptr_t>(bytes)};
+}
+
+// Outputs must not overlap each other or any input. The gradient and the logits are checked apart
+// (in place is allowed, and strided views may interleave): `grad` is skipped against `logits` here.
+absl::Status CheckDisjoint(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
+  auto clash = [](const Span& a, const Span& b) {
+    return a.begin != a.end && b.begin != b.end && a.begin < b.end && b.begin < a.end;
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (clash(outputs[i], outputs[j])) {
+        return absl::InvalidArgumentError(
+            fmt::format("{}: overlaps {}", outputs[j].name, outputs[i].name));
+      }
+    }
+    for (const Span& in : inputs) {
+      if (std::string_view(outputs[i].name) == "grad" && std::string_view(in.name) == "logits") {
+        continue;
+      }
+      if (clash(outputs[i], in)) {
+        return absl::InvalidArgumentError(fmt::format("{}: overlaps {}", outputs[i].name, in.name));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The gradient is the logits themselves (same data and stride: in place) or shares no element.
+absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& logits) {
+  if (grad.data == logits.data && grad.row_stride != logits.row_stride) {
+    return absl::InvalidArgumentError(fmt::format(
+        "grad: aliases logits with row_stride {} instead of {} (in place needs the same view)",
+        grad.row_stride, logits.row_stride));
+  }
+  if (internal::PartiallyOverlaps(grad, logits)) {
+    return absl::InvalidArgumentError(
+        "grad: overlaps logits (only exact in-place aliasing is allowed)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
+const autotune::CrossEntropyConfig& CrossEntropy::config() const { return op_->config; }
+
+absl::StatusOr<jit::Jit::Built> CrossEntropy::Build() const {
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderCrossEntropy(op_->spec, op_->config));
+  return rt_->jit->Build(src, rt_->target);
+}
+
+int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
+  const int64_t losses = op_->spec.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
+  return (kCountersBytes + losses * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
+}
+
+absl::Status CrossEntropy::Forward(CUstream stream, const CrossEntropyArgs& args) const {
+  return Run(stream, args, /*gradient=*/false);
+}
+
+absl::Status CrossEntropy::ForwardBackward(CUstream stream, const CrossEntropyArgs& args) const {
+  return Run(stream, args, /*gradient=*/true);
+}
+
+absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool gradient) const {
+  const CrossEntropySpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
+  const int64_t rows = a.logits.rows;
+  KJIT_RETURN_IF_ERROR(CheckRows(rows));
+  KJIT_RETURN_IF_ERROR(CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
+  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (s.argmax) {
+    KJIT_RETURN_IF_ERROR(CheckIndexVector("argmax", a.argmax, s.target_type, rows));
+  } else if (!a.argmax.empty()) {
+    return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
+  }
+  if (gradient) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
+    KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
+    if (!a.grad_output.empty()) {
+      KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
+                                                 PerRowOrOne(s, rows)));
+    }
+  } else if (!a.grad.empty() || !a.grad_output.empty()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: given to Forward, which computes no gradient; use ForwardBackward",
+        a.grad.empty() ? "grad_output" : "grad"));
+  }
+  KJIT_RETURN_IF_ERROR(CheckWorkspace(a.workspace, a.workspace_bytes, WorkspaceBytes(rows)));
+  KJIT_RETURN_IF_ERROR(CheckDisjoint(
+      {SpanOf("loss", a.loss), SpanOf("lse", a.lse), SpanOf("argmax", a.argmax),
+       SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
+      {SpanOf("logits", a.logits), SpanOf("targets", a.targets),
+       SpanOf("grad_output", a.grad_output)}));
+  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+
+  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
+  auto* counters = static_cast<CrossEntropyCounters*>(a.workspace);
+  CrossEntropyCountParams c{a.targets.data, rows, s.ignore_index, counters};
+  KJIT_RETURN_IF_ERROR(Launch(*rt_, k->count, 1, kCountThreads, stream, &c));
+
+  float* row_loss = s.reduction == Reduction::kNone
+                        ? static_cast<float*>(a.loss.data)
+                        : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
+  CrossEntropyRowParams p{};
+  p.logits = a.logits.data;
+  p.logits_stride = a.logits.row_stride;
+  p.targets = a.targets.data;
+  p.rows = rows;
+  p.ignore_index = s.ignore_index;
+  p.label_smoothing = s.label_smoothing;
+  p.lse_square_scale = s.lse_square_scale;
+  p.softcap = s.softcap;
+  p.row_loss = row_loss;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.argmax = a.argmax.data;
+  p.grad_output = static_cast<const float*>(a.grad_output.data);
+  p.counters = counters;
+  p.grad = a.grad.data;
+  p.grad_stride = a.grad.row_stride;
+  KJIT_RETURN_IF_ERROR(Launch(*rt_, gradient ? k->forward_backward : k->forward, rows,
+                              k->config.threads, stream, &p));
+  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  CrossEntropyReduceParams r{row_loss, rows, counters, static_cast<float*>(a.loss.data)};
+  return Launch(*rt_, k->reduce, 1, kReduceThreads, stream, &r);
+}
+
+absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardArgs& a) const {
+  const CrossEntropySpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
+  const int64_t rows = a.logits.rows;
+  KJIT_RETURN_IF_ERROR(CheckRows(rows));
+  KJIT_RETURN_IF_ERROR(CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (!a.grad_output.empty()) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
+                                               PerRowOrOne(s, rows)));
+  }
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
+  KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
+  KJIT_RETURN_IF_ERROR(CheckWorkspace(a.workspace, a.workspace_bytes, WorkspaceBytes(rows)));
+  KJIT_RETURN_IF_ERROR(CheckDisjoint(
+      {SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
+      {SpanOf("logits", a.logits), SpanOf("targets", a.targets), SpanOf("lse", a.lse),
+       SpanOf("grad_output", a.grad_output)}));
+  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+
+  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
+  auto* counters = static_cast<CrossEntropyCounters*>(a.workspace);
+  CrossEntropyCountParams c{a.targets.data, rows, s.ignore_index, counters};
+  KJIT_RETURN_IF_ERROR(Launch(*rt_, k->count, 1, kCountThreads, stream, &c));
+  CrossEntropyRowParams p{};
+  p.logits = a.logits.data;
+  p.logits_stride = a.logits.row_stride;
+  p.targets = a.targets.data;
+  p.rows = rows;
+  p.ignore_index = s.ignore_index;
+  p.label_smoothing = s.label_smoothing;
+  p.lse_square_scale = s.lse_square_scale;
+  p.softcap = s.softcap;
+  p.lse_in = static_cast<const float*>(a.lse.data);
+  p.grad_output = static_cast<const float*>(a.grad_output.data);
+  p.counters = counters;
+  p.grad = a.grad.data;
+  p.grad_stride = a.grad.row_stride;
+  return Launch(*rt_, k->backward, rows, k->config.threads, stream, &p);
+}
+
+absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  auto op = std::make_shared<internal::CrossEntropyState>();
+  op->spec = spec;
+  const int max_vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
+  op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(spec.vocab, max_vec));
+  kjit::CrossEntropy ce(state_, op);
+  if (!state_->compile_only) {
+    // Build and load the common case now so that errors surface here, not in the first launch.
+    KJIT_RETURN_IF_ERROR(KernelsFor(*state_, *op, op->config.vec).status());
+  }
+  return ce;
+}
+
+}  // namespace kjit

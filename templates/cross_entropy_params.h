@@ -1,0 +1,60 @@
+// Kernel arguments of the cross-entropy kernels and the layout of the caller's workspace, shared
+// verbatim by the host (runtime/cross_entropy.cc) and the device (cross_entropy.cuh) so that they
+// cannot drift. Plain C++ both compilers read. Strides are in elements.
+//
+//   kjit::CrossEntropyRowParams p{...};
+//   void* args[] = {&p};
+//   cuLaunchKernel(fn, rows, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
+//   // later, in stream order: the first 8 bytes of the workspace are a CrossEntropyCounters
+#pragma once
+
+namespace kjit {
+
+enum CrossEntropyReduction { kCeNone = 0, kCeSum = 1, kCeMean = 2 };
+
+// The workspace starts with these counters. The count kernel, the first of every launch sequence,
+// rewrites them from the targets alone, so after the op they describe its last launch.
+struct CrossEntropyCounters {
+  unsigned int valid_rows;         // targets in [0, vocab) other than ignore_index; the mean's divisor
+  unsigned int out_of_range_rows;  // neither ignore_index nor in [0, vocab): treated as ignored
+};
+
+// Reductions sum and mean keep one fp32 loss per row in the workspace from this byte offset on.
+constexpr long long kCrossEntropyRowLossOffset = 16;
+
+struct CrossEntropyCountParams {
+  const void* targets;  // [rows], int32 or int64
+  long long rows;
+  long long ignore_index;
+  CrossEntropyCounters* counters;
+};
+
+// One block per row. The forward kernel reads logits, targets and (with a gradient) grad_output and
+// counters; the backward kernel reads lse_in instead of computing it.
+struct CrossEntropyRowParams {
+  const void* logits;
+  long long logits_stride;
+  const void* targets;
+  long long rows;
+  long long ignore_index;
+  float label_smoothing;                 // epsilon, when kSmoothing
+  float lse_square_scale;                // z-loss coefficient, when kZLoss
+  float softcap;                         // cap, when kSoftcap
+  float* row_loss;                       // [rows]: the loss output (none) or the workspace's losses
+  float* lse;                            // [rows] or null
+  void* argmax;                          // [rows] in the target type, when kArgmax
+  const float* lse_in;                   // backward from a saved lse: [rows]
+  const float* grad_output;              // null (1), [1] (sum, mean) or [rows] (none)
+  const CrossEntropyCounters* counters;  // valid_rows divides the mean's gradient
+  void* grad;                            // [rows, vocab]; may be logits itself (in place)
+  long long grad_stride;
+};
+
+struct CrossEntropyReduceParams {
+  const float* row_loss;  // [rows]
+  long long rows;
+  const CrossEntropyCounters* counters;
+  float* loss;            // [1]
+};
+
+}  // namespace kjit

@@ -1,0 +1,720 @@
+// Cross-entropy on the GPU against the fp64 CPU reference: loss, lse, argmax, the workspace
+// counters and every gradient entry, over vocab sizes, row counts, dtypes, every option and launch
+// shape, targets at 0, vocab-1 and both sides of every chunk boundary, ignored and out-of-range
+// targets, flat and peaked softmax, NaN/Inf, strided and misaligned views. Outputs are poisoned
+// with NaN bytes before each launch, bytes outside the views must stay untouched, the comparator
+// must reject a perturbed gradient, and a second run must give the same bits.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "autotune/compare.h"
+#include "autotune/cross_entropy_reference.h"
+#include "autotune/host_convert.h"
+#include "runtime/device_buffer.h"
+#include "tests/gpu/gpu_test_env.h"
+
+namespace kjit {
+namespace {
+
+enum class Mode { kForward, kForwardBackward, kBackward };
+enum class Targets {
+  kRandom,      // uniform classes, one row in 8 ignored
+  kBoundaries,  // 0, vocab-1, both sides of vector, chunk and tail boundaries, cycled over rows
+  kAllIgnored,
+  kOutOfRange,  // valid, ignored and out-of-range targets mixed
+};
+
+const char* Name(Mode m) {
+  return m == Mode::kForward ? "forward" : m == Mode::kBackward ? "backward" : "forward_backward";
+}
+
+struct Case {
+  int64_t vocab = 1000;
+  int64_t rows = 16;
+  DType dtype = DType::kBF16;
+  IndexType target_type = IndexType::kInt64;
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  float smoothing = 0, z = 0, softcap = 0;
+  bool argmax = false;
+  bool lse = true;        // ask for lse (Backward always saves it)
+  Mode mode = Mode::kForwardBackward;
+  bool in_place = false;  // gradient into the logits
+  bool upstream = false;  // a grad_output other than the implicit 1
+  int64_t pad = 0;        // row_stride = vocab + pad
+  int misalign = 0;       // logits and grad start this many elements past an aligned address
+  double scale = 1;       // logits ~ uniform with standard deviation `scale`
+  bool specials = false;  // NaN, +Inf, -Inf rows
+  Targets targets = Targets::kRandom;
+  std::optional<autotune::CrossEntropyConfig> config;
+
+  CrossEntropySpec Spec() const {
+    return {.vocab = vocab, .dtype = dtype, .target_type = target_type,
+            .ignore_index = ignore_index, .reduction = reduction, .label_smoothing = smoothing,
+            .lse_square_scale = z, .softcap = softcap, .argmax = argmax, .config = config};
+  }
+  std::string Describe() const {
+    return fmt::format(
+        "vocab={} rows={} dtype={} targets={} ignore={} reduction={} eps={} z={} cap={} argmax={} "
+        "lse={} mode={} in_place={} upstream={} pad={} misalign={} scale={} specials={} "
+        "target_kind={} config={}",
+        vocab, rows, kjit::Name(dtype), kjit::Name(target_type), ignore_index,
+        kjit::Name(reduction), smoothing, z, softcap, argmax, lse, Name(mode), in_place, upstream,
+        pad, misalign, scale, specials, static_cast<int>(targets),
+        config ? config->ToString() : "default");
+  }
+};
+
+// Compiles many specs at once on the CPU's cores into the disk cache the GPU runtime reads (the
+// Jit serializes compiles within one runtime, so each worker has its own compile-only runtime).
+void Prebuild(const Runtime& rt, const std::vector<CrossEntropySpec>& specs) {
+  const std::string target = rt.target().ToString();
+  std::atomic<size_t> next{0};
+  const size_t workers =
+      std::min<size_t>(specs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&] {
+      auto cpu = Runtime::Create({.target = target, .compile_only = true});
+      if (!cpu.ok()) return;  // e.g. no usable disk cache: each case compiles when it runs
+      for (size_t i; (i = next++) < specs.size();) {
+        auto ce = cpu->CrossEntropy(specs[i]);
+        if (ce.ok()) (void)ce->Build();
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+// A [rows, cols] view `misalign` elements into a buffer, rows `stride` apart, 0xFF everywhere else.
+struct Layout {
+  DType dtype;
+  int64_t rows, cols, stride;
+  int misalign;
+  size_t bytes() const { return ((rows - 1) * stride + cols + misalign) * SizeOf(dtype); }
+  size_t offset(int64_t r) const { return (misalign + r * stride) * SizeOf(dtype); }
+
+  std::vector<unsigned char> Image(const std::vector<double>& values) const {
+    std::vector<unsigned char> image(bytes(), 0xFF);
+    const std::vector<unsigned char> enc = autotune::Encode(values, dtype);
+    const size_t row_bytes = cols * SizeOf(dtype);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&image[offset(r)], &enc[r * row_bytes], row_bytes);
+    return image;
+  }
+  // The view's elements; *outside_untouched says whether every other byte is still 0xFF.
+  std::vector<double> Values(const std::vector<unsigned char>& image, bool* outside_untouched) const {
+    const size_t row_bytes = cols * SizeOf(dtype);
+    std::vector<unsigned char> packed(rows * row_bytes);
+    *outside_untouched = true;
+    size_t gap_begin = 0;  // bytes before the first row, then between rows, then after the last
+    for (int64_t r = 0; r <= rows; ++r) {
+      const size_t gap_end = r < rows ? offset(r) : image.size();
+      for (size_t i = gap_begin; i < gap_end; ++i) *outside_untouched &= image[i] == 0xFF;
+      if (r == rows) break;
+      std::memcpy(&packed[r * row_bytes], &image[offset(r)], row_bytes);
+      gap_begin = offset(r) + row_bytes;
+    }
+    return autotune::Decode(packed, dtype);
+  }
+  TensorView View(void* base) const {
+    return TensorView::Matrix(static_cast<char*>(base) + misalign * SizeOf(dtype), dtype, rows, cols,
+                              stride);
+  }
+};
+
+std::vector<unsigned char> IndexBytes(const std::vector<int64_t>& v, IndexType t) {
+  std::vector<unsigned char> out(v.size() * SizeOf(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == IndexType::kInt32) {
+      const int32_t x = static_cast<int32_t>(v[i]);
+      std::memcpy(&out[i * 4], &x, 4);
+    } else {
+      std::memcpy(&out[i * 8], &v[i], 8);
+    }
+  }
+  return out;
+}
+
+std::vector<double> IndexValues(const std::vector<unsigned char>& bytes, IndexType t) {
+  std::vector<double> out(bytes.size() / SizeOf(t));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t == IndexType::kInt32) {
+      int32_t x;
+      std::memcpy(&x, &bytes[i * 4], 4);
+      out[i] = x;
+    } else {
+      int64_t x;
+      std::memcpy(&x, &bytes[i * 8], 8);
+      out[i] = static_cast<double>(x);
+    }
+  }
+  return out;
+}
+
+// Columns where a thread's share of the row changes hands: 0 and vocab-1, both sides of the
+// first vectors, of every pass over the row (threads * vec elements), of every unrolled batch,
+// and of the scalar tail after the last whole vector.
+std::vector<int64_t> BoundaryColumns(int64_t vocab, const autotune::CrossEntropyConfig& c) {
+  std::set<int64_t> cols = {0, 1, vocab - 2, vocab - 1, c.vec - 1, c.vec};
+  const int64_t body = vocab / c.vec * c.vec;
+  cols.insert(body - 1);
+  cols.insert(body);
+  for (int64_t step : {int64_t{c.threads} * c.vec, int64_t{c.threads} * c.vec * c.unroll}) {
+    for (int64_t k = step; k < vocab; k += step) {
+      cols.insert(k - 1);
+      cols.insert(k);
+    }
+  }
+  std::vector<int64_t> out;
+  for (int64_t col : cols) {
+    if (col >= 0 && col < vocab) out.push_back(col);
+  }
+  return out;
+}
+
+// The config the op launches for a case: its own (or the default) at the widest vector the
+// views' alignment allows (device buffers start 256-byte aligned), as CrossEntropy picks it.
+autotune::CrossEntropyConfig ConfigOf(const Case& c) {
+  const int widest = c.config ? c.config->vec
+                              : autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(c.dtype)));
+  int vec = widest;
+  while (vec > 1 && (c.misalign % vec != 0 || (c.rows > 1 && (c.vocab + c.pad) % vec != 0))) vec /= 2;
+  if (c.config && vec == c.config->vec) return *c.config;
+  return autotune::DefaultCrossEntropyConfig(c.vocab, vec);
+}
+
+std::vector<int64_t> MakeTargets(const Case& c, std::mt19937_64& gen) {
+  std::vector<int64_t> t(c.rows);
+  std::uniform_int_distribution<int64_t> cls(0, c.vocab - 1);
+  const std::vector<int64_t> boundaries = BoundaryColumns(c.vocab, ConfigOf(c));
+  const bool i32 = c.target_type == IndexType::kInt32;
+  // Out of range, and for int64 a value whose low 32 bits are a valid class (no truncation).
+  const std::vector<int64_t> bad =
+      i32 ? std::vector<int64_t>{c.vocab, -1, -7, INT32_MAX, INT32_MIN}
+          : std::vector<int64_t>{c.vocab, -1, -7, int64_t{1} << 40, (int64_t{1} << 32) + 5, INT64_MIN};
+  for (int64_t i = 0; i < c.rows; ++i) {
+    switch (c.targets) {
+      case Targets::kRandom: t[i] = i % 8 == 5 ? c.ignore_index : cls(gen); break;
+      case Targets::kBoundaries: t[i] = boundaries[i % boundaries.size()]; break;
+      case Targets::kAllIgnored: t[i] = c.ignore_index; break;
+      case Targets::kOutOfRange:
+        t[i] = i % 3 == 0 ? bad[(i / 3) % bad.size()] : i % 3 == 1 ? cls(gen) : c.ignore_index;
+        break;
+    }
+  }
+  return t;
+}
+
+std::vector<double> MakeLogits(const Case& c, const std::vector<int64_t>& targets,
+                               std::mt19937_64& gen) {
+  const int64_t V = c.vocab;
+  std::uniform_real_distribution<double> u(-1.7320508, 1.7320508);
+  std::vector<double> x(c.rows * V);
+  for (double& v : x) v = autotune::RoundTo(c.scale * u(gen), c.dtype);
+  for (int64_t i = 0; i < c.rows; ++i) {
+    // One row in four: the target far above the rest, p_t near 1, where bf16 p - 1 would cancel.
+    const int64_t t = targets[i];
+    if (i % 4 == 1 && t >= 0 && t < V) x[i * V + t] = autotune::RoundTo(2 * c.scale + 8, c.dtype);
+  }
+  if (c.specials) {
+    x[V / 2] = NAN;                                                 // row 0
+    if (c.rows > 1) x[V + 1] = INFINITY;                            // row 1
+    if (c.rows > 2) x[2 * V] = x[3 * V - 1] = -INFINITY;            // row 2: masked classes
+    if (c.rows > 3) std::fill_n(&x[3 * V], V, -INFINITY);           // row 3: all masked
+  }
+  return x;
+}
+
+absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<unsigned char>& image) {
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, std::max<size_t>(image.size(), 16)));
+  KJIT_RETURN_IF_ERROR(b.Fill(0xFF));
+  KJIT_RETURN_IF_ERROR(b.Upload(image.data(), image.size()));
+  return b;
+}
+
+absl::StatusOr<std::vector<unsigned char>> Download(const DeviceBuffer& b, size_t bytes) {
+  std::vector<unsigned char> out(bytes);
+  KJIT_RETURN_IF_ERROR(b.Download(out.data(), bytes));
+  return out;
+}
+
+#define ASSERT_OK(expr)                     \
+  do {                                      \
+    const absl::Status s_ = (expr);         \
+    ASSERT_TRUE(s_.ok()) << s_;             \
+  } while (0)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr)                                    \
+  auto KJIT_CONCAT(so_, __LINE__) = (expr);                                \
+  ASSERT_TRUE(KJIT_CONCAT(so_, __LINE__).ok()) << KJIT_CONCAT(so_, __LINE__).status(); \
+  lhs = std::move(*KJIT_CONCAT(so_, __LINE__))
+
+// Everything one run wrote, as raw bytes (for the determinism check) and decoded.
+struct Outputs {
+  std::vector<unsigned char> loss, lse, argmax, grad, counters;
+};
+
+void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.Describe());
+  ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy(c.Spec()));
+  const int64_t V = c.vocab, R = c.rows;
+  const bool none = c.reduction == Reduction::kNone;
+  const bool with_grad = c.mode != Mode::kForward;
+  const bool want_lse = c.lse || c.mode == Mode::kBackward;
+
+  std::mt19937_64 gen(seed);
+  const std::vector<int64_t> targets = MakeTargets(c, gen);
+  const std::vector<double> logits = MakeLogits(c, targets, gen);
+  std::vector<double> upstream;
+  if (c.upstream) {
+    std::uniform_real_distribution<double> u(0.25, 2.0);
+    upstream.resize(none ? R : 1);
+    for (size_t i = 0; i < upstream.size(); ++i) {
+      upstream[i] = autotune::RoundTo((i % 3 == 2 ? -1 : 1) * u(gen), DType::kF32);
+    }
+  }
+
+  const Layout lay{c.dtype, R, V, V + c.pad, c.misalign};
+  const std::vector<unsigned char> logits_image = lay.Image(logits);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logits, Upload(rt, logits_image));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_targets, Upload(rt, IndexBytes(targets, c.target_type)));
+  const size_t loss_bytes = (none ? R : 1) * sizeof(float);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, loss_bytes));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_lse, DeviceBuffer::Create(rt, R * sizeof(float)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_argmax, DeviceBuffer::Create(rt, R * SizeOf(c.target_type)));
+  std::optional<DeviceBuffer> d_grad, d_up;
+  if (with_grad && !c.in_place) {
+    ASSERT_OK_AND_ASSIGN(d_grad, DeviceBuffer::Create(rt, lay.bytes()));
+  }
+  if (c.upstream) {
+    const std::vector<unsigned char> enc = autotune::Encode(upstream, DType::kF32);
+    ASSERT_OK_AND_ASSIGN(d_up, Upload(rt, enc));
+  }
+  const int64_t ws_bytes = ce.WorkspaceBytes(R);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ws_bytes));
+
+  const DeviceBuffer* grad_buf = !with_grad ? nullptr : c.in_place ? &d_logits : &*d_grad;
+  CrossEntropyArgs args{
+      .logits = lay.View(d_logits.data()),
+      .targets = IndexView::Of(d_targets.data(), c.target_type, R),
+      .loss = TensorView::Vector(d_loss.data(), DType::kF32, none ? R : 1),
+      .lse = want_lse ? TensorView::Vector(d_lse.data(), DType::kF32, R) : TensorView{},
+      .argmax = c.argmax ? IndexView::Of(d_argmax.data(), c.target_type, R) : IndexView{},
+      .workspace = d_ws.data(),
+      .workspace_bytes = ws_bytes};
+  const TensorView up =
+      c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, none ? R : 1) : TensorView{};
+  if (c.mode == Mode::kForwardBackward) {
+    args.grad = lay.View(grad_buf->data());
+    args.grad_output = up;
+  }
+  CrossEntropyBackwardArgs bargs{.logits = args.logits, .targets = args.targets, .lse = args.lse,
+                                 .grad_output = up, .workspace = d_ws.data(),
+                                 .workspace_bytes = ws_bytes};
+  if (with_grad) bargs.grad = lay.View(grad_buf->data());
+
+  const jit::Driver& cu = *rt.driver();
+  // Poisons every output (NaN in every float type, -1 in the integers), runs, and reads back.
+  auto run = [&](Outputs* out) -> absl::Status {
+    for (const DeviceBuffer* b : {&d_loss, &d_lse, &d_argmax, &d_ws}) KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
+    if (d_grad) KJIT_RETURN_IF_ERROR(d_grad->Fill(0xFF));
+    if (c.mode == Mode::kForward) {
+      KJIT_RETURN_IF_ERROR(ce.Forward(nullptr, args));
+    } else if (c.mode == Mode::kForwardBackward) {
+      KJIT_RETURN_IF_ERROR(ce.ForwardBackward(nullptr, args));
+    } else {
+      KJIT_RETURN_IF_ERROR(ce.Forward(nullptr, args));
+      // Poison what the forward wrote that the backward must rewrite: the counters.
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
+      KJIT_RETURN_IF_ERROR(cu.Check(
+          cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(d_ws.data()), 0xFF, 8, nullptr),
+          "cuMemsetD8Async"));
+      KJIT_RETURN_IF_ERROR(ce.Backward(nullptr, bargs));
+    }
+    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize (kernel fault?)"));
+    KJIT_ASSIGN_OR_RETURN(out->loss, Download(d_loss, loss_bytes));
+    KJIT_ASSIGN_OR_RETURN(out->lse, Download(d_lse, R * sizeof(float)));
+    KJIT_ASSIGN_OR_RETURN(out->argmax, Download(d_argmax, R * SizeOf(c.target_type)));
+    KJIT_ASSIGN_OR_RETURN(out->counters, Download(d_ws, sizeof(CrossEntropyCounters)));
+    if (with_grad) {
+      KJIT_ASSIGN_OR_RETURN(out->grad, Download(*grad_buf, lay.bytes()));
+    }
+    return absl::OkStatus();
+  };
+  Outputs first;
+  ASSERT_OK(run(&first));
+
+  const autotune::CrossEntropyMath math{
+      .vocab = V, .dtype = c.dtype, .ignore_index = c.ignore_index, .reduction = c.reduction,
+      .label_smoothing = c.smoothing, .lse_square_scale = c.z, .softcap = c.softcap};
+  const autotune::CrossEntropyResult ref = autotune::CrossEntropyReference(
+      math, R, logits, targets, c.upstream ? &upstream : nullptr, with_grad);
+
+  const std::vector<double> loss = autotune::Decode(first.loss, DType::kF32);
+  const std::vector<double> lse = autotune::Decode(first.lse, DType::kF32);
+  const std::vector<double> argmax = IndexValues(first.argmax, c.target_type);
+  CrossEntropyCounters counters;
+  std::memcpy(&counters, first.counters.data(), sizeof(counters));
+  const std::vector<double> counter_values = {static_cast<double>(counters.valid_rows),
+                                              static_cast<double>(counters.out_of_range_rows)};
+  std::vector<double> grad;
+  bool untouched = true;
+  if (with_grad) {
+    grad = lay.Values(first.grad, &untouched);
+    EXPECT_TRUE(untouched) << "bytes outside the gradient view were written";
+  }
+  // In backward mode the loss, lse and argmax are the forward's, the counters the backward's.
+  autotune::CrossEntropyOutputs outs{.loss = &loss, .counters = &counter_values};
+  if (want_lse) outs.lse = &lse;
+  if (c.argmax) outs.argmax = &argmax;
+  if (with_grad) outs.grad = &grad;
+  bool all_ok = true;
+  for (const auto& [name, r] : autotune::CheckCrossEntropy(math, outs, ref)) {
+    EXPECT_TRUE(r.ok) << r.Describe(name);
+    all_ok &= r.ok;
+  }
+
+  // The check must be able to fail: push one finite gradient entry just past its tolerance. (On
+  // cases up to 4M entries: the many small cases cover it without copying a 2^25 gradient.)
+  if (all_ok && with_grad && grad.size() <= (size_t{1} << 22)) {
+    const auto tol = autotune::CrossEntropyTolerancesFor(c.dtype);
+    const std::vector<double> atol = autotune::CrossEntropyGradAtol(math, ref, tol);
+    for (size_t k = grad.size() / 2; k < grad.size(); ++k) {
+      if (!std::isfinite(ref.grad[k]) || ref.grad[k] == 0) continue;
+      std::vector<double> bad = grad;
+      bad[k] = ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] + tol.grad.rtol * std::fabs(ref.grad[k]));
+      EXPECT_FALSE(autotune::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
+          << "the gradient check accepts a perturbed entry at " << k;
+      break;
+    }
+  }
+
+  // Same inputs, same bits. An in-place run overwrote the logits: restore them first.
+  if (c.in_place) ASSERT_OK(d_logits.Upload(logits_image.data(), logits_image.size()));
+  Outputs second;
+  ASSERT_OK(run(&second));
+  EXPECT_EQ(second.loss, first.loss) << "loss differs between two runs";
+  EXPECT_EQ(second.lse, first.lse) << "lse differs between two runs";
+  EXPECT_EQ(second.argmax, first.argmax) << "argmax differs between two runs";
+  EXPECT_EQ(second.counters, first.counters) << "counters differ between two runs";
+  EXPECT_EQ(second.grad, first.grad) << "the gradient differs between two runs";
+}
+
+constexpr int64_t kMaxElements = int64_t{1} << 25;  // keeps each case's fp64 reference well under 1 s
+
+const std::vector<int64_t> kVocabs = {2, 3, 1000, 32000, 50257, 128256, 151936, 256000, 262144};
+const std::vector<DType> kDtypes = {DType::kBF16, DType::kF16, DType::kF32};
+
+// Row counts for a vocab: 1, 7, 512, 4097 where the reference stays small, else the most rows that
+// fit (so large vocabs still run many rows).
+std::vector<int64_t> RowsFor(int64_t vocab) {
+  std::vector<int64_t> out;
+  for (int64_t rows : {1, 7, 512, 4097}) {
+    if (rows * vocab <= kMaxElements) out.push_back(rows);
+  }
+  if (out.back() != 4097) out.push_back(kMaxElements / vocab);
+  return out;
+}
+
+// Compiles every case's program in parallel first, then runs the cases in order.
+void RunAll(const Runtime& rt, const std::vector<Case>& cases, uint64_t seed) {
+  std::vector<CrossEntropySpec> specs;
+  for (const Case& c : cases) specs.push_back(c.Spec());
+  Prebuild(rt, specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    RunCase(rt, cases[i], seed + i);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  fmt::print("checked {} cases\n", cases.size());
+}
+
+TEST(CrossEntropyGpu, ShapesAndDtypes) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : kDtypes) {
+    for (int64_t vocab : kVocabs) {
+      for (int64_t rows : RowsFor(vocab)) {
+        // Alternate the gradient's destination and the softmax's shape across cases.
+        const size_t n = cases.size();
+        cases.push_back({.vocab = vocab, .rows = rows, .dtype = t, .in_place = n % 2 == 0,
+                         .scale = n % 3 == 2 ? 30.0 : 1.0});
+      }
+    }
+  }
+  RunAll(rt, cases, 1000);
+}
+
+// Every option alone and combined, for every dtype and reduction, on a small vocab; the modes,
+// index types, upstream gradient and in-place choice rotate across the combinations.
+TEST(CrossEntropyGpu, EveryOptionCombination) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : kDtypes) {
+    for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
+      for (int bits = 0; bits < 16; ++bits) {
+        const int n = static_cast<int>(cases.size());
+        Case c{.vocab = 1000, .rows = 67, .dtype = t, .reduction = red};
+        c.smoothing = (bits & 1) ? 0.1f : 0.0f;
+        c.z = (bits & 2) ? 1e-3f : 0.0f;
+        c.softcap = (bits & 4) ? 7.5f : 0.0f;  // small enough that x30 logits saturate it
+        c.argmax = bits & 8;
+        c.target_type = n % 2 ? IndexType::kInt32 : IndexType::kInt64;
+        c.upstream = n % 3 != 0;
+        c.scale = n % 4 == 3 ? 30.0 : 1.0;
+        for (Mode m : {Mode::kForward, Mode::kForwardBackward, Mode::kBackward}) {
+          c.mode = m;
+          c.in_place = m != Mode::kForward && (n + static_cast<int>(m)) % 2 == 0;
+          c.lse = m == Mode::kBackward || (bits + static_cast<int>(m)) % 2 == 0;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  // Odd vocabs (a scalar tail, one thread's worth) with every option on and off.
+  for (DType t : kDtypes) {
+    for (int64_t vocab : {3, 50257}) {
+      for (bool on : {false, true}) {
+        Case c{.vocab = vocab, .rows = vocab == 3 ? 7 : 33, .dtype = t};
+        if (on) {
+          c.smoothing = 0.2f;
+          c.z = 1e-4f;
+          c.softcap = 30.0f;
+          c.argmax = true;
+          c.upstream = true;
+        }
+        for (Reduction red : {Reduction::kNone, Reduction::kMean}) {
+          c.reduction = red;
+          c.mode = Mode::kForwardBackward;
+          cases.push_back(c);
+          c.mode = Mode::kBackward;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  // ignore_index naming a real class.
+  cases.push_back({.vocab = 1000, .rows = 40, .ignore_index = 0, .targets = Targets::kBoundaries});
+  RunAll(rt, cases, 5000);
+}
+
+TEST(CrossEntropyGpu, TargetsAtZeroLastAndEveryChunkBoundary) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : kDtypes) {
+    for (int64_t vocab : {3, 1000, 50257, 128256, 262144}) {
+      // fp32's 4-element vectors give 128 passes over a 262144 row: 260 rows of it would take the
+      // reference seconds; its boundaries are covered at 128256.
+      if (t == DType::kF32 && vocab == 262144) continue;
+      Case c{.vocab = vocab, .rows = 2, .dtype = t, .argmax = true, .targets = Targets::kBoundaries};
+      c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
+      c.in_place = cases.size() % 4 == 0;
+      c.reduction = cases.size() % 3 == 0 ? Reduction::kNone : Reduction::kMean;
+      cases.push_back(c);
+      c.mode = Mode::kBackward;
+      cases.push_back(c);
+    }
+  }
+  RunAll(rt, cases, 8000);
+}
+
+TEST(CrossEntropyGpu, AllRowsIgnored) {
+  KJIT_REQUIRE_GPU(rt);
+  // Mean: NaN (0/0, as PyTorch); sum: 0; none: zeros. The gradient is zero everywhere.
+  std::vector<Case> cases;
+  for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
+    for (Mode m : {Mode::kForward, Mode::kForwardBackward, Mode::kBackward}) {
+      cases.push_back({.vocab = 32000, .rows = 7, .reduction = red, .argmax = true, .mode = m,
+                       .in_place = m != Mode::kForward, .targets = Targets::kAllIgnored});
+      cases.push_back({.vocab = 1000, .rows = 513, .dtype = DType::kF32, .reduction = red,
+                       .lse = false, .mode = m, .upstream = true, .targets = Targets::kAllIgnored});
+    }
+  }
+  RunAll(rt, cases, 9000);
+}
+
+TEST(CrossEntropyGpu, OutOfRangeTargetsAreCountedAndIgnored) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (IndexType it : {IndexType::kInt32, IndexType::kInt64}) {
+    for (Reduction red : {Reduction::kNone, Reduction::kMean}) {
+      for (int64_t rows : {7, 4097}) {
+        cases.push_back({.vocab = 1000, .rows = rows, .target_type = it, .reduction = red,
+                         .argmax = true, .targets = Targets::kOutOfRange});
+        cases.push_back({.vocab = 1000, .rows = rows, .target_type = it, .reduction = red,
+                         .mode = Mode::kBackward, .targets = Targets::kOutOfRange});
+      }
+    }
+  }
+  RunAll(rt, cases, 9100);
+}
+
+TEST(CrossEntropyGpu, PeakedSoftmaxAndSpecialValues) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : kDtypes) {
+    for (int64_t vocab : {3, 1000, 128256}) {
+      for (double scale : {1.0, 30.0}) {
+        cases.push_back({.vocab = vocab, .rows = 9, .dtype = t, .reduction = Reduction::kNone,
+                         .argmax = true, .scale = scale, .specials = true});
+        cases.push_back({.vocab = vocab, .rows = 9, .dtype = t, .softcap = 10.0f, .argmax = true,
+                         .in_place = true, .scale = scale, .specials = true});
+        cases.push_back({.vocab = vocab, .rows = 9, .dtype = t, .reduction = Reduction::kSum,
+                         .smoothing = 0.1f, .z = 1e-4f, .mode = Mode::kBackward, .scale = scale,
+                         .specials = true});
+      }
+    }
+  }
+  RunAll(rt, cases, 9300);
+}
+
+TEST(CrossEntropyGpu, NanRowLeavesOtherRowsFinite) {
+  KJIT_REQUIRE_GPU(rt);
+  // Explicit rather than through the reference: row 0 holds a NaN, rows 1.. must be all finite.
+  const int64_t V = 32000, R = 4;
+  auto ce = rt.CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  std::vector<double> x(R * V, 0.5);
+  x[17] = NAN;
+  const Layout lay{DType::kBF16, R, V, V, 0};
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload(rt, lay.Image(x)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes({1, 2, 3, 4}, IndexType::kInt64)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, R * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ce->WorkspaceBytes(R)));
+  ASSERT_OK(ce->ForwardBackward(nullptr, {.logits = lay.View(d_x.data()),
+                                          .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+                                          .loss = TensorView::Vector(d_loss.data(), DType::kF32, R),
+                                          .grad = lay.View(d_x.data()),
+                                          .workspace = d_ws.data(),
+                                          .workspace_bytes = ce->WorkspaceBytes(R)}));
+  ASSERT_EQ(rt.driver()->cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_OK_AND_ASSIGN(auto loss_bytes, Download(d_loss, R * 4));
+  ASSERT_OK_AND_ASSIGN(auto grad_bytes, Download(d_x, lay.bytes()));
+  const auto loss = autotune::Decode(loss_bytes, DType::kF32);
+  bool untouched;
+  const auto grad = lay.Values(grad_bytes, &untouched);
+  EXPECT_TRUE(std::isnan(loss[0]));
+  for (int64_t c = 0; c < V; ++c) ASSERT_TRUE(std::isnan(grad[c])) << "row 0 col " << c;
+  for (int64_t i = 1; i < R; ++i) {
+    EXPECT_NEAR(loss[i], std::log(static_cast<double>(V)), 1e-4) << "row " << i;
+    for (int64_t c = 0; c < V; ++c) ASSERT_TRUE(std::isfinite(grad[i * V + c])) << i << " " << c;
+  }
+}
+
+TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : {DType::kBF16, DType::kF32}) {
+    for (int misalign : {0, 1, 3}) {
+      for (int64_t pad : {0, 5, 24}) {
+        cases.push_back({.vocab = 32000, .rows = 33, .dtype = t, .argmax = true,
+                         .in_place = cases.size() % 4 == 0, .pad = pad, .misalign = misalign});
+        cases.push_back({.vocab = 1000, .rows = 5, .dtype = t, .mode = Mode::kBackward,
+                         .pad = pad, .misalign = misalign});
+      }
+    }
+  }
+  // 50257 contiguous has odd row starts (vec 1); padded to 50264 it has 8-aligned rows and a
+  // one-element tail.
+  cases.push_back({.vocab = 50257, .rows = 65, .in_place = true});
+  cases.push_back({.vocab = 50257, .rows = 65, .in_place = true, .pad = 7});
+  RunAll(rt, cases, 9600);
+}
+
+TEST(CrossEntropyGpu, OtherLaunchConfigs) {
+  KJIT_REQUIRE_GPU(rt);
+  const std::vector<autotune::CrossEntropyConfig> configs = {
+      {.vec = 1, .threads = 32, .unroll = 8}, {.vec = 2, .threads = 96, .unroll = 1},
+      {.vec = 4, .threads = 1024, .unroll = 2}, {.vec = 8, .threads = 128, .unroll = 8}};
+  std::vector<Case> cases;
+  for (const auto& config : configs) {
+    for (int64_t vocab : {3, 1000, 50264}) {
+      Case c{.vocab = vocab, .rows = 2, .argmax = true, .targets = Targets::kBoundaries,
+             .config = config};
+      c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
+      c.in_place = cases.size() % 4 == 0;
+      cases.push_back(c);
+      c.mode = Mode::kBackward;
+      c.smoothing = 0.1f;
+      c.softcap = 20.0f;
+      cases.push_back(c);
+    }
+  }
+  RunAll(rt, cases, 9800);
+}
+
+// The op allocates nothing: device memory is the same before and after a launch on a 1 GB
+// in-place problem, and the workspace it asks for is O(rows).
+TEST(CrossEntropyGpu, AllocatesNothingAndTheWorkspaceIsORows) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t V = 128256, R = 4096;
+  auto ce = rt.CrossEntropy({.vocab = V, .dtype = DType::kBF16});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  EXPECT_LT(ce->WorkspaceBytes(R), 1 << 20);
+  EXPECT_LE(ce->WorkspaceBytes(R), 16 + 4 * R + 15);
+  const jit::Driver& cu = *rt.driver();
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, DeviceBuffer::Create(rt, R * V * 2));
+  ASSERT_OK(d_x.Fill(0x3c));  // bf16 0x3c3c ~ 0.0115 everywhere: a flat softmax
+  std::vector<int64_t> t(R);
+  for (int64_t i = 0; i < R; ++i) t[i] = (i * 7919) % V;
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes(t, IndexType::kInt64)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ce->WorkspaceBytes(R)));
+  const TensorView x = TensorView::Matrix(d_x.data(), DType::kBF16, R, V);
+  const CrossEntropyArgs args{.logits = x,
+                              .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+                              .loss = TensorView::Vector(d_loss.data(), DType::kF32, 1),
+                              .grad = x,
+                              .workspace = d_ws.data(),
+                              .workspace_bytes = ce->WorkspaceBytes(R)};
+  ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cu.cuMemGetInfo(&free_before, &total), CUDA_SUCCESS);
+  ASSERT_OK(ce->ForwardBackward(nullptr, args));
+  ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(cu.cuMemGetInfo(&free_after, &total), CUDA_SUCCESS);
+  const int64_t grown = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+  fmt::print("device memory taken by one in-place launch on {} MB of logits: {} bytes\n",
+             R * V * 2 >> 20, grown);
+  // 32 MB leaves room for the driver's lazily grown local-memory pool; the logits are 1 GB.
+  EXPECT_LE(grown, 32 << 20) << "the op must not allocate O(rows x vocab)";
+  float loss = 0;
+  ASSERT_OK(d_loss.Download(&loss, 4));
+  EXPECT_NEAR(loss, std::log(static_cast<double>(V)), 1e-3) << "a flat softmax gives log(vocab)";
+}
+
+TEST(CrossEntropyGpu, BadInputLaunchesNothing) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t V = 64, R = 2;
+  auto ce = rt.CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, DeviceBuffer::Create(rt, R * V * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes({1, 2}, IndexType::kInt64)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, R * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ce->WorkspaceBytes(R)));
+  ASSERT_OK(d_loss.Fill(0xFF));
+  CrossEntropyArgs a{.logits = TensorView::Matrix(d_x.data(), DType::kBF16, R, V),
+                     .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+                     .loss = TensorView::Vector(d_loss.data(), DType::kF32, R),
+                     .workspace = d_ws.data(),
+                     .workspace_bytes = ce->WorkspaceBytes(R) - 1};
+  const absl::Status s = ce->Forward(nullptr, a);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(ToStd(s.message()).find("workspace_bytes"), std::string_view::npos) << s;
+  ASSERT_EQ(rt.driver()->cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_OK_AND_ASSIGN(auto bytes, Download(d_loss, R * 4));
+  for (unsigned char b : bytes) ASSERT_EQ(b, 0xFF) << "the output was written despite the error";
+}
+
+}  // namespace
+}  // namespace kjit

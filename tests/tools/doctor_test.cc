@@ -1,0 +1,893 @@
+// `kjit doctor`: Diagnose against simulated machines (plain DoctorFacts: no driver, the stub driver,
+// an NVRTC too old for the GPU, a driver older than NVRTC or below the toolkit's minimum, unsafe,
+// stale and corrupt caches, a healthy H200), the probe's parts against real files, and the real
+// `kjit doctor` binary on this machine with the driver pointed at a missing file or the stub, so
+// the end-to-end tests mean the same on a machine with a GPU.
+#include "tools/doctor.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "jit/cache_key.h"
+#include "jit/disk_cache.h"
+#include "tools/doctor_probe.h"
+
+#ifndef KJIT_CLI_PATH
+#error "KJIT_CLI_PATH must name the built kjit binary"
+#endif
+#ifndef KJIT_STUB_LIBCUDA
+#error "KJIT_STUB_LIBCUDA must name the toolkit's stubs/libcuda.so"
+#endif
+
+extern char** environ;
+
+namespace kjit::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The toolkit's stub libcuda: where the build found the toolkit, else where a runtime image keeps it
+// (the GPU machine's toolkit has lib64/ only).
+std::string StubLibcuda() {
+  for (const char* p : {KJIT_STUB_LIBCUDA, "/usr/local/cuda/lib64/stubs/libcuda.so"}) {
+    if (fs::exists(p)) return p;
+  }
+  return KJIT_STUB_LIBCUDA;
+}
+
+std::string Dump(const std::vector<Finding>& findings) { return FormatText(findings); }
+
+const Finding* Find(const std::vector<Finding>& findings, const std::string& check) {
+  for (const Finding& f : findings) {
+    if (f.check == check) return &f;
+  }
+  return nullptr;
+}
+
+// Every finding: a known status, one-line message and fix, and a fix exactly when not OK.
+void ExpectWellFormed(const std::vector<Finding>& findings) {
+  for (const Finding& f : findings) {
+    EXPECT_FALSE(f.check.empty());
+    EXPECT_FALSE(f.message.empty()) << f.check;
+    EXPECT_FALSE(Contains(f.message, "\n")) << f.check << ": " << f.message;
+    EXPECT_FALSE(Contains(f.fix, "\n")) << f.check << ": " << f.fix;
+    if (f.status == Status::kOk) {
+      EXPECT_TRUE(f.fix.empty()) << f.check << " is OK but has a fix: " << f.fix;
+    } else {
+      EXPECT_FALSE(f.fix.empty()) << f.check << " is " << StatusName(f.status) << " without a fix";
+    }
+  }
+}
+
+// Asserts the finding exists with the status; returns it (or an empty one so tests go on).
+Finding Expect(const std::vector<Finding>& findings, const std::string& check, Status status) {
+  const Finding* f = Find(findings, check);
+  EXPECT_NE(f, nullptr) << "no finding '" << check << "'\n" << Dump(findings);
+  if (f == nullptr) return {};
+  EXPECT_EQ(f->status, status) << check << "\n" << Dump(findings);
+  return *f;
+}
+
+// --- simulated machines ---------------------------------------------------------------------------
+
+const std::vector<int> kNvrtc13Archs = {75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121};
+const std::vector<int> kNvrtc126Archs = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90};
+
+GpuFacts H200(int ordinal = 0) {
+  return {.ordinal = ordinal, .name = "NVIDIA H200", .cc_major = 9, .cc_minor = 0,
+          .total_memory = uint64_t{150} << 30, .sm_count = 132};
+}
+GpuFacts B200(int ordinal = 0) {
+  return {.ordinal = ordinal, .name = "NVIDIA B200", .cc_major = 10, .cc_minor = 0,
+          .total_memory = uint64_t{180} << 30, .sm_count = 148};
+}
+
+// A healthy machine: one H200, driver and NVRTC 13.0, a working compile and launch, a clean cache.
+DoctorFacts HealthyH200() {
+  DoctorFacts f;
+  f.kjit_version = "0.1.0";
+  f.driver.path = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+  f.driver.candidates = {"libcuda.so.1", "libcuda.so"};
+  f.driver.version = 13000;
+  f.driver.release = "580.65.06";
+  f.driver.gpus = {H200()};
+  f.nvrtc = {.loaded = true, .path = "/usr/local/cuda/lib64/libnvrtc.so.13", .major = 13,
+             .minor = 0, .archs = kNvrtc13Archs};
+  f.compiles = {{.target = "sm_90", .ok = true, .code_bytes = 31856, .seconds = 0.2}};
+  f.launches = {{.ordinal = 0, .state = LaunchFacts::State::kOk, .target = "sm_90",
+                 .detail = "64x4096 bf16 matches the fp64 reference"}};
+  f.cache = {.dir = "/home/u/.cache/kjit", .dir_source = "HOME", .exists = true, .is_dir = true,
+             .mode = 0700, .owner_uid = 1000, .euid = 1000, .writable = true, .listed = true};
+  f.cache.entries = {{.key = std::string(32, 'a'), .bytes = 32000, .valid = true,
+                      .target = "sm_90", .nvrtc_version = "13.0"}};
+  f.env.in_container = true;
+  f.env.container_hint = "/.dockerenv";
+  f.env.dev_nvidia = {"nvidia0", "nvidiactl", "nvidia-uvm"};
+  return f;
+}
+
+// A machine with NVRTC but no usable driver: no GPUs, the default targets compiled.
+DoctorFacts NoGpu(DriverFacts::Error error) {
+  DoctorFacts f = HealthyH200();
+  f.driver = {.error = error, .candidates = {"libcuda.so.1", "libcuda.so"}};
+  f.launches.clear();
+  f.compiles = {{.target = "sm_90", .ok = true, .code_bytes = 31856},
+                {.target = "sm_100", .ok = true, .code_bytes = 40000}};
+  f.env.dev_nvidia.clear();
+  return f;
+}
+
+TEST(DoctorDiagnose, HealthyH200IsAllOk) {
+  const auto findings = Diagnose(HealthyH200());
+  ExpectWellFormed(findings);
+  for (const char* check : {"driver", "gpu.0", "nvrtc", "target.gpu.0", "compat.min_driver",
+                            "compat.ptx", "compile.sm_90", "launch.gpu.0", "cache.dir",
+                            "cache.permissions", "cache.stale", "cache.corrupt", "tuning", "env"}) {
+    Expect(findings, check, Status::kOk);
+  }
+  EXPECT_EQ(ExitCodeFor(findings), 0) << Dump(findings);
+  EXPECT_TRUE(Contains(Find(findings, "gpu.0")->message, "NVIDIA H200"));
+  EXPECT_TRUE(Contains(Find(findings, "gpu.0")->message, "9.0"));
+  EXPECT_TRUE(Contains(Find(findings, "gpu.0")->message, "132 SMs"));
+  EXPECT_TRUE(Contains(Find(findings, "driver")->message, "580.65.06"));
+  EXPECT_TRUE(Contains(Find(findings, "driver")->message, "CUDA 13.0"));
+  EXPECT_TRUE(Contains(Find(findings, "target.gpu.0")->message, "CUBIN for sm_90"));
+  EXPECT_TRUE(Contains(Find(findings, "tuning")->message, "no tuning database"));
+  // Nothing about --fix-cache unless it ran.
+  EXPECT_EQ(Find(findings, "cache.fix"), nullptr);
+}
+
+TEST(DoctorDiagnose, NoDriverInAContainerFailsWithTheContainerToolkitFix) {
+  const auto findings = Diagnose(NoGpu(DriverFacts::Error::kMissing));
+  ExpectWellFormed(findings);
+  const Finding d = Expect(findings, "driver", Status::kFail);
+  EXPECT_TRUE(Contains(d.message, "no CUDA driver")) << d.message;
+  EXPECT_TRUE(Contains(d.message, "libcuda.so.1")) << d.message;
+  EXPECT_TRUE(Contains(d.message, "container")) << "says the container has no GPU: " << d.message;
+  EXPECT_TRUE(Contains(d.message, "/dev/nvidia")) << d.message;
+  EXPECT_TRUE(Contains(d.fix, "Install the NVIDIA driver")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "NVIDIA Container Toolkit")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "--gpus all")) << d.fix;
+  // NVRTC and the compiles are still checked; what needs a driver is left out.
+  Expect(findings, "nvrtc", Status::kOk);
+  Expect(findings, "compile.sm_90", Status::kOk);
+  Expect(findings, "compile.sm_100", Status::kOk);
+  for (const char* absent : {"gpu.0", "target.gpu.0", "compat.ptx", "compat.min_driver",
+                             "launch.gpu.0"}) {
+    EXPECT_EQ(Find(findings, absent), nullptr) << absent << "\n" << Dump(findings);
+  }
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+TEST(DoctorDiagnose, NoDriverOutsideAContainerDoesNotBlameTheContainer) {
+  DoctorFacts f = NoGpu(DriverFacts::Error::kMissing);
+  f.env.in_container = false;
+  f.env.container_hint.clear();
+  f.env.kjit_vars["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
+  const auto findings = Diagnose(f);
+  const Finding d = Expect(findings, "driver", Status::kFail);
+  EXPECT_FALSE(Contains(d.message, "container")) << d.message;
+  EXPECT_TRUE(Contains(d.fix, "KJIT_LIBCUDA_PATH=/nonexistent/libcuda.so.1")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "unset it")) << d.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+TEST(DoctorDiagnose, StubDriverFailsWithTheLdLibraryPathFix) {
+  DoctorFacts f = NoGpu(DriverFacts::Error::kStub);
+  f.driver.path = "/usr/local/cuda/lib64/stubs/libcuda.so";
+  f.env.ld_library_path = "/usr/local/cuda/lib64/stubs:/usr/local/cuda/lib64";
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding d = Expect(findings, "driver", Status::kFail);
+  EXPECT_TRUE(Contains(d.message, "stub")) << d.message;
+  EXPECT_TRUE(Contains(d.message, "CUDA_ERROR_STUB_LIBRARY, 34")) << d.message;
+  EXPECT_TRUE(Contains(d.message, f.driver.path)) << d.message;
+  EXPECT_TRUE(Contains(d.fix, "LD_LIBRARY_PATH")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "/usr/local/cuda/lib64/stubs")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "it is there now")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "--gpus all")) << d.fix;
+  Expect(findings, "nvrtc", Status::kOk);
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+TEST(DoctorDiagnose, NoDeviceVisibleNamesCudaVisibleDevices) {
+  DoctorFacts f = NoGpu(DriverFacts::Error::kNoDevice);
+  f.driver.path = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+  f.driver.version = 13000;
+  f.env.cuda_visible_devices = "";
+  f.env.dev_nvidia = {"nvidia0", "nvidiactl"};
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding d = Expect(findings, "driver", Status::kFail);
+  EXPECT_TRUE(Contains(d.message, "CUDA_ERROR_NO_DEVICE")) << d.message;
+  EXPECT_TRUE(Contains(d.message, "CUDA_VISIBLE_DEVICES ''")) << d.message;
+  EXPECT_TRUE(Contains(d.fix, "unset it")) << d.fix;
+  EXPECT_TRUE(Contains(d.fix, "nvidia-smi -L")) << d.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+
+  // Unset, in a container without device nodes: the container was started without GPUs.
+  f.env.cuda_visible_devices.reset();
+  f.env.dev_nvidia.clear();
+  findings = Diagnose(f);
+  d = Expect(findings, "driver", Status::kFail);
+  EXPECT_TRUE(Contains(d.fix, "--gpus all")) << d.fix;
+  EXPECT_FALSE(Contains(d.fix, "CUDA_VISIBLE_DEVICES")) << d.fix;
+}
+
+TEST(DoctorDiagnose, NvrtcMissingFailsWithTheInstallFix) {
+  DoctorFacts f = HealthyH200();
+  f.nvrtc = {.loaded = false,
+             .error = "NVRTC (libnvrtc) is not available: libnvrtc.so.13: cannot open shared "
+                      "object file"};
+  f.compiles.clear();
+  f.launches = {{.ordinal = 0, .detail = "NVRTC is not available"}};
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding n = Expect(findings, "nvrtc", Status::kFail);
+  EXPECT_TRUE(Contains(n.message, "libnvrtc.so.13")) << n.message;
+  EXPECT_TRUE(Contains(n.fix, "cuda-nvrtc")) << n.fix;
+  EXPECT_TRUE(Contains(n.fix, "KJIT_NVRTC_PATH")) << n.fix;
+  Expect(findings, "driver", Status::kOk);
+  Expect(findings, "launch.gpu.0", Status::kWarn);
+  EXPECT_EQ(Find(findings, "target.gpu.0"), nullptr);
+  EXPECT_EQ(Find(findings, "cache.stale"), nullptr) << "nothing to judge staleness against";
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+// A B200 (sm_100) with an NVRTC that stops at sm_90 (CUDA 12.6).
+DoctorFacts B200WithNvrtc126(int driver_version) {
+  DoctorFacts f = HealthyH200();
+  f.driver.gpus = {B200()};
+  f.driver.version = driver_version;
+  f.nvrtc = {.loaded = true, .path = "/usr/local/cuda-12.6/lib64/libnvrtc.so.12", .major = 12,
+             .minor = 6, .archs = kNvrtc126Archs};
+  f.compiles = {{.target = "compute_90", .ok = true, .code_bytes = 90000}};
+  f.launches = {{.ordinal = 0, .state = LaunchFacts::State::kOk, .target = "compute_90",
+                 .detail = "ok"}};
+  f.cache.entries.clear();
+  return f;
+}
+
+TEST(DoctorDiagnose, NvrtcLackingTheGpuArchWarnsWhenThePtxFallbackLoads) {
+  const DoctorFacts f = B200WithNvrtc126(12080);  // driver CUDA 12.8 >= NVRTC 12.6
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding t = Expect(findings, "target.gpu.0", Status::kWarn);
+  EXPECT_TRUE(Contains(t.message, "cannot build CUBIN")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "sm_100")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "stops at sm_90")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "compute_90 PTX")) << t.message;
+  EXPECT_TRUE(Contains(t.fix, "CUDA 12.8")) << t.fix;
+  EXPECT_TRUE(Contains(t.fix, "Blackwell")) << t.fix;
+  Expect(findings, "compat.ptx", Status::kOk);
+  Expect(findings, "compat.min_driver", Status::kOk);
+  Expect(findings, "compile.compute_90", Status::kOk);
+  EXPECT_EQ(TargetsInUse(f), std::vector<std::string>{"compute_90"});
+  EXPECT_EQ(ExitCodeFor(findings), 0) << Dump(findings);
+}
+
+TEST(DoctorDiagnose, NvrtcLackingTheGpuArchFailsWhenTheDriverIsOlder) {
+  DoctorFacts f = B200WithNvrtc126(12040);  // driver CUDA 12.4 < NVRTC 12.6: PTX refused
+  f.compiles.clear();
+  f.launches = {{.ordinal = 0, .detail = "no target kjit can build for this GPU"}};
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding t = Expect(findings, "target.gpu.0", Status::kFail);
+  EXPECT_TRUE(Contains(t.message, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "compute_90")) << t.message;
+  EXPECT_TRUE(Contains(t.fix, "CUDA 12.8")) << t.fix;
+  EXPECT_TRUE(Contains(t.fix, "upgrade the driver")) << t.fix;
+  Expect(findings, "compat.ptx", Status::kWarn);
+  Expect(findings, "launch.gpu.0", Status::kWarn);
+  EXPECT_TRUE(TargetsInUse(f).empty()) << "no target for the GPU, no --arch";
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+TEST(DoctorDiagnose, DriverOlderThanNvrtcWarnsAboutPtx) {
+  DoctorFacts f = HealthyH200();
+  f.driver.version = 12040;  // CUDA 12.4
+  f.nvrtc.major = 12;
+  f.nvrtc.minor = 8;
+  f.cache.entries[0].nvrtc_version = "12.8";
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding p = Expect(findings, "compat.ptx", Status::kWarn);
+  EXPECT_TRUE(Contains(p.message, "NVRTC 12.8 is newer than the driver (CUDA 12.4)")) << p.message;
+  EXPECT_TRUE(Contains(p.message, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION")) << p.message;
+  EXPECT_TRUE(Contains(p.message, "CUBIN")) << p.message;
+  EXPECT_TRUE(Contains(p.fix, "Upgrade the driver")) << p.fix;
+  Expect(findings, "compat.min_driver", Status::kOk);
+  Expect(findings, "target.gpu.0", Status::kOk);  // CUBIN for sm_90 loads
+  EXPECT_EQ(ExitCodeFor(findings), 0) << Dump(findings);
+}
+
+TEST(DoctorDiagnose, DriverBelowTheToolkitMinimumFails) {
+  DoctorFacts f = HealthyH200();
+  f.driver.version = 12080;  // R570: CUDA 12.8, NVRTC is 13.0
+  f.driver.release = "570.86.15";
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding m = Expect(findings, "compat.min_driver", Status::kFail);
+  EXPECT_TRUE(Contains(m.message, "NVRTC 13.0 needs a driver for CUDA 13.x")) << m.message;
+  EXPECT_TRUE(Contains(m.message, "580")) << m.message;
+  EXPECT_TRUE(Contains(m.fix, "R580.65.06 or newer")) << m.fix;
+  EXPECT_TRUE(Contains(m.fix, "KJIT_NVRTC_PATH")) << m.fix;
+  Expect(findings, "compat.ptx", Status::kWarn);
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+
+  f.nvrtc.major = 12;
+  f.nvrtc.minor = 4;
+  f.driver.version = 11080;
+  f.cache.entries.clear();
+  findings = Diagnose(f);
+  m = Expect(findings, "compat.min_driver", Status::kFail);
+  EXPECT_TRUE(Contains(m.fix, "525")) << m.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+TEST(DoctorDiagnose, CompileAndLaunchFailures) {
+  DoctorFacts f = HealthyH200();
+  f.arch_targets = {"sm_100"};
+  f.compiles.push_back({.target = "sm_100", .ok = false,
+                        .error = "NVRTC failed to compile 'rms_norm' for sm_100: error\nlog"});
+  f.launches[0] = {.ordinal = 0, .state = LaunchFacts::State::kError, .target = "compute_90",
+                   .detail = "cuModuleLoadData failed: CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)"};
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding c = Expect(findings, "compile.sm_100", Status::kFail);
+  EXPECT_TRUE(Contains(c.message, "NVRTC failed")) << c.message;
+  EXPECT_TRUE(Contains(c.fix, "kjit doctor --json")) << c.fix;
+  Finding l = Expect(findings, "launch.gpu.0", Status::kFail);
+  EXPECT_TRUE(Contains(l.fix, "upgrade the driver")) << l.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+
+  f.launches[0].detail = "wrong result: y: 12 of 262144 elements differ";
+  findings = Diagnose(f);
+  l = Expect(findings, "launch.gpu.0", Status::kFail);
+  EXPECT_TRUE(Contains(l.fix, "report")) << l.fix;
+
+  // An --arch target this NVRTC does not know: the fix names the toolkit to install.
+  f.nvrtc.archs = kNvrtc126Archs;
+  f.nvrtc.major = 12;
+  f.nvrtc.minor = 6;
+  f.compiles[1].error = "arch: this NVRTC cannot compile for sm_100";
+  findings = Diagnose(f);
+  c = Expect(findings, "compile.sm_100", Status::kFail);
+  EXPECT_TRUE(Contains(c.fix, "CUDA 12.8")) << c.fix;
+}
+
+TEST(DoctorDiagnose, CacheWritableByOthersOrOwnedByAnotherUserFails) {
+  DoctorFacts f = HealthyH200();
+  f.cache.mode = 0777;
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding p = Expect(findings, "cache.permissions", Status::kFail);
+  EXPECT_TRUE(Contains(p.message, "other users")) << p.message;
+  EXPECT_TRUE(Contains(p.message, "0777")) << p.message;
+  EXPECT_TRUE(Contains(p.fix, "chmod 700 '/home/u/.cache/kjit'")) << p.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+
+  f.cache.mode = 0770;
+  findings = Diagnose(f);
+  p = Expect(findings, "cache.permissions", Status::kFail);
+  EXPECT_TRUE(Contains(p.message, "its group")) << p.message;
+
+  f.cache.mode = 0700;
+  f.cache.owner_uid = 0;
+  findings = Diagnose(f);
+  p = Expect(findings, "cache.permissions", Status::kFail);
+  EXPECT_TRUE(Contains(p.message, "owned by uid 0")) << p.message;
+  EXPECT_TRUE(Contains(p.fix, "chown 1000")) << p.fix;
+  EXPECT_TRUE(Contains(p.fix, "KJIT_CACHE_DIR")) << p.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+TEST(DoctorDiagnose, ReadOnlyCacheWarns) {
+  DoctorFacts f = HealthyH200();
+  f.cache.writable = false;
+  f.cache.not_writable_reason = "Read-only file system";
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding p = Expect(findings, "cache.permissions", Status::kWarn);
+  EXPECT_TRUE(Contains(p.message, "read-only")) << p.message;
+  EXPECT_TRUE(Contains(p.message, "memory only")) << p.message;
+  EXPECT_TRUE(Contains(p.fix, "KJIT_CACHE_DIR")) << p.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 0);
+}
+
+TEST(DoctorDiagnose, CacheDirectoryProblems) {
+  DoctorFacts f = HealthyH200();
+  f.cache = {.config_error = "KJIT_CACHE_MAX_BYTES='10G' is not a byte count"};
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding d = Expect(findings, "cache.dir", Status::kFail);
+  EXPECT_TRUE(Contains(d.message, "KJIT_CACHE_MAX_BYTES")) << d.message;
+
+  f.cache = {.dir = "/ro/kjit", .dir_source = "KJIT_CACHE_DIR", .create_error = "/ro: Permission denied"};
+  findings = Diagnose(f);
+  d = Expect(findings, "cache.dir", Status::kFail);
+  EXPECT_TRUE(Contains(d.fix, "KJIT_CACHE_DIR")) << d.fix;
+
+  f.cache = {.dir = "/home/u/.cache/kjit", .dir_source = "HOME"};
+  findings = Diagnose(f);
+  d = Expect(findings, "cache.dir", Status::kOk);
+  EXPECT_TRUE(Contains(d.message, "does not exist yet")) << d.message;
+  EXPECT_EQ(ExitCodeFor(findings), 0);
+}
+
+TEST(DoctorDiagnose, JudgeCacheEntry) {
+  DoctorFacts f = HealthyH200();
+  auto entry = [](std::string target, std::string nvrtc) {
+    return CacheEntryFacts{.key = std::string(32, 'b'), .valid = true, .target = std::move(target),
+                           .nvrtc_version = std::move(nvrtc)};
+  };
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_90", "13.0"), f), EntryVerdict::kUsable);
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_90a", "13.0"), f), EntryVerdict::kUsable);
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_100", "13.0"), f), EntryVerdict::kStaleTarget);
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_90", "12.8"), f), EntryVerdict::kStaleNvrtc);
+  EXPECT_EQ(JudgeCacheEntry({.key = std::string(32, 'c'), .valid = false}, f),
+            EntryVerdict::kCorrupt);
+  f.arch_targets = {"sm_100"};  // --arch keeps its targets' entries
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_100", "13.0"), f), EntryVerdict::kUsable);
+  // Without a GPU or --arch, the default prebuild targets are the ones in use.
+  DoctorFacts none = NoGpu(DriverFacts::Error::kMissing);
+  EXPECT_EQ(TargetsInUse(none), (std::vector<std::string>{"sm_90", "sm_100"}));
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_100", "13.0"), none), EntryVerdict::kUsable);
+  EXPECT_EQ(JudgeCacheEntry(entry("sm_80", "13.0"), none), EntryVerdict::kStaleTarget);
+}
+
+TEST(DoctorDiagnose, VersionTables) {
+  EXPECT_EQ(CudaVersionText(13000), "13.0");
+  EXPECT_EQ(CudaVersionText(12080), "12.8");
+  EXPECT_EQ(CudaVersionText(0), "unknown");
+  EXPECT_EQ(MinimumDriverForCudaMajor(13), "580.65.06");
+  EXPECT_EQ(MinimumDriverForCudaMajor(12), "525.60.13");
+  EXPECT_EQ(MinimumDriverForCudaMajor(99), "");
+  EXPECT_EQ(FirstCudaForArch(100), "12.8");
+  EXPECT_EQ(FirstCudaForArch(120), "12.8");
+  EXPECT_EQ(FirstCudaForArch(90), "11.8");
+}
+
+TEST(DoctorFormat, TextAndJson) {
+  DoctorFacts f = HealthyH200();
+  f.cache.mode = 0777;                 // FAIL
+  f.driver.version = 12090;            // compat.min_driver FAIL, compat.ptx WARN
+  const auto findings = Diagnose(f);
+  int ok = 0, warn = 0, fail = 0;
+  for (const Finding& x : findings) {
+    (x.status == Status::kOk ? ok : x.status == Status::kWarn ? warn : fail)++;
+  }
+  ASSERT_GT(warn, 0);
+  ASSERT_GT(fail, 0);
+
+  const std::string text = FormatText(findings);
+  std::istringstream in(text);
+  std::string line;
+  int tagged = 0;
+  std::string previous;
+  while (std::getline(in, line)) {
+    if (line.starts_with("[ OK ] ") || line.starts_with("[WARN] ") || line.starts_with("[FAIL] ")) {
+      ++tagged;
+      EXPECT_NE(line.find(": "), std::string::npos) << line;
+    } else if (line.starts_with("       fix: ")) {
+      EXPECT_FALSE(previous.starts_with("[ OK ]")) << "an OK finding has no fix line";
+    } else {
+      EXPECT_EQ(line, fmt::format("{} ok, {} warn, {} fail", ok, warn, fail));
+    }
+    previous = line;
+  }
+  EXPECT_EQ(tagged, static_cast<int>(findings.size()));
+  EXPECT_TRUE(Contains(text, "[FAIL] cache.permissions: ")) << text;
+  EXPECT_TRUE(Contains(text, "[WARN] compat.ptx: ")) << text;
+
+  nlohmann::json j = nlohmann::json::parse(FormatJson(findings, "0.1.0"));
+  EXPECT_EQ(j["schema"], 1);
+  EXPECT_EQ(j["kjit"], "0.1.0");
+  ASSERT_EQ(j["findings"].size(), findings.size());
+  for (size_t i = 0; i < findings.size(); ++i) {
+    const nlohmann::json& e = j["findings"][i];
+    EXPECT_EQ(e["check"], findings[i].check);
+    EXPECT_EQ(e["status"], StatusName(findings[i].status));
+    EXPECT_EQ(e["message"], findings[i].message);
+    EXPECT_EQ(e["fix"], findings[i].fix);
+  }
+  EXPECT_EQ(j["summary"]["ok"], ok);
+  EXPECT_EQ(j["summary"]["warn"], warn);
+  EXPECT_EQ(j["summary"]["fail"], fail);
+  EXPECT_EQ(j["exit_code"], 1);
+}
+
+// --- the probe's parts, on real files --------------------------------------------------------------
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/kjit_doctor_test_XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(DoctorProbe, MissingAndStubDriversAreClassified) {
+  DriverFacts missing = ProbeDriver({"/nonexistent/libcuda.so.1"});
+  EXPECT_EQ(missing.error, DriverFacts::Error::kMissing) << missing.message;
+  EXPECT_EQ(missing.candidates, std::vector<std::string>{"/nonexistent/libcuda.so.1"});
+  EXPECT_TRUE(missing.gpus.empty());
+
+  ASSERT_TRUE(fs::exists(StubLibcuda())) << StubLibcuda();
+  DriverFacts stub = ProbeDriver({"/nonexistent/libcuda.so.1", StubLibcuda()});
+  EXPECT_EQ(stub.error, DriverFacts::Error::kStub) << stub.message;
+  EXPECT_TRUE(Contains(stub.path, "stubs")) << stub.path;
+
+  DriverFacts not_cuda = ProbeDriver({"libc.so.6"});
+  EXPECT_EQ(not_cuda.error, DriverFacts::Error::kOther);
+  EXPECT_TRUE(Contains(not_cuda.message, "cuInit")) << not_cuda.message;
+}
+
+TEST(DoctorProbe, Nvrtc) {
+  NvrtcFacts n = ProbeNvrtc({"/nonexistent/libnvrtc.so"});
+  EXPECT_FALSE(n.loaded);
+  EXPECT_TRUE(Contains(n.error, "/nonexistent/libnvrtc.so")) << n.error;
+  EXPECT_FALSE(Contains(n.error, "\n"));
+}
+
+TEST(DoctorProbe, CacheThatDoesNotExistIsNotCreated) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/a/b/kjit";
+  CacheFacts c = ProbeCache(dir);
+  EXPECT_EQ(c.dir, dir);
+  EXPECT_FALSE(c.exists);
+  EXPECT_EQ(c.create_error, "");
+  EXPECT_FALSE(fs::exists(tmp.path() + "/a")) << "the probe must not create the cache";
+
+  // Under a regular file nothing can be created.
+  std::ofstream(tmp.path() + "/file") << "x";
+  c = ProbeCache(tmp.path() + "/file/kjit");
+  EXPECT_FALSE(c.exists);
+  EXPECT_TRUE(Contains(c.create_error, "not a directory")) << c.create_error;
+}
+
+TEST(DoctorProbe, OthersWritableCacheDirectoryFailsAndIsNotFixed) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/cache";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  std::ofstream(dir + "/" + std::string(32, 'e') + ".kjit") << "not an entry";
+
+  DoctorFacts f = HealthyH200();
+  f.cache = ProbeCache(dir);
+  EXPECT_EQ(f.cache.mode, 0777u);
+  EXPECT_TRUE(f.cache.listed);
+  ASSERT_EQ(f.cache.entries.size(), 1u);
+  EXPECT_FALSE(f.cache.entries[0].valid);
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding p = Expect(findings, "cache.permissions", Status::kFail);
+  EXPECT_TRUE(Contains(p.fix, "chmod 700 '" + dir + "'")) << p.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+
+  FixCache(f);
+  EXPECT_TRUE(f.cache.fix.ran);
+  EXPECT_FALSE(f.cache.fix.refused.empty());
+  EXPECT_TRUE(fs::exists(dir + "/" + std::string(32, 'e') + ".kjit"))
+      << "an unsafe directory is not touched";
+  findings = Diagnose(f);
+  Expect(findings, "cache.fix", Status::kFail);
+}
+
+jit::Binary FakeBinary(const std::string& target, const std::string& nvrtc) {
+  jit::Binary b;
+  b.target = jit::ParseTarget(target).value();
+  b.code = "\x7f" "ELF fake code for " + target;
+  b.nvrtc_version = nvrtc;
+  b.program_name = "rms_norm";
+  b.params = {{"op", "rms_norm"}, {"hidden", "4096"}};
+  return b;
+}
+
+TEST(DoctorProbe, StaleAndCorruptEntriesAreFoundAndFixed) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/cache";
+  auto cache = jit::DiskCache::Open({.dir = dir});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::string old_toolkit = jit::HashHex("sm_75 / 11.8");
+  const std::string other_gpu = jit::HashHex("sm_75 / 13.0");
+  const std::string usable = jit::HashHex("sm_90 / 13.0");
+  const std::string corrupt = jit::HashHex("corrupt");
+  ASSERT_TRUE(cache->Store(old_toolkit, FakeBinary("sm_75", "11.8")).ok());
+  ASSERT_TRUE(cache->Store(other_gpu, FakeBinary("sm_75", "13.0")).ok());
+  ASSERT_TRUE(cache->Store(usable, FakeBinary("sm_90", "13.0")).ok());
+  ASSERT_TRUE(cache->Store(corrupt, FakeBinary("sm_90", "13.0")).ok());
+  {
+    // Flip a byte of the payload: the checksum no longer matches.
+    const std::string path = dir + "/" + corrupt + ".kjit";
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-3, std::ios::end);
+    char c = 0;
+    io.get(c);
+    io.seekp(-3, std::ios::end);
+    io.put(static_cast<char>(c ^ 0x20));
+    ASSERT_TRUE(io.good());
+  }
+
+  DoctorFacts f = HealthyH200();  // one sm_90 GPU, NVRTC 13.0
+  f.cache = ProbeCache(dir);
+  ASSERT_TRUE(f.cache.exists);
+  ASSERT_TRUE(f.cache.writable) << f.cache.not_writable_reason;
+  ASSERT_EQ(f.cache.entries.size(), 4u);
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding stale = Expect(findings, "cache.stale", Status::kWarn);
+  EXPECT_TRUE(Contains(stale.message, "2 of 4")) << stale.message;
+  EXPECT_TRUE(Contains(stale.message, "1 for sm_75")) << stale.message;
+  EXPECT_TRUE(Contains(stale.message, "1 from NVRTC 11.8")) << stale.message;
+  EXPECT_TRUE(Contains(stale.fix, "kjit doctor --fix-cache")) << stale.fix;
+  EXPECT_TRUE(Contains(stale.fix, "--arch sm_90,sm_75")) << stale.fix;
+  const Finding bad = Expect(findings, "cache.corrupt", Status::kWarn);
+  EXPECT_TRUE(Contains(bad.message, corrupt)) << bad.message;
+  EXPECT_TRUE(Contains(bad.message, "checksum")) << bad.message;
+  EXPECT_TRUE(Contains(bad.fix, "kjit doctor --fix-cache")) << bad.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 0) << "stale and corrupt entries are warnings";
+
+  FixCache(f);
+  EXPECT_TRUE(f.cache.fix.ran);
+  EXPECT_EQ(f.cache.fix.refused, "");
+  EXPECT_EQ(f.cache.fix.removed_stale, 2);
+  EXPECT_EQ(f.cache.fix.removed_corrupt, 1);
+  EXPECT_TRUE(f.cache.fix.errors.empty());
+  EXPECT_TRUE(fs::exists(dir + "/" + usable + ".kjit"));
+  for (const std::string& gone : {old_toolkit, other_gpu, corrupt}) {
+    EXPECT_FALSE(fs::exists(dir + "/" + gone + ".kjit")) << gone;
+  }
+  ASSERT_EQ(f.cache.entries.size(), 1u) << "the cache is read again after the fix";
+  findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding fixed = Expect(findings, "cache.fix", Status::kOk);
+  EXPECT_TRUE(Contains(fixed.message, "removed 3 entries (2 stale, 1 corrupt)")) << fixed.message;
+  Expect(findings, "cache.stale", Status::kOk);
+  Expect(findings, "cache.corrupt", Status::kOk);
+  EXPECT_EQ(ExitCodeFor(findings), 0);
+}
+
+// --- the real binary ---------------------------------------------------------------------------------
+
+struct CliResult {
+  int exit_code = -1;
+  int signal = 0;
+  std::string out, err;
+  std::string Describe() const {
+    return "exit " + std::to_string(exit_code) + (signal ? " signal " + std::to_string(signal) : "") +
+           "\n--- stdout ---\n" + out + "--- stderr ---\n" + err;
+  }
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class DoctorCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(KJIT_CLI_PATH)) << KJIT_CLI_PATH << " is not built";
+    ASSERT_FALSE(tmp_.path().empty());
+    cache_ = tmp_.path() + "/cache";
+    env_["KJIT_CACHE_DIR"] = cache_;
+    env_["KJIT_CACHE_MAX_BYTES"] = "";
+    // No GPU, whatever the machine has: the tests mean the same everywhere.
+    env_["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
+  }
+
+  // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
+  CliResult Run(const std::vector<std::string>& args) {
+    const std::string out_path = tmp_.path() + "/stdout", err_path = tmp_.path() + "/stderr";
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv = *e;
+      if (!env_.count(kv.substr(0, kv.find('=')))) env_strings.push_back(kv);
+    }
+    for (const auto& [name, value] : env_) {
+      if (!value.empty()) env_strings.push_back(name + "=" + value);
+    }
+    std::vector<std::string> argv_strings = {KJIT_CLI_PATH};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv, envp;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    CliResult r;
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      return r;
+    }
+    if (pid == 0) {
+      int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int in = ::open("/dev/null", O_RDONLY);
+      if (out < 0 || err < 0 || in < 0) ::_exit(126);
+      ::dup2(in, 0);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    r.out = ReadFile(out_path);
+    r.err = ReadFile(err_path);
+    return r;
+  }
+
+  // The line of the text report for `check`, and its fix line ("" when none).
+  static std::pair<std::string, std::string> Line(const std::string& text, const std::string& check) {
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.size() > 7 && line.substr(7).starts_with(check + ": ")) {
+        std::string next;
+        if (std::getline(in, next) && next.starts_with("       fix: ")) return {line, next};
+        return {line, ""};
+      }
+    }
+    return {"", ""};
+  }
+
+  TempDir tmp_;
+  std::string cache_;
+  std::map<std::string, std::string> env_;
+};
+
+TEST_F(DoctorCliTest, WithoutADriverReportsTheDriverAndStillCompiles) {
+  CliResult r = Run({"doctor"});
+  EXPECT_EQ(r.signal, 0) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  auto [driver, fix] = Line(r.out, "driver");
+  EXPECT_TRUE(driver.starts_with("[FAIL] driver: no CUDA driver")) << r.Describe();
+  EXPECT_TRUE(Contains(driver, "/nonexistent/libcuda.so.1")) << r.Describe();
+  EXPECT_TRUE(Contains(fix, "NVIDIA Container Toolkit")) << r.Describe();
+  EXPECT_TRUE(Contains(fix, "--gpus all")) << r.Describe();
+  EXPECT_TRUE(Contains(fix, "KJIT_LIBCUDA_PATH")) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "nvrtc").first.starts_with("[ OK ] nvrtc: NVRTC ")) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "compile.sm_90").first.starts_with("[ OK ] ")) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "compile.sm_100").first.starts_with("[ OK ] ")) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "cache.dir").first.starts_with("[ OK ] ")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "0 warn, 1 fail")) << "only the driver fails\n" << r.Describe();
+  EXPECT_FALSE(fs::exists(cache_)) << "doctor must not create the cache directory";
+
+  CliResult j = Run({"doctor", "--json"});
+  EXPECT_EQ(j.exit_code, 1) << j.Describe();
+  nlohmann::json doc = nlohmann::json::parse(j.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(doc.is_discarded()) << "stdout must be only the JSON document\n" << j.Describe();
+  EXPECT_EQ(doc["schema"], 1);
+  EXPECT_EQ(doc["kjit"], "0.1.0");
+  EXPECT_EQ(doc["exit_code"], 1);
+  ASSERT_TRUE(doc["findings"].is_array());
+  std::map<std::string, std::string> status;
+  int counts[3] = {0, 0, 0};
+  for (const nlohmann::json& f : doc["findings"]) {
+    for (const char* field : {"check", "status", "message", "fix"}) {
+      ASSERT_TRUE(f.contains(field) && f[field].is_string()) << field << " in " << f.dump();
+    }
+    const std::string s = f["status"];
+    ASSERT_TRUE(s == "OK" || s == "WARN" || s == "FAIL") << s;
+    ++counts[s == "OK" ? 0 : s == "WARN" ? 1 : 2];
+    EXPECT_EQ(f["fix"].get<std::string>().empty(), s == "OK") << f.dump();
+    status[f["check"]] = s;
+  }
+  EXPECT_EQ(status["driver"], "FAIL");
+  EXPECT_EQ(status["nvrtc"], "OK");
+  EXPECT_EQ(status["compile.sm_90"], "OK");
+  EXPECT_EQ(status["compile.sm_100"], "OK");
+  EXPECT_EQ(doc["summary"]["ok"], counts[0]);
+  EXPECT_EQ(doc["summary"]["warn"], counts[1]);
+  EXPECT_EQ(doc["summary"]["fail"], counts[2]);
+  EXPECT_EQ(counts[2], 1) << j.Describe();
+}
+
+TEST_F(DoctorCliTest, WithTheStubDriverReportsTheStub) {
+  ASSERT_TRUE(fs::exists(StubLibcuda())) << StubLibcuda();
+  env_["KJIT_LIBCUDA_PATH"] = StubLibcuda();
+  CliResult r = Run({"doctor"});
+  EXPECT_EQ(r.signal, 0) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  auto [driver, fix] = Line(r.out, "driver");
+  EXPECT_TRUE(driver.starts_with("[FAIL] driver: ")) << r.Describe();
+  EXPECT_TRUE(Contains(driver, "stub")) << r.Describe();
+  EXPECT_TRUE(Contains(driver, "CUDA_ERROR_STUB_LIBRARY, 34")) << r.Describe();
+  EXPECT_TRUE(Contains(fix, "LD_LIBRARY_PATH")) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "compile.sm_90").first.starts_with("[ OK ] ")) << r.Describe();
+}
+
+TEST_F(DoctorCliTest, ArchChoosesTheCompileTargets) {
+  CliResult r = Run({"doctor", "--arch", "sm_80,sm_120"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "compile.sm_80").first.starts_with("[ OK ] ")) << r.Describe();
+  EXPECT_TRUE(Line(r.out, "compile.sm_120").first.starts_with("[ OK ] ")) << r.Describe();
+  EXPECT_EQ(Line(r.out, "compile.sm_90").first, "") << r.Describe();
+}
+
+TEST_F(DoctorCliTest, UsageErrorsExitWith2) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"doctor", "--arch", "sm_5"}, {"doctor", "--arch", ","}, {"doctor", "--bogus"}}) {
+    CliResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << args.back() << "\n" << r.Describe();
+  }
+}
+
+TEST_F(DoctorCliTest, FixCacheRemovesEntriesForOtherTargets) {
+  CliResult c = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_80,sm_90"});
+  ASSERT_EQ(c.exit_code, 0) << c.Describe();
+  CliResult before = Run({"doctor"});
+  auto [stale, fix] = Line(before.out, "cache.stale");
+  EXPECT_TRUE(stale.starts_with("[WARN] cache.stale: 1 of 2 entries")) << before.Describe();
+  EXPECT_TRUE(Contains(stale, "sm_80")) << before.Describe();
+  EXPECT_TRUE(Contains(fix, "--fix-cache")) << before.Describe();
+
+  CliResult fixed = Run({"doctor", "--fix-cache"});
+  EXPECT_EQ(fixed.exit_code, 1) << "the driver still fails\n" << fixed.Describe();
+  EXPECT_TRUE(Line(fixed.out, "cache.fix").first.starts_with(
+                  "[ OK ] cache.fix: --fix-cache removed 1 entries (1 stale, 0 corrupt)"))
+      << fixed.Describe();
+  EXPECT_TRUE(Line(fixed.out, "cache.stale").first.starts_with("[ OK ] ")) << fixed.Describe();
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(cache_)) entries += e.path().extension() == ".kjit";
+  EXPECT_EQ(entries, 1);
+}
+
+TEST_F(DoctorCliTest, OthersWritableCacheFails) {
+  ASSERT_EQ(::mkdir(cache_.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(cache_.c_str(), 0777), 0);
+  CliResult r = Run({"doctor", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  nlohmann::json doc = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << r.Describe();
+  bool found = false;
+  for (const nlohmann::json& f : doc["findings"]) {
+    if (f["check"] != "cache.permissions") continue;
+    found = true;
+    EXPECT_EQ(f["status"], "FAIL");
+    EXPECT_TRUE(Contains(f["fix"], "chmod 700")) << f.dump();
+  }
+  EXPECT_TRUE(found) << r.Describe();
+}
+
+}  // namespace
+}  // namespace kjit::tools

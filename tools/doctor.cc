@@ -1,0 +1,719 @@
+#include "tools/doctor.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "jit/target.h"
+
+namespace kjit::tools {
+
+namespace {
+
+// Finding text is one line: the loaders' messages carry "\nfix: ..." tails.
+std::string OneLine(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string Gib(uint64_t bytes) { return fmt::format("{:.1f} GiB", bytes / 1073741824.0); }
+
+std::string Bytes(uint64_t bytes) {
+  if (bytes >= (uint64_t{1} << 30)) return Gib(bytes);
+  if (bytes >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", bytes / 1048576.0);
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+std::string Sm(int cc) { return fmt::format("sm_{}", cc); }
+
+// "sm_75 .. sm_121 (12 archs)": the supported list, compact.
+std::string ArchRange(const std::vector<int>& archs) {
+  if (archs.empty()) return "no archs";
+  std::vector<int> sorted = archs;
+  std::sort(sorted.begin(), sorted.end());
+  std::string all;
+  for (int a : sorted) all += (all.empty() ? "" : " ") + Sm(a);
+  return all;
+}
+
+int MaxArch(const std::vector<int>& archs) {
+  return archs.empty() ? 0 : *std::max_element(archs.begin(), archs.end());
+}
+
+bool HasArch(const std::vector<int>& archs, int cc) {
+  return std::find(archs.begin(), archs.end(), cc) != archs.end();
+}
+
+// The --gpus hint for a container whose GPU devices were not passed in.
+std::string ContainerHint(const EnvFacts& env) {
+  if (env.in_container && env.dev_nvidia.empty()) {
+    return fmt::format(
+        " This runs in a container ({}) with no /dev/nvidia* devices: it was started without GPU "
+        "access.",
+        env.container_hint);
+  }
+  return "";
+}
+
+// The NVRTC to install for an arch: "CUDA 12.8 or newer (Blackwell needs 12.8+)".
+std::string NvrtcForArch(int cc) {
+  const std::string first = FirstCudaForArch(cc);
+  std::string out = first.empty() ? "a CUDA toolkit whose NVRTC supports " + Sm(cc)
+                                  : "the NVRTC of CUDA " + first + " or newer";
+  if (cc >= 100 && cc < 130) out += " (Blackwell needs CUDA 12.8+)";
+  return out;
+}
+
+const char* kInstallNvrtc =
+    "e.g. apt install cuda-nvrtc-13-0, or pip install nvidia-cuda-nvrtc, then point "
+    "KJIT_NVRTC_PATH at its libnvrtc.so if it is not on the loader's path";
+
+// --- driver -----------------------------------------------------------------------------------------
+
+void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
+  const DriverFacts& d = f.driver;
+  const EnvFacts& env = f.env;
+  auto libcuda_override = [&]() -> std::string {
+    auto it = env.kjit_vars.find("KJIT_LIBCUDA_PATH");
+    if (it == env.kjit_vars.end() || it->second.empty()) return "";
+    return fmt::format("KJIT_LIBCUDA_PATH={} is set: unset it or point it at the driver's "
+                       "libcuda.so.1. ",
+                       it->second);
+  };
+  const std::string no_driver_is_ok =
+      " (Compiling for explicit targets, `kjit doctor --arch sm_90,sm_100` or `kjit compile "
+      "--arch ...`, works without a driver.)";
+  switch (d.error) {
+    case DriverFacts::Error::kNone: {
+      std::string release = d.release.empty() ? "" : fmt::format("driver {}, ", d.release);
+      out.push_back({"driver", Status::kOk,
+                     fmt::format("libcuda {} loaded: {}supports CUDA {}, {} GPU(s) visible", d.path,
+                                 release, CudaVersionText(d.version), d.gpus.size()),
+                     ""});
+      for (const GpuFacts& g : d.gpus) {
+        out.push_back({fmt::format("gpu.{}", g.ordinal), Status::kOk,
+                       fmt::format("{}: compute capability {}.{} ({}), {}, {} SMs", g.name,
+                                   g.cc_major, g.cc_minor, Sm(g.cc()), Gib(g.total_memory),
+                                   g.sm_count),
+                       ""});
+      }
+      return;
+    }
+    case DriverFacts::Error::kMissing: {
+      std::string tried;
+      for (const auto& c : d.candidates) tried += (tried.empty() ? "" : ", ") + c;
+      out.push_back(
+          {"driver", Status::kFail,
+           fmt::format("no CUDA driver: libcuda.so.1 could not be loaded (tried {}).{}", tried,
+                       ContainerHint(env)),
+           libcuda_override() +
+               "Install the NVIDIA driver (it provides libcuda.so.1); in a container, install the "
+               "NVIDIA Container Toolkit on the host and start it with `docker run --gpus all "
+               "...` (Kubernetes: request nvidia.com/gpu)." +
+               no_driver_is_ok});
+      return;
+    }
+    case DriverFacts::Error::kStub: {
+      const std::string dir = d.path.substr(0, d.path.rfind('/'));
+      const bool in_ld_path = !dir.empty() && env.ld_library_path.find(dir) != std::string::npos;
+      out.push_back(
+          {"driver", Status::kFail,
+           fmt::format("{} is the CUDA toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34), for "
+                       "linking only, not a driver.{}",
+                       d.path, ContainerHint(env)),
+           libcuda_override() +
+               fmt::format("Remove the toolkit's stubs directory ({}) from LD_LIBRARY_PATH{} so "
+                           "that the real driver's libcuda.so.1 is found; install the NVIDIA "
+                           "driver, or in a container run with `docker run --gpus all` (NVIDIA "
+                           "Container Toolkit), which mounts the host's libcuda.so.1.",
+                           dir, in_ld_path ? " (it is there now)" : "") +
+               no_driver_is_ok});
+      return;
+    }
+    case DriverFacts::Error::kNoDevice: {
+      const std::string visible =
+          env.cuda_visible_devices ? "'" + *env.cuda_visible_devices + "'" : "unset";
+      std::string fix;
+      if (env.cuda_visible_devices) {
+        fix = fmt::format("CUDA_VISIBLE_DEVICES={} hides every GPU: unset it, or set it to "
+                          "indices or UUIDs that exist (`nvidia-smi -L` lists them).",
+                          visible);
+      } else if (env.in_container && env.dev_nvidia.empty()) {
+        fix = "Start the container with GPU access: `docker run --gpus all ...` with the NVIDIA "
+              "Container Toolkit on the host (Kubernetes: request nvidia.com/gpu).";
+      } else {
+        fix = "Check `nvidia-smi`: the GPU may be absent, or its kernel module not loaded "
+              "(reinstall the driver or reboot after installing it).";
+      }
+      out.push_back(
+          {"driver", Status::kFail,
+           fmt::format("the CUDA driver ({}{}) sees no GPU (CUDA_ERROR_NO_DEVICE); "
+                       "CUDA_VISIBLE_DEVICES {}.{}",
+                       d.path,
+                       d.version ? ", CUDA " + CudaVersionText(d.version) : std::string(),
+                       visible, ContainerHint(env)),
+           fix + no_driver_is_ok});
+      return;
+    }
+    case DriverFacts::Error::kOther:
+      out.push_back({"driver", Status::kFail,
+                     fmt::format("the CUDA driver{} could not be used: {}",
+                                 d.path.empty() ? "" : " (" + d.path + ")",
+                                 OneLine(FirstLine(d.message))),
+                     libcuda_override() +
+                         "Install (or reinstall) an NVIDIA driver for CUDA 12.0 or newer and "
+                         "check `nvidia-smi`." +
+                         no_driver_is_ok});
+      return;
+  }
+}
+
+// --- NVRTC, targets, compatibility --------------------------------------------------------------
+
+void DiagnoseNvrtc(const DoctorFacts& f, std::vector<Finding>& out) {
+  const NvrtcFacts& n = f.nvrtc;
+  if (!n.loaded) {
+    out.push_back({"nvrtc", Status::kFail,
+                   fmt::format("NVRTC is not available: {}", OneLine(FirstLine(n.error))),
+                   std::string("Install the CUDA toolkit's NVRTC (") + kInstallNvrtc + ")."});
+    return;
+  }
+  out.push_back({"nvrtc", Status::kOk,
+                 fmt::format("NVRTC {} ({}) builds CUBIN for {}", n.VersionString(), n.path,
+                             ArchRange(n.archs)),
+                 ""});
+}
+
+void DiagnoseTargets(const DoctorFacts& f, std::vector<Finding>& out) {
+  const NvrtcFacts& n = f.nvrtc;
+  const DriverFacts& d = f.driver;
+  if (!n.loaded || !d.ok()) return;
+  for (const GpuFacts& g : d.gpus) {
+    const std::string id = fmt::format("target.gpu.{}", g.ordinal);
+    const int cc = g.cc();
+    if (HasArch(n.archs, cc)) {
+      out.push_back({id, Status::kOk,
+                     fmt::format("{} ({}): NVRTC {} builds CUBIN for {}", g.name, Sm(cc),
+                                 n.VersionString(), Sm(cc)),
+                     ""});
+      continue;
+    }
+    const std::string lacks =
+        fmt::format("NVRTC {} cannot build CUBIN for {} ({}; it stops at {})", n.VersionString(),
+                    g.name, Sm(cc), Sm(MaxArch(n.archs)));
+    const std::string install = fmt::format("Install {} ({}).", NvrtcForArch(cc), kInstallNvrtc);
+    auto target = jit::SelectTargetForDevice(cc, n.archs, n.version(), d.version);
+    if (target.ok()) {
+      out.push_back(
+          {id, Status::kWarn,
+           fmt::format("{}; kernels fall back to {} PTX, which the driver (CUDA {}) JIT-compiles "
+                       "at load: slower first launch, no {}-specific features",
+                       lacks, target->ToString(), CudaVersionText(d.version), Sm(cc)),
+           install});
+      continue;
+    }
+    int lower = 0;
+    for (int a : n.archs) {
+      if (a < cc) lower = std::max(lower, a);
+    }
+    if (lower == 0) {
+      out.push_back({id, Status::kFail,
+                     fmt::format("{}, nor PTX for any lower arch: kjit cannot run on this GPU",
+                                 lacks),
+                     fmt::format("Install an NVRTC that supports {} (an older CUDA toolkit for "
+                                 "an older GPU), and point KJIT_NVRTC_PATH at it.",
+                                 Sm(cc))});
+      continue;
+    }
+    out.push_back(
+        {id, Status::kFail,
+         fmt::format("{}, and its compute_{} PTX would be refused by the older driver (CUDA {} < "
+                     "NVRTC {}) with CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+                     lacks, lower, CudaVersionText(d.version), n.VersionString()),
+         fmt::format("{} Or upgrade the driver to one for CUDA {} or newer (R{}+), so that the "
+                     "PTX fallback loads.",
+                     install, n.VersionString(), MinimumDriverForCudaMajor(n.major))});
+  }
+}
+
+void DiagnoseCompat(const DoctorFacts& f, std::vector<Finding>& out) {
+  const NvrtcFacts& n = f.nvrtc;
+  const DriverFacts& d = f.driver;
+  if (!n.loaded || !d.ok() || d.version == 0) return;
+  const int driver_major = d.version / 1000;
+  const std::string min_driver = MinimumDriverForCudaMajor(n.major);
+  const std::string min_text = min_driver.empty() ? "" : " (R" + min_driver + "+)";
+  if (driver_major < n.major) {
+    out.push_back(
+        {"compat.min_driver", Status::kFail,
+         fmt::format("NVRTC {} needs a driver for CUDA {}.x{}, but this driver supports only CUDA "
+                     "{}: its kernels will not load (neither CUBIN nor PTX crosses a major "
+                     "version)",
+                     n.VersionString(), n.major, min_text, CudaVersionText(d.version)),
+         fmt::format("Upgrade the NVIDIA driver to R{} or newer (in a container: the host's "
+                     "driver; datacenter GPUs can use the cuda-compat-{} package), or use a CUDA "
+                     "{}.x NVRTC through KJIT_NVRTC_PATH.",
+                     min_driver.empty() ? "?" : min_driver, n.major, driver_major)});
+  } else {
+    out.push_back({"compat.min_driver", Status::kOk,
+                   fmt::format("the driver supports CUDA {}, enough for NVRTC {} (CUDA {}.x "
+                               "needs a driver for {}.0{})",
+                               CudaVersionText(d.version), n.VersionString(), n.major, n.major,
+                               min_text),
+                   ""});
+  }
+  if (d.version < n.version()) {
+    // Which GPUs would need PTX (the CUBIN-less ones) is target.gpu.N's business; here the
+    // general rule.
+    out.push_back(
+        {"compat.ptx", Status::kWarn,
+         fmt::format("NVRTC {} is newer than the driver (CUDA {}): PTX it emits is refused with "
+                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION; kjit builds CUBIN, which still loads "
+                     "within the same major version",
+                     n.VersionString(), CudaVersionText(d.version)),
+         fmt::format("Upgrade the driver to one for CUDA {} or newer{}, or use an NVRTC no newer "
+                     "than CUDA {} (KJIT_NVRTC_PATH); until then never ask for compute_XY (PTX) "
+                     "targets.",
+                     n.VersionString(), min_text, CudaVersionText(d.version))});
+  } else {
+    out.push_back({"compat.ptx", Status::kOk,
+                   fmt::format("the driver (CUDA {}) is at least as new as NVRTC {}: both CUBIN "
+                               "and PTX load",
+                               CudaVersionText(d.version), n.VersionString()),
+                   ""});
+  }
+}
+
+// --- compile and launch ---------------------------------------------------------------------------
+
+void DiagnoseCompiles(const DoctorFacts& f, std::vector<Finding>& out) {
+  if (!f.nvrtc.loaded) return;
+  for (const CompileFacts& c : f.compiles) {
+    const std::string id = "compile." + c.target;
+    if (c.ok) {
+      out.push_back({id, Status::kOk,
+                     fmt::format("RMSNorm (hidden 4096, bf16) compiled for {}: {}, {:.2f} s",
+                                 c.target, Bytes(c.code_bytes), c.seconds),
+                     ""});
+      continue;
+    }
+    std::string fix;
+    auto parsed = jit::ParseTarget(c.target);
+    if (parsed.ok() && !HasArch(f.nvrtc.archs, parsed->arch)) {
+      fix = fmt::format("This NVRTC does not support {}: install {} ({}), or drop {} from "
+                        "--arch.",
+                        Sm(parsed->arch), NvrtcForArch(parsed->arch), kInstallNvrtc, c.target);
+    } else {
+      fix = "NVRTC itself failed on a kjit kernel: check that KJIT_NVRTC_PATH / the libnvrtc "
+            "found matches its libnvrtc-builtins (same toolkit), then report it with the output "
+            "of `kjit doctor --json`.";
+    }
+    out.push_back({id, Status::kFail,
+                   fmt::format("RMSNorm (hidden 4096, bf16) failed to compile for {}: {}",
+                               c.target, OneLine(FirstLine(c.error))),
+                   fix});
+  }
+}
+
+void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
+  if (!f.driver.ok()) return;
+  for (const LaunchFacts& l : f.launches) {
+    const std::string id = fmt::format("launch.gpu.{}", l.ordinal);
+    switch (l.state) {
+      case LaunchFacts::State::kOk:
+        out.push_back({id, Status::kOk,
+                       fmt::format("RMSNorm forward ran on GPU {} ({}): {}", l.ordinal, l.target,
+                                   OneLine(l.detail)),
+                       ""});
+        break;
+      case LaunchFacts::State::kNotAttempted:
+        out.push_back({id, Status::kWarn,
+                       fmt::format("no test launch on GPU {}: {}", l.ordinal, OneLine(l.detail)),
+                       "Resolve the FAIL findings above, then run `kjit doctor` again."});
+        break;
+      case LaunchFacts::State::kError: {
+        std::string fix;
+        if (l.detail.find("CUDA_ERROR_UNSUPPORTED_PTX_VERSION") != std::string::npos) {
+          fix = fmt::format("The driver is older than NVRTC {}: upgrade the driver (R{}+), or "
+                            "install an NVRTC that builds CUBIN for this GPU.",
+                            f.nvrtc.VersionString(), MinimumDriverForCudaMajor(f.nvrtc.major));
+        } else if (l.detail.find("wrong result") != std::string::npos) {
+          fix = "The kernel ran but computed wrong values: report it with the output of `kjit "
+                "doctor --json` and `nvidia-smi -q`.";
+        } else {
+          fix = "Check `nvidia-smi` (a GPU in a bad state, out of memory or under MIG limits); "
+                "if it persists, report it with the output of `kjit doctor --json`.";
+        }
+        out.push_back({id, Status::kFail,
+                       fmt::format("the test launch on GPU {} ({}) failed: {}", l.ordinal,
+                                   l.target.empty() ? "no target" : l.target,
+                                   OneLine(FirstLine(l.detail))),
+                       fix});
+        break;
+      }
+    }
+  }
+}
+
+// --- cache -----------------------------------------------------------------------------------------
+
+void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
+  const CacheFacts& c = f.cache;
+  const std::string q = "'" + c.dir + "'";
+  if (!c.config_error.empty()) {
+    out.push_back({"cache.dir", Status::kFail,
+                   fmt::format("the cache configuration is invalid: {}", OneLine(c.config_error)),
+                   "Fix or unset the variable named (KJIT_CACHE_MAX_BYTES takes a whole number of "
+                   "bytes, 0 for no cap); until then every kjit runtime fails to start."});
+    return;
+  }
+  if (c.dir.empty()) {
+    out.push_back({"cache.dir", Status::kFail,
+                   "no cache directory: KJIT_CACHE_DIR, XDG_CACHE_HOME and HOME are unset and the "
+                   "password database has no home directory",
+                   "Set KJIT_CACHE_DIR to a directory of your own (e.g. export "
+                   "KJIT_CACHE_DIR=/tmp/kjit-$UID)."});
+    return;
+  }
+  if (!c.exists) {
+    if (c.create_error.empty()) {
+      out.push_back({"cache.dir", Status::kOk,
+                     fmt::format("{} (from {}) does not exist yet; kjit creates it (mode 0700) on "
+                                 "first use",
+                                 c.dir, c.dir_source),
+                     ""});
+    } else {
+      out.push_back({"cache.dir", Status::kFail,
+                     fmt::format("{} (from {}) does not exist and cannot be created: {}", c.dir,
+                                 c.dir_source, OneLine(c.create_error)),
+                     "Set KJIT_CACHE_DIR to a directory you can create and write."});
+    }
+    return;
+  }
+  if (!c.is_dir) {
+    out.push_back({"cache.dir", Status::kFail,
+                   fmt::format("{} (from {}) exists but is not a directory", c.dir, c.dir_source),
+                   fmt::format("Remove {}, or set KJIT_CACHE_DIR to another directory.", q)});
+    return;
+  }
+  uint64_t bytes = 0;
+  for (const CacheEntryFacts& e : c.entries) bytes += e.bytes;
+  std::string size = c.listed ? fmt::format("{} entries, {}", c.entries.size(), Bytes(bytes))
+                              : std::string("entries not read");
+  if (c.max_bytes > 0) size += fmt::format(" (cap {})", Bytes(c.max_bytes));
+  out.push_back({"cache.dir", Status::kOk, fmt::format("{} (from {}): {}", c.dir, c.dir_source, size),
+                 ""});
+
+  // Permissions: the same rules DiskCache::Open enforces, so doctor fails exactly where kjit would.
+  bool safe = true;
+  if (c.owner_uid != c.euid) {
+    safe = false;
+    out.push_back({"cache.permissions", Status::kFail,
+                   fmt::format("{} is owned by uid {}, not by this user (uid {}): kjit refuses it, "
+                               "since its owner could plant kernels that run on the GPU",
+                               c.dir, c.owner_uid, c.euid),
+                   fmt::format("chown {} {} (as root), or set KJIT_CACHE_DIR to a directory of "
+                               "your own.",
+                               c.euid, q)});
+  } else if ((c.mode & 022) != 0) {
+    safe = false;
+    out.push_back({"cache.permissions", Status::kFail,
+                   fmt::format("{} is writable by {} (mode {:04o}): kjit refuses it, since they "
+                               "could plant kernels that run on the GPU",
+                               c.dir, (c.mode & 002) != 0 ? "other users" : "its group",
+                               c.mode & 07777),
+                   fmt::format("chmod 700 {}, or set KJIT_CACHE_DIR to a directory of your own.",
+                               q)});
+  } else if (!c.writable) {
+    out.push_back({"cache.permissions", Status::kWarn,
+                   fmt::format("{} is not writable ({}): kjit uses it read-only, so kernels "
+                               "compiled now are kept in memory only and recompiled by every "
+                               "process",
+                               c.dir, OneLine(c.not_writable_reason)),
+                   fmt::format("chmod u+w {}, or set KJIT_CACHE_DIR to a writable directory (a "
+                               "prebuilt read-only cache baked into an image is fine as long as "
+                               "it holds the kernels you need).",
+                               q)});
+  } else {
+    out.push_back({"cache.permissions", Status::kOk,
+                   fmt::format("mode {:04o}, owned by this user (uid {}), writable",
+                               c.mode & 07777, c.euid),
+                   ""});
+  }
+  if (!c.listed) return;
+
+  // Stale and corrupt entries.
+  std::map<std::string, int> by_target, by_nvrtc;
+  int stale = 0;
+  std::vector<const CacheEntryFacts*> corrupt;
+  for (const CacheEntryFacts& e : c.entries) {
+    switch (JudgeCacheEntry(e, f)) {
+      case EntryVerdict::kUsable: break;
+      case EntryVerdict::kStaleTarget: ++stale; ++by_target[e.target]; break;
+      case EntryVerdict::kStaleNvrtc: ++stale; ++by_nvrtc[e.nvrtc_version]; break;
+      case EntryVerdict::kCorrupt: corrupt.push_back(&e); break;
+    }
+  }
+  const std::string fix_cmd =
+      c.writable && safe ? "Run `kjit doctor --fix-cache` to remove them"
+                         : "Make the cache writable and safe (see cache.permissions), then run "
+                           "`kjit doctor --fix-cache` to remove them";
+  if (f.nvrtc.loaded) {
+    std::string in_use;
+    for (const std::string& t : TargetsInUse(f)) in_use += (in_use.empty() ? "" : ", ") + t;
+    if (stale == 0) {
+      out.push_back({"cache.stale", Status::kOk,
+                     fmt::format("no stale entries (targets in use: {}; NVRTC {})", in_use,
+                                 f.nvrtc.VersionString()),
+                     ""});
+    } else {
+      std::string why;
+      for (const auto& [t, count] : by_target) {
+        why += fmt::format("{}{} for {}", why.empty() ? "" : ", ", count, t);
+      }
+      for (const auto& [v, count] : by_nvrtc) {
+        why += fmt::format("{}{} from NVRTC {}", why.empty() ? "" : ", ", count,
+                           v.empty() ? "(unknown)" : v);
+      }
+      std::string keep = fix_cmd + ".";
+      if (!by_target.empty()) {
+        // Entries prebuilt for other machines' GPUs stay when their targets are named.
+        std::string all;
+        for (const std::string& t : TargetsInUse(f)) all += (all.empty() ? "" : ",") + t;
+        for (const auto& [t, count] : by_target) all += "," + t;
+        keep = fix_cmd + fmt::format("; to keep entries prebuilt for other GPUs, name their "
+                                     "targets: `kjit doctor --arch {} --fix-cache`.",
+                                     all);
+      }
+      out.push_back(
+          {"cache.stale", Status::kWarn,
+           fmt::format("{} of {} entries can never be used here ({}); in use: {} with NVRTC {}",
+                       stale, c.entries.size(), why, in_use, f.nvrtc.VersionString()),
+           keep});
+    }
+  }
+  if (c.entries.empty()) {
+    out.push_back({"cache.corrupt", Status::kOk, "no entries to check", ""});
+  } else if (corrupt.empty()) {
+    out.push_back({"cache.corrupt", Status::kOk,
+                   fmt::format("all {} entries pass their checksum and metadata checks",
+                               c.entries.size()),
+                   ""});
+  } else {
+    out.push_back({"cache.corrupt", Status::kWarn,
+                   fmt::format("{} entries fail their checks (e.g. {}: {}); kjit never loads "
+                               "them and recompiles instead",
+                               corrupt.size(), corrupt[0]->key, OneLine(corrupt[0]->problem)),
+                   fix_cmd + " (or `kjit cache prune`); repeated corruption points at the disk "
+                             "or a shared filesystem."});
+  }
+}
+
+void DiagnoseCacheFix(const DoctorFacts& f, std::vector<Finding>& out) {
+  const CacheFixFacts& x = f.cache.fix;
+  if (!x.ran) return;
+  if (!x.refused.empty()) {
+    out.push_back({"cache.fix", Status::kFail,
+                   fmt::format("--fix-cache removed nothing: {}", OneLine(x.refused)),
+                   "Fix the cache.dir / cache.permissions findings first, then run `kjit doctor "
+                   "--fix-cache` again."});
+    return;
+  }
+  const std::string removed =
+      fmt::format("--fix-cache removed {} entries ({} stale, {} corrupt)",
+                  x.removed_stale + x.removed_corrupt, x.removed_stale, x.removed_corrupt);
+  if (!x.errors.empty()) {
+    out.push_back({"cache.fix", Status::kFail,
+                   fmt::format("{}; {} could not be removed (e.g. {})", removed, x.errors.size(),
+                               OneLine(x.errors[0])),
+                   fmt::format("Remove them by hand (rm '{}'/<key>.kjit) or check the directory's "
+                               "permissions.",
+                               f.cache.dir)});
+    return;
+  }
+  out.push_back({"cache.fix", Status::kOk, removed, ""});
+}
+
+void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {
+  const TuningFacts& t = f.tuning;
+  if (!t.supported || !t.present) {
+    out.push_back({"tuning", Status::kOk,
+                   "no tuning database: kernels use the built-in heuristic launch configs", ""});
+    return;
+  }
+  std::set<std::string> present;
+  for (const GpuFacts& g : f.driver.gpus) present.insert(g.name);
+  std::vector<std::string> untuned;
+  for (const std::string& name : present) {
+    if (std::find(t.devices.begin(), t.devices.end(), name) == t.devices.end()) {
+      untuned.push_back(name);
+    }
+  }
+  if (!untuned.empty()) {
+    out.push_back({"tuning", Status::kWarn,
+                   fmt::format("the tuning database {} has no results for {} (it has {}); those "
+                               "GPUs use the heuristic configs",
+                               t.path, untuned[0], t.devices.size()),
+                   "Run `kjit-tune` on this machine to tune for its GPUs."});
+    return;
+  }
+  out.push_back({"tuning", Status::kOk,
+                 fmt::format("tuning database {} covers {} device(s)", t.path, t.devices.size()),
+                 ""});
+}
+
+void DiagnoseEnv(const DoctorFacts& f, std::vector<Finding>& out) {
+  const EnvFacts& e = f.env;
+  std::string vars;
+  for (const auto& [k, v] : e.kjit_vars) vars += fmt::format("{}{}={}", vars.empty() ? "" : " ", k, v);
+  std::string msg = vars.empty() ? "no KJIT_* variables set" : vars;
+  msg += e.cuda_visible_devices ? "; CUDA_VISIBLE_DEVICES='" + *e.cuda_visible_devices + "'"
+                                : "; CUDA_VISIBLE_DEVICES unset";
+  if (e.in_container) {
+    msg += fmt::format("; in a container ({})", e.container_hint);
+  } else {
+    msg += "; not in a container";
+  }
+  std::string devs;
+  for (const std::string& d : e.dev_nvidia) devs += (devs.empty() ? "" : " ") + d;
+  msg += devs.empty() ? "; no /dev/nvidia* devices" : "; /dev: " + devs;
+  out.push_back({"env", Status::kOk, msg, ""});
+}
+
+}  // namespace
+
+// --- public ------------------------------------------------------------------------------------------
+
+std::string NvrtcFacts::VersionString() const { return fmt::format("{}.{}", major, minor); }
+
+const char* StatusName(Status s) {
+  switch (s) {
+    case Status::kOk: return "OK";
+    case Status::kWarn: return "WARN";
+    case Status::kFail: return "FAIL";
+  }
+  return "?";
+}
+
+std::string CudaVersionText(int version) {
+  if (version <= 0) return "unknown";
+  return fmt::format("{}.{}", version / 1000, version % 1000 / 10);
+}
+
+std::string MinimumDriverForCudaMajor(int major) {
+  switch (major) {
+    case 11: return "450.80.02";
+    case 12: return "525.60.13";
+    case 13: return "580.65.06";
+  }
+  return "";
+}
+
+std::string FirstCudaForArch(int cc) {
+  static const std::map<int, const char*> kFirst = {
+      {50, "6.0"},  {52, "6.5"},  {53, "6.5"},  {60, "8.0"},  {61, "8.0"},  {62, "8.0"},
+      {70, "9.0"},  {72, "10.0"}, {75, "10.0"}, {80, "11.0"}, {86, "11.1"}, {87, "11.4"},
+      {89, "11.8"}, {90, "11.8"}, {100, "12.8"}, {101, "12.8"}, {103, "12.9"}, {110, "13.0"},
+      {120, "12.8"}, {121, "12.9"}};
+  auto it = kFirst.find(cc);
+  return it == kFirst.end() ? "" : it->second;
+}
+
+std::vector<std::string> TargetsInUse(const DoctorFacts& f) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& t) {
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  };
+  if (f.nvrtc.loaded && f.driver.ok()) {
+    for (const GpuFacts& g : f.driver.gpus) {
+      auto t = jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(),
+                                          f.driver.version);
+      if (t.ok()) add(t->ToString());
+    }
+  }
+  for (const std::string& t : f.arch_targets) add(t);
+  if (f.driver.gpus.empty() && f.arch_targets.empty()) {
+    for (const jit::Target& t : jit::DefaultPrebuildTargets()) add(t.ToString());
+  }
+  return out;
+}
+
+EntryVerdict JudgeCacheEntry(const CacheEntryFacts& e, const DoctorFacts& f) {
+  if (!e.valid) return EntryVerdict::kCorrupt;
+  if (!f.nvrtc.loaded) return EntryVerdict::kUsable;  // nothing to judge against
+  if (e.nvrtc_version != f.nvrtc.VersionString()) return EntryVerdict::kStaleNvrtc;
+  const std::vector<std::string> in_use = TargetsInUse(f);
+  if (std::find(in_use.begin(), in_use.end(), e.target) != in_use.end()) {
+    return EntryVerdict::kUsable;
+  }
+  // An arch-specific CUBIN (sm_90a) a user asked for explicitly runs on its exact arch.
+  if (auto t = jit::ParseTarget(e.target); t.ok() && t->arch_specific) {
+    for (const GpuFacts& g : f.driver.gpus) {
+      if (g.cc() == t->arch) return EntryVerdict::kUsable;
+    }
+  }
+  return EntryVerdict::kStaleTarget;
+}
+
+std::vector<Finding> Diagnose(const DoctorFacts& facts) {
+  std::vector<Finding> out;
+  DiagnoseDriver(facts, out);
+  DiagnoseNvrtc(facts, out);
+  DiagnoseTargets(facts, out);
+  DiagnoseCompat(facts, out);
+  DiagnoseCompiles(facts, out);
+  DiagnoseLaunches(facts, out);
+  DiagnoseCache(facts, out);
+  DiagnoseCacheFix(facts, out);
+  DiagnoseTuning(facts, out);
+  DiagnoseEnv(facts, out);
+  return out;
+}
+
+int ExitCodeFor(const std::vector<Finding>& findings) {
+  for (const Finding& f : findings) {
+    if (f.status == Status::kFail) return 1;
+  }
+  return 0;
+}
+
+std::string FormatText(const std::vector<Finding>& findings) {
+  std::string out;
+  int counts[3] = {0, 0, 0};
+  for (const Finding& f : findings) {
+    ++counts[static_cast<int>(f.status)];
+    const char* tag = f.status == Status::kOk ? "[ OK ]" : f.status == Status::kWarn ? "[WARN]" : "[FAIL]";
+    out += fmt::format("{} {}: {}\n", tag, f.check, f.message);
+    if (!f.fix.empty()) out += fmt::format("       fix: {}\n", f.fix);
+  }
+  out += fmt::format("{} ok, {} warn, {} fail\n", counts[0], counts[1], counts[2]);
+  return out;
+}
+
+std::string FormatJson(const std::vector<Finding>& findings, const std::string& kjit_version) {
+  // Ordered: the document reads in the order the schema lists its fields.
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  int counts[3] = {0, 0, 0};
+  for (const Finding& f : findings) {
+    ++counts[static_cast<int>(f.status)];
+    list.push_back(nlohmann::ordered_json{{"check", f.check},
+                    {"status", StatusName(f.status)},
+                    {"message", f.message},
+                    {"fix", f.fix}});
+  }
+  nlohmann::ordered_json doc = {{"schema", 1},
+                        {"kjit", kjit_version},
+                        {"findings", std::move(list)},
+                        {"summary", {{"ok", counts[0]}, {"warn", counts[1]}, {"fail", counts[2]}}},
+                        {"exit_code", ExitCodeFor(findings)}};
+  // Invalid UTF-8 (a device or path name) is replaced rather than throwing.
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace kjit::tools

@@ -1,0 +1,531 @@
+#include "tools/doctor_probe.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "autotune/host_convert.h"
+#include "autotune/rms_norm_config.h"
+#include "autotune/rms_norm_reference.h"
+#include "jit/cache_entry.h"
+#include "jit/compiler.h"
+#include "jit/disk_cache.h"
+#include "jit/driver.h"
+#include "jit/dynlib.h"
+#include "jit/nvrtc.h"
+#include "jit/target.h"
+#include "runtime/device_buffer.h"
+#include "runtime/rms_norm.h"
+#include "runtime/runtime.h"
+#include "runtime/version.h"
+
+extern char** environ;
+
+namespace kjit::tools {
+
+namespace {
+
+constexpr int64_t kTestHidden = 4096;
+constexpr int64_t kTestRows = 64;
+constexpr DType kTestDType = DType::kBF16;
+constexpr uint64_t kMaxEntryBytes = uint64_t{1} << 30;  // as DiskCache: bigger is not an entry
+
+std::string FirstLine(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
+std::string Msg(const absl::Status& s) { return FirstLine(ToStd(s.message())); }
+std::string OneLineOf(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// libcuda, once cuInit ran, has threads of its own: unloading it would pull the code from under
+// them. Everything the probe loads stays loaded.
+template <typename T>
+const T* KeepLoaded(T value) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  auto owned = std::make_shared<T>(std::move(value));
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(owned);
+  return owned.get();
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The kernel module's release from /proc/driver/nvidia/version ("... Kernel Module  580.65.06 ...").
+std::string DriverRelease() {
+  const std::string text = FirstLine(ReadSmallFile("/proc/driver/nvidia/version"));
+  std::smatch m;
+  static const std::regex kRelease(R"(\b(\d{3,}\.\d+(\.\d+)?)\b)");
+  return std::regex_search(text, m, kRelease) ? m[1].str() : "";
+}
+
+// The test kernel: the RMSNorm program a Llama-sized model uses, in the config the runtime picks.
+absl::StatusOr<jit::Source> TestSource() {
+  const RmsNormSpec spec{.hidden = kTestHidden, .dtype = kTestDType};
+  const autotune::RmsNormConfig config = autotune::DefaultRmsNormConfig(
+      kTestHidden, autotune::MaxVecForHidden(kTestHidden, static_cast<int>(SizeOf(kTestDType))),
+      static_cast<int>(SizeOf(kTestDType)));
+  return RenderRmsNorm(spec, config);
+}
+
+CompileFacts TestCompile(const jit::Nvrtc& nvrtc, const std::string& target_text) {
+  CompileFacts c;
+  c.target = target_text;
+  auto target = jit::ParseTarget(target_text);
+  if (!target.ok()) {
+    c.error = Msg(target.status());
+    return c;
+  }
+  auto source = TestSource();
+  if (!source.ok()) {
+    c.error = Msg(source.status());
+    return c;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto binary = jit::Compile(nvrtc, *source, *target);
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!binary.ok()) {
+    c.error = Msg(binary.status());
+    return c;
+  }
+  c.ok = true;
+  c.code_bytes = binary->code.size();
+  return c;
+}
+
+absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<double>& v, DType t) {
+  const std::vector<unsigned char> bytes = autotune::Encode(v, t);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes.size()));
+  KJIT_RETURN_IF_ERROR(b.Upload(bytes.data(), bytes.size()));
+  return b;
+}
+
+absl::StatusOr<std::vector<double>> Download(const DeviceBuffer& b, DType t) {
+  std::vector<unsigned char> bytes(b.size());
+  KJIT_RETURN_IF_ERROR(b.Download(bytes.data(), bytes.size()));
+  return autotune::Decode(bytes, t);
+}
+
+// RMSNorm forward on `ordinal` through a memory-only runtime (the user's cache is not touched), on
+// random bf16 input, against the fp64 reference. Returns the target it ran and a one-line result;
+// wrong values are an error whose message starts "wrong result".
+absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
+  KJIT_ASSIGN_OR_RETURN(
+      Runtime rt, Runtime::Create({.device = ordinal, .jit = {.use_disk_cache = false}}));
+  const std::string target = rt.target().ToString();
+  KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kTestHidden, .dtype = kTestDType}));
+
+  std::mt19937_64 rng(12345 + ordinal);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](int64_t n, double scale, double offset) {
+    std::vector<double> v(n);
+    for (double& e : v) e = autotune::RoundTo(offset + scale * normal(rng), kTestDType);
+    return v;
+  };
+  const std::vector<double> x = random(kTestRows * kTestHidden, 1.0, 0.0);
+  const std::vector<double> w = random(kTestHidden, 0.1, 1.0);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer x_buf, Upload(rt, x, kTestDType));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer w_buf, Upload(rt, w, kTestDType));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer y_buf,
+                        DeviceBuffer::Create(rt, kTestRows * kTestHidden * SizeOf(kTestDType)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer rstd_buf, DeviceBuffer::Create(rt, kTestRows * sizeof(float)));
+  // NaN everywhere first: an element the kernel does not write fails the check.
+  KJIT_RETURN_IF_ERROR(y_buf.Fill(0xFF));
+  KJIT_RETURN_IF_ERROR(rstd_buf.Fill(0xFF));
+  const RmsNormForwardArgs args{
+      .x = TensorView::Matrix(x_buf.data(), kTestDType, kTestRows, kTestHidden),
+      .weight = TensorView::Vector(w_buf.data(), kTestDType, kTestHidden),
+      .y = TensorView::Matrix(y_buf.data(), kTestDType, kTestRows, kTestHidden),
+      .rstd = TensorView::Vector(rstd_buf.data(), DType::kF32, kTestRows)};
+  KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, args));
+  const jit::Driver& cu = *rt.driver();
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, Download(y_buf, kTestDType));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, Download(rstd_buf, DType::kF32));
+
+  const autotune::RmsNormMath math{.hidden = kTestHidden, .dtype = kTestDType, .eps = 1e-6};
+  const auto ref = autotune::RmsNormForwardReference(math, kTestRows, x, nullptr, w);
+  std::string problems;
+  double worst = 0;
+  for (const auto& [name, r] : autotune::CheckRmsNorm(math, kTestRows, kTestDType,
+                                                      {.y = &y, .rstd = &rstd}, ref, nullptr)) {
+    worst = std::max(worst, r.worst_ratio);
+    if (!r.ok) problems += (problems.empty() ? "" : "; ") + OneLineOf(r.Describe(name));
+  }
+  if (!problems.empty()) {
+    return absl::InternalError(fmt::format("wrong result: {}", problems));
+  }
+  return std::make_pair(
+      target, fmt::format("{}x{} bf16 matches the fp64 reference (worst error {:.2f} of the "
+                          "tolerance)",
+                          kTestRows, kTestHidden, worst));
+}
+
+// Why `dir` (absent) cannot be created, or "" when it can: its nearest existing ancestor must be a
+// directory this user can write.
+std::string CreateError(const std::string& dir) {
+  std::string p = dir;
+  while (true) {
+    const size_t slash = p.rfind('/');
+    if (slash == std::string::npos) return "";  // relative: created under the working directory
+    p = slash == 0 ? "/" : p.substr(0, slash);
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", p);
+      if (::access(p.c_str(), W_OK | X_OK) != 0) {
+        return fmt::format("{}: {}", p, ErrnoText(errno));
+      }
+      return "";
+    }
+    if (errno != ENOENT) return fmt::format("{}: {}", p, ErrnoText(errno));
+    if (p == "/") return "";
+  }
+}
+
+// Reads entries without DiskCache (which refuses unsafe directories): for the counts only.
+std::vector<CacheEntryFacts> ScanEntries(const std::string& dir) {
+  std::vector<CacheEntryFacts> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  static const std::regex kEntryName("^[0-9a-f]{32}\\.kjit$");
+  for (const std::string& name : names) {
+    if (!std::regex_match(name, kEntryName)) continue;
+    CacheEntryFacts e;
+    e.key = name.substr(0, 32);
+    const std::string path = dir + "/" + name;
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) > kMaxEntryBytes) {
+      e.problem = fd < 0 ? ErrnoText(errno) : "not a regular entry file";
+      if (fd >= 0) ::close(fd);
+      out.push_back(std::move(e));
+      continue;
+    }
+    e.bytes = static_cast<uint64_t>(st.st_size);
+    std::string bytes(e.bytes, '\0');
+    size_t got = 0;
+    while (got < bytes.size()) {
+      ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    bytes.resize(got);
+    auto bin = jit::DecodeEntry(bytes);
+    e.valid = bin.ok();
+    if (bin.ok()) {
+      e.target = bin->target.ToString();
+      e.nvrtc_version = bin->nvrtc_version;
+    } else {
+      e.problem = Msg(bin.status());
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string ContainerHint() {
+  struct stat st {};
+  if (::stat("/.dockerenv", &st) == 0) return "/.dockerenv";
+  if (::stat("/run/.containerenv", &st) == 0) return "/run/.containerenv";
+  if (const char* c = std::getenv("container"); c != nullptr && *c != '\0') {
+    return fmt::format("container={}", c);
+  }
+  const std::string cgroup = ReadSmallFile("/proc/1/cgroup");
+  for (const char* word : {"kubepods", "docker", "containerd", "libpod", "lxc"}) {
+    if (cgroup.find(word) != std::string::npos) return fmt::format("cgroup: {}", word);
+  }
+  if (std::getenv("KUBERNETES_SERVICE_HOST") != nullptr) return "KUBERNETES_SERVICE_HOST";
+  return "";
+}
+
+}  // namespace
+
+EnvFacts ProbeEnv() {
+  EnvFacts e;
+  for (char** p = environ; p != nullptr && *p != nullptr; ++p) {
+    std::string_view kv = *p;
+    if (!kv.starts_with("KJIT_")) continue;
+    const size_t eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    e.kjit_vars[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+  }
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) e.cuda_visible_devices = v;
+  if (const char* v = std::getenv("LD_LIBRARY_PATH")) e.ld_library_path = v;
+  e.container_hint = ContainerHint();
+  e.in_container = !e.container_hint.empty();
+  if (DIR* d = ::opendir("/dev")) {
+    while (dirent* ent = ::readdir(d)) {
+      if (std::string_view(ent->d_name).starts_with("nvidia")) e.dev_nvidia.emplace_back(ent->d_name);
+    }
+    ::closedir(d);
+    std::sort(e.dev_nvidia.begin(), e.dev_nvidia.end());
+  }
+  return e;
+}
+
+DriverFacts ProbeDriver(const std::vector<std::string>& candidates) {
+  DriverFacts d;
+  d.candidates = candidates;
+  d.release = DriverRelease();
+  auto loaded = jit::Driver::Load(candidates);
+  if (loaded.ok()) {
+    const jit::Driver* cu = KeepLoaded(std::move(*loaded));
+    d.path = cu->path();
+    d.version = cu->version();
+    int count = 0;
+    if (absl::Status s = cu->Check(cu->cuDeviceGetCount(&count), "cuDeviceGetCount"); !s.ok()) {
+      d.error = DriverFacts::Error::kOther;
+      d.message = Msg(s);
+      return d;
+    }
+    if (count == 0) {
+      d.error = DriverFacts::Error::kNoDevice;
+      d.message = "cuDeviceGetCount: 0 devices";
+      return d;
+    }
+    for (int i = 0; i < count; ++i) {
+      auto info = jit::QueryDevice(*cu, i);
+      if (!info.ok()) {
+        d.error = DriverFacts::Error::kOther;
+        d.message = fmt::format("GPU {}: {}", i, Msg(info.status()));
+        return d;
+      }
+      d.gpus.push_back({.ordinal = i,
+                        .name = info->name,
+                        .cc_major = info->cc_major,
+                        .cc_minor = info->cc_minor,
+                        .total_memory = info->total_memory,
+                        .sm_count = info->sm_count});
+    }
+    return d;
+  }
+  d.message = Msg(loaded.status());
+  // Classify by what the library does, not by the message's wording.
+  auto lib = jit::DynLib::Open(candidates);
+  if (!lib.ok()) {
+    d.error = DriverFacts::Error::kMissing;
+    return d;
+  }
+  const jit::DynLib* kept = KeepLoaded(std::move(*lib));
+  d.path = kept->path();
+  using InitFn = CUresult (*)(unsigned);
+  using VersionFn = CUresult (*)(int*);
+  auto init = reinterpret_cast<InitFn>(kept->Symbol("cuInit"));
+  auto version = reinterpret_cast<VersionFn>(kept->Symbol("cuDriverGetVersion"));
+  if (init == nullptr) {
+    d.error = DriverFacts::Error::kOther;
+    return d;
+  }
+  const CUresult r = init(0);
+  if (r == CUDA_ERROR_STUB_LIBRARY) {
+    d.error = DriverFacts::Error::kStub;
+    return d;
+  }
+  int v = 0;
+  if (version != nullptr && version(&v) == CUDA_SUCCESS && v > 0) d.version = v;
+  d.error = r == CUDA_ERROR_NO_DEVICE ? DriverFacts::Error::kNoDevice : DriverFacts::Error::kOther;
+  return d;
+}
+
+namespace {
+
+NvrtcFacts FactsOf(const absl::StatusOr<jit::Nvrtc>& loaded) {
+  NvrtcFacts n;
+  if (!loaded.ok()) {
+    n.error = Msg(loaded.status());
+    return n;
+  }
+  n.loaded = true;
+  n.path = loaded->path();
+  n.major = loaded->version().major;
+  n.minor = loaded->version().minor;
+  n.archs = loaded->supported_archs();
+  return n;
+}
+
+}  // namespace
+
+NvrtcFacts ProbeNvrtc(const std::vector<std::string>& candidates) {
+  return FactsOf(jit::Nvrtc::Load(candidates));
+}
+
+CacheFacts ProbeCache(const std::string& dir_override) {
+  CacheFacts c;
+  c.euid = ::geteuid();
+  auto options = jit::DiskCache::Options::FromEnvironment();
+  if (options.ok()) {
+    c.max_bytes = options->max_bytes;
+  } else {
+    c.config_error = std::string(ToStd(options.status().message()));
+  }
+  if (!dir_override.empty()) {
+    c.dir = dir_override;
+    c.dir_source = "given";
+  } else {
+    c.dir = jit::DiskCache::DefaultDirectory();
+    auto set = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v != nullptr && *v != '\0';
+    };
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    c.dir_source = set("KJIT_CACHE_DIR")             ? "KJIT_CACHE_DIR"
+                   : xdg != nullptr && xdg[0] == '/' ? "XDG_CACHE_HOME"
+                   : set("HOME")                     ? "HOME"
+                                                     : "the password database";
+  }
+  while (c.dir.size() > 1 && c.dir.back() == '/') c.dir.pop_back();
+  if (c.dir.empty()) return c;
+
+  struct stat st {};
+  if (::stat(c.dir.c_str(), &st) != 0) {
+    c.create_error = errno == ENOENT || errno == ENOTDIR ? CreateError(c.dir) : ErrnoText(errno);
+    return c;
+  }
+  c.exists = true;
+  c.is_dir = S_ISDIR(st.st_mode);
+  if (!c.is_dir) return c;
+  c.mode = st.st_mode & 07777;
+  c.owner_uid = st.st_uid;
+  const bool safe = st.st_uid == c.euid && (st.st_mode & 022) == 0;
+  if (safe) {
+    // DiskCache itself decides writability (it tries to create a file): the same answer kjit gets.
+    auto cache = jit::DiskCache::Open({.dir = c.dir, .max_bytes = c.max_bytes});
+    if (cache.ok()) {
+      c.writable = !cache->read_only();
+      c.not_writable_reason = cache->warning();
+      c.listed = true;
+      for (const jit::DiskCache::EntryInfo& info : cache->List()) {
+        CacheEntryFacts e{.key = info.key, .bytes = info.size_bytes, .valid = info.valid,
+                          .problem = FirstLine(info.problem)};
+        if (info.binary) {
+          e.target = info.binary->target.ToString();
+          e.nvrtc_version = info.binary->nvrtc_version;
+        }
+        c.entries.push_back(std::move(e));
+      }
+      return c;
+    }
+    c.not_writable_reason = Msg(cache.status());
+    return c;
+  }
+  c.writable = ::access(c.dir.c_str(), W_OK | X_OK) == 0;
+  if (!c.writable) c.not_writable_reason = ErrnoText(errno);
+  c.entries = ScanEntries(c.dir);
+  c.listed = true;
+  return c;
+}
+
+void FixCache(DoctorFacts& facts) {
+  CacheFixFacts fix;
+  fix.ran = true;
+  const CacheFacts& c = facts.cache;
+  if (!c.config_error.empty() || c.dir.empty()) {
+    fix.refused = "the cache configuration is invalid (see cache.dir)";
+  } else if (c.exists && !c.is_dir) {
+    fix.refused = fmt::format("{} is not a directory", c.dir);
+  } else if (c.exists && (c.owner_uid != c.euid || (c.mode & 022) != 0)) {
+    fix.refused = fmt::format("{} is not safe (see cache.permissions), so it is not touched", c.dir);
+  } else if (c.exists && !c.writable) {
+    fix.refused = fmt::format("{} is read-only ({})", c.dir, FirstLine(c.not_writable_reason));
+  } else if (c.exists) {
+    for (const CacheEntryFacts& e : c.entries) {
+      const EntryVerdict v = JudgeCacheEntry(e, facts);
+      if (v == EntryVerdict::kUsable) continue;
+      const std::string path = fmt::format("{}/{}.kjit", c.dir, e.key);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {  // ENOENT: another process did it
+        fix.errors.push_back(fmt::format("{}: {}", e.key, ErrnoText(errno)));
+        continue;
+      }
+      ++(v == EntryVerdict::kCorrupt ? fix.removed_corrupt : fix.removed_stale);
+    }
+  }
+  facts.cache = ProbeCache(c.dir_source == "given" ? c.dir : "");
+  facts.cache.fix = std::move(fix);
+}
+
+DoctorFacts GatherFacts(const ProbeOptions& options) {
+  DoctorFacts f;
+  f.kjit_version = VersionString();
+  if (f.kjit_version.starts_with("kjit ")) f.kjit_version.erase(0, 5);
+  f.env = ProbeEnv();
+  f.driver = ProbeDriver(jit::DefaultDriverCandidates());
+  f.arch_targets = options.arch_targets;
+
+  auto nvrtc = jit::Nvrtc::Load(jit::DefaultNvrtcCandidates());
+  f.nvrtc = FactsOf(nvrtc);
+  if (nvrtc.ok()) {
+    for (const std::string& target : TargetsInUse(f)) f.compiles.push_back(TestCompile(*nvrtc, target));
+  }
+
+  for (const GpuFacts& g : f.driver.gpus) {
+    LaunchFacts l;
+    l.ordinal = g.ordinal;
+    if (!f.driver.ok()) {
+      l.detail = "the driver is not usable";
+    } else if (!f.nvrtc.loaded) {
+      l.detail = "NVRTC is not available";
+    } else if (!options.launch) {
+      l.detail = "skipped (--no-launch)";
+    } else {
+      auto target = jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(),
+                                               f.driver.version);
+      const CompileFacts* compiled = nullptr;
+      for (const CompileFacts& c : f.compiles) {
+        if (target.ok() && c.target == target->ToString()) compiled = &c;
+      }
+      if (!target.ok()) {
+        l.detail = "no target kjit can build for this GPU (see target.gpu." +
+                   std::to_string(g.ordinal) + ")";
+      } else if (compiled == nullptr || !compiled->ok) {
+        l.detail = "the test compile for " + target->ToString() + " failed";
+      } else {
+        auto r = LaunchOnce(g.ordinal);
+        if (r.ok()) {
+          l.state = LaunchFacts::State::kOk;
+          l.target = r->first;
+          l.detail = r->second;
+        } else {
+          l.state = LaunchFacts::State::kError;
+          l.target = target->ToString();
+          l.detail = std::string(ToStd(r.status().message()));
+        }
+      }
+    }
+    f.launches.push_back(std::move(l));
+  }
+
+  f.cache = ProbeCache();
+  if (options.fix_cache) FixCache(f);
+  return f;
+}
+
+}  // namespace kjit::tools
