@@ -105,7 +105,11 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     double loss = eps > 0 ? lse - (1 - eps) * xt - eps * (sum_x / V) : lse - xt;
     if (z > 0) loss += z * lse * lse;
     r.row_loss[i] = loss;
-    row_terms[i] = 1 + std::fabs(lse) + std::fabs(xt) + eps * sum_abs_x / V + z * lse * lse;
+    // Options that are off add nothing (0 * Inf would make the tolerance NaN for a row holding
+    // -Inf logits, as masked vocabularies do).
+    row_terms[i] = 1 + std::fabs(lse) + std::fabs(xt);
+    if (eps > 0) row_terms[i] += eps * sum_abs_x / V;
+    if (z > 0) row_terms[i] += z * lse * lse;
 
     if (!with_grad) return;
     double g = 1;

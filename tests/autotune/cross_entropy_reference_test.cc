@@ -149,6 +149,21 @@ TEST(CrossEntropyReferenceTest, NanAndInfRules) {
   EXPECT_EQ(c.grad[3], 0);
 }
 
+// A row with masked (-Inf) classes has a finite loss; its tolerance must be finite too. (An H200 run
+// found the loss tolerance NaN there when label smoothing was off: 0 * Inf.)
+TEST(CrossEntropyReferenceTest, MaskedClassesKeepAFiniteLossTolerance) {
+  const CrossEntropyMath m{.vocab = 4, .dtype = DType::kBF16, .reduction = Reduction::kNone};
+  const std::vector<double> x = {-kInf, 1.0, 2.0, -kInf, 0.5, 1.5, -1.0, 3.0};
+  const auto ref = CrossEntropyReference(m, 2, x, {1, 3}, nullptr, true);
+  ASSERT_TRUE(std::isfinite(ref.loss[0]));
+  for (const auto& [name, r] : CheckCrossEntropy(m, {.loss = &ref.loss, .grad = &ref.grad}, ref)) {
+    EXPECT_TRUE(r.ok) << r.Describe(name);
+  }
+  std::vector<double> loss = ref.loss;
+  loss[0] *= 1 + 1e-3;  // far past fp32 arithmetic error
+  EXPECT_FALSE(CheckCrossEntropy(m, {.loss = &loss}, ref)[0].second.ok);
+}
+
 // The check accepts the reference (and its rounding to the dtype) and rejects an all-zero gradient
 // and outputs pushed just past their tolerance.
 TEST(CrossEntropyReferenceTest, ChecksRejectZeroAndPerturbedOutputs) {
