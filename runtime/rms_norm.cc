@@ -31,9 +31,9 @@ std::string ForwardExpr(const RmsNormSpec& s, const autotune::RmsNormConfig& c) 
                      s.fused_residual ? "true" : "false");
 }
 std::string BackwardExpr(const RmsNormSpec& s, const autotune::RmsNormConfig& c) {
-  return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
+  return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
                      DeviceTypeName(WeightDType(s)), s.hidden, c.backward.threads_per_row,
-                     c.backward.rows_per_block, c.vec, c.backward_rows_per_iter);
+                     c.backward.rows_per_block, c.vec);
 }
 std::string ReduceExpr(const RmsNormSpec& s) {
   return fmt::format("kjit::rms_norm_dw_reduce<{}, {}, {}, {}>", DeviceTypeName(WeightDType(s)),
@@ -75,17 +75,7 @@ absl::Status ValidateConfig(const RmsNormSpec& spec, const autotune::RmsNormConf
         c.vec, spec.hidden));
   }
   KJIT_RETURN_IF_ERROR(CheckRowShape("forward", c.forward));
-  KJIT_RETURN_IF_ERROR(CheckRowShape("backward", c.backward));
-  const int most = autotune::MaxBackwardRowsPerIter(spec.hidden, c.vec,
-                                                    static_cast<int>(SizeOf(spec.dtype)), c.backward);
-  if (c.backward_rows_per_iter < 1 || c.backward_rows_per_iter > most ||
-      (c.backward_rows_per_iter & (c.backward_rows_per_iter - 1)) != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "config.backward_rows_per_iter: {} must be a power of two from 1 to {} for this shape "
-        "(the rows must fit in registers)",
-        c.backward_rows_per_iter, most));
-  }
-  return absl::OkStatus();
+  return CheckRowShape("backward", c.backward);
 }
 
 }  // namespace
@@ -144,7 +134,7 @@ struct RmsNormState {
 
   autotune::RmsNormConfig ConfigForVec(int vec) const {
     if (vec == config.vec) return config;
-    return autotune::DefaultRmsNormConfig(spec.hidden, vec, static_cast<int>(SizeOf(spec.dtype)));
+    return autotune::DefaultRmsNormConfig(spec.hidden, vec);
   }
 };
 
@@ -345,8 +335,7 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
   op->spec = spec;
   const int max_vec = autotune::MaxVecForHidden(
       spec.hidden, static_cast<int>(std::max(SizeOf(spec.dtype), SizeOf(WeightDType(spec)))));
-  op->config = spec.config.value_or(
-      autotune::DefaultRmsNormConfig(spec.hidden, max_vec, static_cast<int>(SizeOf(spec.dtype))));
+  op->config = spec.config.value_or(autotune::DefaultRmsNormConfig(spec.hidden, max_vec));
   kjit::RmsNorm norm(state_, op);
   if (!state_->compile_only) {
     // Build and load the common case now so that errors surface here, not in the first launch.

@@ -68,38 +68,25 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-// Sums over the kWidth threads that share one row, for N values at once (one reduction for several
-// rows). kWidth <= 32: lanes of one warp, no barrier. kWidth > 32 (a multiple of 32, one row per
-// block): warps, then shared memory; `smem` holds 32 * N floats and every thread of the block must
-// call it. Deterministic: a fixed tree. Every thread gets the totals.
-template <int kWidth, int N>
-__device__ __forceinline__ void row_sums(float (&v)[N], float* smem) {
+// Sum over the kWidth threads that share one row. kWidth <= 32: lanes of one warp, no barrier.
+// kWidth > 32 (a multiple of 32, one row per block): warps, then shared memory; `smem` holds 32
+// floats and every thread of the block must call it. Deterministic: a fixed tree.
+template <int kWidth>
+__device__ __forceinline__ float row_sum(float v, float* smem) {
   if constexpr (kWidth <= 32) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) v[n] = group_sum<kWidth>(v[n]);
+    return group_sum<kWidth>(v);
   } else {
     static_assert(kWidth % 32 == 0 && kWidth <= 1024, "row width must be a multiple of 32");
     constexpr int kWarps = kWidth / 32;
+    v = group_sum<32>(v);
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-#pragma unroll
-    for (int n = 0; n < N; ++n) v[n] = group_sum<32>(v[n]);
     __syncthreads();  // smem may still be read by a previous call
-    if (lane == 0) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) smem[n * 32 + warp] = v[n];
-    }
+    if (lane == 0) smem[warp] = v;
     __syncthreads();
-#pragma unroll
-    for (int n = 0; n < N; ++n) v[n] = group_sum<32>(lane < kWarps ? smem[n * 32 + lane] : 0.0f);
+    float total = lane < kWarps ? smem[lane] : 0.0f;
+    return group_sum<32>(total);
   }
-}
-
-template <int kWidth>
-__device__ __forceinline__ float row_sum(float v, float* smem) {
-  float one[1] = {v};
-  row_sums<kWidth, 1>(one, smem);
-  return one[0];
 }
 
 }  // namespace kjit

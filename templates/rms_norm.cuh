@@ -95,25 +95,17 @@ rms_norm_forward(const RmsNormForwardParams p) {
 
 // dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * (offset + w), xhat = x * rstd, plus the
 // residual gradient when given; dw_partial[group] = sum over the group's rows of dy * xhat.
-// The grid strides over rows so that each row group accumulates many rows. Each iteration takes
-// kRowsPerIter rows of the group at once: their loads are all in flight together and their sums
-// share one reduction, so a row costs a fraction of a memory round trip and of a barrier.
-template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, int kVec,
-          int kRowsPerIter>
+// The grid strides over rows so that each row group accumulates many rows.
+template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, int kVec>
 __global__ void __launch_bounds__(kThreads * kRowsPerBlock)
 rms_norm_backward(const RmsNormBackwardParams p) {
   using L = RowLayout<kHidden, kThreads, kVec>;
-  using V = Vec<T, kVec>;
-  constexpr int R = kRowsPerIter;
   // The weight gradient stays in registers when it fits, else accumulates in the group's own
   // partial row (its own columns only, so no other thread touches them).
   constexpr bool kDwInRegisters = L::kIters * kVec <= 32;
-  // dy and x of the R rows stay in registers between the two passes when they fit; else (R == 1,
-  // wide rows) the second pass re-reads them. dy is read before dx overwrites it even in place.
-  constexpr bool kKeep = kKeepRowInRegisters<T, 2 * R * L::kIters, kVec>;
-  static_assert(kKeep || R == 1, "several rows per iteration need the rows in registers");
+  constexpr bool kKeep = kKeepRowInRegisters<T, 2 * L::kIters, kVec>;
   static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
-  __shared__ float smem[32 * R];
+  __shared__ float smem[32];
 
   const int lane = threadIdx.x % kThreads;
   const long long group = static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
@@ -136,60 +128,65 @@ rms_norm_backward(const RmsNormBackwardParams p) {
     }
   }
 
+  using V = Vec<T, kVec>;
+  // Rows that fit in registers are double-buffered: the next row's loads are issued before this
+  // row's reduction, so memory latency overlaps the barrier instead of following it.
   constexpr int kSlots = kKeep ? L::kIters : 1;
-  // Every row group runs the same number of iterations so that block-wide reductions line up.
-  const long long iterations = (p.rows + groups * R - 1) / (groups * R);
-  for (long long i = 0; i < iterations; ++i) {
-    long long row[R];
-    bool live[R];
-    float rstd[R], dot[R];
-    V dy_keep[R][kSlots], x_keep[R][kSlots];
+  V dy_cur[kSlots], x_cur[kSlots], dy_next[kSlots], x_next[kSlots];
+  float rstd_cur = 0.0f, rstd_next = 0.0f;
+  auto load_row = [&](long long row, V (&dyv)[kSlots], V (&xv)[kSlots], float& rstd) {
+    if (row >= p.rows) return;
+    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+    rstd = p.rstd[row];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      row[r] = group + (i * R + r) * groups;
-      live[r] = row[r] < p.rows;
-      rstd[r] = live[r] ? p.rstd[row[r]] : 0.0f;
-      dot[r] = 0.0f;
+    for (int it = 0; it < kSlots; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+        dyv[it] = load_vec<T, kVec>(dy, c);
+        xv[it] = load_vec<T, kVec>(x, c);
+      }
     }
+  };
+  if constexpr (kKeep) load_row(group, dy_cur, x_cur, rstd_cur);
+
+  // Every row group runs the same number of iterations so that block-wide reductions line up.
+  const long long iterations = (p.rows + groups - 1) / groups;
+  for (long long i = 0; i < iterations; ++i) {
+    const long long row = group + i * groups;
+    const bool live = row < p.rows;
+    if constexpr (kKeep) load_row(row + groups, dy_next, x_next, rstd_next);
+    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+    const float rstd = kKeep ? rstd_cur : (live ? p.rstd[row] : 0.0f);
+
+    float dot = 0.0f;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const T* dy = static_cast<const T*>(p.dy) + row[r] * p.dy_stride;
-      const T* x = static_cast<const T*>(p.x) + row[r] * p.x_stride;
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (live && c < kHidden) {
+        const V dyv = kKeep ? dy_cur[kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
+        const V xv = kKeep ? x_cur[kKeep ? it : 0] : load_vec<T, kVec>(x, c);
+        const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
 #pragma unroll
-      for (int it = 0; it < L::kIters; ++it) {
-        const int c = L::col(lane, it);
-        if (live[r] && c < kHidden) {
-          const V dyv = load_vec<T, kVec>(dy, c);
-          const V xv = load_vec<T, kVec>(x, c);
-          if constexpr (kKeep) {
-            dy_keep[r][it] = dyv;
-            x_keep[r][it] = xv;
-          }
-          const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            const float g = to_float(dyv.v[k]) * (p.weight_offset + to_float(wv.v[k]));
-            dot[r] += g * to_float(xv.v[k]) * rstd[r];
-          }
+        for (int k = 0; k < kVec; ++k) {
+          const float g = to_float(dyv.v[k]) * (p.weight_offset + to_float(wv.v[k]));
+          dot += g * to_float(xv.v[k]) * rstd;
         }
       }
     }
-    row_sums<kThreads, R>(dot, smem);
+    const float mean_dot = row_sum<kThreads>(dot, smem) / kHidden;
 
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (!live[r]) continue;
-      const float mean_dot = dot[r] / kHidden;
-      const T* dy = static_cast<const T*>(p.dy) + row[r] * p.dy_stride;
-      const T* x = static_cast<const T*>(p.x) + row[r] * p.x_stride;
-      T* dx = static_cast<T*>(p.dx) + row[r] * p.dx_stride;
-      const T* dres = static_cast<const T*>(p.dresidual) + row[r] * p.dresidual_stride;
+    if (live) {
+      T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
+      const T* dres = static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
 #pragma unroll
       for (int it = 0; it < L::kIters; ++it) {
         const int c = L::col(lane, it);
         if (c >= kHidden) continue;
-        const V dyv = kKeep ? dy_keep[r][kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
-        const V xv = kKeep ? x_keep[r][kKeep ? it : 0] : load_vec<T, kVec>(x, c);
+        // Without registers to spare, re-read; dy is read before dx overwrites it even in place.
+        const V dyv = kKeep ? dy_cur[kKeep ? it : 0] : load_vec<T, kVec>(dy, c);
+        const V xv = kKeep ? x_cur[kKeep ? it : 0] : load_vec<T, kVec>(x, c);
         const Vec<W, kVec> wv = load_vec<W, kVec>(w, c);
         V dres_v;
         if (p.dresidual != nullptr) dres_v = load_vec<T, kVec>(dres, c);
@@ -197,8 +194,8 @@ rms_norm_backward(const RmsNormBackwardParams p) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const float d = to_float(dyv.v[k]);
-          const float xhat = to_float(xv.v[k]) * rstd[r];
-          float g = rstd[r] * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
+          const float xhat = to_float(xv.v[k]) * rstd;
+          float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
           if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
           out.v[k] = from_float<T>(g);
           if constexpr (kDwInRegisters) {
@@ -209,6 +206,14 @@ rms_norm_backward(const RmsNormBackwardParams p) {
         }
         store_vec<T, kVec>(dx, c, out);
       }
+    }
+    if constexpr (kKeep) {
+#pragma unroll
+      for (int it = 0; it < kSlots; ++it) {
+        dy_cur[it] = dy_next[it];
+        x_cur[it] = x_next[it];
+      }
+      rstd_cur = rstd_next;
     }
   }
   if constexpr (kDwInRegisters) {

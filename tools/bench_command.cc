@@ -159,27 +159,19 @@ absl::StatusOr<nlohmann::json> BenchRmsNorm(
 }
 
 // The heuristic's config, then (when sweeping) every forward row shape with the heuristic's
-// backward, every backward row shape with the heuristic's forward, and fewer backward rows per
-// iteration.
+// backward and every backward row shape with the heuristic's forward.
 std::vector<std::optional<autotune::RmsNormConfig>> RmsNormConfigs(DType dtype, int64_t hidden,
                                                                     bool sweep) {
   std::vector<std::optional<autotune::RmsNormConfig>> out = {std::nullopt};
   if (!sweep) return out;
   const int vec = autotune::MaxVecForHidden(hidden, static_cast<int>(SizeOf(dtype)));
-  const autotune::RmsNormConfig base = autotune::DefaultRmsNormConfig(hidden, vec, static_cast<int>(SizeOf(dtype)));
-  const int elem_bytes = static_cast<int>(SizeOf(dtype));
+  const autotune::RmsNormConfig base = autotune::DefaultRmsNormConfig(hidden, vec);
   for (const autotune::RowShape& s : autotune::RowShapeCandidates(hidden, vec)) {
     autotune::RmsNormConfig f = base, b = base;
     f.forward = s;
     b.backward = s;
-    b.backward_rows_per_iter = autotune::MaxBackwardRowsPerIter(hidden, vec, elem_bytes, s);
     if (!(f == base)) out.push_back(f);
     if (!(b == base)) out.push_back(b);
-  }
-  for (int rows = 1; rows < base.backward_rows_per_iter; rows *= 2) {
-    autotune::RmsNormConfig b = base;
-    b.backward_rows_per_iter = rows;
-    out.push_back(b);
   }
   return out;
 }

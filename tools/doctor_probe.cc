@@ -85,8 +85,7 @@ std::string DriverRelease() {
 absl::StatusOr<jit::Source> TestSource() {
   const RmsNormSpec spec{.hidden = kTestHidden, .dtype = kTestDType};
   const autotune::RmsNormConfig config = autotune::DefaultRmsNormConfig(
-      kTestHidden, autotune::MaxVecForHidden(kTestHidden, static_cast<int>(SizeOf(kTestDType))),
-      static_cast<int>(SizeOf(kTestDType)));
+      kTestHidden, autotune::MaxVecForHidden(kTestHidden, static_cast<int>(SizeOf(kTestDType))));
   return RenderRmsNorm(spec, config);
 }
 

@@ -20,7 +20,7 @@ TEST(RmsNormConfigTest, DefaultShapesAreValidForEveryHidden) {
   for (int64_t hidden = 1; hidden <= 65536; hidden = hidden * 3 / 2 + 1) {
     for (int vec : {1, 2, 4, 8}) {
       if (hidden % vec) continue;
-      const RmsNormConfig c = DefaultRmsNormConfig(hidden, vec, 2);
+      const RmsNormConfig c = DefaultRmsNormConfig(hidden, vec);
       for (const RowShape& s : {c.forward, c.backward}) {
         const int t = s.threads_per_row;
         const bool warp_group = t <= 32 && (t & (t - 1)) == 0;
@@ -39,8 +39,8 @@ TEST(RmsNormConfigTest, DefaultShapesAreValidForEveryHidden) {
 }
 
 TEST(RmsNormConfigTest, LlamaHiddenGetsWideVectorsAndOneRowPerBlock) {
-  const RmsNormConfig c = DefaultRmsNormConfig(4096, 8, 2);
-  EXPECT_EQ(c.ToString(), "vec=8 fwd=256x1 bwd=512x1x4");
+  const RmsNormConfig c = DefaultRmsNormConfig(4096, 8);
+  EXPECT_EQ(c.ToString(), "vec=8 fwd=256x1 bwd=512x1");
 }
 
 TEST(RmsNormConfigTest, CandidatesAreValidAndIncludeTheDefault) {
@@ -57,7 +57,7 @@ TEST(RmsNormConfigTest, CandidatesAreValidAndIncludeTheDefault) {
     }
   }
   const auto shapes = RowShapeCandidates(4096, 8);
-  const RowShape llama_forward = DefaultRmsNormConfig(4096, 8, 2).forward;
+  const RowShape llama_forward = DefaultRmsNormConfig(4096, 8).forward;
   EXPECT_NE(std::find(shapes.begin(), shapes.end(), llama_forward), shapes.end());
 }
 

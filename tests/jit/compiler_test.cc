@@ -36,7 +36,7 @@ TEST(CompilerTest, RmsNormCompilesForEveryDtypeAndTarget) {
       for (DType w : {t, DType::kF32}) {
         RmsNormSpec spec{.hidden = 4096, .dtype = t, .weight_dtype = w};
         const int vec = autotune::MaxVecForHidden(4096, static_cast<int>(std::max(SizeOf(t), SizeOf(w))));
-        auto src = RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(4096, vec, static_cast<int>(SizeOf(t))));
+        auto src = RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(4096, vec));
         ASSERT_TRUE(src.ok()) << src.status();
         auto bin = jit::Compile(nvrtc, *src, target);
         ASSERT_TRUE(bin.ok()) << arch << " " << Name(t) << "/" << Name(w) << ": " << bin.status();
@@ -63,7 +63,7 @@ TEST(CompilerTest, EveryOptionAndOddShapeCompiles) {
                        .casting = (bits & 1) ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
                        .fused_residual = (bits & 2) != 0};
       for (int vec : {1, autotune::MaxVecForHidden(hidden, 2)}) {
-        auto src = RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(hidden, vec, 2));
+        auto src = RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(hidden, vec));
         ASSERT_TRUE(src.ok()) << src.status();
         auto bin = jit::Compile(nvrtc, *src, target);
         ASSERT_TRUE(bin.ok()) << "hidden=" << hidden << " bits=" << bits << " vec=" << vec << ": "
@@ -74,7 +74,7 @@ TEST(CompilerTest, EveryOptionAndOddShapeCompiles) {
 }
 
 TEST(CompilerTest, PtxTargetGivesPtxText) {
-  auto src = RenderRmsNorm({.hidden = 64}, autotune::DefaultRmsNormConfig(64, 8, 2));
+  auto src = RenderRmsNorm({.hidden = 64}, autotune::DefaultRmsNormConfig(64, 8));
   ASSERT_TRUE(src.ok());
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("compute_90"));
   ASSERT_TRUE(bin.ok()) << bin.status();
@@ -99,7 +99,7 @@ TEST(CompilerTest, CompileErrorCarriesLogOptionsTargetAndParams) {
 }
 
 TEST(CompilerTest, TargetNvrtcLacksIsRefusedBeforeCompiling) {
-  auto src = RenderRmsNorm({.hidden = 64}, autotune::DefaultRmsNormConfig(64, 8, 2));
+  auto src = RenderRmsNorm({.hidden = 64}, autotune::DefaultRmsNormConfig(64, 8));
   ASSERT_TRUE(src.ok());
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_999"));
   ASSERT_FALSE(bin.ok());

@@ -43,7 +43,7 @@ constexpr int64_t kHidden = 64;
 Source SmallSource() {
   RmsNormSpec spec{.hidden = kHidden, .dtype = DType::kBF16};
   absl::StatusOr<Source> src =
-      RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(kHidden, /*vec=*/8, /*elem_bytes=*/2));
+      RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(kHidden, /*vec=*/8));
   EXPECT_TRUE(src.ok()) << src.status();
   return src.ok() ? *src : Source{};
 }

@@ -29,18 +29,18 @@ TEST(RmsNormSpecTest, RejectsBadSpecsNamingTheField) {
 
 TEST(RmsNormSpecTest, RejectsBadConfigs) {
   RmsNormSpec s{.hidden = 4096};
-  s.config = autotune::DefaultRmsNormConfig(4096, 8, 2);
+  s.config = autotune::DefaultRmsNormConfig(4096, 8);
   EXPECT_TRUE(ValidateRmsNormSpec(s).ok());
   s.config->vec = 3;
   ExpectInvalid(ValidateRmsNormSpec(s), "config.vec:");
   s.config->vec = 16;  // 32 bytes of bf16
   ExpectInvalid(ValidateRmsNormSpec(s), "config.vec:");
-  s.config = autotune::DefaultRmsNormConfig(4096, 8, 2);
+  s.config = autotune::DefaultRmsNormConfig(4096, 8);
   s.config->forward = {.threads_per_row = 48, .rows_per_block = 1};
   ExpectInvalid(ValidateRmsNormSpec(s), "config.forward:");
   s.config->forward = {.threads_per_row = 64, .rows_per_block = 2};
   ExpectInvalid(ValidateRmsNormSpec(s), "config.forward:");
-  s.config = autotune::DefaultRmsNormConfig(4096, 8, 2);
+  s.config = autotune::DefaultRmsNormConfig(4096, 8);
   s.config->backward = {.threads_per_row = 16, .rows_per_block = 3};
   ExpectInvalid(ValidateRmsNormSpec(s), "config.backward:");
 }
@@ -48,7 +48,7 @@ TEST(RmsNormSpecTest, RejectsBadConfigs) {
 TEST(RmsNormSpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   auto src = RenderRmsNorm({.hidden = 5120, .dtype = DType::kF16, .weight_dtype = DType::kF32,
                             .casting = RmsNormCasting::kGemma, .fused_residual = true},
-                           autotune::DefaultRmsNormConfig(5120, 4, 2));
+                           autotune::DefaultRmsNormConfig(5120, 4));
   ASSERT_TRUE(src.ok()) << src.status();
   ASSERT_EQ(src->name_expressions.size(), 3u);
   EXPECT_EQ(src->name_expressions[0],
