@@ -1,6 +1,7 @@
 // Loading the CUDA driver and NVRTC at run time, on a machine without a GPU: a missing driver, the
 // toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34) and a missing NVRTC are errors with a fix,
 // never a crash; a compile-only runtime builds kernels without touching a driver.
+#include "tests/test_paths.h"
 #include "jit/driver.h"
 
 #include <unistd.h>
@@ -20,9 +21,6 @@
 #include "runtime/rms_norm.h"
 #include "runtime/runtime.h"
 
-#ifndef KJIT_STUB_LIBCUDA
-#error "KJIT_STUB_LIBCUDA must name the toolkit's stubs/libcuda.so"
-#endif
 
 namespace kjit {
 namespace {
@@ -101,8 +99,8 @@ TEST(DriverTest, EveryCandidateIsTriedAndNamed) {
 }
 
 TEST(DriverTest, StubLibraryIsRecognizedWithTheFix) {
-  ASSERT_TRUE(fs::exists(KJIT_STUB_LIBCUDA)) << KJIT_STUB_LIBCUDA;
-  auto d = jit::Driver::Load({KJIT_STUB_LIBCUDA});
+  ASSERT_TRUE(fs::exists(testing::StubLibcuda())) << testing::StubLibcuda();
+  auto d = jit::Driver::Load({testing::StubLibcuda()});
   ASSERT_FALSE(d.ok()) << "the stub driver must never pass for a real one";
   EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
   const std::string msg = Msg(d.status());
@@ -116,7 +114,7 @@ TEST(DriverTest, StubLibraryIsRecognizedWithTheFix) {
 }
 
 TEST(DriverTest, StubIsFoundAfterAMissingCandidate) {
-  auto d = jit::Driver::Load({"/nonexistent/libcuda.so.1", KJIT_STUB_LIBCUDA});
+  auto d = jit::Driver::Load({"/nonexistent/libcuda.so.1", testing::StubLibcuda()});
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(Msg(d.status()), "CUDA_ERROR_STUB_LIBRARY")) << d.status();

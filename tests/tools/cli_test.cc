@@ -21,6 +21,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/test_paths.h"
+
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
 #endif
@@ -364,15 +366,11 @@ TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
 }
 
 TEST_F(CliTest, BenchWithTheStubDriverFailsCleanly) {
-#ifdef KJIT_STUB_LIBCUDA
-  env_["KJIT_LIBCUDA_PATH"] = KJIT_STUB_LIBCUDA;
+  env_["KJIT_LIBCUDA_PATH"] = kjit::testing::StubLibcuda();
   CliResult r = Run({"bench", "--hidden", "64", "--rows", "4"});
   EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "CUDA_ERROR_STUB_LIBRARY")) << r.Describe();
-#else
-  GTEST_SKIP() << "KJIT_STUB_LIBCUDA is not defined";
-#endif
 }
 
 }  // namespace

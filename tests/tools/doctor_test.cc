@@ -26,13 +26,11 @@
 
 #include "jit/cache_key.h"
 #include "jit/disk_cache.h"
+#include "tests/test_paths.h"
 #include "tools/doctor_probe.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
-#endif
-#ifndef KJIT_STUB_LIBCUDA
-#error "KJIT_STUB_LIBCUDA must name the toolkit's stubs/libcuda.so"
 #endif
 
 extern char** environ;
@@ -46,14 +44,7 @@ bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// The toolkit's stub libcuda: where the build found the toolkit, else where a runtime image keeps it
-// (the GPU machine's toolkit has lib64/ only).
-std::string StubLibcuda() {
-  for (const char* p : {KJIT_STUB_LIBCUDA, "/usr/local/cuda/lib64/stubs/libcuda.so"}) {
-    if (fs::exists(p)) return p;
-  }
-  return KJIT_STUB_LIBCUDA;
-}
+using kjit::testing::StubLibcuda;
 
 std::string Dump(const std::vector<Finding>& findings) { return FormatText(findings); }
 
