@@ -181,24 +181,6 @@ absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::
   return &op.by_vec.emplace(vec, std::move(k)).first->second;
 }
 
-absl::Status Launch(const internal::RuntimeState& rt, CUfunction fn, int64_t grid, int block,
-                    CUstream stream, void* params) {
-  KJIT_RETURN_IF_ERROR(rt.MakeCurrent());
-  void* args[] = {params};
-  return rt.driver->Check(rt.driver->cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1,
-                                                    static_cast<unsigned>(block), 1, 1, 0, stream,
-                                                    args, nullptr),
-                          "cuLaunchKernel");
-}
-
-absl::Status NeedsDevice(const internal::RuntimeState& rt) {
-  if (rt.compile_only) {
-    return absl::FailedPreconditionError(
-        "this runtime is compile-only (no GPU): kernels can be built but not launched");
-  }
-  return absl::OkStatus();
-}
-
 // One block per row: the grid's x dimension bounds the rows, and the counters are 32-bit.
 absl::Status CheckRows(int64_t rows) {
   if (rows > INT_MAX) {
@@ -296,11 +278,7 @@ absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& lo
         "grad: aliases logits with row_stride {} instead of {} (in place needs the same view)",
         grad.row_stride, logits.row_stride));
   }
-  if (internal::PartiallyOverlaps(grad, logits)) {
-    return absl::InvalidArgumentError(
-        "grad: overlaps logits (only exact in-place aliasing is allowed)");
-  }
-  return absl::OkStatus();
+  return internal::CheckNoPartialOverlap("grad", grad, "logits", logits);
 }
 
 }  // namespace
@@ -357,13 +335,13 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
        SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
       {SpanOf("logits", a.logits), SpanOf("targets", a.targets),
        SpanOf("grad_output", a.grad_output)}));
-  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   auto* counters = static_cast<CrossEntropyCounters*>(a.workspace);
   CrossEntropyCountParams c{a.targets.data, rows, s.ignore_index, counters};
-  KJIT_RETURN_IF_ERROR(Launch(*rt_, k->count, 1, kCountThreads, stream, &c));
+  KJIT_RETURN_IF_ERROR(rt_->Launch(k->count, 1, kCountThreads, stream, &c));
 
   float* row_loss = s.reduction == Reduction::kNone
                         ? static_cast<float*>(a.loss.data)
@@ -384,11 +362,11 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   p.counters = counters;
   p.grad = a.grad.data;
   p.grad_stride = a.grad.row_stride;
-  KJIT_RETURN_IF_ERROR(Launch(*rt_, gradient ? k->forward_backward : k->forward, rows,
+  KJIT_RETURN_IF_ERROR(rt_->Launch(gradient ? k->forward_backward : k->forward, rows,
                               k->config.threads, stream, &p));
   if (s.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, counters, static_cast<float*>(a.loss.data)};
-  return Launch(*rt_, k->reduce, 1, kReduceThreads, stream, &r);
+  return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r);
 }
 
 absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardArgs& a) const {
@@ -409,13 +387,13 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
       {SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
       {SpanOf("logits", a.logits), SpanOf("targets", a.targets), SpanOf("lse", a.lse),
        SpanOf("grad_output", a.grad_output)}));
-  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   auto* counters = static_cast<CrossEntropyCounters*>(a.workspace);
   CrossEntropyCountParams c{a.targets.data, rows, s.ignore_index, counters};
-  KJIT_RETURN_IF_ERROR(Launch(*rt_, k->count, 1, kCountThreads, stream, &c));
+  KJIT_RETURN_IF_ERROR(rt_->Launch(k->count, 1, kCountThreads, stream, &c));
   CrossEntropyRowParams p{};
   p.logits = a.logits.data;
   p.logits_stride = a.logits.row_stride;
@@ -430,7 +408,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   p.counters = counters;
   p.grad = a.grad.data;
   p.grad_stride = a.grad.row_stride;
-  return Launch(*rt_, k->backward, rows, k->config.threads, stream, &p);
+  return rt_->Launch(k->backward, rows, k->config.threads, stream, &p);
 }
 
 absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {

@@ -160,44 +160,6 @@ absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::Runti
   return &op.by_vec.emplace(vec, std::move(k)).first->second;
 }
 
-absl::Status Launch(const internal::RuntimeState& rt, CUfunction fn, int64_t grid, int block,
-                    CUstream stream, void* params) {
-  if (grid > 0x7fffffff) {
-    return absl::InvalidArgumentError(fmt::format("rows: {} blocks exceed the grid limit", grid));
-  }
-  KJIT_RETURN_IF_ERROR(rt.MakeCurrent());
-  void* args[] = {params};
-  return rt.driver->Check(rt.driver->cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1,
-                                                    static_cast<unsigned>(block), 1, 1, 0, stream,
-                                                    args, nullptr),
-                          "cuLaunchKernel");
-}
-
-absl::Status NeedsDevice(const internal::RuntimeState& rt) {
-  if (rt.compile_only) {
-    return absl::FailedPreconditionError(
-        "this runtime is compile-only (no GPU): kernels can be built but not launched");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status NoPartialOverlap(const char* a_name, const TensorView& a, const char* b_name,
-                              const TensorView& b) {
-  if (internal::PartiallyOverlaps(a, b)) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: overlaps {} (only exact in-place aliasing is allowed)", a_name, b_name));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status NoOverlap(const char* a_name, const TensorView& a, const char* b_name,
-                       const TensorView& b) {
-  if (!a.empty() && a.data == b.data) {
-    return absl::InvalidArgumentError(fmt::format("{}: must not alias {}", a_name, b_name));
-  }
-  return NoPartialOverlap(a_name, a, b_name, b);
-}
-
 }  // namespace
 
 const RmsNormSpec& RmsNorm::spec() const { return op_->spec; }
@@ -232,17 +194,17 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("residual", a.residual, s.dtype, rows, s.hidden));
     KJIT_RETURN_IF_ERROR(
         internal::CheckMatrix("residual_out", a.residual_out, s.dtype, rows, s.hidden));
-    KJIT_RETURN_IF_ERROR(NoPartialOverlap("residual_out", a.residual_out, "residual", a.residual));
-    KJIT_RETURN_IF_ERROR(NoOverlap("residual_out", a.residual_out, "x", a.x));
-    KJIT_RETURN_IF_ERROR(NoOverlap("y", a.y, "residual_out", a.residual_out));
+    KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("residual_out", a.residual_out, "residual", a.residual));
+    KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("residual_out", a.residual_out, "x", a.x));
+    KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "residual_out", a.residual_out));
   } else if (!a.residual.empty() || !a.residual_out.empty()) {
     return absl::InvalidArgumentError(
         "residual: given, but the op was created without fused_residual");
   }
-  KJIT_RETURN_IF_ERROR(NoPartialOverlap("y", a.y, "x", a.x));
-  KJIT_RETURN_IF_ERROR(NoOverlap("y", a.y, "weight", a.weight));
-  KJIT_RETURN_IF_ERROR(NoOverlap("rstd", a.rstd, "y", a.y));
-  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("y", a.y, "x", a.x));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "weight", a.weight));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "y", a.y));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec = internal::WidestAlignedVec(
       op_->config.vec, {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
@@ -261,7 +223,7 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
   p.rows = rows;
   p.eps = s.eps;
   p.weight_offset = s.weight_offset;
-  return Launch(*rt_, k->forward, CeilDiv(rows, k->config.forward.rows_per_block),
+  return rt_->Launch(k->forward, CeilDiv(rows, k->config.forward.rows_per_block),
                 k->config.forward.block_threads(), stream, &p);
 }
 
@@ -276,11 +238,11 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dw", a.dw, WeightDType(s), 1, s.hidden));
   if (!a.dresidual.empty()) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dresidual", a.dresidual, s.dtype, rows, s.hidden));
-    KJIT_RETURN_IF_ERROR(NoPartialOverlap("dx", a.dx, "dresidual", a.dresidual));
+    KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("dx", a.dx, "dresidual", a.dresidual));
   }
-  KJIT_RETURN_IF_ERROR(NoPartialOverlap("dx", a.dx, "dy", a.dy));
-  KJIT_RETURN_IF_ERROR(NoOverlap("dx", a.dx, "x", a.x));
-  KJIT_RETURN_IF_ERROR(NoOverlap("dw", a.dw, "dx", a.dx));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("dx", a.dx, "dy", a.dy));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "x", a.x));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dx", a.dx));
   if (a.workspace == nullptr) {
     return absl::InvalidArgumentError(fmt::format(
         "workspace: null; pass BackwardWorkspaceBytes(rows) = {} bytes of device memory",
@@ -289,7 +251,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   if (reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
     return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
   }
-  KJIT_RETURN_IF_ERROR(NeedsDevice(*rt_));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec =
       internal::WidestAlignedVec(op_->config.vec, {&a.dy, &a.x, &a.weight, &a.dx, &a.dresidual});
@@ -320,12 +282,12 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   p.rows = rows;
   p.weight_offset = s.weight_offset;
   KJIT_RETURN_IF_ERROR(
-      Launch(*rt_, k->backward, blocks, k->config.backward.block_threads(), stream, &p));
+      rt_->Launch(k->backward, blocks, k->config.backward.block_threads(), stream, &p));
   RmsNormDwReduceParams r{};
   r.dw_partial = p.dw_partial;
   r.partial_rows = blocks * rpb;
   r.dw = a.dw.data;
-  return Launch(*rt_, k->reduce, CeilDiv(s.hidden, kReduceColumns), kReduceColumns * kReduceSlices,
+  return rt_->Launch(k->reduce, CeilDiv(s.hidden, kReduceColumns), kReduceColumns * kReduceSlices,
                 stream, &r);
 }
 

@@ -19,6 +19,28 @@ absl::Status RuntimeState::MakeCurrent() const {
   return driver->Check(driver->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
+absl::Status RuntimeState::NeedsDevice() const {
+  if (compile_only) {
+    return absl::FailedPreconditionError(
+        "this runtime is compile-only (no GPU): kernels can be built but not launched");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstream stream,
+                                  void* params) const {
+  if (grid < 1 || grid > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
+  }
+  KJIT_RETURN_IF_ERROR(MakeCurrent());
+  void* args[] = {params};
+  return driver->Check(driver->cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1,
+                                              static_cast<unsigned>(block), 1, 1, 0, stream, args,
+                                              nullptr),
+                       "cuLaunchKernel");
+}
+
 }  // namespace internal
 
 absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {

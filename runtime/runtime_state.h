@@ -1,6 +1,7 @@
 // Internal: what a Runtime shares with the ops it creates. Not part of the public API.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "jit/driver.h"
@@ -21,6 +22,10 @@ struct RuntimeState {
   ~RuntimeState();
   // Makes the runtime's context current on this thread if another (or none) is; no sync.
   absl::Status MakeCurrent() const;
+  // FailedPrecondition for a compile-only runtime: ops call it after checking their arguments.
+  absl::Status NeedsDevice() const;
+  // Launches a kernel whose only argument is a params struct, on a 1-D grid; no sync.
+  absl::Status Launch(CUfunction fn, int64_t grid, int block, CUstream stream, void* params) const;
 };
 
 }  // namespace kjit::internal

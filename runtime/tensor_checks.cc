@@ -54,6 +54,23 @@ bool PartiallyOverlaps(const TensorView& a, const TensorView& b) {
   return hits(r) || hits(r - s);
 }
 
+absl::Status CheckNoPartialOverlap(std::string_view a_name, const TensorView& a,
+                                   std::string_view b_name, const TensorView& b) {
+  if (PartiallyOverlaps(a, b)) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: overlaps {} (only exact in-place aliasing is allowed)", a_name, b_name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNoOverlap(std::string_view a_name, const TensorView& a, std::string_view b_name,
+                            const TensorView& b) {
+  if (!a.empty() && a.data == b.data) {
+    return absl::InvalidArgumentError(fmt::format("{}: must not alias {}", a_name, b_name));
+  }
+  return CheckNoPartialOverlap(a_name, a, b_name, b);
+}
+
 int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views) {
   int vec = max_vec;
   for (const TensorView* t : views) {

@@ -22,6 +22,14 @@ absl::Status CheckMatrix(std::string_view name, const TensorView& t, DType dtype
 // (in place) where documented and reject partial overlap.
 bool PartiallyOverlaps(const TensorView& a, const TensorView& b);
 
+// InvalidArgument "<a_name>: overlaps <b_name>" when the views partially overlap (exact aliasing
+// passes: in place).
+absl::Status CheckNoPartialOverlap(std::string_view a_name, const TensorView& a,
+                                   std::string_view b_name, const TensorView& b);
+// As above, and exact aliasing is refused too ("<a_name>: must not alias <b_name>").
+absl::Status CheckNoOverlap(std::string_view a_name, const TensorView& a, std::string_view b_name,
+                            const TensorView& b);
+
 // The widest vector width <= max_vec (a power of two) for which every view's pointer and stride
 // allow aligned access of that many elements.
 int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views);
