@@ -48,10 +48,13 @@ absl::Status GpuTimer::FlushL2() {
                    "cuLaunchKernel(l2_flush)");
 }
 
-absl::StatusOr<Timing> GpuTimer::Time(int repeats, const std::function<absl::Status()>& launch) {
+absl::StatusOr<Timing> GpuTimer::Time(int repeats, const std::function<absl::Status()>& launch,
+                                      const std::function<absl::Status()>& prepare) {
+  if (prepare) KJIT_RETURN_IF_ERROR(prepare());
   KJIT_RETURN_IF_ERROR(launch());
   std::vector<double> us;
   for (int i = 0; i < repeats; ++i) {
+    if (prepare) KJIT_RETURN_IF_ERROR(prepare());
     KJIT_RETURN_IF_ERROR(FlushL2());
     KJIT_RETURN_IF_ERROR(cu_.Check(cu_.cuEventRecord(start_, nullptr), "cuEventRecord"));
     KJIT_RETURN_IF_ERROR(launch());

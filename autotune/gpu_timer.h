@@ -33,7 +33,10 @@ class GpuTimer {
   GpuTimer& operator=(const GpuTimer&) = delete;
 
   // `launch` enqueues the work on the default stream; it is run once untimed, then `repeats` times.
-  absl::StatusOr<Timing> Time(int repeats, const std::function<absl::Status()>& launch);
+  // `prepare`, when given, runs before each launch and before the L2 flush, untimed (e.g. restoring
+  // inputs an in-place op overwrote).
+  absl::StatusOr<Timing> Time(int repeats, const std::function<absl::Status()>& launch,
+                              const std::function<absl::Status()>& prepare = nullptr);
 
  private:
   GpuTimer(const jit::Driver& cu) : cu_(cu) {}

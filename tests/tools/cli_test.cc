@@ -357,12 +357,18 @@ TEST_F(CliTest, AutoArchWithoutAGpuBuildsTheDefaultTargets) {
 
 TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
   env_["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
-  CliResult r = Run({"bench", "--hidden", "64", "--rows", "4"});
-  EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
-  EXPECT_EQ(r.exit_code, 1) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "no CUDA driver")) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "fix")) << r.Describe();
-  EXPECT_TRUE(r.out.empty()) << r.Describe();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"bench", "--hidden", "64", "--rows", "4"},
+        std::vector<std::string>{"bench", "--op", "cross_entropy", "--vocab", "1000", "--rows", "4"}}) {
+    CliResult r = Run(args);
+    EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "no CUDA driver")) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "fix")) << r.Describe();
+    EXPECT_TRUE(r.out.empty()) << r.Describe();
+  }
+  CliResult bad = Run({"bench", "--op", "softmax"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.Describe();
 }
 
 TEST_F(CliTest, BenchWithTheStubDriverFailsCleanly) {
