@@ -28,5 +28,6 @@ fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== bench"
   timeout 180 $bin/kjit bench --op rms_norm --output "$out/bench-rms_norm.json" || status=1
+  timeout 240 $bin/kjit bench --op cross_entropy --output "$out/bench-cross_entropy.json" || status=1
 fi
 exit $status
