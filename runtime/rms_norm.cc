@@ -204,6 +204,14 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
   KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("y", a.y, "x", a.x));
   KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "weight", a.weight));
   KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "y", a.y));
+  // The other output/input pairs must be disjoint too (only y = x and residual_out = residual are
+  // in place); empty views pass.
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "x", a.x));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "weight", a.weight));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "residual", a.residual));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "residual_out", a.residual_out));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("residual_out", a.residual_out, "weight", a.weight));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "residual", a.residual));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec = internal::WidestAlignedVec(
@@ -243,6 +251,15 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("dx", a.dx, "dy", a.dy));
   KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "x", a.x));
   KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dx", a.dx));
+  // The other output/input pairs must be disjoint too (only dx = dy and dx = dresidual are in
+  // place); an empty dresidual passes.
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "weight", a.weight));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "rstd", a.rstd));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dy", a.dy));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "x", a.x));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "weight", a.weight));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "rstd", a.rstd));
+  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dresidual", a.dresidual));
   if (a.workspace == nullptr) {
     return absl::InvalidArgumentError(fmt::format(
         "workspace: null; pass BackwardWorkspaceBytes(rows) = {} bytes of device memory",

@@ -1,8 +1,15 @@
 #include "runtime/tensor_checks.h"
 
+#include <cstdint>
+
 #include <fmt/format.h>
 
 namespace kjit::internal {
+
+namespace {
+// Larger than any device allocation; keeps every span computation far from overflow.
+constexpr int64_t kMaxViewBytes = int64_t{1} << 48;
+}  // namespace
 
 absl::Status CheckMatrix(std::string_view name, const TensorView& t, DType dtype, int64_t rows,
                          int64_t cols) {
@@ -28,15 +35,39 @@ absl::Status CheckMatrix(std::string_view name, const TensorView& t, DType dtype
     return absl::InvalidArgumentError(fmt::format(
         "{}: row_stride {} is shorter than the row ({} elements)", name, t.row_stride, t.cols));
   }
+  // Launch grids and the kernels' row counters are 32-bit, and the overlap checks compute each
+  // view's byte span: refuse sizes those cannot hold before anything multiplies them.
+  if (t.rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: rows is {}, more than the {} a launch handles", name, t.rows, INT32_MAX));
+  }
+  int64_t span = 0;
+  if (__builtin_mul_overflow(t.rows - 1, t.row_stride, &span) ||
+      __builtin_add_overflow(span, t.cols, &span) ||
+      __builtin_mul_overflow(span, static_cast<int64_t>(SizeOf(dtype)), &span) ||
+      span > kMaxViewBytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: {} rows of row_stride {} span more than {} bytes (2^48, beyond any device's memory)",
+        name, t.rows, t.row_stride, kMaxViewBytes));
+  }
   return absl::OkStatus();
 }
 
 bool PartiallyOverlaps(const TensorView& a, const TensorView& b) {
   if (a.data == nullptr || b.data == nullptr || a.data == b.data) return false;
+  // The views may not have been checked yet: a span that overflows (huge rows or stride) reaches
+  // the end of the address space instead of wrapping (signed overflow is undefined behaviour).
   auto span = [](const TensorView& t) {
     const auto begin = reinterpret_cast<uintptr_t>(t.data);
-    const auto bytes = static_cast<uintptr_t>(((t.rows - 1) * t.row_stride + t.cols) * SizeOf(t.dtype));
-    return std::pair(begin, begin + bytes);
+    int64_t elems = 0, bytes = 0;
+    uintptr_t end = 0;
+    if (__builtin_mul_overflow(t.rows - 1, t.row_stride, &elems) ||
+        __builtin_add_overflow(elems, t.cols, &elems) ||
+        __builtin_mul_overflow(elems, static_cast<int64_t>(SizeOf(t.dtype)), &bytes) || bytes < 0 ||
+        __builtin_add_overflow(begin, static_cast<uintptr_t>(bytes), &end)) {
+      end = UINTPTR_MAX;
+    }
+    return std::pair(begin, end);
   };
   auto [a0, a1] = span(a);
   auto [b0, b1] = span(b);

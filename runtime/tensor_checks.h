@@ -14,7 +14,8 @@ namespace kjit::internal {
 inline constexpr int64_t kAnyRows = -1;
 
 // data non-null and aligned to its element, dtype as expected, rows >= 1 (or == rows when given),
-// cols as expected, row_stride >= cols.
+// cols as expected, row_stride >= cols, rows <= 2^31-1 and a byte span under 2^48 (so no size
+// computation on the view can overflow).
 absl::Status CheckMatrix(std::string_view name, const TensorView& t, DType dtype, int64_t rows,
                          int64_t cols);
 

@@ -55,7 +55,8 @@ std::string OneLineOf(std::string s) {
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // libcuda, once cuInit ran, has threads of its own: unloading it would pull the code from under
-// them. Everything the probe loads stays loaded.
+// them. Everything the probe loads stays loaded, NVRTC included (unloading it also strands what its
+// static C++ runtime allocated for good, which LeakSanitizer then reports as a leak).
 template <typename T>
 const T* KeepLoaded(T value) {
   static std::mutex mu;
@@ -374,7 +375,10 @@ NvrtcFacts FactsOf(const absl::StatusOr<jit::Nvrtc>& loaded) {
 }  // namespace
 
 NvrtcFacts ProbeNvrtc(const std::vector<std::string>& candidates) {
-  return FactsOf(jit::Nvrtc::Load(candidates));
+  auto loaded = jit::Nvrtc::Load(candidates);
+  NvrtcFacts n = FactsOf(loaded);
+  if (loaded.ok()) KeepLoaded(std::move(*loaded));
+  return n;
 }
 
 CacheFacts ProbeCache(const std::string& dir_override) {
@@ -479,9 +483,10 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
   f.driver = ProbeDriver(jit::DefaultDriverCandidates());
   f.arch_targets = options.arch_targets;
 
-  auto nvrtc = jit::Nvrtc::Load(jit::DefaultNvrtcCandidates());
-  f.nvrtc = FactsOf(nvrtc);
-  if (nvrtc.ok()) {
+  auto loaded = jit::Nvrtc::Load(jit::DefaultNvrtcCandidates());
+  f.nvrtc = FactsOf(loaded);
+  if (loaded.ok()) {
+    const jit::Nvrtc* nvrtc = KeepLoaded(std::move(*loaded));
     for (const std::string& target : TargetsInUse(f)) f.compiles.push_back(TestCompile(*nvrtc, target));
   }
 
