@@ -1,6 +1,7 @@
 // The disk cache is shared by every process of a user and runs what it returns on the GPU, so
 // these tests attack it: corrupt and planted files, writers killed mid-write, processes racing
 // for one key, unsafe or unwritable directories. CPU only; each test gets a fresh mkdtemp root.
+#include "tests/test_support.h"
 #include "jit/disk_cache.h"
 
 #include <fcntl.h>
@@ -31,6 +32,7 @@ namespace {
 
 using std::chrono::milliseconds;
 namespace fs = std::filesystem;
+using kjit::testing::ScopedEnv;
 
 std::string Key(int i) { return fmt::format("{:032x}", 0xc0de0000 + i); }
 
@@ -101,28 +103,6 @@ int WaitChild(pid_t pid) {
   return -1;
 }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 class DiskCacheTest : public ::testing::Test {
  protected:

@@ -1,7 +1,7 @@
 // Loading the CUDA driver and NVRTC at run time, on a machine without a GPU: a missing driver, the
 // toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34) and a missing NVRTC are errors with a fix,
 // never a crash; a compile-only runtime builds kernels without touching a driver.
-#include "tests/test_paths.h"
+#include "tests/test_support.h"
 #include "jit/driver.h"
 
 #include <unistd.h>
@@ -26,6 +26,7 @@ namespace kjit {
 namespace {
 
 namespace fs = std::filesystem;
+using kjit::testing::ScopedEnv;
 
 std::string Msg(const absl::Status& s) { return std::string(ToStd(s.message())); }
 
@@ -33,28 +34,6 @@ bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 class TempDir {
  public:

@@ -21,38 +21,19 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/test_paths.h"
+#include "tests/test_support.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
 #endif
 
-extern char** environ;
 
 namespace kjit::tools {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct CliResult {
-  int exit_code = -1;  // -1 when killed by a signal
-  int signal = 0;
-  std::string out;
-  std::string err;
-  std::string all() const { return out + err; }
-  // For failure messages.
-  std::string Describe() const {
-    return "exit " + std::to_string(exit_code) + (signal ? " signal " + std::to_string(signal) : "") +
-           "\n--- stdout ---\n" + out + "--- stderr ---\n" + err;
-  }
-};
+using testing::CliResult;
+using testing::ReadFile;
 
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -88,52 +69,7 @@ class CliTest : public ::testing::Test {
   }
 
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
-  CliResult Run(const std::vector<std::string>& args) {
-    const std::string out_path = root_ + "/stdout", err_path = root_ + "/stderr";
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string kv = *e;
-      std::string name = kv.substr(0, kv.find('='));
-      if (!env_.count(name)) env_strings.push_back(kv);
-    }
-    for (const auto& [name, value] : env_) {
-      if (!value.empty()) env_strings.push_back(name + "=" + value);
-    }
-    std::vector<std::string> argv_strings = {KJIT_CLI_PATH};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv, envp;
-    for (auto& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-
-    CliResult r;
-    std::fflush(nullptr);
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      ADD_FAILURE() << "fork: " << std::strerror(errno);
-      return r;
-    }
-    if (pid == 0) {
-      int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int in = ::open("/dev/null", O_RDONLY);
-      if (out < 0 || err < 0 || in < 0) ::_exit(126);
-      ::dup2(in, 0);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-    r.out = ReadFile(out_path);
-    r.err = ReadFile(err_path);
-    return r;
-  }
+  CliResult Run(const std::vector<std::string>& args) { return testing::RunKjit(args, env_, root_); }
 
   // Entry files (*.kjit) in the cache directory.
   std::vector<std::string> EntryFiles() const {

@@ -26,14 +26,13 @@
 
 #include "jit/cache_key.h"
 #include "jit/disk_cache.h"
-#include "tests/test_paths.h"
+#include "tests/test_support.h"
 #include "tools/doctor_probe.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
 #endif
 
-extern char** environ;
 
 namespace kjit::tools {
 namespace {
@@ -44,6 +43,7 @@ bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+using kjit::testing::CliResult;
 using kjit::testing::StubLibcuda;
 
 std::string Dump(const std::vector<Finding>& findings) { return FormatText(findings); }
@@ -672,23 +672,6 @@ TEST(DoctorProbe, StaleAndCorruptEntriesAreFoundAndFixed) {
 
 // --- the real binary ---------------------------------------------------------------------------------
 
-struct CliResult {
-  int exit_code = -1;
-  int signal = 0;
-  std::string out, err;
-  std::string Describe() const {
-    return "exit " + std::to_string(exit_code) + (signal ? " signal " + std::to_string(signal) : "") +
-           "\n--- stdout ---\n" + out + "--- stderr ---\n" + err;
-  }
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class DoctorCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -702,50 +685,7 @@ class DoctorCliTest : public ::testing::Test {
   }
 
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
-  CliResult Run(const std::vector<std::string>& args) {
-    const std::string out_path = tmp_.path() + "/stdout", err_path = tmp_.path() + "/stderr";
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string kv = *e;
-      if (!env_.count(kv.substr(0, kv.find('=')))) env_strings.push_back(kv);
-    }
-    for (const auto& [name, value] : env_) {
-      if (!value.empty()) env_strings.push_back(name + "=" + value);
-    }
-    std::vector<std::string> argv_strings = {KJIT_CLI_PATH};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv, envp;
-    for (auto& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    CliResult r;
-    std::fflush(nullptr);
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      ADD_FAILURE() << "fork: " << std::strerror(errno);
-      return r;
-    }
-    if (pid == 0) {
-      int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int in = ::open("/dev/null", O_RDONLY);
-      if (out < 0 || err < 0 || in < 0) ::_exit(126);
-      ::dup2(in, 0);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-    r.out = ReadFile(out_path);
-    r.err = ReadFile(err_path);
-    return r;
-  }
+  CliResult Run(const std::vector<std::string>& args) { return testing::RunKjit(args, env_, tmp_.path()); }
 
   // The line of the text report for `check`, and its fix line ("" when none).
   static std::pair<std::string, std::string> Line(const std::string& text, const std::string& check) {
