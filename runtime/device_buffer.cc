@@ -1,6 +1,10 @@
 #include "runtime/device_buffer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
+
+#include "autotune/host_convert.h"
 
 namespace kjit {
 
@@ -49,6 +53,22 @@ absl::Status DeviceBuffer::Download(void* host, size_t bytes, size_t offset) con
 absl::Status DeviceBuffer::Fill(unsigned char value) const {
   KJIT_RETURN_IF_ERROR(cu_->Check(cu_->cuMemsetD8Async(ptr_, value, bytes_, nullptr), "cuMemsetD8Async"));
   return cu_->Check(cu_->cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+absl::StatusOr<DeviceBuffer> UploadValues(const Runtime& rt, const std::vector<double>& values,
+                                          DType dtype) {
+  const std::vector<unsigned char> bytes = autotune::Encode(values, dtype);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes.size()));
+  KJIT_RETURN_IF_ERROR(b.Upload(bytes.data(), bytes.size()));
+  return b;
+}
+
+absl::StatusOr<std::vector<double>> DownloadValues(const DeviceBuffer& buffer, DType dtype,
+                                                   size_t offset_bytes, size_t bytes) {
+  bytes = std::min(bytes, buffer.size() - std::min(offset_bytes, buffer.size()));
+  std::vector<unsigned char> raw(bytes);
+  KJIT_RETURN_IF_ERROR(buffer.Download(raw.data(), raw.size(), offset_bytes));
+  return autotune::Decode(raw, dtype);
 }
 
 }  // namespace kjit

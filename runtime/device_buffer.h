@@ -8,6 +8,8 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "runtime/runtime.h"
 
@@ -35,5 +37,12 @@ class DeviceBuffer {
   CUdeviceptr ptr_ = 0;
   size_t bytes_ = 0;
 };
+
+// Values (rounded to `dtype`) copied into a new buffer of that dtype, and back.
+absl::StatusOr<DeviceBuffer> UploadValues(const Runtime& rt, const std::vector<double>& values,
+                                          DType dtype);
+absl::StatusOr<std::vector<double>> DownloadValues(const DeviceBuffer& buffer, DType dtype,
+                                                   size_t offset_bytes = 0,
+                                                   size_t bytes = SIZE_MAX);
 
 }  // namespace kjit

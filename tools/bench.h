@@ -1,5 +1,5 @@
-// Shared by the `kjit bench` ops: device buffers from host values, and one report entry per
-// measurement (time, effective bandwidth and its ratio to the copy measured in the same run).
+// Shared by the `kjit bench` ops: one report entry per measurement (time, effective bandwidth and
+// its ratio to the copy measured in the same run), and the benchmark of each op.
 //
 //   KJIT_ASSIGN_OR_RETURN(DeviceBuffer x, UploadValues(rt, values, DType::kBF16));
 //   entries.push_back(BenchEntry({.op = "rms_norm", .pass = "forward", ...}, timing, copy_gbps));
@@ -16,12 +16,6 @@
 #include "runtime/kjit.h"
 
 namespace kjit::tools {
-
-absl::StatusOr<DeviceBuffer> UploadValues(const Runtime& rt, const std::vector<double>& values,
-                                          DType dtype);
-absl::StatusOr<std::vector<double>> DownloadValues(const DeviceBuffer& buffer, DType dtype,
-                                                   size_t offset_bytes = 0,
-                                                   size_t bytes = SIZE_MAX);
 
 struct BenchCase {
   std::string op, pass, shape, config;

@@ -18,15 +18,9 @@ absl::StatusOr<nlohmann::json> BenchRmsNorm(
     const Runtime& rt, autotune::GpuTimer& timer, DType dtype, int64_t hidden, int64_t rows, int repeats,
     double copy_gbps, const std::vector<std::optional<autotune::RmsNormConfig>>& configs) {
   std::mt19937_64 rng(std::random_device{}());
-  std::normal_distribution<double> normal(0.0, 1.0);
-  auto random = [&](int64_t n, double scale, double offset) {
-    std::vector<double> v(n);
-    for (double& e : v) e = autotune::RoundTo(offset + scale * normal(rng), dtype);
-    return v;
-  };
-  const std::vector<double> x = random(rows * hidden, 1.0, 0.0);
-  const std::vector<double> w = random(hidden, 0.1, 1.0);
-  const std::vector<double> dy = random(rows * hidden, 1.0, 0.0);
+  const std::vector<double> x = autotune::RandomValues(rng, rows * hidden, 1.0, 0.0, dtype);
+  const std::vector<double> w = autotune::RandomValues(rng, hidden, 0.1, 1.0, dtype);
+  const std::vector<double> dy = autotune::RandomValues(rng, rows * hidden, 1.0, 0.0, dtype);
   const autotune::RmsNormMath math{.hidden = hidden, .dtype = dtype, .eps = 1e-6};
   const auto ref_f = autotune::RmsNormForwardReference(math, rows, x, nullptr, w);
   const auto ref_b = autotune::RmsNormBackwardReference(math, rows, dy, x, w, nullptr);

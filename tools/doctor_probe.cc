@@ -115,19 +115,6 @@ CompileFacts TestCompile(const jit::Nvrtc& nvrtc, const std::string& target_text
   return c;
 }
 
-absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<double>& v, DType t) {
-  const std::vector<unsigned char> bytes = autotune::Encode(v, t);
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes.size()));
-  KJIT_RETURN_IF_ERROR(b.Upload(bytes.data(), bytes.size()));
-  return b;
-}
-
-absl::StatusOr<std::vector<double>> Download(const DeviceBuffer& b, DType t) {
-  std::vector<unsigned char> bytes(b.size());
-  KJIT_RETURN_IF_ERROR(b.Download(bytes.data(), bytes.size()));
-  return autotune::Decode(bytes, t);
-}
-
 // RMSNorm forward on `ordinal` through a memory-only runtime (the user's cache is not touched), on
 // random bf16 input, against the fp64 reference. Returns the target it ran and a one-line result;
 // wrong values are an error whose message starts "wrong result".
@@ -138,16 +125,10 @@ absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kTestHidden, .dtype = kTestDType}));
 
   std::mt19937_64 rng(12345 + ordinal);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  auto random = [&](int64_t n, double scale, double offset) {
-    std::vector<double> v(n);
-    for (double& e : v) e = autotune::RoundTo(offset + scale * normal(rng), kTestDType);
-    return v;
-  };
-  const std::vector<double> x = random(kTestRows * kTestHidden, 1.0, 0.0);
-  const std::vector<double> w = random(kTestHidden, 0.1, 1.0);
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer x_buf, Upload(rt, x, kTestDType));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer w_buf, Upload(rt, w, kTestDType));
+  const std::vector<double> x = autotune::RandomValues(rng, kTestRows * kTestHidden, 1.0, 0.0, kTestDType);
+  const std::vector<double> w = autotune::RandomValues(rng, kTestHidden, 0.1, 1.0, kTestDType);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer x_buf, UploadValues(rt, x, kTestDType));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer w_buf, UploadValues(rt, w, kTestDType));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer y_buf,
                         DeviceBuffer::Create(rt, kTestRows * kTestHidden * SizeOf(kTestDType)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer rstd_buf, DeviceBuffer::Create(rt, kTestRows * sizeof(float)));
@@ -162,8 +143,8 @@ absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
   KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, args));
   const jit::Driver& cu = *rt.driver();
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, Download(y_buf, kTestDType));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, Download(rstd_buf, DType::kF32));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, DownloadValues(y_buf, kTestDType));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, DownloadValues(rstd_buf, DType::kF32));
 
   const autotune::RmsNormMath math{.hidden = kTestHidden, .dtype = kTestDType, .eps = 1e-6};
   const auto ref = autotune::RmsNormForwardReference(math, kTestRows, x, nullptr, w);
