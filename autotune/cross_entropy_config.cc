@@ -18,41 +18,86 @@ const char* Name(Reduction r) {
 namespace autotune {
 
 std::string CrossEntropyConfig::ToString() const {
-  return fmt::format("vec={} threads={} unroll={}", vec, threads, unroll);
+  return fmt::format("vec={} threads={} unroll={} cluster={}", vec, threads, unroll, cluster);
+}
+
+namespace {
+int64_t Vectors(int64_t vocab, int vec) { return (vocab + vec - 1) / vec; }
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t PowerOfTwoAtLeast(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+// Four loads in flight per thread, or fewer when a thread has fewer vectors to read.
+int DefaultUnroll(int64_t vectors, int threads) {
+  const int64_t per_thread = CeilDiv(vectors, threads);
+  int unroll = 1;
+  while (unroll < 4 && unroll * 2 <= per_thread) unroll *= 2;
+  return unroll;
+}
+// 8 resident vectors (32 registers of 16-byte vectors) per thread: with 512 threads, two blocks
+// share an SM.
+constexpr int kDefaultResidentVectors = 8;
+constexpr int kMaxCluster = 8;  // the portable cluster size
+}  // namespace
+
+int64_t CrossEntropyConfig::ResidentVectors(int64_t vocab) const {
+  if (cluster < 1) return 0;
+  return CeilDiv(vocab / vec, int64_t{threads} * cluster);
+}
+
+bool CrossEntropyConfig::ResidentFits(int64_t vocab, int elem_bytes) const {
+  const int64_t row_registers = CeilDiv(ResidentVectors(vocab) * vec * elem_bytes, 4);
+  return row_registers + kOtherRegisters <= kMaxRegistersPerThread &&
+         int64_t{threads} * (row_registers + kOtherRegisters) <= kRegistersPerSm;
 }
 
 int MaxVecForCrossEntropy(int elem_bytes) { return std::max(1, 16 / elem_bytes); }
 
-namespace {
-int64_t Vectors(int64_t vocab, int vec) { return (vocab + vec - 1) / vec; }
-}  // namespace
-
-CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec) {
+CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch) {
   CrossEntropyConfig c;
   c.vec = vec;
-  // At most 512 threads: the kernels keep to 64 registers, so two blocks share an SM and one
-  // streams while the other reduces.
-  const int64_t wanted = (Vectors(vocab, vec) + 31) / 32;
-  c.threads = 32;
-  while (c.threads < 512 && c.threads < wanted) c.threads *= 2;
-  const int64_t per_thread = (Vectors(vocab, vec) + c.threads - 1) / c.threads;
-  c.unroll = 1;
-  while (c.unroll < 4 && c.unroll * 2 <= per_thread) c.unroll *= 2;
+  const int64_t vectors = Vectors(vocab, vec);
+  const int64_t holders = CeilDiv(vectors, kDefaultResidentVectors);
+  const int64_t cluster = CeilDiv(holders, 512);
+  if (cluster == 1) {
+    c.threads = static_cast<int>(std::max<int64_t>(32, PowerOfTwoAtLeast(holders)));
+    c.cluster = 1;
+  } else if (arch >= kMinClusterArch && PowerOfTwoAtLeast(cluster) <= kMaxCluster) {
+    c.threads = 512;
+    c.cluster = static_cast<int>(PowerOfTwoAtLeast(cluster));
+  } else {
+    // At most 512 threads: the kernels keep to 64 registers, so two blocks share an SM and one
+    // streams while the other reduces.
+    const int64_t wanted = CeilDiv(vectors, 32);
+    c.threads = 32;
+    while (c.threads < 512 && c.threads < wanted) c.threads *= 2;
+    c.cluster = 0;
+  }
+  c.unroll = DefaultUnroll(vectors, c.threads);
   return c;
 }
 
-std::vector<CrossEntropyConfig> CrossEntropyConfigCandidates(int64_t vocab, int vec) {
+std::vector<CrossEntropyConfig> CrossEntropyConfigCandidates(int64_t vocab, int vec, int arch) {
   std::vector<CrossEntropyConfig> out;
   const int64_t vectors = Vectors(vocab, vec);
+  const int max_cluster = arch >= kMinClusterArch ? kMaxCluster : 1;
   for (int threads = 128; threads <= 1024; threads *= 2) {
-    const int64_t per_thread = (vectors + threads - 1) / threads;
+    const int64_t per_thread = CeilDiv(vectors, threads);
     if (per_thread > 256) continue;
     for (int unroll : {1, 2, 4, 8}) {
       if (unroll > 1 && unroll > per_thread) continue;
-      out.push_back({vec, threads, unroll});
+      out.push_back({vec, threads, unroll, 0});
+    }
+    // The fused op issues every load of its share at once: unroll does not apply to it.
+    for (int cluster = 1; cluster <= max_cluster; cluster *= 2) {
+      const CrossEntropyConfig c{vec, threads, DefaultUnroll(vectors, threads), cluster};
+      const int64_t resident = c.ResidentVectors(vocab);
+      if (resident >= 2 && c.ResidentFits(vocab, 16 / vec)) out.push_back(c);
     }
   }
-  const CrossEntropyConfig d = DefaultCrossEntropyConfig(vocab, vec);
+  const CrossEntropyConfig d = DefaultCrossEntropyConfig(vocab, vec, arch);
   if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
   return out;
 }

@@ -1,11 +1,14 @@
 // Launch configurations of the cross-entropy kernels, the heuristic that picks one without tuning,
 // and the loss reduction shared by the op (runtime/cross_entropy.h) and its reference.
 //
-// One block handles one row: `threads` threads stream it in vectors of `vec` elements (16 bytes at
-// most), each thread issuing `unroll` vector loads before it uses them.
+// The forward and backward kernels stream a row with one block: `threads` threads read it in
+// vectors of `vec` elements (16 bytes at most), each thread issuing `unroll` vector loads before it
+// uses them. The fused forward+backward keeps the row in the registers of `cluster` blocks of
+// `threads` (a thread-block cluster when more than one, sm_90 and newer), so it reads each logit
+// once; cluster 0 makes it stream the row twice instead.
 //
-//   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8);
-//   // c.ToString() == "vec=8 threads=512 unroll=4"
+//   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8, /*arch=*/90);
+//   // c.ToString() == "vec=8 threads=512 unroll=4 cluster=4"
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,13 @@ struct CrossEntropyConfig {
   int vec = 1;        // elements per vector access; a power of two, at most 16 bytes
   int threads = 256;  // per row (one row per block): a multiple of 32, at most 1024
   int unroll = 4;     // vector loads in flight per thread: 1, 2, 4 or 8
-  std::string ToString() const;  // "vec=8 threads=1024 unroll=4"
+  int cluster = 0;    // blocks holding one row in the fused op, 1 to 8; 0 streams it twice
+  std::string ToString() const;  // "vec=8 threads=1024 unroll=4 cluster=0"
+  // Vectors of the row each thread of the fused op holds in registers (0 when it streams).
+  int64_t ResidentVectors(int64_t vocab) const;
+  // Whether those fit without spilling: the share's registers + kOtherRegisters within a thread's
+  // 255, and times the threads within an SM's 64K.
+  bool ResidentFits(int64_t vocab, int elem_bytes) const;
   bool operator==(const CrossEntropyConfig&) const = default;
 };
 
@@ -33,13 +42,24 @@ struct CrossEntropyConfig {
 // strides may lower it. The vocab need not be a multiple: the rest of a row is read by scalars.
 int MaxVecForCrossEntropy(int elem_bytes);
 
-// A sound default: threads so that each walks about 32 vectors of a row (32 to 512, so that two
-// blocks fit an SM), and four loads in flight when the row is long enough.
-CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec);
+// Registers a thread of the fused op needs besides its share of the row (measured: about 30).
+constexpr int kOtherRegisters = 32;
+constexpr int kRegistersPerSm = 65536;
+constexpr int kMaxRegistersPerThread = 255;
+// Clusters of more than one block need this compute capability.
+constexpr int kMinClusterArch = 90;
 
-// Every config worth timing for a vocab and vector width: 128 to 1024 threads, unroll 1 to 8, where
-// each thread walks at least one full unroll batch and at most 256 vectors.
-std::vector<CrossEntropyConfig> CrossEntropyConfigCandidates(int64_t vocab, int vec);
+// A sound default for a GPU of compute capability `arch` (e.g. 90): the row resident in at most 8
+// vectors per thread, in one block of up to 512 threads or a cluster of up to 8 such blocks where
+// the GPU has clusters; otherwise streaming, with threads so that each walks about 32
+// vectors of a row (32 to 512, so that two blocks fit an SM) and four loads in flight.
+CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch);
+
+// Every config worth timing for a vocab, vector width (the widest, 16 bytes, for the dtype) and
+// arch: 128 to 1024 threads, unroll 1 to 8 where each thread walks at least one full unroll batch
+// and at most 256 vectors, and every cluster of 1 to 8 blocks that leaves at least 2 resident
+// vectors per thread and fits, or streaming.
+std::vector<CrossEntropyConfig> CrossEntropyConfigCandidates(int64_t vocab, int vec, int arch);
 
 }  // namespace autotune
 }  // namespace kjit

@@ -52,6 +52,7 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   KJIT_CU_LOAD(cuFuncGetAttribute);
   KJIT_CU_LOAD(cuFuncSetAttribute);
   KJIT_CU_LOAD(cuLaunchKernel);
+  KJIT_CU_LOAD(cuLaunchKernelEx);
   KJIT_CU_LOAD(cuOccupancyMaxActiveBlocksPerMultiprocessor);
   KJIT_CU_LOAD(cuMemGetInfo);
   KJIT_CU_LOAD(cuMemAlloc);

@@ -54,6 +54,7 @@ class Driver {
   KJIT_CU_FN(cuFuncGetAttribute);
   KJIT_CU_FN(cuFuncSetAttribute);
   KJIT_CU_FN(cuLaunchKernel);
+  KJIT_CU_FN(cuLaunchKernelEx);
   KJIT_CU_FN(cuOccupancyMaxActiveBlocksPerMultiprocessor);
   KJIT_CU_FN(cuMemGetInfo);
   KJIT_CU_FN(cuMemAlloc);

@@ -1,5 +1,6 @@
 #include "runtime/cross_entropy.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <map>
@@ -51,6 +52,13 @@ std::string ForwardExpr(const CrossEntropySpec& s, const autotune::CrossEntropyC
   return fmt::format("kjit::cross_entropy_forward<{}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
                      Bool(gradient));
 }
+std::string ResidentExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
+  return fmt::format("kjit::cross_entropy_resident<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+                     DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
+                     c.vec, c.cluster, ReductionDeviceName(s.reduction),
+                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
+                     Bool(s.softcap > 0), Bool(s.argmax));
+}
 std::string BackwardExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
   return fmt::format("kjit::cross_entropy_backward<{}>", RowArgs(s, c));
 }
@@ -76,6 +84,16 @@ absl::Status ValidateConfig(const CrossEntropySpec& spec, const autotune::CrossE
   if (c.unroll != 1 && c.unroll != 2 && c.unroll != 4 && c.unroll != 8) {
     return absl::InvalidArgumentError(
         fmt::format("config.unroll: {} must be 1, 2, 4 or 8", c.unroll));
+  }
+  if (c.cluster < 0 || c.cluster > 8) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {} must be 0 (stream the row) or 1 to 8 blocks holding it", c.cluster));
+  }
+  if (!c.ResidentFits(spec.vocab, static_cast<int>(SizeOf(spec.dtype)))) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {} blocks of {} threads would hold {} vectors of a {}-entry row each, "
+        "more than an SM's registers take; use more blocks or fewer threads, or cluster=0",
+        c.cluster, c.threads, c.ResidentVectors(spec.vocab), spec.vocab));
   }
   return absl::OkStatus();
 }
@@ -126,8 +144,10 @@ absl::StatusOr<jit::Source> RenderCrossEntropy(const CrossEntropySpec& spec,
       {"config", config.ToString()},
   };
   // Order matters: CrossEntropyKernels reads them back by position.
-  std::vector<std::string> kernels = {CountExpr(spec), ForwardExpr(spec, config, false),
-                                      ForwardExpr(spec, config, true), BackwardExpr(spec, config)};
+  std::vector<std::string> kernels = {
+      CountExpr(spec), ForwardExpr(spec, config, false),
+      config.cluster > 0 ? ResidentExpr(spec, config) : ForwardExpr(spec, config, true),
+      BackwardExpr(spec, config)};
   if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
   return jit::RenderSource("cross_entropy",
                            {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh"},
@@ -148,13 +168,14 @@ struct CrossEntropyKernels {
 
 struct CrossEntropyState {
   CrossEntropySpec spec;
+  int arch = 0;                         // the compute capability compiled for
   autotune::CrossEntropyConfig config;  // for the widest vector
   std::mutex mu;
   std::map<int, CrossEntropyKernels> by_vec;  // narrower vectors compiled on demand (misaligned views)
 
   autotune::CrossEntropyConfig ConfigForVec(int vec) const {
     if (vec == config.vec) return config;
-    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec);
+    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch);
   }
 };
 
@@ -281,6 +302,39 @@ absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& lo
   return internal::CheckNoPartialOverlap("grad", grad, "logits", logits);
 }
 
+// What every mode does once its arguments are checked: picks the kernels for the widest vector
+// the views allow and launches the count kernel, which fills the workspace's counters.
+absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
+    const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
+    const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace) {
+  const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, vec));
+  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index,
+                            static_cast<CrossEntropyCounters*>(workspace)};
+  KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
+  return k;
+}
+
+// The row kernels' parameters every mode sets; the outputs are left null.
+CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& logits,
+                                const IndexView& targets, const TensorView& grad,
+                                const TensorView& grad_output, void* workspace) {
+  CrossEntropyRowParams p{};
+  p.logits = logits.data;
+  p.logits_stride = logits.row_stride;
+  p.targets = targets.data;
+  p.rows = logits.rows;
+  p.ignore_index = s.ignore_index;
+  p.label_smoothing = s.label_smoothing;
+  p.lse_square_scale = s.lse_square_scale;
+  p.softcap = s.softcap;
+  p.grad_output = static_cast<const float*>(grad_output.data);
+  p.counters = static_cast<const CrossEntropyCounters*>(workspace);
+  p.grad = grad.data;
+  p.grad_stride = grad.row_stride;
+  return p;
+}
+
 }  // namespace
 
 const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
@@ -337,35 +391,21 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
        SpanOf("grad_output", a.grad_output)}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
-  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
-  auto* counters = static_cast<CrossEntropyCounters*>(a.workspace);
-  CrossEntropyCountParams c{a.targets.data, rows, s.ignore_index, counters};
-  KJIT_RETURN_IF_ERROR(rt_->Launch(k->count, 1, kCountThreads, stream, &c));
-
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace));
   float* row_loss = s.reduction == Reduction::kNone
                         ? static_cast<float*>(a.loss.data)
                         : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
-  CrossEntropyRowParams p{};
-  p.logits = a.logits.data;
-  p.logits_stride = a.logits.row_stride;
-  p.targets = a.targets.data;
-  p.rows = rows;
-  p.ignore_index = s.ignore_index;
-  p.label_smoothing = s.label_smoothing;
-  p.lse_square_scale = s.lse_square_scale;
-  p.softcap = s.softcap;
+  CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
   p.row_loss = row_loss;
   p.lse = static_cast<float*>(a.lse.data);
   p.argmax = a.argmax.data;
-  p.grad_output = static_cast<const float*>(a.grad_output.data);
-  p.counters = counters;
-  p.grad = a.grad.data;
-  p.grad_stride = a.grad.row_stride;
-  KJIT_RETURN_IF_ERROR(rt_->Launch(gradient ? k->forward_backward : k->forward, rows,
-                              k->config.threads, stream, &p));
+  const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
+  KJIT_RETURN_IF_ERROR(rt_->Launch(gradient ? k->forward_backward : k->forward,
+                                   rows * blocks_per_row, k->config.threads, stream, &p,
+                                   blocks_per_row));
   if (s.reduction == Reduction::kNone) return absl::OkStatus();
-  CrossEntropyReduceParams r{row_loss, rows, counters, static_cast<float*>(a.loss.data)};
+  CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
   return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r);
 }
 
@@ -389,25 +429,10 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
        SpanOf("grad_output", a.grad_output)}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
-  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
-  auto* counters = static_cast<CrossEntropyCounters*>(a.workspace);
-  CrossEntropyCountParams c{a.targets.data, rows, s.ignore_index, counters};
-  KJIT_RETURN_IF_ERROR(rt_->Launch(k->count, 1, kCountThreads, stream, &c));
-  CrossEntropyRowParams p{};
-  p.logits = a.logits.data;
-  p.logits_stride = a.logits.row_stride;
-  p.targets = a.targets.data;
-  p.rows = rows;
-  p.ignore_index = s.ignore_index;
-  p.label_smoothing = s.label_smoothing;
-  p.lse_square_scale = s.lse_square_scale;
-  p.softcap = s.softcap;
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace));
+  CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
   p.lse_in = static_cast<const float*>(a.lse.data);
-  p.grad_output = static_cast<const float*>(a.grad_output.data);
-  p.counters = counters;
-  p.grad = a.grad.data;
-  p.grad_stride = a.grad.row_stride;
   return rt_->Launch(k->backward, rows, k->config.threads, stream, &p);
 }
 
@@ -415,8 +440,15 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
   auto op = std::make_shared<internal::CrossEntropyState>();
   op->spec = spec;
+  op->arch = state_->target.arch;
+  if (spec.config && spec.config->cluster > 1 && op->arch < autotune::kMinClusterArch) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {} blocks per row need thread-block clusters (sm_{} or newer), the "
+        "target is {}",
+        spec.config->cluster, autotune::kMinClusterArch, state_->target.ToString()));
+  }
   const int max_vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
-  op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(spec.vocab, max_vec));
+  op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(spec.vocab, max_vec, op->arch));
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {
     // Build and load the common case now so that errors surface here, not in the first launch.

@@ -28,17 +28,28 @@ absl::Status RuntimeState::NeedsDevice() const {
 }
 
 absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstream stream,
-                                  void* params) const {
+                                  void* params, int cluster) const {
   if (grid < 1 || grid > 0x7fffffff) {
     return absl::InvalidArgumentError(
         fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
   }
   KJIT_RETURN_IF_ERROR(MakeCurrent());
   void* args[] = {params};
-  return driver->Check(driver->cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1,
-                                              static_cast<unsigned>(block), 1, 1, 0, stream, args,
-                                              nullptr),
-                       "cuLaunchKernel");
+  CUlaunchConfig config{};
+  config.gridDimX = static_cast<unsigned>(grid);
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = static_cast<unsigned>(block);
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = stream;
+  CUlaunchAttribute attribute{};
+  if (cluster > 1) {
+    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attribute.value.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute.value.clusterDim.y = attribute.value.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return driver->Check(driver->cuLaunchKernelEx(&config, fn, args, nullptr), "cuLaunchKernelEx");
 }
 
 }  // namespace internal

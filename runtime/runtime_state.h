@@ -24,8 +24,10 @@ struct RuntimeState {
   absl::Status MakeCurrent() const;
   // FailedPrecondition for a compile-only runtime: ops call it after checking their arguments.
   absl::Status NeedsDevice() const;
-  // Launches a kernel whose only argument is a params struct, on a 1-D grid; no sync.
-  absl::Status Launch(CUfunction fn, int64_t grid, int block, CUstream stream, void* params) const;
+  // Launches a kernel whose only argument is a params struct, on a 1-D grid of 1-D clusters of
+  // `cluster` blocks (1: no cluster); no sync.
+  absl::Status Launch(CUfunction fn, int64_t grid, int block, CUstream stream, void* params,
+                      int cluster = 1) const;
 };
 
 }  // namespace kjit::internal

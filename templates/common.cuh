@@ -37,6 +37,43 @@ template <> __device__ __forceinline__ f16 from_float<f16>(float x) {
   return r;
 }
 
+// Two floats rounded to a 16-bit type with one cvt (sm_80 and newer).
+__device__ __forceinline__ unsigned pack2(float lo, float hi, bf16*) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi, f16*) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// N floats rounded to T: pairs of bf16 or fp16 take one instruction instead of two.
+template <typename T, int N>
+__device__ __forceinline__ void from_floats(const float (&x)[N], T (&out)[N]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (N % 2 == 0 && sizeof(T) == 2) {
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const unsigned packed = pack2(x[k], x[k + 1], static_cast<T*>(nullptr));
+      out[k].bits = static_cast<unsigned short>(packed & 0xffffu);
+      out[k + 1].bits = static_cast<unsigned short>(packed >> 16);
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = from_float<T>(x[k]);
+}
+
+// 2^x in one MUFU instruction; results below 2^-126 flush to 0 (exp2f adds a rescale for them).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Rounds through T and back: what storing a value in T and reading it again gives.
 template <typename T> __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));
@@ -87,6 +124,31 @@ __device__ __forceinline__ float row_sum(float v, float* smem) {
     float total = lane < kWarps ? smem[lane] : 0.0f;
     return group_sum<32>(total);
   }
+}
+
+// Thread-block clusters (sm_90 and newer): the blocks of a cluster run at once on one GPU
+// processing cluster and can read each other's shared memory. Only kernels instantiated for a
+// cluster of more than one block call these, and those are compiled for sm_90 or newer only.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// arrive (release) + wait (acquire): shared-memory writes made before a block's arrive are seen by
+// every block of the cluster after its wait. Every thread of every block must take part.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The address of the same shared variable in another block of the cluster; an ordinary (generic)
+// pointer, read with ordinary loads.
+template <typename U>
+__device__ __forceinline__ const U* in_cluster_block(const U* p, unsigned rank) {
+  unsigned long long out;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+  return reinterpret_cast<const U*>(out);
 }
 
 }  // namespace kjit

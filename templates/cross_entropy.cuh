@@ -1,20 +1,23 @@
 // Fused cross-entropy over a large vocabulary: loss, lse, argmax and the gradient without any
 // [rows x vocab] temporary, specialized for one vocab size, dtype, launch shape and option set.
 //
-// One block per row. Pass 1 streams the row once: an online softmax in fp32 (each thread keeps a
-// running max m and sum s = sum 2^(x*log2e - m); the max is raised before s is rescaled), plus the
-// sum of logits (label smoothing) and the argmax when asked; the per-thread states are combined in a
-// fixed tree, lse = (m + log2 s) * ln2. The target logit is one direct load. Pass 2 (the fused
-// backward) reads the row again, usually from L2, and writes
+// Pass 1 reads the row once: an online softmax in fp32 (each thread keeps a running max m and sum
+// s = sum 2^(x*log2e - m); the max is raised before s is rescaled), plus the sum of logits (label
+// smoothing) and the argmax when asked; the per-thread states are combined in a fixed tree,
+// lse = (m + log2 s) * ln2. The target logit is one direct load. Pass 2 writes
 //   grad = scale * (p * (1 + 2 z lse) - eps/V - (1 - eps) * onehot) [* (1 - tanh^2(x / cap))]
 // in fp32 with a single rounding to the logits' dtype, so p - 1 near p = 1 does not cancel in bf16.
-// The backward kernel does pass 2 alone from a saved lse. Ignored rows (target == ignore_index, or
-// out of [0, vocab), which the count kernel also counts) get loss 0 and a zero gradient and are not
-// read unless lse or argmax is wanted. The count kernel runs first and stores the number of valid
-// rows, which the mean divides by; the reduce kernel sums the per-row losses in a fixed order.
 //
-//   kjit::cross_entropy_forward<kjit::bf16, long long, 128256, 512, 8, 4, kjit::kCeMean,
-//                               false, false, false, false, true>   // loss and gradient
+// cross_entropy_forward streams the row with one block (and, fused, reads it again for pass 2);
+// cross_entropy_resident keeps the row in the registers of one block or of a cluster of blocks, so
+// that the fused op reads each logit once; cross_entropy_backward is pass 2 alone from a saved lse.
+// Ignored rows (target == ignore_index, or out of [0, vocab), which the count kernel also counts)
+// get loss 0 and a zero gradient and are not read unless lse or argmax is wanted. The count kernel
+// runs first and stores the number of valid rows, which the mean divides by; the reduce kernel
+// sums the per-row losses in a fixed order.
+//
+//   kjit::cross_entropy_resident<kjit::bf16, long long, 128256, 512, 8, /*cluster=*/4,
+//                                kjit::kCeMean, false, false, false, false>  // loss and gradient
 #pragma once
 
 #include "common.cuh"
@@ -34,20 +37,22 @@ __device__ __forceinline__ bool target_is_valid(long long t, long long ignore_in
   return t != ignore_index && t >= 0 && t < kVocab;
 }
 
-// How a row is split: kBody vectors of kVec elements dealt round-robin to the threads (coalesced),
-// then kTail < kVec scalars, one each for the first threads.
-template <int kVocabSize, int kThreadCount, int kVecWidth, int kUnrollDepth>
+// How a row is split over the kRowThreads threads that share it (one block, or every block of a
+// cluster): kBody vectors of kVec elements dealt round-robin (coalesced), kIters per thread at
+// most, then kTail < kVec scalars, one each for the first threads.
+template <int kVocabSize, int kRowThreads, int kVecWidth>
 struct CeLayout {
-  // Blocks that must fit an SM together: 1024 threads' worth, which caps registers at 64.
-  static constexpr int kMinBlocks = kThreadCount >= 1024 ? 1 : 1024 / kThreadCount;
-  static constexpr int kVocab = kVocabSize, kThreads = kThreadCount, kVec = kVecWidth;
-  static constexpr int kUnroll = kUnrollDepth;
+  static constexpr int kVocab = kVocabSize, kThreads = kRowThreads, kVec = kVecWidth;
   static constexpr int kBody = kVocab / kVec;
   static constexpr int kTail = kVocab % kVec;
-  static constexpr int kIters = (kBody + kThreads - 1) / kThreads;  // vectors per thread, at most
-  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, one block per row");
+  static constexpr int kIters = (kBody + kThreads - 1) / kThreads;
+  static constexpr int kSlots = kIters > 0 ? kIters : 1;  // an array size for kIters vectors
   static_assert(kTail < kThreads, "one tail element per thread");
 };
+
+// Blocks of kThreads that must fit an SM together: 1024 threads' worth, which caps registers at 64.
+template <int kThreads>
+constexpr int kStreamingMinBlocks = kThreads >= 1024 ? 1 : 1024 / kThreads;
 
 // Values handed to a row visitor: N consecutive elements starting at a column.
 template <int N>
@@ -55,78 +60,107 @@ struct Floats {
   float v[N];
 };
 
-// Calls f(col, Floats<n>) for this thread's share of the row. kUnroll vector loads are issued
-// before any is used, so each thread keeps several 16-byte requests in flight.
-template <typename L, typename T, typename F>
-__device__ __forceinline__ void visit_row(const T* row, F&& f) {
-  constexpr int kThreads = L::kThreads, kVec = L::kVec, kUnroll = L::kUnroll;
-  const int tid = threadIdx.x;
-#pragma unroll 1
-  for (int it0 = 0; it0 < L::kIters; it0 += kUnroll) {
-    Vec<T, kVec> v[kUnroll];
+// Vectors it0 .. it0+N-1 of thread tid's share (vector i of the row is (it0 + u) * kThreads + tid);
+// those past the body are left as they are.
+template <typename L, int N, typename T>
+__device__ __forceinline__ void load_share(const T* row, int tid, int it0, Vec<T, L::kVec> (&v)[N]) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = (it0 + u) * kThreads + tid;
-      if (i < L::kBody) v[u] = load_vec<T, kVec>(row, static_cast<long long>(i) * kVec);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = (it0 + u) * kThreads + tid;
-      if (i < L::kBody) {
-        Floats<kVec> x;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) x.v[k] = to_float(v[u].v[k]);
-        f(i * kVec, x);
-      }
-    }
-  }
-  if (L::kTail > 0 && tid < L::kTail) {
-    Floats<1> x{{to_float(row[L::kBody * kVec + tid])}};
-    f(L::kBody * kVec + tid, x);
+  for (int u = 0; u < N; ++u) {
+    const int i = (it0 + u) * L::kThreads + tid;
+    if (i < L::kBody) v[u] = load_vec<T, L::kVec>(row, static_cast<long long>(i) * L::kVec);
   }
 }
 
-// Writes this thread's share of an output row: out[col..] = f(col, in[col..]) (or f(col, zeros)
-// without an input). With in == out (in place) each element is read before it is written by the
-// same thread.
-template <typename L, bool kRead, typename T, typename F>
-__device__ __forceinline__ void map_row(const T* in, T* out, F&& f) {
-  constexpr int kThreads = L::kThreads, kVec = L::kVec, kUnroll = L::kUnroll;
-  const int tid = threadIdx.x;
-#pragma unroll 1
-  for (int it0 = 0; it0 < L::kIters; it0 += kUnroll) {
-    Vec<T, kVec> v[kUnroll];
-    if constexpr (kRead) {
+// Calls f(col, Floats<kVec>) for each loaded vector of the share.
+template <typename L, int N, typename T, typename F>
+__device__ __forceinline__ void visit_share(int tid, int it0, const Vec<T, L::kVec> (&v)[N], F&& f) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = (it0 + u) * kThreads + tid;
-        if (i < L::kBody) v[u] = load_vec<T, kVec>(in, static_cast<long long>(i) * kVec);
-      }
+  for (int u = 0; u < N; ++u) {
+    const int i = (it0 + u) * L::kThreads + tid;
+    if (i < L::kBody) {
+      Floats<L::kVec> x;
+#pragma unroll
+      for (int k = 0; k < L::kVec; ++k) x.v[k] = to_float(v[u].v[k]);
+      f(i * L::kVec, x);
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = (it0 + u) * kThreads + tid;
-      if (i < L::kBody) {
-        Floats<kVec> x;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) x.v[k] = kRead ? to_float(v[u].v[k]) : 0.0f;
-        Vec<T, kVec> o;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) o.v[k] = from_float<T>(f(i * kVec + k, x.v[k]));
-        store_vec<T, kVec>(out, static_cast<long long>(i) * kVec, o);
-      }
-    }
-  }
-  if (L::kTail > 0 && tid < L::kTail) {
-    const int c = L::kBody * kVec + tid;
-    out[c] = from_float<T>(f(c, kRead ? to_float(in[c]) : 0.0f));
   }
 }
+
+// out[col..] = f(col, x[col..]) for each vector of the share, x taken from v: f rewrites a
+// Floats<kVec> of logits into the values to store.
+template <typename L, int N, typename T, typename F>
+__device__ __forceinline__ void store_share(T* out, int tid, int it0, const Vec<T, L::kVec> (&v)[N],
+                                            F&& f) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int i = (it0 + u) * L::kThreads + tid;
+    if (i < L::kBody) {
+      Floats<L::kVec> x;
+#pragma unroll
+      for (int k = 0; k < L::kVec; ++k) x.v[k] = to_float(v[u].v[k]);
+      f(i * L::kVec, x);
+      Vec<T, L::kVec> o;
+      from_floats(x.v, o.v);
+      store_vec<T, L::kVec>(out, static_cast<long long>(i) * L::kVec, o);
+    }
+  }
+}
+
+// The scalar tail: thread tid < kTail owns column kBody * kVec + tid.
+template <typename L>
+__device__ __forceinline__ bool owns_tail(int tid) { return L::kTail > 0 && tid < L::kTail; }
+template <typename L>
+__device__ __forceinline__ int tail_col(int tid) { return L::kBody * L::kVec + tid; }
+
+// Calls f(col, Floats<n>) for thread tid's share of the row, kUnroll vector loads issued before
+// any is used, so that each thread keeps several 16-byte requests in flight.
+template <typename L, int kUnroll, typename T, typename F>
+__device__ __forceinline__ void visit_row(const T* row, int tid, F&& f) {
+#pragma unroll 1
+  for (int it0 = 0; it0 < L::kIters; it0 += kUnroll) {
+    Vec<T, L::kVec> v[kUnroll];
+    load_share<L>(row, tid, it0, v);
+    visit_share<L>(tid, it0, v, f);
+  }
+  if (owns_tail<L>(tid)) {
+    Floats<1> x{{to_float(row[tail_col<L>(tid)])}};
+    f(tail_col<L>(tid), x);
+  }
+}
+
+// Writes thread tid's share of an output row: f rewrites the logits in[col..] (zeros without an
+// input) into out[col..]. In place (in == out), each element is read before it is written by the
+// same thread.
+template <typename L, int kUnroll, bool kRead, typename T, typename F>
+__device__ __forceinline__ void map_row(const T* in, T* out, int tid, F&& f) {
+#pragma unroll 1
+  for (int it0 = 0; it0 < L::kIters; it0 += kUnroll) {
+    Vec<T, L::kVec> v[kUnroll] = {};  // zero bits are 0.0 in every dtype
+    if constexpr (kRead) load_share<L>(in, tid, it0, v);
+    store_share<L>(out, tid, it0, v, f);
+  }
+  if (owns_tail<L>(tid)) {
+    const int c = tail_col<L>(tid);
+    Floats<1> x{{kRead ? to_float(in[c]) : 0.0f}};
+    f(c, x);
+    out[c] = from_float<T>(x.v[0]);
+  }
+}
+
+// A row visitor that zeroes what it is given: the gradient of an ignored row.
+struct Zeros {
+  template <int N>
+  __device__ __forceinline__ void operator()(int, Floats<N>& x) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) x.v[k] = 0.0f;
+  }
+};
 
 // Pass 1 state of one thread, or of the whole row once combined. m is in log2 units and never NaN
 // (fmaxf drops NaN); a NaN logit reaches s instead, and so the row's lse.
 template <bool kSmoothing, bool kArgmax>
 struct CeStats {
+  static constexpr bool kWantsArgmax = kArgmax;
   float m;         // max of x * log2e seen
   float s;         // sum of 2^(x * log2e - m)
   float sum_x;     // sum of x (after the softcap), for label smoothing
@@ -140,9 +174,11 @@ struct CeStats {
   // Adds n logits (x, already soft-capped) at columns col..; raw holds them before the cap.
   template <int N>
   __device__ __forceinline__ void add(int col, const Floats<N>& x, const Floats<N>& raw) {
-    float vmax = neg_inf();
+    // The max of x, scaled once: rounding is monotonic, so this is the max of the scaled values.
+    float xmax = neg_inf();
 #pragma unroll
-    for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x.v[k] * kLog2e);
+    for (int k = 0; k < N; ++k) xmax = fmaxf(xmax, x.v[k]);
+    const float vmax = xmax * kLog2e;
     if (vmax > m) {
       s *= exp2f(m - vmax);  // m = -inf: 2^-inf = 0, and s is 0 anyway
       m = vmax;
@@ -150,7 +186,7 @@ struct CeStats {
     // While the max is -inf (a row masked so far), 2^(x - 0) keeps -inf at 0 instead of NaN.
     const float base = m == neg_inf() ? 0.0f : m;
 #pragma unroll
-    for (int k = 0; k < N; ++k) s += exp2f(x.v[k] * kLog2e - base);
+    for (int k = 0; k < N; ++k) s += fast_exp2(fmaf(x.v[k], kLog2e, -base));
     if constexpr (kSmoothing) {
 #pragma unroll
       for (int k = 0; k < N; ++k) sum_x += x.v[k];
@@ -199,6 +235,8 @@ struct CeStats {
 // shared memory. A fixed tree, so the result is the same every run; every thread gets it.
 template <int kThreads, typename S>
 __device__ __forceinline__ S block_combine(S v, S* smem) {
+  // Also orders each thread's reads of the row before any thread's gradient writes (in place).
+  if constexpr (kThreads == 32) __syncwarp();
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) v.combine(v.xor_lane(offset));
   if constexpr (kThreads > 32) {
@@ -254,24 +292,36 @@ struct AddToStats {
   }
 };
 
-// Writes the gradient of one valid row; lse2 is lse in log2 units.
-template <typename L, bool kSmoothing, bool kZLoss, bool kSoftcap, typename T>
-__device__ __forceinline__ void write_gradient(const T* x, T* g, int target, float lse, float lse2,
-                                               float scale,
-                                               const CeMath<kSmoothing, kZLoss, kSoftcap>& mt) {
-  const float c1 = kZLoss ? 1.0f + 2.0f * mt.z * lse : 1.0f;  // d(z lse^2)/dx_j = 2 z lse p_j
-  const float c0 = kSmoothing ? mt.eps / L::kVocab : 0.0f;
-  const float hit = kSmoothing ? 1.0f - mt.eps : 1.0f;
-  map_row<L, true>(x, g, [&](int col, float raw) {
-    const float xc = mt.capped(raw);
-    const float p = exp2f(xc * kLog2e - lse2);
-    float d = p * c1 - c0;
-    if (col == target) d -= hit;  // in fp32, before the single rounding
-    d *= scale;
-    if constexpr (kSoftcap) d *= mt.cap_slope(raw);
-    return d;
-  });
-}
+// The gradient of one entry of a valid row, from its raw logit; lse2 is lse in log2 units.
+template <int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap>
+struct Gradient {
+  CeMath<kSmoothing, kZLoss, kSoftcap> mt;
+  int target;
+  float lse2;
+  float c1, c0, hit;  // p's factor, the smoothing term and the target's term, times the scale
+
+  __device__ __forceinline__ Gradient(const CeMath<kSmoothing, kZLoss, kSoftcap>& m, int t, float l2,
+                                      float scale)
+      : mt(m), target(t), lse2(l2),
+        // d(z lse^2)/dx_j = 2 z lse p_j
+        c1(scale * (kZLoss ? 1.0f + 2.0f * m.z * (l2 * kLn2) : 1.0f)),
+        c0(scale * (kSmoothing ? m.eps / kVocab : 0.0f)),
+        hit(scale * (kSmoothing ? 1.0f - m.eps : 1.0f)) {}
+
+  // Rewrites N raw logits at columns col.. into their gradient, in fp32 before the single rounding.
+  template <int N>
+  __device__ __forceinline__ void operator()(int col, Floats<N>& x) const {
+    float d[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) d[k] = fast_exp2(fmaf(mt.capped(x.v[k]), kLog2e, -lse2)) * c1 - c0;
+    if (static_cast<unsigned>(target - col) < static_cast<unsigned>(N)) {  // one vector per row
+#pragma unroll
+      for (int k = 0; k < N; ++k) d[k] -= col + k == target ? hit : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) x.v[k] = kSoftcap ? d[k] * mt.cap_slope(x.v[k]) : d[k];
+  }
+};
 
 // The factor every gradient entry of a valid row is multiplied by: the upstream gradient, over the
 // number of valid rows for the mean (a valid row makes it at least 1).
@@ -283,69 +333,166 @@ __device__ __forceinline__ float gradient_scale(const CrossEntropyRowParams& p, 
   return scale;
 }
 
+// What every kernel knows of its row before reading it.
+template <typename T, typename I, int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap>
+struct CeRow {
+  const T* x;
+  T* g;
+  long long target;
+  bool valid;
+  CeMath<kSmoothing, kZLoss, kSoftcap> mt;
+
+  __device__ __forceinline__ CeRow(const CrossEntropyRowParams& p, long long row)
+      : x(static_cast<const T*>(p.logits) + row * p.logits_stride),
+        g(static_cast<T*>(p.grad) + row * p.grad_stride),
+        target(static_cast<const I*>(p.targets)[row]),
+        valid(target_is_valid<kVocab>(target, p.ignore_index)),
+        mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f, p.label_smoothing, p.lse_square_scale} {}
+
+  __device__ __forceinline__ Gradient<kVocab, kSmoothing, kZLoss, kSoftcap> gradient(float lse2,
+                                                                                   float scale) const {
+    return {mt, static_cast<int>(target), lse2, scale};
+  }
+};
+
+// Turns a row's combined statistics into its lse (returned, in log2 units) and, from the one
+// `writer` thread, its lse, argmax and loss outputs. x_t is the target logit, read by the writer.
+template <typename I, int kVocab, typename Row, typename Stats>
+__device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long long row,
+                                            const Row& r, const Stats& st, float x_t, bool writer) {
+  const float lse2 = st.m + log2f(st.s);  // all -inf: -inf; any NaN or +inf: NaN
+  if (writer) {
+    const float lse = lse2 * kLn2;
+    if (p.lse != nullptr) p.lse[row] = lse;
+    if constexpr (Stats::kWantsArgmax) static_cast<I*>(p.argmax)[row] = static_cast<I>(st.best_col);
+    p.row_loss[row] = r.valid ? r.mt.loss(lse, r.mt.capped(x_t), st.sum_x, kVocab) : 0.0f;
+  }
+  return lse2;
+}
+
+// Forward, and with kGradient the fused backward, streaming the row: one block per row, the row
+// read twice for the gradient (the second time mostly from L2 when rows are short).
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
           bool kArgmax, bool kGradient>
-__global__ void __launch_bounds__(kThreads, (CeLayout<kVocab, kThreads, kVec, kUnroll>::kMinBlocks))
+__global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_forward(const CrossEntropyRowParams p) {
-  using L = CeLayout<kVocab, kThreads, kVec, kUnroll>;
+  using L = CeLayout<kVocab, kThreads, kVec>;
   using Stats = CeStats<kSmoothing, kArgmax>;
   __shared__ Stats smem[32];
   const long long row = blockIdx.x;
-  const T* x = static_cast<const T*>(p.logits) + row * p.logits_stride;
-  const long long target = static_cast<const I*>(p.targets)[row];
-  const bool valid = target_is_valid<kVocab>(target, p.ignore_index);
-  const CeMath<kSmoothing, kZLoss, kSoftcap> mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f,
-                                                p.label_smoothing, p.lse_square_scale};
+  const int tid = threadIdx.x;
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
 
   // Issued first so that its latency hides behind pass 1.
   float x_t = 0.0f;
-  if (valid && threadIdx.x == 0) x_t = to_float(x[target]);
+  if (r.valid && tid == 0) x_t = to_float(r.x[r.target]);
 
   // An ignored row is read only for the statistics of it that were asked for.
   Stats st = Stats::identity();
-  if (valid || p.lse != nullptr || kArgmax) {
-    visit_row<L>(x, AddToStats<Stats, CeMath<kSmoothing, kZLoss, kSoftcap>>{st, mt});
+  if (r.valid || p.lse != nullptr || kArgmax) {
+    visit_row<L, kUnroll>(r.x, tid, AddToStats<Stats, decltype(r.mt)>{st, r.mt});
     st = block_combine<kThreads>(st, smem);
   }
-  const float lse2 = st.m + log2f(st.s);  // all -inf: -inf; any NaN or +inf: NaN
-  const float lse = lse2 * kLn2;
-  if (threadIdx.x == 0) {
-    if (p.lse != nullptr) p.lse[row] = lse;
-    if constexpr (kArgmax) static_cast<I*>(p.argmax)[row] = static_cast<I>(st.best_col);
-    p.row_loss[row] = valid ? mt.loss(lse, mt.capped(x_t), st.sum_x, kVocab) : 0.0f;
-  }
+  const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, tid == 0);
   if constexpr (kGradient) {
-    T* g = static_cast<T*>(p.grad) + row * p.grad_stride;
-    if (valid) {
-      write_gradient<L>(
-          x, g, static_cast<int>(target), lse, lse2, gradient_scale<kReduction>(p, row), mt);
+    if (r.valid) {
+      map_row<L, kUnroll, true>(r.x, r.g, tid, r.gradient(lse2, gradient_scale<kReduction>(p, row)));
     } else {
-      map_row<L, false>(x, g, [](int, float) { return 0.0f; });
+      map_row<L, kUnroll, false>(r.x, r.g, tid, Zeros{});
     }
   }
+}
+
+// Blocks of the resident kernel that fit an SM: its share of the row (kRowBytes per thread) plus
+// about 32 other registers per thread, out of 64K (the host refuses configs where none fits).
+template <int kThreads, int kRowBytes>
+constexpr int kResidentMinBlocks = 65536 / (kThreads * ((kRowBytes + 3) / 4 + 32)) > 0
+                                       ? 65536 / (kThreads * ((kRowBytes + 3) / 4 + 32))
+                                       : 1;
+
+// The fused forward and backward reading each logit once: the row stays in registers, shared by
+// the kCluster blocks of a cluster (kThreads * kCluster threads, kIters vectors each), which
+// exchange their statistics through distributed shared memory. Every block combines the kCluster
+// partial states in rank order, so all of them get the same lse, bit for bit.
+template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
+          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          bool kArgmax>
+__global__ void __launch_bounds__(
+    kThreads, (kResidentMinBlocks<kThreads, CeLayout<kVocab, kThreads * kCluster, kVec>::kIters *
+                                                kVec * static_cast<int>(sizeof(T))>))
+cross_entropy_resident(const CrossEntropyRowParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(kCluster == 1, "a row shared by a cluster of blocks needs sm_90 or newer");
+#endif
+  static_assert(kCluster >= 1 && kCluster <= 8, "a portable cluster has 1 to 8 blocks");
+  using L = CeLayout<kVocab, kThreads * kCluster, kVec>;
+  using Stats = CeStats<kSmoothing, kArgmax>;
+  __shared__ Stats smem[32];
+  __shared__ Stats block_stats, row_stats;
+  const unsigned rank = kCluster > 1 ? cluster_rank() : 0;
+  const long long row = blockIdx.x / kCluster;
+  const int tid = static_cast<int>(rank) * kThreads + threadIdx.x;
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+
+  float x_t = 0.0f;
+  if (r.valid && writer) x_t = to_float(r.x[r.target]);
+
+  Vec<T, kVec> v[L::kSlots];
+  float tail = 0.0f;
+  Stats st = Stats::identity();
+  if (r.valid || p.lse != nullptr || kArgmax) {  // the same in every block of the row
+    load_share<L>(r.x, tid, 0, v);
+    if (owns_tail<L>(tid)) tail = to_float(r.x[tail_col<L>(tid)]);
+    const AddToStats<Stats, decltype(r.mt)> add{st, r.mt};
+    visit_share<L>(tid, 0, v, add);
+    if (owns_tail<L>(tid)) add(tail_col<L>(tid), Floats<1>{{tail}});
+    st = block_combine<kThreads>(st, smem);
+  }
+  if constexpr (kCluster > 1) {
+    if (threadIdx.x == 0) block_stats = st;
+    cluster_arrive();
+    cluster_wait();
+    if (threadIdx.x == 0) {
+      Stats all = *in_cluster_block(&block_stats, 0);
+      for (unsigned b = 1; b < kCluster; ++b) all.combine(*in_cluster_block(&block_stats, b));
+      row_stats = all;
+    }
+    cluster_arrive();  // done reading the other blocks' block_stats
+    __syncthreads();
+    st = row_stats;
+  }
+  const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, writer);
+  if (r.valid) {
+    const auto grad = r.gradient(lse2, gradient_scale<kReduction>(p, row));
+    store_share<L>(r.g, tid, 0, v, grad);
+    if (owns_tail<L>(tid)) {
+      Floats<1> xt{{tail}};
+      grad(tail_col<L>(tid), xt);
+      r.g[tail_col<L>(tid)] = from_float<T>(xt.v[0]);
+    }
+  } else {
+    map_row<L, L::kSlots, false>(r.x, r.g, tid, Zeros{});
+  }
+  if constexpr (kCluster > 1) cluster_wait();  // block_stats must outlive the other blocks' reads
 }
 
 // The gradient alone, from the lse a forward saved.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap>
-__global__ void __launch_bounds__(kThreads, (CeLayout<kVocab, kThreads, kVec, kUnroll>::kMinBlocks))
+__global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_backward(const CrossEntropyRowParams p) {
-  using L = CeLayout<kVocab, kThreads, kVec, kUnroll>;
+  using L = CeLayout<kVocab, kThreads, kVec>;
   const long long row = blockIdx.x;
-  const T* x = static_cast<const T*>(p.logits) + row * p.logits_stride;
-  T* g = static_cast<T*>(p.grad) + row * p.grad_stride;
-  const long long target = static_cast<const I*>(p.targets)[row];
-  if (!target_is_valid<kVocab>(target, p.ignore_index)) {
-    map_row<L, false>(x, g, [](int, float) { return 0.0f; });
-    return;
+  const int tid = threadIdx.x;
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+  if (r.valid) {
+    map_row<L, kUnroll, true>(r.x, r.g, tid,
+                              r.gradient(p.lse_in[row] * kLog2e, gradient_scale<kReduction>(p, row)));
+  } else {
+    map_row<L, kUnroll, false>(r.x, r.g, tid, Zeros{});
   }
-  const CeMath<kSmoothing, kZLoss, kSoftcap> mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f,
-                                                p.label_smoothing, p.lse_square_scale};
-  const float lse = p.lse_in[row];
-  write_gradient<L>(x, g, static_cast<int>(target), lse,
-                                                     lse * kLog2e, gradient_scale<kReduction>(p, row),
-                                                     mt);
 }
 
 // Counts valid and out-of-range targets into the workspace's counters. One block; integer sums, so

@@ -34,10 +34,15 @@ absl::StatusOr<nlohmann::json> BenchRmsNorm(
 std::vector<std::optional<autotune::RmsNormConfig>> RmsNormConfigs(DType dtype, int64_t hidden,
                                                                     bool sweep);
 
-// Times cross-entropy (mean, gradient in place; and forward alone) at `vocab` x `rows`, checked
-// first on sampled rows.
-absl::StatusOr<nlohmann::json> BenchCrossEntropy(const Runtime& rt, autotune::GpuTimer& timer,
-                                                 DType dtype, int64_t vocab, int64_t rows,
-                                                 int repeats, double copy_gbps);
+// Times cross-entropy (mean, gradient in place; and forward alone) at `vocab` x `rows` under each
+// config (nullopt: the heuristic's), checked first on sampled rows.
+absl::StatusOr<nlohmann::json> BenchCrossEntropy(
+    const Runtime& rt, autotune::GpuTimer& timer, DType dtype, int64_t vocab, int64_t rows,
+    int repeats, double copy_gbps,
+    const std::vector<std::optional<autotune::CrossEntropyConfig>>& configs);
+std::vector<std::optional<autotune::CrossEntropyConfig>> CrossEntropyConfigs(const Runtime& rt,
+                                                                            DType dtype,
+                                                                            int64_t vocab,
+                                                                            bool sweep);
 
 }  // namespace kjit::tools

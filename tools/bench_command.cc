@@ -83,7 +83,8 @@ int RunBench(const BenchFlags& f) {
       shapes = {{128256, 16384}, {128256, 4096}, {128256, 256}};
     }
     for (auto [vocab, rows] : shapes) {
-      auto r = BenchCrossEntropy(*rt, **timer, *dtype, vocab, rows, f.repeats, copy_gbps);
+      auto r = BenchCrossEntropy(*rt, **timer, *dtype, vocab, rows, f.repeats, copy_gbps,
+                                 CrossEntropyConfigs(*rt, *dtype, vocab, f.sweep));
       if (!add(r)) return Fail(r.status());
     }
   }
@@ -133,7 +134,8 @@ Command AddBenchCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print the report as JSON");
   cmd->add_flag("--sweep", f->sweep,
-                "rms_norm: also time every candidate launch shape (forward and backward separately)");
+                "Also time every candidate launch config (rms_norm: forward and backward shapes "
+                "separately; cross_entropy: threads, unroll and cluster)");
   cmd->add_option("--output", f->output, "Also write the JSON report to this file");
   return [f] { return RunBench(*f); };
 }

@@ -53,7 +53,8 @@ TEST(CrossEntropyCompileTest, EveryDtypeArchAndVocab) {
       for (int64_t vocab : {2, 3, 50257, 128256}) {
         const CrossEntropySpec spec{.vocab = vocab, .dtype = t};
         const int vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(t)));
-        ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(vocab, vec), arch);
+        const int cc = std::stoi(std::string(arch).substr(3));
+        ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(vocab, vec, cc), arch);
         if (::testing::Test::HasFatalFailure()) return;
         ++compiled;
       }
@@ -75,18 +76,31 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
     spec.target_type = __builtin_popcount(bits) % 2 ? IndexType::kInt32 : IndexType::kInt64;
     spec.reduction = static_cast<Reduction>(bits % 3);
     SCOPED_TRACE(bits);
-    ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(1000, 8), "sm_90");
+    ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(1000, 8, 90), "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
   }
   for (const autotune::CrossEntropyConfig& c :
        {autotune::CrossEntropyConfig{.vec = 1, .threads = 32, .unroll = 8},
         autotune::CrossEntropyConfig{.vec = 2, .threads = 96, .unroll = 1},
-        autotune::CrossEntropyConfig{.vec = 4, .threads = 1024, .unroll = 2}}) {
+        autotune::CrossEntropyConfig{.vec = 4, .threads = 1024, .unroll = 2},
+        autotune::CrossEntropyConfig{.vec = 8, .threads = 1024, .unroll = 4, .cluster = 8},
+        autotune::CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 8}}) {
     ExpectCompiles({.vocab = 262144, .dtype = DType::kF16, .argmax = true}, c, "sm_100");
     if (::testing::Test::HasFatalFailure()) return;
   }
   ExpectCompiles({.vocab = 1 << 20, .dtype = DType::kF32},
-                 autotune::DefaultCrossEntropyConfig(1 << 20, 4), "sm_120");
+                 autotune::DefaultCrossEntropyConfig(1 << 20, 4, 120), "sm_120");
+}
+
+// A cluster compiled for a GPU without clusters is refused by the template, with a reason.
+TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
+  auto src = RenderCrossEntropy(
+      {.vocab = 128256}, autotune::CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4});
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
+  ASSERT_FALSE(bin.ok());
+  EXPECT_NE(std::string(bin.status().message()).find("needs sm_90 or newer"), std::string::npos)
+      << bin.status();
 }
 
 // `kjit compile --op cross_entropy` without a GPU; the size flag is checked per op.

@@ -3,11 +3,14 @@
 // launch).
 #include "runtime/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <functional>
+#include <set>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "runtime/runtime.h"
@@ -55,58 +58,117 @@ TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
 
 TEST(CrossEntropySpecTest, RejectsBadConfigs) {
   CrossEntropySpec s{.vocab = 32000};
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
   EXPECT_TRUE(ValidateCrossEntropySpec(s).ok());
   s.config->vec = 3;
   ExpectInvalid(ValidateCrossEntropySpec(s), "config.vec:");
   s.config->vec = 16;  // 32 bytes of bf16
   ExpectInvalid(ValidateCrossEntropySpec(s), "config.vec:");
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
   for (int threads : {0, 16, 48, 2048}) {
     s.config->threads = threads;
     ExpectInvalid(ValidateCrossEntropySpec(s), "config.threads:");
   }
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
   s.config->unroll = 3;
   ExpectInvalid(ValidateCrossEntropySpec(s), "config.unroll:");
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
+  for (int cluster : {-1, 9}) {
+    s.config->cluster = cluster;
+    ExpectInvalid(ValidateCrossEntropySpec(s), "config.cluster:");
+  }
+  // 4000 vectors over 64 threads: 63 each would not fit in registers; streaming is fine.
+  s.config = autotune::CrossEntropyConfig{.vec = 8, .threads = 64, .unroll = 4, .cluster = 1};
+  ExpectInvalid(ValidateCrossEntropySpec(s), "config.cluster:");
+  s.config->cluster = 0;
+  EXPECT_TRUE(ValidateCrossEntropySpec(s).ok());
+}
+
+TEST(CrossEntropySpecTest, ClustersNeedSm90) {
+  auto rt = Runtime::Create({.target = "sm_80", .compile_only = true});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto ce = rt->CrossEntropy(
+      {.vocab = 128256, .config = autotune::CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4}});
+  ASSERT_FALSE(ce.ok());
+  ExpectInvalid(ce.status(), "config.cluster:");
+  // Without a config, sm_80 gets a streaming default and sm_90 a cluster.
+  auto old_gpu = rt->CrossEntropy({.vocab = 128256});
+  ASSERT_TRUE(old_gpu.ok()) << old_gpu.status();
+  EXPECT_EQ(old_gpu->config().cluster, 0);
+  auto hopper = Runtime::Create({.target = "sm_90", .compile_only = true});
+  ASSERT_TRUE(hopper.ok()) << hopper.status();
+  auto ce90 = hopper->CrossEntropy({.vocab = 128256});
+  ASSERT_TRUE(ce90.ok()) << ce90.status();
+  EXPECT_EQ(ce90->config().cluster, 4);
 }
 
 TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
-  for (int64_t vocab = 2; vocab <= (1 << 20); vocab = vocab * 3 / 2 + 1) {
-    for (int vec : {1, 2, 4, 8}) {
-      const auto c = autotune::DefaultCrossEntropyConfig(vocab, vec);
-      EXPECT_EQ(c.vec, vec);
-      EXPECT_EQ(c.threads % 32, 0) << vocab << " " << c.ToString();
-      EXPECT_GE(c.threads, 32);
-      EXPECT_LE(c.threads, 1024);
-      EXPECT_TRUE(c.unroll == 1 || c.unroll == 2 || c.unroll == 4) << c.ToString();
-      const int64_t per_thread = ((vocab + vec - 1) / vec + c.threads - 1) / c.threads;
-      EXPECT_LE(c.unroll, std::max<int64_t>(per_thread, 1)) << vocab << " " << c.ToString();
-      // About 32 vectors per thread while 512 threads suffice for that.
-      EXPECT_LE(c.threads, 512);
-      if ((vocab + vec - 1) / vec <= 32 * 512) {
-        EXPECT_LE(per_thread, 32) << vocab << " " << c.ToString();
+  for (int arch : {80, 90}) {
+    for (int64_t vocab = 2; vocab <= (1 << 20); vocab = vocab * 3 / 2 + 1) {
+      for (int vec : {1, 2, 4, 8}) {
+        const auto c = autotune::DefaultCrossEntropyConfig(vocab, vec, arch);
+        SCOPED_TRACE(fmt::format("vocab {} arch {}: {}", vocab, arch, c.ToString()));
+        EXPECT_EQ(c.vec, vec);
+        EXPECT_EQ(c.threads % 32, 0);
+        EXPECT_GE(c.threads, 32);
+        EXPECT_LE(c.threads, 512);
+        EXPECT_TRUE(c.unroll == 1 || c.unroll == 2 || c.unroll == 4);
+        const int64_t vectors = (vocab + vec - 1) / vec;
+        const int64_t per_thread = (vectors + c.threads - 1) / c.threads;
+        EXPECT_LE(c.unroll, std::max<int64_t>(per_thread, 1));
+        if (arch < 90) {
+          EXPECT_LE(c.cluster, 1);
+        }
+        if (c.cluster > 0) {
+          // Resident: at most 8 vectors per thread.
+          EXPECT_LE(c.ResidentVectors(vocab), 8);
+        } else {
+          // Streaming: about 32 vectors per thread while 512 threads suffice for that; chosen only
+          // when the row does not fit the registers of 8 blocks (or 1 block without clusters).
+          EXPECT_GT(vectors, (arch < 90 ? 1 : 8) * 512 * 8);
+          if (vectors <= 32 * 512) {
+            EXPECT_LE(per_thread, 32);
+          }
+        }
+        EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok());
       }
-      EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok());
     }
   }
-  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8).ToString(), "vec=8 threads=512 unroll=4");
-  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(2, 8).ToString(), "vec=8 threads=32 unroll=1");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 90).ToString(),
+            "vec=8 threads=512 unroll=4 cluster=4");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 80).ToString(),
+            "vec=8 threads=512 unroll=4 cluster=0");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(2, 8, 90).ToString(),
+            "vec=8 threads=32 unroll=1 cluster=1");
   EXPECT_EQ(autotune::MaxVecForCrossEntropy(2), 8);
   EXPECT_EQ(autotune::MaxVecForCrossEntropy(4), 4);
 }
 
 TEST(CrossEntropyConfigTest, CandidatesAreValidAndIncludeTheDefault) {
-  for (int64_t vocab : {2, 1000, 32000, 50257, 128256, 262144, 1 << 20}) {
-    const auto candidates = autotune::CrossEntropyConfigCandidates(vocab, 8);
-    ASSERT_FALSE(candidates.empty()) << vocab;
-    const auto d = autotune::DefaultCrossEntropyConfig(vocab, 8);
-    EXPECT_NE(std::find(candidates.begin(), candidates.end(), d), candidates.end()) << vocab;
-    for (const auto& c : candidates) {
-      EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok())
-          << vocab << " " << c.ToString();
+  for (int arch : {80, 90}) {
+    for (int64_t vocab : {2, 1000, 32000, 50257, 128256, 262144, 1 << 20}) {
+      const auto candidates = autotune::CrossEntropyConfigCandidates(vocab, 8, arch);
+      ASSERT_FALSE(candidates.empty()) << vocab;
+      const auto d = autotune::DefaultCrossEntropyConfig(vocab, 8, arch);
+      EXPECT_NE(std::find(candidates.begin(), candidates.end(), d), candidates.end()) << vocab;
+      bool streams = false;
+      for (const auto& c : candidates) {
+        EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok())
+            << vocab << " " << c.ToString();
+        if (arch < 90) {
+          EXPECT_LE(c.cluster, 1) << c.ToString();
+        }
+        streams = streams || c.cluster == 0;
+      }
+      if (vocab >= 1000) {
+        EXPECT_TRUE(streams) << vocab;
+      }
     }
   }
+  // Hopper's 128256 search: one block would need more registers than an SM has.
+  std::set<int> clusters;
+  for (const auto& c : autotune::CrossEntropyConfigCandidates(128256, 8, 90)) clusters.insert(c.cluster);
+  EXPECT_EQ(clusters, (std::set<int>{0, 2, 4, 8}));
 }
 
 TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
@@ -136,13 +198,13 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
 
   // Reduction none keeps the losses per row: no reduce kernel.
   auto none = RenderCrossEntropy({.vocab = 8, .reduction = Reduction::kNone},
-                                 autotune::DefaultCrossEntropyConfig(8, 8));
+                                 autotune::DefaultCrossEntropyConfig(8, 8, 90));
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->name_expressions.size(), 4u);
   // Different options give different programs (and so different cache keys).
-  auto plain = RenderCrossEntropy({.vocab = 8}, autotune::DefaultCrossEntropyConfig(8, 8));
+  auto plain = RenderCrossEntropy({.vocab = 8}, autotune::DefaultCrossEntropyConfig(8, 8, 90));
   auto z = RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f},
-                              autotune::DefaultCrossEntropyConfig(8, 8));
+                              autotune::DefaultCrossEntropyConfig(8, 8, 90));
   ASSERT_TRUE(plain.ok() && z.ok());
   EXPECT_NE(plain->text, z->text);
 }
