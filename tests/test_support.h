@@ -85,12 +85,11 @@ struct CliResult {
   }
 };
 
-#ifdef KJIT_CLI_PATH
-// Runs the built kjit with `args`, stdin from /dev/null, stdout and stderr captured through files in
+// Runs `program` with `args`, stdin from /dev/null, stdout and stderr captured through files in
 // `scratch_dir`. The environment is this process's with `env` applied (an empty value unsets).
-inline CliResult RunKjit(const std::vector<std::string>& args,
-                         const std::map<std::string, std::string>& env,
-                         const std::string& scratch_dir) {
+inline CliResult RunProgram(const std::string& program, const std::vector<std::string>& args,
+                            const std::map<std::string, std::string>& env,
+                            const std::string& scratch_dir) {
   const std::string out_path = scratch_dir + "/stdout", err_path = scratch_dir + "/stderr";
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -100,7 +99,7 @@ inline CliResult RunKjit(const std::vector<std::string>& args,
   for (const auto& [name, value] : env) {
     if (!value.empty()) env_strings.push_back(name + "=" + value);
   }
-  std::vector<std::string> argv_strings = {KJIT_CLI_PATH};
+  std::vector<std::string> argv_strings = {program};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv, envp;
   for (auto& s : argv_strings) argv.push_back(s.data());
@@ -134,6 +133,14 @@ inline CliResult RunKjit(const std::vector<std::string>& args,
   r.out = ReadFile(out_path);
   r.err = ReadFile(err_path);
   return r;
+}
+
+#ifdef KJIT_CLI_PATH
+// The built kjit, run as RunProgram does.
+inline CliResult RunKjit(const std::vector<std::string>& args,
+                         const std::map<std::string, std::string>& env,
+                         const std::string& scratch_dir) {
+  return RunProgram(KJIT_CLI_PATH, args, env, scratch_dir);
 }
 #endif
 

@@ -1,0 +1,101 @@
+#include "autotune/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kjit::autotune {
+
+namespace {
+
+// From each model's config.json on the Hugging Face Hub.
+const std::vector<ModelConfig>& Presets() {
+  static const auto* presets = new std::vector<ModelConfig>{
+      {.name = "llama-3.1-8b", .hidden_size = 4096, .vocab_size = 128256, .rms_norm_eps = 1e-5},
+      {.name = "llama-3.1-70b", .hidden_size = 8192, .vocab_size = 128256, .rms_norm_eps = 1e-5},
+      {.name = "llama-3.2-1b", .hidden_size = 2048, .vocab_size = 128256, .rms_norm_eps = 1e-5},
+      {.name = "mistral-7b", .hidden_size = 4096, .vocab_size = 32768, .rms_norm_eps = 1e-5},
+      {.name = "qwen2.5-7b", .hidden_size = 3584, .vocab_size = 152064, .rms_norm_eps = 1e-6},
+      {.name = "gemma-2-9b", .hidden_size = 3584, .vocab_size = 256000, .rms_norm_eps = 1e-6,
+       .gemma_norm = true, .final_logit_softcapping = 30.0},
+      {.name = "phi-3-mini", .hidden_size = 3072, .vocab_size = 32064, .rms_norm_eps = 1e-5},
+  };
+  return *presets;
+}
+
+absl::Status Invalid(std::string_view source, const std::string& what) {
+  return absl::InvalidArgumentError(fmt::format("{}: {}", source, what));
+}
+
+// A positive integer field, required.
+absl::StatusOr<int64_t> SizeField(const nlohmann::json& j, const char* key, std::string_view source) {
+  auto it = j.find(key);
+  if (it == j.end()) return Invalid(source, fmt::format("\"{}\" is missing", key));
+  if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
+    return Invalid(source, fmt::format("\"{}\" must be a positive integer, got {}", key, it->dump()));
+  }
+  return it->get<int64_t>();
+}
+
+// A finite number >= 0; `fallback` when absent or null.
+absl::StatusOr<double> NumberField(const nlohmann::json& j, const char* key, double fallback,
+                                   std::string_view source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0) {
+    return Invalid(source, fmt::format("\"{}\" must be a number >= 0, got {}", key, it->dump()));
+  }
+  return it->get<double>();
+}
+
+}  // namespace
+
+std::vector<std::string> ModelPresetNames() {
+  std::vector<std::string> names;
+  for (const ModelConfig& m : Presets()) names.push_back(m.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> ModelPreset(std::string_view name) {
+  for (const ModelConfig& m : Presets()) {
+    if (m.name == name) return m;
+  }
+  std::string known;
+  for (const std::string& n : ModelPresetNames()) known += (known.empty() ? "" : ", ") + n;
+  return absl::NotFoundError(
+      fmt::format("model: no preset named '{}'; known: {} (or pass --config config.json)", name, known));
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text, std::string_view source) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Invalid(source, "not valid JSON");
+  if (!j.is_object()) return Invalid(source, "expected a JSON object at the top level");
+  if (!j.contains("hidden_size") && j.contains("text_config") && j["text_config"].is_object()) {
+    j = j["text_config"];
+  }
+  ModelConfig m;
+  if (auto it = j.find("_name_or_path"); it != j.end() && it->is_string()) m.name = it->get<std::string>();
+  if (m.name.empty()) m.name = std::string(source);
+  KJIT_ASSIGN_OR_RETURN(m.hidden_size, SizeField(j, "hidden_size", source));
+  KJIT_ASSIGN_OR_RETURN(m.vocab_size, SizeField(j, "vocab_size", source));
+  KJIT_ASSIGN_OR_RETURN(m.rms_norm_eps, NumberField(j, "rms_norm_eps", 1e-6, source));
+  KJIT_ASSIGN_OR_RETURN(m.final_logit_softcapping,
+                        NumberField(j, "final_logit_softcapping", 0, source));
+  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
+    m.gemma_norm = it->get<std::string>().rfind("gemma", 0) == 0;
+  }
+  return m;
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(fmt::format("--config {}: cannot be read", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ParseHfConfig(text.str(), path);
+}
+
+}  // namespace kjit::autotune

@@ -1,0 +1,107 @@
+// `kjit-tune` run as a subprocess without a GPU: it compiles the kernels a model needs for sm_90
+// and sm_100 into a fresh cache, a second run finds all of them there, and bad flags or files get a
+// clear message and a non-zero exit.
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_support.h"
+
+#ifndef KJIT_TUNE_PATH
+#error "KJIT_TUNE_PATH must name the built kjit-tune binary"
+#endif
+
+namespace kjit::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliResult;
+
+class KjitTuneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kjit_tune_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
+    root_ = tmpl;
+    env_["KJIT_CACHE_DIR"] = root_ + "/cache";
+    env_["KJIT_CACHE_MAX_BYTES"] = "";
+    env_["KJIT_LIBCUDA_PATH"] = root_ + "/no-libcuda.so";  // "no GPU", even on a GPU machine
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  CliResult Run(const std::vector<std::string>& args) {
+    return testing::RunProgram(KJIT_TUNE_PATH, args, env_, root_);
+  }
+  std::string root_;
+  std::map<std::string, std::string> env_;
+};
+
+TEST_F(KjitTuneTest, CompileOnlyFillsTheCacheSoASecondRunCompilesNothing) {
+  const CliResult first = Run({"--model", "llama-3.2-1b", "--compile-only", "--json"});
+  ASSERT_EQ(first.exit_code, 0) << first.Describe();
+  const auto report = nlohmann::json::parse(first.out);
+  EXPECT_EQ(report["hidden_size"], 2048);
+  EXPECT_EQ(report["vocab_size"], 128256);
+  std::set<std::string> targets, ops;
+  for (const auto& k : report["kernels"]) {
+    targets.insert(k["target"].get<std::string>());
+    ops.insert(k["op"].get<std::string>());
+    EXPECT_EQ(k["origin"], "compiled") << k.dump();
+    EXPECT_EQ(k["tuned"], false) << "nothing is timed without a GPU";
+    EXPECT_TRUE(fs::exists(k["path"].get<std::string>())) << k.dump();
+  }
+  EXPECT_EQ(targets, (std::set<std::string>{"sm_90", "sm_100"}));
+  EXPECT_EQ(ops, (std::set<std::string>{"rms_norm", "rms_norm+residual", "cross_entropy"}));
+  EXPECT_NE(first.err.find("nothing is timed"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("6 of 6 kernels ready"), std::string::npos) << first.err;
+
+  const CliResult second = Run({"--model", "llama-3.2-1b", "--compile-only", "--json"});
+  ASSERT_EQ(second.exit_code, 0) << second.Describe();
+  for (const auto& k : nlohmann::json::parse(second.out)["kernels"]) {
+    EXPECT_EQ(k["origin"], "disk cache") << k.dump();
+  }
+}
+
+TEST_F(KjitTuneTest, ReadsAHuggingFaceConfigFile) {
+  const std::string path = root_ + "/config.json";
+  std::ofstream(path) << R"({"model_type": "gemma2", "hidden_size": 256, "vocab_size": 1000,
+                             "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0})";
+  const CliResult r = Run({"--config", path, "--arch", "sm_90", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  const auto report = nlohmann::json::parse(r.out);
+  EXPECT_EQ(report["vocab_size"], 1000);
+  EXPECT_EQ(report["kernels"].size(), 3u);
+}
+
+TEST_F(KjitTuneTest, BadInputGetsAClearErrorAndExitCode) {
+  CliResult r = Run({"--model", "llama-9"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("known: llama-3.1-8b"), std::string::npos) << r.err;
+  r = Run({"--model", "llama-3.1-8b", "--vocab", "1000", "--hidden", "64"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("one of --model, --config"), std::string::npos) << r.err;
+  r = Run({"--vocab", "1000"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  r = Run({"--tokens", "0"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+
+  const std::string path = root_ + "/bad.json";
+  std::ofstream(path) << R"({"hidden_size": "big", "vocab_size": 1000})";
+  r = Run({"--config", path, "--arch", "sm_90"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("\"hidden_size\" must be a positive integer"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
+}
+
+}  // namespace
+}  // namespace kjit::tools
