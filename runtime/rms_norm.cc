@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -267,6 +268,15 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
     return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
+  }
+  // The kernel writes at most this much of the workspace: it must not alias any argument.
+  const TensorView workspace = TensorView::Vector(
+      a.workspace, DType::kF32,
+      std::max<int64_t>(0, std::min(a.workspace_bytes, BackwardWorkspaceBytes(rows))) / 4);
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"dy", &a.dy},
+                                   {"x", &a.x}, {"weight", &a.weight}, {"rstd", &a.rstd},
+                                   {"dx", &a.dx}, {"dw", &a.dw}, {"dresidual", &a.dresidual}}) {
+    KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("workspace", workspace, name, *view));
   }
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 

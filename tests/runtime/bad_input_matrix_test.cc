@@ -210,6 +210,15 @@ TEST_F(BadInputMatrixTest, RmsNormBackward) {
   AddTensorCases<A>(cases, "dresidual", &A::dresidual, true);
   cases.push_back({"workspace null", "workspace", [](A& a) { a.workspace = nullptr; }});
   cases.push_back({"workspace misaligned", "workspace", [](A& a) { a.workspace = Offset(a.workspace, 8); }});
+  // The fp32 partial sums must not land on any argument.
+  cases.push_back({"workspace overlaps dy", "workspace", [](A& a) { a.workspace = a.dy.data; }});
+  cases.push_back({"workspace overlaps x", "workspace", [](A& a) { a.workspace = a.x.data; }});
+  cases.push_back({"workspace overlaps weight", "workspace", [](A& a) { a.workspace = a.weight.data; }});
+  cases.push_back({"workspace overlaps rstd", "workspace", [](A& a) { a.workspace = a.rstd.data; }});
+  cases.push_back({"workspace overlaps dx", "workspace", [](A& a) { a.workspace = a.dx.data; }});
+  cases.push_back({"workspace overlaps dw", "workspace", [](A& a) { a.workspace = a.dw.data; }});
+  cases.push_back({"workspace overlaps dresidual", "workspace",
+                   [](A& a) { a.workspace = a.dresidual.data; }});
   // dx may be dy or dresidual (in place); the other pairs must be disjoint.
   AddOverlapCases<A>(cases, "dx", &A::dx, "dy", &A::dy, true);
   AddOverlapCases<A>(cases, "dx", &A::dx, "dresidual", &A::dresidual, true);
