@@ -31,7 +31,8 @@ constexpr std::string_view kEntrySuffix = ".kjit";
 constexpr std::string_view kLockSuffix = ".lock";
 // Temp files (in-flight writes and Open's write probe) start with this; Prune removes old ones.
 constexpr std::string_view kTempPrefix = ".tmp-";
-// Older than this, a temp file's writer is dead (a write takes well under a second).
+// Older than this, a temp file's writer is dead (a write takes well under a second). So is one
+// dated this far in the future: written while the clock was ahead, before it was set back.
 constexpr int64_t kStaleTempSeconds = 3600;
 constexpr std::chrono::milliseconds kLockPoll{5};
 // Far above any real CUBIN; a bigger file is not ours and is not read (it could exhaust memory).
@@ -564,9 +565,11 @@ absl::StatusOr<int> DiskCache::Prune() const {
         ++removed;
       }
     } else if (std::string_view(name).starts_with(kTempPrefix)) {
-      // A young temp file may be a write in progress in another process.
+      // A young temp file may be a write in progress in another process. Measured both ways: a
+      // file dated years ahead would otherwise stay until the clock caught up.
       struct stat st {};
-      if (::lstat(path.c_str(), &st) == 0 && now - st.st_mtim.tv_sec > kStaleTempSeconds &&
+      if (::lstat(path.c_str(), &st) == 0 &&
+          std::abs(now - static_cast<int64_t>(st.st_mtim.tv_sec)) > kStaleTempSeconds &&
           ::unlink(path.c_str()) == 0) {
         ++removed;
       }

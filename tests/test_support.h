@@ -1,5 +1,5 @@
-// Shared by the CPU suites: the toolkit's stub libcuda, a scoped environment variable, and running
-// the built `kjit` binary as a subprocess.
+// Shared by the CPU suites: the toolkit's stub libcuda, a scoped environment variable, listing a
+// directory, and running the built `kjit` binary as a subprocess.
 //
 //   kjit::testing::ScopedEnv cache("KJIT_CACHE_DIR", dir.c_str());
 //   kjit::testing::CliResult r = kjit::testing::RunKjit({"--version"}, {}, scratch_dir);
@@ -20,6 +20,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #ifndef KJIT_STUB_LIBCUDA
@@ -70,6 +72,18 @@ inline std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Names in `dir` starting with `prefix`, in no order; none when it cannot be read. Files may come
+// and go meanwhile (other processes).
+inline std::vector<std::string> NamesWithPrefix(const std::string& dir, std::string_view prefix) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with(prefix)) out.push_back(name);
+  }
+  return out;
 }
 
 struct CliResult {

@@ -32,6 +32,7 @@ namespace {
 
 using std::chrono::milliseconds;
 namespace fs = std::filesystem;
+using kjit::testing::NamesWithPrefix;
 using kjit::testing::ScopedEnv;
 
 std::string Key(int i) { return fmt::format("{:032x}", 0xc0de0000 + i); }
@@ -66,17 +67,6 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
   ASSERT_TRUE(out.good()) << path;
-}
-
-// Names in `dir` starting with `prefix`.
-std::vector<std::string> NamesWithPrefix(const std::string& dir, const std::string& prefix) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.starts_with(prefix)) out.push_back(name);
-  }
-  return out;
 }
 
 void SetMtime(const std::string& path, int64_t unix_seconds) {
@@ -731,6 +721,25 @@ TEST_F(DiskCacheTest, PruneRemovesInvalidEntriesStaleTempsAndUnheldLocks) {
   EXPECT_EQ(cache->LockKey(Key(3), milliseconds(0)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(cache->LockKey(Key(1), milliseconds(0)).ok());
+}
+
+// A writer killed while the clock was ahead leaves a temp file dated in the future; once the clock
+// is set back, Prune must not wait years for it to become "old" (found by the cache stress test).
+TEST_F(DiskCacheTest, PruneRemovesTempFilesDatedFarInTheFuture) {
+  absl::StatusOr<DiskCache> cache = Open();
+  ASSERT_TRUE(cache.ok());
+  const std::string ahead = dir_ + "/.tmp-" + Key(1) + "-00000000000000aa";
+  const std::string slightly_ahead = dir_ + "/.tmp-" + Key(1) + "-00000000000000bb";
+  WriteFile(ahead, "crashed writer, clock ten years ahead");
+  WriteFile(slightly_ahead, "writer in progress, clock a minute ahead");
+  SetMtime(ahead, Now() + 10 * 365 * 86400);
+  SetMtime(slightly_ahead, Now() + 60);
+
+  absl::StatusOr<int> pruned = cache->Prune();
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_EQ(*pruned, 1);
+  EXPECT_FALSE(Exists(ahead));
+  EXPECT_TRUE(Exists(slightly_ahead));
 }
 
 TEST_F(DiskCacheTest, PruneEvictsBeyondCap) {
