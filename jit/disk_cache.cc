@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <ctime>
 #include <string_view>
@@ -66,6 +68,7 @@ absl::Status ErrnoStatus(int err, std::string_view what) {
       return absl::PermissionDeniedError(msg);
     case ENOSPC:
     case EDQUOT:
+    case EFBIG:  // over RLIMIT_FSIZE or the filesystem's file size limit
       return absl::ResourceExhaustedError(msg);
     default:
       return absl::InternalError(msg);
@@ -216,9 +219,14 @@ bool DiscardEntry(const std::string& path, const EntryFile& e) {
 
 // Removes the least recently used entries (oldest mtime first) until the entries total at most
 // max_bytes. `keep` (the entry just written) is never removed, even when it alone is over the cap.
+// An mtime in the future (written while the clock was ahead) counts as the oldest: a hit would
+// have reset it to now, so such an entry has not been used since the clock was set back.
 int Evict(const std::string& dir, uint64_t max_bytes, std::string_view keep) {
   absl::StatusOr<std::vector<std::string>> names = ScanDir(dir);
   if (!names.ok()) return 0;
+  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
   struct Item {
     std::string key;
     uint64_t size;
@@ -230,7 +238,8 @@ int Evict(const std::string& dir, uint64_t max_bytes, std::string_view keep) {
     std::string_view key = KeyOfFile(name, kEntrySuffix);
     struct stat st {};
     if (key.empty() || ::lstat((dir + "/" + name).c_str(), &st) != 0) continue;
-    items.push_back({std::string(key), static_cast<uint64_t>(st.st_size), MtimeNs(st)});
+    const int64_t mtime_ns = MtimeNs(st) > now_ns ? INT64_MIN : MtimeNs(st);
+    items.push_back({std::string(key), static_cast<uint64_t>(st.st_size), mtime_ns});
     total += static_cast<uint64_t>(st.st_size);
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
@@ -575,9 +584,17 @@ absl::StatusOr<int> DiskCache::Prune() const {
       }
     } else if (!KeyOfFile(name, kLockSuffix).empty()) {
       // Only a lock nobody holds; LockKey re-checks the path after locking, so removing it while
-      // someone is between open and flock is safe. Not counted: lock files are bookkeeping.
+      // someone is between open and flock is safe. The path must still be the file we locked:
+      // another Prune may have unlinked it since our open, and the path may now hold a new lock
+      // that a LockKey owns. Only the holder of a lock file's flock unlinks it, so the check
+      // stays true until our unlink. Not counted: lock files are bookkeeping.
       UniqueFd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-      if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
+      struct stat held {}, current {};
+      if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 &&
+          ::fstat(fd.get(), &held) == 0 && ::lstat(path.c_str(), &current) == 0 &&
+          SameFile(held, current)) {
+        ::unlink(path.c_str());
+      }
     }
   }
   if (max_bytes_ > 0) removed += Evict(dir_, max_bytes_, /*keep=*/"");

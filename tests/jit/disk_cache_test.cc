@@ -644,6 +644,22 @@ TEST_F(DiskCacheTest, LruEvictionKeepsRecentlyUsedUnderCap) {
   EXPECT_EQ(total(), 3 * entry);
 }
 
+// An entry dated in the future (written while the clock was ahead) is evicted first, not last:
+// a hit would have reset its mtime to now.
+TEST_F(DiskCacheTest, EvictionTakesFutureDatedEntriesFirst) {
+  const uint64_t entry = EncodeEntry(MakeBinary(0)).size();
+  absl::StatusOr<DiskCache> cache = Open(2 * entry + entry / 2);  // room for two entries
+  ASSERT_TRUE(cache.ok());
+  ASSERT_TRUE(cache->Store(Key(0), MakeBinary(0)).ok());
+  ASSERT_TRUE(cache->Store(Key(1), MakeBinary(1)).ok());
+  SetMtime(EntryPath(Key(0)), Now() + 10 * 365 * 86400);
+  SetMtime(EntryPath(Key(1)), Now() - 100);
+  ASSERT_TRUE(cache->Store(Key(2), MakeBinary(2)).ok());
+  EXPECT_FALSE(Exists(EntryPath(Key(0))));
+  EXPECT_TRUE(Exists(EntryPath(Key(1))));
+  EXPECT_TRUE(Exists(EntryPath(Key(2))));
+}
+
 TEST_F(DiskCacheTest, EntryJustWrittenIsNeverEvicted) {
   absl::StatusOr<DiskCache> cache = Open(/*max_bytes=*/1);  // smaller than any entry
   ASSERT_TRUE(cache.ok());
