@@ -2,7 +2,7 @@
 # Installs kjit's build dependencies from Debian's packages when they are missing, and checks for
 # the CUDA toolkit (headers and NVRTC; kjit needs no GPU to build or to run its CPU tests).
 set -euo pipefail
-packages=(cmake make g++ libfmt-dev libabsl-dev libgtest-dev libboost-dev libboost-filesystem-dev
+packages=(cmake make g++ pkg-config libfmt-dev libabsl-dev libgtest-dev libboost-dev libboost-filesystem-dev
           nlohmann-json3-dev libcli11-dev libxxhash-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,43 @@
+# `cmake --install` into a fresh prefix, then an out-of-tree consumer built against it twice: with
+# find_package(kjit) and with pkg-config. Both must build and run. Invoked by ctest:
+#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DCXX=... -DCXX_FLAGS=... -P install_test.cmake
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+set(ENV{KJIT_CACHE_DIR} ${WORK_DIR}/cache)
+
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "${what}: ok ${out}")
+endfunction()
+
+run("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+foreach(f bin/kjit bin/kjit-tune include/kjit/runtime/kjit.h lib/cmake/kjit/kjitConfig.cmake
+          lib/pkgconfig/kjit.pc)
+  file(GLOB found ${prefix}/${f} ${prefix}/*/${f} ${prefix}/lib/*/${f})
+  if(NOT EXISTS ${prefix}/${f} AND NOT found)
+    message(FATAL_ERROR "install: ${f} is missing under ${prefix}")
+  endif()
+endforeach()
+
+run("configure consumer" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer
+    -B ${WORK_DIR}/consumer -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX}
+    "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
+run("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
+run("run consumer (find_package)" ${WORK_DIR}/consumer/consumer)
+
+file(GLOB_RECURSE pc ${prefix}/kjit.pc)
+get_filename_component(pc_dir "${pc}" DIRECTORY)
+set(ENV{PKG_CONFIG_PATH} ${pc_dir})
+execute_process(COMMAND pkg-config --cflags --libs kjit RESULT_VARIABLE rc OUTPUT_VARIABLE flags
+                ERROR_VARIABLE err OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pkg-config --cflags --libs kjit failed:\n${err}")
+endif()
+separate_arguments(flags UNIX_COMMAND "${flags}")
+separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
+run("build consumer (pkg-config)" ${CXX} ${cxx_flags} ${SOURCE_DIR}/tests/package/consumer/main.cc
+    -o ${WORK_DIR}/consumer_pc ${flags})
+run("run consumer (pkg-config)" ${WORK_DIR}/consumer_pc)
