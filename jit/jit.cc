@@ -4,6 +4,7 @@
 
 #include "jit/cache_key.h"
 #include "jit/compiler.h"
+#include "jit/trace.h"
 
 namespace kjit::jit {
 
@@ -46,21 +47,31 @@ absl::StatusOr<Jit::Built> Jit::BuildLocked(const Source& source, const Target& 
   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
   Built built;
   built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
+  TraceSpan span("build " + source.name, "jit",
+                 {{"target", target.ToString()}, {"key", built.key},
+                  {"params", FormatParams(source.params)}});
   if (auto it = built_.find(built.key); it != built_.end()) {
     Built hit = it->second;
     hit.origin = Origin::kMemory;
+    span.AddArg("origin", OriginName(hit.origin));
     return hit;
   }
   auto remember = [&](Binary bin, Origin origin, bool on_disk) {
+    span.AddArg("origin", OriginName(origin));
     built.binary = std::make_shared<const Binary>(std::move(bin));
     built.origin = origin;
     if (on_disk) built.path = disk_->dir() + "/" + built.key + ".kjit";
     built_[built.key] = built;
     return built;
   };
+  auto compile = [&]() -> absl::StatusOr<Binary> {
+    TraceSpan compiling("nvrtc " + source.name, "jit", {{"target", target.ToString()}});
+    absl::StatusOr<Binary> bin = Compile(*nvrtc, source, target);
+    if (bin.ok()) ++compiles_;
+    return bin;
+  };
   if (!disk_) {
-    KJIT_ASSIGN_OR_RETURN(Binary bin, Compile(*nvrtc, source, target));
-    ++compiles_;
+    KJIT_ASSIGN_OR_RETURN(Binary bin, compile());
     return remember(std::move(bin), Origin::kCompiled, false);
   }
   if (std::optional<Binary> hit = disk_->Lookup(built.key)) {
@@ -82,8 +93,7 @@ absl::StatusOr<Jit::Built> Jit::BuildLocked(const Source& source, const Target& 
                  ToStd(locked.status().message()));
     }
   }
-  KJIT_ASSIGN_OR_RETURN(Binary bin, Compile(*nvrtc, source, target));
-  ++compiles_;
+  KJIT_ASSIGN_OR_RETURN(Binary bin, compile());
   bool stored = false;
   if (!disk_->read_only()) {
     absl::Status s = disk_->Store(built.key, bin);
@@ -103,6 +113,7 @@ absl::StatusOr<std::shared_ptr<const LoadedModule>> Jit::Load(const Source& sour
   KJIT_ASSIGN_OR_RETURN(Built built, BuildLocked(source, target));
   auto slot = std::make_pair(built.key, ctx);
   if (auto it = modules_.find(slot); it != modules_.end()) return it->second;
+  TraceSpan loading("load " + source.name, "jit", {{"key", built.key}});
   KJIT_ASSIGN_OR_RETURN(std::shared_ptr<LoadedModule> module,
                         LoadedModule::Load(cu, *built.binary, ctx));
   modules_[slot] = module;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/trace.h"
 #include "runtime/runtime_state.h"
 
 namespace kjit {
@@ -34,6 +35,12 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
         fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
   }
   KJIT_RETURN_IF_ERROR(MakeCurrent());
+  if (jit::Tracer::Global().launches()) {
+    jit::Tracer::Global().Instant("launch", "launch",
+                                  {{"function", fmt::format("{}", static_cast<void*>(fn))},
+                                   {"grid", std::to_string(grid)}, {"block", std::to_string(block)},
+                                   {"cluster", std::to_string(cluster)}});
+  }
   void* args[] = {params};
   CUlaunchConfig config{};
   config.gridDimX = static_cast<unsigned>(grid);

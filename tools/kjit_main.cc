@@ -1,4 +1,7 @@
 // kjit: compile, cache, benchmark and diagnose kjit kernels from the command line.
+#include <cstdlib>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "runtime/version.h"
@@ -9,6 +12,10 @@ int main(int argc, char** argv) {
                "kjit"};
   app.set_version_flag("--version", kjit::VersionString());
   app.require_subcommand(1);
+  std::string trace;
+  app.add_option("--trace", trace,
+                 "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
+      ->type_name("FILE");
   kjit::tools::Command compile = kjit::tools::AddCompileCommand(app);
   kjit::tools::Command cache = kjit::tools::AddCacheCommand(app);
   kjit::tools::Command bench = kjit::tools::AddBenchCommand(app);
@@ -19,6 +26,8 @@ int main(int argc, char** argv) {
     // --help and --version are "errors" that exit 0; every real usage error exits 2.
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // Before anything traces: the tracer reads the environment once.
+  if (!trace.empty()) ::setenv("KJIT_TRACE", trace.c_str(), 1);
   if (app.got_subcommand("compile")) return compile();
   if (app.got_subcommand("cache")) return cache();
   if (app.got_subcommand("bench")) return bench();

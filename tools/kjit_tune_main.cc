@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -39,6 +40,7 @@ struct TuneFlags {
   bool compile_only = false;
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool json = false;
+  std::string trace;
 };
 
 // One kernel program to build for one target.
@@ -216,10 +218,15 @@ int main(int argc, char** argv) {
   app.add_flag("--compile-only", f.compile_only, "Do not use a GPU even if one is present");
   app.add_option("--jobs", f.jobs, "Kernels compiled at once")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_flag("--json", f.json, "Print a JSON report of every kernel on stdout");
+  app.add_option("--trace", f.trace,
+                 "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
+      ->type_name("FILE");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // Before anything traces: the tracer reads the environment once.
+  if (!f.trace.empty()) ::setenv("KJIT_TRACE", f.trace.c_str(), 1);
   return kjit::tools::RunTune(f);
 }

@@ -67,7 +67,8 @@ TEST_F(KjitTuneTest, CompileOnlyFillsTheCacheSoASecondRunCompilesNothing) {
 
   const CliResult second = Run({"--model", "llama-3.2-1b", "--compile-only", "--json"});
   ASSERT_EQ(second.exit_code, 0) << second.Describe();
-  for (const auto& k : nlohmann::json::parse(second.out)["kernels"]) {
+  const nlohmann::json again = nlohmann::json::parse(second.out);
+  for (const auto& k : again["kernels"]) {
     EXPECT_EQ(k["origin"], "disk cache") << k.dump();
   }
 }

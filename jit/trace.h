@@ -1,0 +1,85 @@
+// Chrome trace-event recording of kjit's work (compiles, cache hits and misses, module loads and,
+// when asked, kernel launches) for Perfetto and chrome://tracing. KJIT_TRACE=file.json turns it on;
+// KJIT_TRACE_LAUNCHES=1 adds launches; KJIT_TRACE_MAX_EVENTS caps the events kept (default 100000;
+// the rest are counted as dropped in the file). The file is written once: at exit, or at the first
+// Flush(); later events are counted as dropped and no second write happens.
+//
+//   {
+//     kjit::jit::TraceSpan span("compile", "jit", {{"target", "sm_90"}});   // one "X" event
+//     ...
+//   }
+//   KJIT_RETURN_IF_ERROR(kjit::jit::Tracer::Global().Flush());
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "jit/status.h"
+
+namespace kjit::jit {
+
+using TraceArgs = std::vector<std::pair<std::string, std::string>>;
+
+class Tracer {
+ public:
+  // The process's tracer, configured from the environment at first use; flushed at exit.
+  static Tracer& Global();
+  // A tracer writing to `path` ("" records nothing); for tests and tools.
+  Tracer(std::string path, bool launches, size_t max_events);
+
+  bool enabled() const { return !path_.empty(); }
+  bool launches() const { return enabled() && launches_; }
+  const std::string& path() const { return path_; }
+
+  // A complete event: `name` ran from start_us for dur_us (NowUs() clock).
+  void Complete(std::string_view name, std::string_view category, int64_t start_us, int64_t dur_us,
+                TraceArgs args);
+  // A point in time.
+  void Instant(std::string_view name, std::string_view category, TraceArgs args);
+  // Writes the file (through a temporary and a rename); once only, later calls return OK.
+  absl::Status Flush();
+
+  static int64_t NowUs();
+
+ private:
+  struct Event {
+    std::string name, category;
+    char phase;
+    int64_t ts_us, dur_us;
+    uint64_t tid;
+    TraceArgs args;
+  };
+  void Add(Event e);
+
+  const std::string path_;
+  const bool launches_;
+  const size_t max_events_;
+  std::mutex mu_;
+  std::vector<Event> events_;
+  size_t dropped_ = 0;
+  bool flushed_ = false;
+};
+
+// Records one complete event on the global tracer from construction to destruction; free when
+// tracing is off.
+class TraceSpan {
+ public:
+  TraceSpan(std::string_view name, std::string_view category, TraceArgs args = {});
+  ~TraceSpan();
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+  void AddArg(std::string key, std::string value);
+
+ private:
+  Tracer& tracer_;
+  std::string name_, category_;
+  TraceArgs args_;
+  int64_t start_us_ = 0;
+};
+
+}  // namespace kjit::jit
