@@ -39,36 +39,46 @@ int Jit::compile_count() const {
 }
 
 absl::StatusOr<Jit::Built> Jit::Build(const Source& source, const Target& target) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return BuildLocked(source, target);
-}
-
-absl::StatusOr<Jit::Built> Jit::BuildLocked(const Source& source, const Target& target) {
   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
   Built built;
   built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
   TraceSpan span("build " + source.name, "jit",
                  {{"target", target.ToString()}, {"key", built.key},
                   {"params", FormatParams(source.params)}});
+  std::unique_lock<std::mutex> lock(mu_);
+  built_cv_.wait(lock, [&] { return building_.count(built.key) == 0; });
   if (auto it = built_.find(built.key); it != built_.end()) {
     Built hit = it->second;
     hit.origin = Origin::kMemory;
     span.AddArg("origin", OriginName(hit.origin));
     return hit;
   }
+  const std::string key = built.key;
+  building_.insert(key);
+  lock.unlock();
+  absl::StatusOr<Built> result = BuildUncached(source, target, *nvrtc, std::move(built));
+  lock.lock();
+  if (result.ok()) {
+    span.AddArg("origin", OriginName(result->origin));
+    built_[key] = *result;
+    if (result->origin == Origin::kCompiled) ++compiles_;
+  }
+  building_.erase(key);
+  built_cv_.notify_all();
+  return result;
+}
+
+absl::StatusOr<Jit::Built> Jit::BuildUncached(const Source& source, const Target& target,
+                                              const Nvrtc& nvrtc, Built built) {
   auto remember = [&](Binary bin, Origin origin, bool on_disk) {
-    span.AddArg("origin", OriginName(origin));
     built.binary = std::make_shared<const Binary>(std::move(bin));
     built.origin = origin;
     if (on_disk) built.path = disk_->dir() + "/" + built.key + ".kjit";
-    built_[built.key] = built;
     return built;
   };
   auto compile = [&]() -> absl::StatusOr<Binary> {
     TraceSpan compiling("nvrtc " + source.name, "jit", {{"target", target.ToString()}});
-    absl::StatusOr<Binary> bin = Compile(*nvrtc, source, target);
-    if (bin.ok()) ++compiles_;
-    return bin;
+    return Compile(nvrtc, source, target);
   };
   if (!disk_) {
     KJIT_ASSIGN_OR_RETURN(Binary bin, compile());
@@ -109,8 +119,8 @@ absl::StatusOr<Jit::Built> Jit::BuildLocked(const Source& source, const Target& 
 absl::StatusOr<std::shared_ptr<const LoadedModule>> Jit::Load(const Source& source,
                                                               const Target& target,
                                                               const Driver& cu, CUcontext ctx) {
+  KJIT_ASSIGN_OR_RETURN(Built built, Build(source, target));
   std::lock_guard<std::mutex> lock(mu_);
-  KJIT_ASSIGN_OR_RETURN(Built built, BuildLocked(source, target));
   auto slot = std::make_pair(built.key, ctx);
   if (auto it = modules_.find(slot); it != modules_.end()) return it->second;
   TraceSpan loading("load " + source.name, "jit", {{"key", built.key}});

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,6 +50,8 @@ class Jit {
   // NVRTC is loaded on the first compile.
   static absl::StatusOr<std::unique_ptr<Jit>> Create(const Options& options);
 
+  // Thread-safe; different kernels build in parallel, and a kernel another thread is building is
+  // waited for rather than compiled twice.
   absl::StatusOr<Built> Build(const Source& source, const Target& target);
   absl::StatusOr<std::shared_ptr<const LoadedModule>> Load(const Source& source,
                                                            const Target& target,
@@ -60,11 +64,15 @@ class Jit {
 
  private:
   explicit Jit(const Options& options) : options_(options) {}
-  absl::StatusOr<Built> BuildLocked(const Source& source, const Target& target);
+  // The disk cache, else NVRTC (storing the result); called with `key` marked as building.
+  absl::StatusOr<Built> BuildUncached(const Source& source, const Target& target, const Nvrtc& nvrtc,
+                                      Built built);
 
   Options options_;
   std::optional<DiskCache> disk_;
   mutable std::mutex mu_;
+  std::condition_variable built_cv_;    // signalled when a key leaves building_
+  std::set<std::string> building_;      // keys some thread is building now
   std::map<std::string, Built> built_;  // key -> what the first request got (binary, disk path)
   std::map<std::pair<std::string, CUcontext>, std::shared_ptr<const LoadedModule>> modules_;
   int compiles_ = 0;

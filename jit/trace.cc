@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <nvtx3/nvToolsExt.h>
 
 namespace kjit::jit {
 
@@ -116,10 +117,27 @@ absl::Status Tracer::Flush() {
   return absl::OkStatus();
 }
 
+namespace {
+nvtxDomainHandle_t KjitDomain() {
+  static nvtxDomainHandle_t domain = nvtxDomainCreateA("kjit");
+  return domain;
+}
+}  // namespace
+
+NvtxRange::NvtxRange(const std::string& name) {
+  nvtxEventAttributes_t attr{};
+  attr.version = NVTX_VERSION;
+  attr.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  attr.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  attr.message.ascii = name.c_str();
+  nvtxDomainRangePushEx(KjitDomain(), &attr);
+}
+
+NvtxRange::~NvtxRange() { nvtxDomainRangePop(KjitDomain()); }
+
 TraceSpan::TraceSpan(std::string_view name, std::string_view category, TraceArgs args)
-    : tracer_(Tracer::Global()) {
+    : tracer_(Tracer::Global()), name_(name), nvtx_(name_) {
   if (!tracer_.enabled()) return;
-  name_ = name;
   category_ = category;
   args_ = std::move(args);
   start_us_ = Tracer::NowUs();

@@ -35,6 +35,8 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
         fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
   }
   KJIT_RETURN_IF_ERROR(MakeCurrent());
+  static const std::string kLaunch = "launch";
+  const jit::NvtxRange nvtx(kLaunch);
   if (jit::Tracer::Global().launches()) {
     jit::Tracer::Global().Instant("launch", "launch",
                                   {{"function", fmt::format("{}", static_cast<void*>(fn))},

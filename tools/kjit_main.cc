@@ -10,7 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"kjit: JIT-specialized fused kernels (RMSNorm, cross-entropy) for LLM fine-tuning",
                "kjit"};
-  app.set_version_flag("--version", kjit::VersionString());
+  app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
   app.require_subcommand(1);
   std::string trace;
   app.add_option("--trace", trace,

@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kjit-tune: prebuild (and, once the autotuner exists, tune) the kernels a model "
                "needs, into the kernel cache",
                "kjit-tune"};
-  app.set_version_flag("--version", kjit::VersionString());
+  app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
   app.add_option("--model", f.model, "A built-in model (default llama-3.1-8b): " + presets);
   app.add_option("--config", f.config, "A Hugging Face config.json (hidden_size, vocab_size, "
                                        "rms_norm_eps, final_logit_softcapping, model_type)");

@@ -20,6 +20,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <absl/strings/cord.h>
@@ -141,6 +142,29 @@ TEST_F(JitTest, SecondBuildInOneJitIsAMemoryHit) {
   EXPECT_NE(other->key, first->key);
   EXPECT_EQ(other->binary->target, Sm("sm_100"));
   EXPECT_EQ(jit->compile_count(), 2);
+}
+
+// Threads of one process share a Jit: the same kernel requested by many at once is compiled once
+// and every thread gets that binary; different kernels build side by side.
+TEST_F(JitTest, ThreadsBuildingOneKernelCompileItOnce) {
+  auto jit = NewJit();
+  ASSERT_NE(jit, nullptr);
+  constexpr int kThreads = 8;
+  std::vector<absl::StatusOr<Jit::Built>> results(kThreads, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    // Half ask for sm_90, half for sm_100: two kernels, each wanted by four threads.
+    threads.emplace_back([&, i] { results[i] = jit->Build(source_, Sm(i % 2 ? "sm_100" : "sm_90")); });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(jit->compile_count(), 2);
+  int compiled = 0;
+  for (int i = 0; i < kThreads; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(results[i]->binary.get(), results[i % 2]->binary.get()) << i;
+    compiled += results[i]->origin == Jit::Origin::kCompiled;
+  }
+  EXPECT_EQ(compiled, 2) << "the others waited and got a memory hit";
 }
 
 TEST_F(JitTest, NewJitOnTheSameDirectoryLoadsFromDisk) {

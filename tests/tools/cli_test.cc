@@ -90,10 +90,12 @@ class CliTest : public ::testing::Test {
 const std::vector<std::string> kCompile4096 = {"compile", "--op",   "rms_norm", "--hidden", "4096",
                                                "--dtype", "bf16",   "--arch",   "sm_100"};
 
-TEST_F(CliTest, VersionPrintsTheVersion) {
+TEST_F(CliTest, VersionPrintsTheVersions) {
+  env_["KJIT_LIBCUDA_PATH"] = root_ + "/no-libcuda.so";
   CliResult r = Run({"--version"});
   EXPECT_EQ(r.exit_code, 0) << r.Describe();
-  EXPECT_TRUE(Contains(r.all(), "kjit 0.1.0")) << r.Describe();
+  EXPECT_TRUE(Contains(r.all(), "kjit 0.1.0 (NVRTC 13.")) << r.Describe();
+  EXPECT_TRUE(Contains(r.all(), "CUDA driver none (no CUDA driver")) << r.Describe();
 }
 
 TEST_F(CliTest, HelpListsTheSubcommands) {
