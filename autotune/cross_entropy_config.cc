@@ -49,8 +49,8 @@ int64_t CrossEntropyConfig::ResidentVectors(int64_t vocab) const {
 
 bool CrossEntropyConfig::ResidentFits(int64_t vocab, int elem_bytes) const {
   const int64_t row_registers = CeilDiv(ResidentVectors(vocab) * vec * elem_bytes, 4);
-  return row_registers + kOtherRegisters <= kMaxRegistersPerThread &&
-         int64_t{threads} * (row_registers + kOtherRegisters) <= kRegistersPerSm;
+  return row_registers + kCeOtherRegisters <= kMaxRegistersPerThread &&
+         int64_t{threads} * (row_registers + kCeOtherRegisters) <= kCeRegistersPerSm;
 }
 
 int MaxVecForCrossEntropy(int elem_bytes) { return std::max(1, 16 / elem_bytes); }

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "templates/cross_entropy_params.h"
+
 namespace kjit {
 
 // How per-row losses become the loss output: kept per row, summed, or averaged over the rows whose
@@ -32,8 +34,9 @@ struct CrossEntropyConfig {
   std::string ToString() const;  // "vec=8 threads=1024 unroll=4 cluster=0"
   // Vectors of the row each thread of the fused op holds in registers (0 when it streams).
   int64_t ResidentVectors(int64_t vocab) const;
-  // Whether those fit without spilling: the share's registers + kOtherRegisters within a thread's
-  // 255, and times the threads within an SM's 64K.
+  // Whether those fit without spilling: the share's registers + kCeOtherRegisters
+  // (templates/cross_entropy_params.h) within a thread's 255, and times the threads within an SM's
+  // kCeRegistersPerSm.
   bool ResidentFits(int64_t vocab, int elem_bytes) const;
   bool operator==(const CrossEntropyConfig&) const = default;
 };
@@ -42,9 +45,6 @@ struct CrossEntropyConfig {
 // strides may lower it. The vocab need not be a multiple: the rest of a row is read by scalars.
 int MaxVecForCrossEntropy(int elem_bytes);
 
-// Registers a thread of the fused op needs besides its share of the row (measured: about 30).
-constexpr int kOtherRegisters = 32;
-constexpr int kRegistersPerSm = 65536;
 constexpr int kMaxRegistersPerThread = 255;
 // Clusters of more than one block need this compute capability.
 constexpr int kMinClusterArch = 90;

@@ -42,9 +42,12 @@ absl::StatusOr<Jit::Built> Jit::Build(const Source& source, const Target& target
   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
   Built built;
   built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
-  TraceSpan span("build " + source.name, "jit",
-                 {{"target", target.ToString()}, {"key", built.key},
-                  {"params", FormatParams(source.params)}});
+  TraceSpan span("build " + source.name, "jit");
+  if (Tracer::Global().enabled()) {
+    span.AddArg("target", target.ToString());
+    span.AddArg("key", built.key);
+    span.AddArg("params", FormatParams(source.params));
+  }
   std::unique_lock<std::mutex> lock(mu_);
   built_cv_.wait(lock, [&] { return building_.count(built.key) == 0; });
   if (auto it = built_.find(built.key); it != built_.end()) {

@@ -405,11 +405,13 @@ cross_entropy_forward(const CrossEntropyRowParams p) {
 }
 
 // Blocks of the resident kernel that fit an SM: its share of the row (kRowBytes per thread) plus
-// about 32 other registers per thread, out of 64K (the host refuses configs where none fits).
+// kCeOtherRegisters per thread (the host refuses configs where none fits).
 template <int kThreads, int kRowBytes>
-constexpr int kResidentMinBlocks = 65536 / (kThreads * ((kRowBytes + 3) / 4 + 32)) > 0
-                                       ? 65536 / (kThreads * ((kRowBytes + 3) / 4 + 32))
-                                       : 1;
+constexpr int kResidentBlocksPerSm =
+    kCeRegistersPerSm / (kThreads * ((kRowBytes + 3) / 4 + kCeOtherRegisters));
+template <int kThreads, int kRowBytes>
+constexpr int kResidentMinBlocks =
+    kResidentBlocksPerSm<kThreads, kRowBytes> > 0 ? kResidentBlocksPerSm<kThreads, kRowBytes> : 1;
 
 // The fused forward and backward reading each logit once: the row stays in registers, shared by
 // the kCluster blocks of a cluster (kThreads * kCluster threads, kIters vectors each), which

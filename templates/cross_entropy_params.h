@@ -12,6 +12,12 @@ namespace kjit {
 
 enum CrossEntropyReduction { kCeNone = 0, kCeSum = 1, kCeMean = 2 };
 
+// The fused op's resident layout (cross_entropy_resident): a thread holds its share of the row in
+// registers plus about kCeOtherRegisters more (measured: about 30), and an SM has
+// kCeRegistersPerSm. The host prunes configs with these; the kernel derives its launch bounds.
+constexpr int kCeOtherRegisters = 32;
+constexpr int kCeRegistersPerSm = 65536;
+
 // The workspace starts with these counters. The count kernel, the first of every launch sequence,
 // rewrites them from the targets alone, so after the op they describe its last launch.
 struct CrossEntropyCounters {

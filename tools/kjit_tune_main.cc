@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -124,14 +125,13 @@ int RunTune(const TuneFlags& f) {
   auto model = ModelFromFlags(f);
   if (!model.ok()) {
     fmt::print(stderr, "kjit-tune: {}\n", ToStd(model.status().message()));
-    // A wrong combination of flags or an unknown preset is a usage error, like CLI11's own.
-    return absl::IsInvalidArgument(model.status()) && f.config.empty() ? 2
-           : absl::IsNotFound(model.status()) && f.config.empty()    ? 2
-                                                                      : 1;
+    // Without --config the error is in the flags (their combination, an unknown preset): a usage
+    // error, like CLI11's own; a bad config file is a failure.
+    return f.config.empty() ? 2 : 1;
   }
   auto dtype = ParseDType(f.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
-  auto runtimes = RuntimesForArch(f.compile_only && f.arch == "auto" ? "sm_90,sm_100" : f.arch);
+  auto runtimes = RuntimesForArch(f.arch, /*use_gpu=*/!f.compile_only);
   if (!runtimes.ok()) return Fail(runtimes.status());
   const bool on_gpu = !runtimes->empty() && !runtimes->front().compile_only();
   if (on_gpu) {

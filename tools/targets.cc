@@ -6,21 +6,23 @@
 
 namespace kjit::tools {
 
-absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch) {
+absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bool use_gpu) {
   std::vector<Runtime> out;
   if (arch == "auto") {
-    auto gpu = Runtime::Create();
-    if (gpu.ok()) {
-      out.push_back(std::move(*gpu));
-      return out;
+    if (use_gpu) {
+      auto gpu = Runtime::Create();
+      if (gpu.ok()) {
+        out.push_back(std::move(*gpu));
+        return out;
+      }
+      std::string targets;
+      for (const jit::Target& t : jit::DefaultPrebuildTargets()) {
+        targets += (targets.empty() ? "" : ", ") + t.ToString();
+      }
+      fmt::print(stderr, "kjit: no GPU ({}); building for {}\n",
+                 ToStd(gpu.status().message()).substr(0, ToStd(gpu.status().message()).find('\n')),
+                 targets);
     }
-    std::string targets;
-    for (const jit::Target& t : jit::DefaultPrebuildTargets()) {
-      targets += (targets.empty() ? "" : ", ") + t.ToString();
-    }
-    fmt::print(stderr, "kjit: no GPU ({}); building for {}\n",
-               ToStd(gpu.status().message()).substr(0, ToStd(gpu.status().message()).find('\n')),
-               targets);
     for (const jit::Target& t : jit::DefaultPrebuildTargets()) {
       KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.target = t.ToString(), .compile_only = true}));
       out.push_back(std::move(rt));
