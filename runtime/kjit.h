@@ -11,5 +11,6 @@
 #include "runtime/cross_entropy.h"
 #include "runtime/rms_norm.h"
 #include "runtime/runtime.h"
+#include "runtime/sharded_cross_entropy.h"
 #include "runtime/tensor.h"
 #include "runtime/version.h"

@@ -16,6 +16,7 @@
 #include "jit/target.h"
 #include "runtime/cross_entropy.h"
 #include "runtime/rms_norm.h"
+#include "runtime/sharded_cross_entropy.h"
 
 namespace kjit {
 
@@ -36,6 +37,9 @@ class Runtime {
 
   absl::StatusOr<kjit::RmsNorm> RmsNorm(const RmsNormSpec& spec) const;
   absl::StatusOr<kjit::CrossEntropy> CrossEntropy(const CrossEntropySpec& spec) const;
+  // Vocab-parallel cross-entropy for one rank's shard (runtime/sharded_cross_entropy.h).
+  absl::StatusOr<kjit::ShardedCrossEntropy> ShardedCrossEntropy(
+      const ShardedCrossEntropySpec& spec) const;
 
   const jit::Target& target() const;
   bool compile_only() const;

@@ -30,6 +30,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// What a sum of 2^(v - m) is multiplied by when its max m rises to new_m: equal maxima (even both
+// -inf, an all-masked part of a row) need no rescale and must not make 2^(-inf + inf) = NaN.
+__device__ __forceinline__ float rescale_factor(float m, float new_m) {
+  return m == new_m ? 1.0f : exp2f(m - new_m);
+}
+
 // A target that is neither ignore_index nor outside the vocab selects a class; anything else makes
 // the row ignored, and is never used as an index.
 template <int kVocab>
@@ -210,8 +216,8 @@ struct CeStats {
   // keeps the compiler from fusing one of the two products into an FMA with the sum.
   __device__ __forceinline__ void combine(const CeStats& o) {
     const float nm = fmaxf(m, o.m);
-    const float a = m == nm ? 1.0f : exp2f(m - nm);  // equal (even both -inf): no rescale
-    const float b = o.m == nm ? 1.0f : exp2f(o.m - nm);
+    const float a = rescale_factor(m, nm);
+    const float b = rescale_factor(o.m, nm);
     s = __fmul_rn(s, a) + __fmul_rn(o.s, b);
     m = nm;
     if constexpr (kSmoothing) sum_x += o.sum_x;
@@ -349,11 +355,39 @@ struct CeRow {
         valid(target_is_valid<kVocab>(target, p.ignore_index)),
         mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f, p.label_smoothing, p.lse_square_scale} {}
 
-  __device__ __forceinline__ Gradient<kVocab, kSmoothing, kZLoss, kSoftcap> gradient(float lse2,
-                                                                                   float scale) const {
-    return {mt, static_cast<int>(target), lse2, scale};
+  // first_col: the class of the row's first column (a vocab shard's start; 0 for the whole row).
+  __device__ __forceinline__ Gradient<kVocab, kSmoothing, kZLoss, kSoftcap> gradient(
+      float lse2, float scale, long long first_col = 0) const {
+    return {mt, static_cast<int>(target - first_col), lse2, scale};
   }
 };
+
+// Pass 1 streaming the row: thread tid's share read kUnroll vectors at a time, soft-capped and
+// added up, then combined over the block. Every thread of the block calls it with the same `read`;
+// a row not read gets the identity.
+template <typename L, int kUnroll, typename Stats, typename Row>
+__device__ __forceinline__ Stats stream_row_stats(const Row& r, int tid, bool read, Stats* smem) {
+  Stats st = Stats::identity();
+  if (read) {
+    visit_row<L, kUnroll>(r.x, tid, AddToStats<Stats, decltype(r.mt)>{st, r.mt});
+    st = block_combine<L::kThreads>(st, smem);
+  }
+  return st;
+}
+
+// Pass 2 streaming the row: thread tid's share of the gradient of a valid row from its lse (log2
+// units), zeros for an ignored one. first_col as for CeRow::gradient.
+template <typename L, int kUnroll, CrossEntropyReduction kReduction, typename Row>
+__device__ __forceinline__ void write_row_gradient(const CrossEntropyRowParams& p, long long row,
+                                                   const Row& r, int tid, float lse2,
+                                                   long long first_col = 0) {
+  if (r.valid) {
+    map_row<L, kUnroll, true>(r.x, r.g, tid,
+                              r.gradient(lse2, gradient_scale<kReduction>(p, row), first_col));
+  } else {
+    map_row<L, kUnroll, false>(r.x, r.g, tid, Zeros{});
+  }
+}
 
 // Turns a row's combined statistics into its lse (returned, in log2 units) and, from the one
 // `writer` thread, its lse, argmax and loss outputs. x_t is the target logit, read by the writer.
@@ -389,19 +423,10 @@ cross_entropy_forward(const CrossEntropyRowParams p) {
   if (r.valid && tid == 0) x_t = to_float(r.x[r.target]);
 
   // An ignored row is read only for the statistics of it that were asked for.
-  Stats st = Stats::identity();
-  if (r.valid || p.lse != nullptr || kArgmax) {
-    visit_row<L, kUnroll>(r.x, tid, AddToStats<Stats, decltype(r.mt)>{st, r.mt});
-    st = block_combine<kThreads>(st, smem);
-  }
+  const Stats st =
+      stream_row_stats<L, kUnroll>(r, tid, r.valid || p.lse != nullptr || kArgmax, smem);
   const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, tid == 0);
-  if constexpr (kGradient) {
-    if (r.valid) {
-      map_row<L, kUnroll, true>(r.x, r.g, tid, r.gradient(lse2, gradient_scale<kReduction>(p, row)));
-    } else {
-      map_row<L, kUnroll, false>(r.x, r.g, tid, Zeros{});
-    }
-  }
+  if constexpr (kGradient) write_row_gradient<L, kUnroll, kReduction>(p, row, r, tid, lse2);
 }
 
 // Blocks of the resident kernel that fit an SM: its share of the row (kRowBytes per thread) plus
@@ -489,12 +514,8 @@ cross_entropy_backward(const CrossEntropyRowParams p) {
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
   const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
-  if (r.valid) {
-    map_row<L, kUnroll, true>(r.x, r.g, tid,
-                              r.gradient(p.lse_in[row] * kLog2e, gradient_scale<kReduction>(p, row)));
-  } else {
-    map_row<L, kUnroll, false>(r.x, r.g, tid, Zeros{});
-  }
+  // lse_in is read for valid rows only, as the gradient is.
+  write_row_gradient<L, kUnroll, kReduction>(p, row, r, tid, r.valid ? p.lse_in[row] * kLog2e : 0.0f);
 }
 
 // Counts valid and out-of-range targets into the workspace's counters. One block; integer sums, so
