@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "autotune/config_text.h"
+
 namespace kjit {
 
 const char* Name(Reduction r) {
@@ -19,6 +21,23 @@ namespace autotune {
 
 std::string CrossEntropyConfig::ToString() const {
   return fmt::format("vec={} threads={} unroll={} cluster={}", vec, threads, unroll, cluster);
+}
+
+absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text) {
+  KJIT_ASSIGN_OR_RETURN(ConfigText t, ConfigText::Split("cross-entropy config", text,
+                                                        {"vec", "threads", "unroll", "cluster"}));
+  CrossEntropyConfig c;
+  KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
+  KJIT_ASSIGN_OR_RETURN(c.threads, t.Int("threads"));
+  KJIT_ASSIGN_OR_RETURN(c.unroll, t.Int("unroll"));
+  KJIT_ASSIGN_OR_RETURN(c.cluster, t.Int("cluster"));
+  if (!IsPowerOfTwo(c.vec) || c.vec > 16) return t.Invalid("vec", "a power of two from 1 to 16");
+  if (c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0) {
+    return t.Invalid("threads", "a multiple of 32 from 32 to 1024");
+  }
+  if (!IsPowerOfTwo(c.unroll) || c.unroll > 8) return t.Invalid("unroll", "1, 2, 4 or 8");
+  if (c.cluster < 0 || c.cluster > 8) return t.Invalid("cluster", "0 (streaming) to 8 blocks");
+  return c;
 }
 
 namespace {

@@ -9,12 +9,15 @@
 //
 //   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8, /*arch=*/90);
 //   // c.ToString() == "vec=8 threads=512 unroll=4 cluster=4"
+//   // ParseCrossEntropyConfig(c.ToString()) == c
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "jit/status.h"
 #include "templates/cross_entropy_params.h"
 
 namespace kjit {
@@ -40,6 +43,11 @@ struct CrossEntropyConfig {
   bool ResidentFits(int64_t vocab, int elem_bytes) const;
   bool operator==(const CrossEntropyConfig&) const = default;
 };
+
+// The inverse of ToString(), for configs read back from the tuning database: all four fields, in
+// any order, within the ranges above (cluster 0 to 8). Whether the config suits a vocab and GPU is
+// not checked here. InvalidArgument naming the field and the text.
+absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text);
 
 // The widest vector an element size allows (16 bytes); the alignment of the actual pointers and
 // strides may lower it. The vocab need not be a multiple: the rest of a row is read by scalars.

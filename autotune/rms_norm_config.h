@@ -6,11 +6,15 @@
 //
 //   RmsNormConfig c = DefaultRmsNormConfig(/*hidden=*/4096, /*max_vec=*/8);
 //   // c.ToString() == "vec=8 fwd=256x1 bwd=512x1"
+//   // ParseRmsNormConfig(c.ToString()) == c
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "jit/status.h"
 
 namespace kjit::autotune {
 
@@ -28,6 +32,12 @@ struct RmsNormConfig {
   std::string ToString() const;  // "vec=8 fwd=128x1 bwd=512x1"
   bool operator==(const RmsNormConfig&) const = default;
 };
+
+// The inverse of ToString(), for configs read back from the tuning database: all three fields, in
+// any order; vec a power of two up to 16, and each row shape as RowShape states with at most 1024
+// threads per block. Whether vec divides a hidden size is not checked here. InvalidArgument naming
+// the field and the text.
+absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text);
 
 // The widest vector (<= 16 bytes) that divides hidden; alignment of the actual pointers may lower it.
 int MaxVecForHidden(int64_t hidden, int elem_bytes);
