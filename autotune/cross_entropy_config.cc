@@ -48,13 +48,6 @@ int64_t PowerOfTwoAtLeast(int64_t n) {
   while (p < n) p *= 2;
   return p;
 }
-// Four loads in flight per thread, or fewer when a thread has fewer vectors to read.
-int DefaultUnroll(int64_t vectors, int threads) {
-  const int64_t per_thread = CeilDiv(vectors, threads);
-  int unroll = 1;
-  while (unroll < 4 && unroll * 2 <= per_thread) unroll *= 2;
-  return unroll;
-}
 // 8 resident vectors (32 registers of 16-byte vectors) per thread: with 512 threads, two blocks
 // share an SM.
 constexpr int kDefaultResidentVectors = 8;
@@ -70,6 +63,13 @@ bool CrossEntropyConfig::ResidentFits(int64_t vocab, int elem_bytes) const {
   const int64_t row_registers = CeilDiv(ResidentVectors(vocab) * vec * elem_bytes, 4);
   return row_registers + kCeOtherRegisters <= kMaxRegistersPerThread &&
          int64_t{threads} * (row_registers + kCeOtherRegisters) <= kCeRegistersPerSm;
+}
+
+int StreamingUnroll(int64_t vocab, int vec, int threads) {
+  const int64_t per_thread = CeilDiv(Vectors(vocab, vec), threads);
+  int unroll = 1;
+  while (unroll < 4 && unroll * 2 <= per_thread) unroll *= 2;
+  return unroll;
 }
 
 int MaxVecForCrossEntropy(int elem_bytes) { return std::max(1, 16 / elem_bytes); }
@@ -94,31 +94,8 @@ CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch) {
     while (c.threads < 512 && c.threads < wanted) c.threads *= 2;
     c.cluster = 0;
   }
-  c.unroll = DefaultUnroll(vectors, c.threads);
+  c.unroll = StreamingUnroll(vocab, vec, c.threads);
   return c;
-}
-
-std::vector<CrossEntropyConfig> CrossEntropyConfigCandidates(int64_t vocab, int vec, int arch) {
-  std::vector<CrossEntropyConfig> out;
-  const int64_t vectors = Vectors(vocab, vec);
-  const int max_cluster = arch >= kMinClusterArch ? kMaxCluster : 1;
-  for (int threads = 128; threads <= 1024; threads *= 2) {
-    const int64_t per_thread = CeilDiv(vectors, threads);
-    if (per_thread > 256) continue;
-    for (int unroll : {1, 2, 4, 8}) {
-      if (unroll > 1 && unroll > per_thread) continue;
-      out.push_back({vec, threads, unroll, 0});
-    }
-    // The fused op issues every load of its share at once: unroll does not apply to it.
-    for (int cluster = 1; cluster <= max_cluster; cluster *= 2) {
-      const CrossEntropyConfig c{vec, threads, DefaultUnroll(vectors, threads), cluster};
-      const int64_t resident = c.ResidentVectors(vocab);
-      if (resident >= 2 && c.ResidentFits(vocab, 16 / vec)) out.push_back(c);
-    }
-  }
-  const CrossEntropyConfig d = DefaultCrossEntropyConfig(vocab, vec, arch);
-  if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
-  return out;
 }
 
 }  // namespace autotune

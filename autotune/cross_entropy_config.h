@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "jit/status.h"
 #include "templates/cross_entropy_params.h"
@@ -49,6 +48,9 @@ struct CrossEntropyConfig {
 // not checked here. InvalidArgument naming the field and the text.
 absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text);
 
+// Four vector loads in flight per streaming thread, or fewer when a thread has fewer to read.
+int StreamingUnroll(int64_t vocab, int vec, int threads);
+
 // The widest vector an element size allows (16 bytes); the alignment of the actual pointers and
 // strides may lower it. The vocab need not be a multiple: the rest of a row is read by scalars.
 int MaxVecForCrossEntropy(int elem_bytes);
@@ -62,12 +64,6 @@ constexpr int kMinClusterArch = 90;
 // the GPU has clusters; otherwise streaming, with threads so that each walks about 32
 // vectors of a row (32 to 512, so that two blocks fit an SM) and four loads in flight.
 CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch);
-
-// Every config worth timing for a vocab, vector width (the widest, 16 bytes, for the dtype) and
-// arch: 128 to 1024 threads, unroll 1 to 8 where each thread walks at least one full unroll batch
-// and at most 256 vectors, and every cluster of 1 to 8 blocks that leaves at least 2 resident
-// vectors per thread and fits, or streaming.
-std::vector<CrossEntropyConfig> CrossEntropyConfigCandidates(int64_t vocab, int vec, int arch);
 
 }  // namespace autotune
 }  // namespace kjit

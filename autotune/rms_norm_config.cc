@@ -86,22 +86,4 @@ RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec) {
   return c;
 }
 
-std::vector<RowShape> RowShapeCandidates(int64_t hidden, int vec) {
-  const int64_t vectors = (hidden + vec - 1) / vec;
-  std::vector<RowShape> out;
-  auto walk_ok = [&](int threads) {
-    const int64_t per_thread = (vectors + threads - 1) / threads;
-    return per_thread >= 1 && per_thread <= 16;
-  };
-  for (int t = 1; t <= 32; t *= 2) {
-    if (t / 2 >= vectors || !walk_ok(t)) continue;  // half the group would idle
-    for (int block : {128, 256}) out.push_back({t, block / t});
-  }
-  for (int t = 64; t <= 1024; t *= 2) {
-    if (t - 32 >= vectors || !walk_ok(t)) continue;
-    out.push_back({t, 1});
-  }
-  return out;
-}
-
 }  // namespace kjit::autotune

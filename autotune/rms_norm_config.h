@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "jit/status.h"
 
@@ -44,9 +43,5 @@ int MaxVecForHidden(int64_t hidden, int elem_bytes);
 
 // A sound default for a hidden size and vector width.
 RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec);
-
-// Every row shape worth timing for a hidden size and vector width: sub-warp groups in blocks of 128
-// or 256 threads, or one row per block of 64 to 1024 threads, each thread walking 1 to 16 vectors.
-std::vector<RowShape> RowShapeCandidates(int64_t hidden, int vec);
 
 }  // namespace kjit::autotune

@@ -13,6 +13,7 @@
 #include "runtime/runtime.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tensor_checks.h"
+#include "runtime/tuned_configs.h"
 
 namespace kjit {
 
@@ -169,12 +170,17 @@ struct CrossEntropyKernels {
 struct CrossEntropyState {
   CrossEntropySpec spec;
   int arch = 0;                         // the compute capability compiled for
-  autotune::CrossEntropyConfig config;  // for the widest vector
+  autotune::CrossEntropyConfig config;  // the spec's or the heuristic's, for the widest vector
   std::mutex mu;
-  std::map<int, CrossEntropyKernels> by_vec;  // narrower vectors compiled on demand (misaligned views)
+  std::optional<TunedConfigs<autotune::CrossEntropyConfig>> tuned;  // unless the spec has a config
+  // Loaded programs by config: tuned ones per rows bucket, narrower vectors for misaligned views.
+  std::map<std::string, CrossEntropyKernels> by_config;
 
-  autotune::CrossEntropyConfig ConfigForVec(int vec) const {
-    if (vec == config.vec) return config;
+  // With mu held.
+  autotune::CrossEntropyConfig ConfigFor(int64_t rows, int vec) {
+    autotune::CrossEntropyConfig c = config;
+    if (tuned) c = tuned->For(rows).value_or(config);
+    if (vec >= c.vec) return c;
     return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch);
   }
 };
@@ -183,13 +189,13 @@ struct CrossEntropyState {
 
 namespace {
 
-absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::RuntimeState& rt,
-                                                                internal::CrossEntropyState& op,
-                                                                int vec) {
-  std::lock_guard<std::mutex> lock(op.mu);
-  if (auto it = op.by_vec.find(vec); it != op.by_vec.end()) return &it->second;
+absl::StatusOr<const internal::CrossEntropyKernels*> LoadLocked(
+    const internal::RuntimeState& rt, internal::CrossEntropyState& op,
+    const autotune::CrossEntropyConfig& config) {
+  const std::string name = config.ToString();
+  if (auto it = op.by_config.find(name); it != op.by_config.end()) return &it->second;
   internal::CrossEntropyKernels k;
-  k.config = op.ConfigForVec(vec);
+  k.config = config;
   KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderCrossEntropy(op.spec, k.config));
   KJIT_ASSIGN_OR_RETURN(k.module, rt.jit->Load(src, rt.target, *rt.driver, rt.ctx));
   KJIT_ASSIGN_OR_RETURN(k.count, k.module->Function(src.name_expressions[0]));
@@ -199,7 +205,15 @@ absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::
   if (src.name_expressions.size() > 4) {
     KJIT_ASSIGN_OR_RETURN(k.reduce, k.module->Function(src.name_expressions[4]));
   }
-  return &op.by_vec.emplace(vec, std::move(k)).first->second;
+  return &op.by_config.emplace(name, std::move(k)).first->second;
+}
+
+// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements.
+absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::RuntimeState& rt,
+                                                                internal::CrossEntropyState& op,
+                                                                int64_t rows, int vec) {
+  std::lock_guard<std::mutex> lock(op.mu);
+  return LoadLocked(rt, op, op.ConfigFor(rows, vec));
 }
 
 // One block per row: the grid's x dimension bounds the rows, and the counters are 32-bit.
@@ -308,7 +322,7 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
     const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
     const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace) {
   const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, vec));
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, logits.rows, vec));
   CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index,
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
@@ -339,6 +353,11 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
 
 const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
 const autotune::CrossEntropyConfig& CrossEntropy::config() const { return op_->config; }
+
+autotune::CrossEntropyConfig CrossEntropy::ConfigFor(int64_t rows) const {
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->ConfigFor(rows, op_->config.vec);
+}
 
 absl::StatusOr<jit::Jit::Built> CrossEntropy::Build() const {
   KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderCrossEntropy(op_->spec, op_->config));
@@ -449,10 +468,16 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
   }
   const int max_vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
   op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(spec.vocab, max_vec, op->arch));
+  if (!spec.config) {
+    op->tuned.emplace(
+        *state_, TuningOp(spec), TuningShape(spec), spec.dtype, autotune::ParseCrossEntropyConfig,
+        [spec](const autotune::CrossEntropyConfig& c) { return ValidateConfig(spec, c); });
+  }
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {
     // Build and load the common case now so that errors surface here, not in the first launch.
-    KJIT_RETURN_IF_ERROR(KernelsFor(*state_, *op, op->config.vec).status());
+    std::lock_guard<std::mutex> lock(op->mu);
+    KJIT_RETURN_IF_ERROR(LoadLocked(*state_, *op, op->config).status());
   }
   return ce;
 }

@@ -110,8 +110,11 @@ struct CrossEntropyState;
 class CrossEntropy {
  public:
   const CrossEntropySpec& spec() const;
-  // The config used when pointers allow the widest vectors.
+  // The spec's config, else the heuristic's, for the widest vectors.
   const autotune::CrossEntropyConfig& config() const;
+  // The config a launch of `rows` uses when pointers allow the widest vectors: the spec's, else
+  // the tuning database's for the nearest tuned row count (runtime/tuning.h), else config().
+  autotune::CrossEntropyConfig ConfigFor(int64_t rows) const;
 
   // Loss (and lse, argmax). args.grad must be empty.
   absl::Status Forward(CUstream stream, const CrossEntropyArgs& args) const;

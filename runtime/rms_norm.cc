@@ -11,6 +11,7 @@
 #include "runtime/runtime.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tensor_checks.h"
+#include "runtime/tuned_configs.h"
 #include "templates/rms_norm_params.h"
 
 namespace kjit {
@@ -129,12 +130,17 @@ struct RmsNormKernels {
 
 struct RmsNormState {
   RmsNormSpec spec;
-  autotune::RmsNormConfig config;  // for the widest vector
+  autotune::RmsNormConfig config;  // the spec's or the heuristic's, for the widest vector
   std::mutex mu;
-  std::map<int, RmsNormKernels> by_vec;  // lower vector widths compiled on demand (misaligned views)
+  std::optional<TunedConfigs<autotune::RmsNormConfig>> tuned;  // unless the spec has a config
+  // Loaded programs by config: tuned ones per rows bucket, narrower vectors for misaligned views.
+  std::map<std::string, RmsNormKernels> by_config;
 
-  autotune::RmsNormConfig ConfigForVec(int vec) const {
-    if (vec == config.vec) return config;
+  // With mu held.
+  autotune::RmsNormConfig ConfigFor(int64_t rows, int vec) {
+    autotune::RmsNormConfig c = config;
+    if (tuned) c = tuned->For(rows).value_or(config);
+    if (vec >= c.vec) return c;
     return autotune::DefaultRmsNormConfig(spec.hidden, vec);
   }
 };
@@ -143,12 +149,13 @@ struct RmsNormState {
 
 namespace {
 
-absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::RuntimeState& rt,
-                                                           internal::RmsNormState& op, int vec) {
-  std::lock_guard<std::mutex> lock(op.mu);
-  if (auto it = op.by_vec.find(vec); it != op.by_vec.end()) return &it->second;
+absl::StatusOr<const internal::RmsNormKernels*> LoadLocked(const internal::RuntimeState& rt,
+                                                           internal::RmsNormState& op,
+                                                           const autotune::RmsNormConfig& config) {
+  const std::string name = config.ToString();
+  if (auto it = op.by_config.find(name); it != op.by_config.end()) return &it->second;
   internal::RmsNormKernels k;
-  k.config = op.ConfigForVec(vec);
+  k.config = config;
   KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderRmsNorm(op.spec, k.config));
   KJIT_ASSIGN_OR_RETURN(k.module, rt.jit->Load(src, rt.target, *rt.driver, rt.ctx));
   KJIT_ASSIGN_OR_RETURN(k.forward, k.module->Function(src.name_expressions[0]));
@@ -158,13 +165,26 @@ absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::Runti
       rt.driver->cuOccupancyMaxActiveBlocksPerMultiprocessor(
           &k.backward_blocks_per_sm, k.backward, k.config.backward.block_threads(), 0),
       "cuOccupancyMaxActiveBlocksPerMultiprocessor"));
-  return &op.by_vec.emplace(vec, std::move(k)).first->second;
+  return &op.by_config.emplace(name, std::move(k)).first->second;
+}
+
+// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements.
+absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::RuntimeState& rt,
+                                                           internal::RmsNormState& op,
+                                                           int64_t rows, int vec) {
+  std::lock_guard<std::mutex> lock(op.mu);
+  return LoadLocked(rt, op, op.ConfigFor(rows, vec));
 }
 
 }  // namespace
 
 const RmsNormSpec& RmsNorm::spec() const { return op_->spec; }
 const autotune::RmsNormConfig& RmsNorm::config() const { return op_->config; }
+
+autotune::RmsNormConfig RmsNorm::ConfigFor(int64_t rows) const {
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->ConfigFor(rows, op_->config.vec);
+}
 
 absl::StatusOr<jit::Jit::Built> RmsNorm::Build() const {
   KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderRmsNorm(op_->spec, op_->config));
@@ -173,14 +193,18 @@ absl::StatusOr<jit::Jit::Built> RmsNorm::Build() const {
 
 int64_t RmsNorm::BackwardWorkspaceBytes(int64_t rows) const {
   int sm_count = 1, blocks_per_sm = 1;
+  autotune::RmsNormConfig config = op_->config;
   if (!rt_->compile_only) {
-    auto k = KernelsFor(*rt_, *op_, op_->config.vec);  // loaded when the op was created
+    auto k = KernelsFor(*rt_, *op_, rows, op_->config.vec);
     sm_count = rt_->device.sm_count;
-    if (k.ok()) blocks_per_sm = (*k)->backward_blocks_per_sm;
+    if (k.ok()) {
+      blocks_per_sm = (*k)->backward_blocks_per_sm;
+      config = (*k)->config;
+    }
   }
   // Lower vector widths (misaligned views) may pack more rows per block: leave room for a full one.
   const int64_t groups = std::max<int64_t>(
-      BackwardGroups(op_->config, std::max<int64_t>(rows, 1), sm_count, blocks_per_sm), 128);
+      BackwardGroups(config, std::max<int64_t>(rows, 1), sm_count, blocks_per_sm), 128);
   return groups * op_->spec.hidden * static_cast<int64_t>(sizeof(float));
 }
 
@@ -217,7 +241,7 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
 
   const int vec = internal::WidestAlignedVec(
       op_->config.vec, {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
-  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, vec));
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec));
   RmsNormForwardParams p{};
   p.x = a.x.data;
   p.x_stride = a.x.row_stride;
@@ -282,7 +306,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
 
   const int vec =
       internal::WidestAlignedVec(op_->config.vec, {&a.dy, &a.x, &a.weight, &a.dx, &a.dresidual});
-  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, vec));
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec));
   const int rpb = k->config.backward.rows_per_block;
   const int64_t per_group = s.hidden * static_cast<int64_t>(sizeof(float));
   // A smaller workspace than asked for still works, with fewer (longer) row groups.
@@ -325,10 +349,16 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
   const int max_vec = autotune::MaxVecForHidden(
       spec.hidden, static_cast<int>(std::max(SizeOf(spec.dtype), SizeOf(WeightDType(spec)))));
   op->config = spec.config.value_or(autotune::DefaultRmsNormConfig(spec.hidden, max_vec));
+  if (!spec.config) {
+    op->tuned.emplace(*state_, TuningOp(spec), TuningShape(spec), spec.dtype,
+                      autotune::ParseRmsNormConfig,
+                      [spec](const autotune::RmsNormConfig& c) { return ValidateConfig(spec, c); });
+  }
   kjit::RmsNorm norm(state_, op);
   if (!state_->compile_only) {
     // Build and load the common case now so that errors surface here, not in the first launch.
-    KJIT_RETURN_IF_ERROR(KernelsFor(*state_, *op, op->config.vec).status());
+    std::lock_guard<std::mutex> lock(op->mu);
+    KJIT_RETURN_IF_ERROR(LoadLocked(*state_, *op, op->config).status());
   }
   return norm;
 }

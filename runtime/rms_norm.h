@@ -78,8 +78,11 @@ struct RmsNormState;
 class RmsNorm {
  public:
   const RmsNormSpec& spec() const;
-  // The config used when pointers allow the widest vectors.
+  // The spec's config, else the heuristic's, for the widest vectors.
   const autotune::RmsNormConfig& config() const;
+  // The config a launch of `rows` uses when pointers allow the widest vectors: the spec's, else
+  // the tuning database's for the nearest tuned row count (runtime/tuning.h), else config().
+  autotune::RmsNormConfig ConfigFor(int64_t rows) const;
 
   absl::Status Forward(CUstream stream, const RmsNormForwardArgs& args) const;
   absl::Status Backward(CUstream stream, const RmsNormBackwardArgs& args) const;

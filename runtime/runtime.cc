@@ -1,5 +1,8 @@
 #include "runtime/runtime.h"
 
+#include <mutex>
+#include <set>
+
 #include <fmt/format.h>
 
 #include "jit/trace.h"
@@ -63,6 +66,31 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
 
 }  // namespace internal
 
+namespace {
+
+// A bad database must not stop a training job: the ops fall back to their heuristics, and the
+// user hears about it once per path (`kjit-tune` rebuilds a corrupt file).
+std::shared_ptr<const autotune::TuningDb> LoadTuningDb(const std::string& option) {
+  if (option == "off") return nullptr;
+  const std::string path = option.empty() ? autotune::TuningDb::DefaultPath() : option;
+  if (path.empty()) return nullptr;
+  auto db = autotune::TuningDb::Load(path);
+  if (!db.ok()) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lock(mu);
+    if (warned.insert(path).second) {
+      fmt::print(stderr, "kjit: warning: ignoring the tuning database: {}\n",
+                 ToStd(db.status().message()));
+    }
+    return nullptr;
+  }
+  if (db->records().empty()) return nullptr;
+  return std::make_shared<const autotune::TuningDb>(std::move(*db));
+}
+
+}  // namespace
+
 absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   auto state = std::make_shared<internal::RuntimeState>();
   KJIT_ASSIGN_OR_RETURN(state->jit, jit::Jit::Create(options.jit));
@@ -92,6 +120,7 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   } else {
     KJIT_ASSIGN_OR_RETURN(state->target, jit::ParseTarget(options.target));
   }
+  state->tuning = LoadTuningDb(options.tuning_db);
   return Runtime(std::move(state));
 }
 
@@ -101,5 +130,6 @@ const jit::DeviceInfo& Runtime::device() const { return state_->device; }
 jit::Jit& Runtime::jit() const { return *state_->jit; }
 const jit::Driver* Runtime::driver() const { return state_->driver; }
 CUcontext Runtime::context() const { return state_->ctx; }
+const autotune::TuningDb* Runtime::tuning_db() const { return state_->tuning.get(); }
 
 }  // namespace kjit

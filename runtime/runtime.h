@@ -14,6 +14,7 @@
 #include "jit/jit.h"
 #include "jit/status.h"
 #include "jit/target.h"
+#include "autotune/tuning_db.h"
 #include "runtime/cross_entropy.h"
 #include "runtime/rms_norm.h"
 #include "runtime/sharded_cross_entropy.h"
@@ -27,6 +28,10 @@ struct RuntimeOptions {
   // No driver is touched: kernels are compiled and cached but cannot be launched. Needs `target`.
   bool compile_only = false;
   jit::Jit::Options jit;
+  // Where ops look up tuned configs (autotune/tuning_db.h): "" is TuningDb::DefaultPath()
+  // ($KJIT_TUNING_DB, else tuning.json in the cache directory); "off" uses the heuristics only.
+  // A database that cannot be read is reported once on stderr and the heuristics are used.
+  std::string tuning_db;
 };
 
 namespace internal { struct RuntimeState; }
@@ -49,6 +54,11 @@ class Runtime {
   // The driver and context kernels launch in; null when compile-only.
   const jit::Driver* driver() const;
   CUcontext context() const;
+  // The tuning database ops consult; null when off, compile-only, or unreadable.
+  const autotune::TuningDb* tuning_db() const;
+
+  // Internal: what the ops and the tuning keys share.
+  const internal::RuntimeState& state() const { return *state_; }
 
  private:
   explicit Runtime(std::shared_ptr<internal::RuntimeState> state) : state_(std::move(state)) {}

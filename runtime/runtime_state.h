@@ -7,6 +7,7 @@
 #include "jit/driver.h"
 #include "jit/jit.h"
 #include "jit/target.h"
+#include "autotune/tuning_db.h"
 
 namespace kjit::internal {
 
@@ -18,6 +19,7 @@ struct RuntimeState {
   CUdevice cu_device = 0;
   CUcontext ctx = nullptr;              // the device's primary context, retained
   jit::DeviceInfo device;
+  std::shared_ptr<const autotune::TuningDb> tuning;  // null: heuristics only
 
   ~RuntimeState();
   // Makes the runtime's context current on this thread if another (or none) is; no sync.

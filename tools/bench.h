@@ -26,7 +26,8 @@ struct BenchCase {
 };
 nlohmann::json BenchEntry(const BenchCase& c, const autotune::Timing& t, double copy_gbps);
 
-// Times `rows` of RMSNorm at `hidden` under each config (nullopt: the heuristic's), checked first.
+// Times `rows` of RMSNorm at `hidden` under each config (nullopt: the op's own choice, tuned or
+// heuristic), checked first.
 absl::StatusOr<nlohmann::json> BenchRmsNorm(
     const Runtime& rt, autotune::GpuTimer& timer, DType dtype, int64_t hidden, int64_t rows,
     int repeats, double copy_gbps,
@@ -35,7 +36,7 @@ std::vector<std::optional<autotune::RmsNormConfig>> RmsNormConfigs(DType dtype, 
                                                                     bool sweep);
 
 // Times cross-entropy (mean, gradient in place; and forward alone) at `vocab` x `rows` under each
-// config (nullopt: the heuristic's), checked first on sampled rows.
+// config (nullopt: the op's own choice, tuned or heuristic), checked first on sampled rows.
 absl::StatusOr<nlohmann::json> BenchCrossEntropy(
     const Runtime& rt, autotune::GpuTimer& timer, DType dtype, int64_t vocab, int64_t rows,
     int repeats, double copy_gbps,

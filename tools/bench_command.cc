@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "autotune/trial.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -33,18 +34,6 @@ struct BenchFlags {
 using autotune::GpuTimer;
 using autotune::Timing;
 
-absl::StatusOr<Timing> TimeCopy(const Runtime& rt, GpuTimer& timer, size_t bytes, int repeats) {
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer src, DeviceBuffer::Create(rt, bytes));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dst, DeviceBuffer::Create(rt, bytes));
-  KJIT_RETURN_IF_ERROR(src.Fill(1));
-  const jit::Driver& cu = *rt.driver();
-  return timer.Time(repeats, [&] {
-    return cu.Check(cu.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst.data()),
-                                         reinterpret_cast<CUdeviceptr>(src.data()), bytes, nullptr),
-                    "cuMemcpyDtoDAsync");
-  });
-}
-
 int RunBench(const BenchFlags& f) {
   auto dtype = ParseDType(f.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
@@ -52,8 +41,8 @@ int RunBench(const BenchFlags& f) {
   if (!rt.ok()) return Fail(rt.status());
   auto timer = GpuTimer::Create(rt->jit(), *rt->driver(), rt->context(), rt->target());
   if (!timer.ok()) return Fail(timer.status());
-  const size_t copy_bytes = size_t{1} << 30;
-  auto copy = TimeCopy(*rt, **timer, copy_bytes, f.repeats);
+  const size_t copy_bytes = autotune::kCopyBytes;
+  auto copy = autotune::TimeDeviceCopy(*rt, **timer, copy_bytes, f.repeats);
   if (!copy.ok()) return Fail(copy.status());
   const double copy_gbps = 2.0 * copy_bytes / (copy->median_us * 1e3);
 

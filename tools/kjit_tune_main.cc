@@ -1,18 +1,18 @@
-// kjit-tune: prebuild the kernels a model needs (RMSNorm with and without the fused residual,
-// cross-entropy over its vocab) for the GPU present or for explicit targets, so that a training
-// job finds them in the cache.
+// kjit-tune: tune and prebuild the kernels a model needs (RMSNorm with and without the fused
+// residual, cross-entropy over its vocab). On a GPU every candidate config is compiled in worker
+// processes, checked against the reference and timed at each token count, and the fastest goes to
+// the tuning database the ops read; without one the heuristic configs are compiled for the default
+// targets so that a training job finds them in the cache.
 //
 //   kjit-tune --model llama-3.1-8b                 # the GPU present, else sm_90 and sm_100
 //   kjit-tune --config path/config.json --arch sm_90,sm_100 --json
-//
-// The autotuner (timing candidate configs per token count) is not built yet: every kernel uses the
-// heuristic config, and the report says so ("tuned": false) rather than pretending.
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
 #include <functional>
+#include <iostream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -23,6 +23,8 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune/model_config.h"
+#include "autotune/tune_worker.h"
+#include "autotune/tuner.h"
 #include "runtime/kjit.h"
 #include "runtime/version.h"
 #include "tools/targets.h"
@@ -42,14 +44,11 @@ struct TuneFlags {
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool json = false;
   std::string trace;
-};
-
-// One kernel program to build for one target.
-struct Job {
-  std::string op;     // "rms_norm", "rms_norm+residual", "cross_entropy"
-  std::string shape;  // "hidden=4096", "vocab=128256"
-  const Runtime* rt = nullptr;
-  std::function<absl::StatusOr<jit::Jit::Built>(const Runtime&)> build;
+  bool all_candidates = false;
+  bool retune = false;
+  int repeats = 20;
+  int timeout_s = 120;
+  std::string db;
 };
 
 absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
@@ -67,61 +66,80 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
   return autotune::ModelPreset(f.model.empty() ? "llama-3.1-8b" : f.model);
 }
 
-std::vector<Job> PlanJobs(const autotune::ModelConfig& m, DType dtype,
-                          const std::vector<Runtime>& runtimes) {
-  std::vector<Job> jobs;
-  for (const Runtime& rt : runtimes) {
-    for (bool residual : {false, true}) {
-      RmsNormSpec spec{.hidden = m.hidden_size, .dtype = dtype,
-                       .eps = static_cast<float>(m.rms_norm_eps),
-                       .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
-                       .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
-                       .fused_residual = residual};
-      jobs.push_back({residual ? "rms_norm+residual" : "rms_norm",
-                      fmt::format("hidden={}", m.hidden_size), &rt,
-                      [spec](const Runtime& r) -> absl::StatusOr<jit::Jit::Built> {
-                        KJIT_ASSIGN_OR_RETURN(RmsNorm op, r.RmsNorm(spec));
-                        return op.Build();
-                      }});
-    }
-    CrossEntropySpec spec{.vocab = m.vocab_size, .dtype = dtype,
-                          .softcap = static_cast<float>(m.final_logit_softcapping)};
-    jobs.push_back({"cross_entropy", fmt::format("vocab={}", m.vocab_size), &rt,
-                    [spec](const Runtime& r) -> absl::StatusOr<jit::Jit::Built> {
-                      KJIT_ASSIGN_OR_RETURN(CrossEntropy op, r.CrossEntropy(spec));
-                      return op.Build();
-                    }});
+// The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, and the loss.
+std::vector<autotune::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
+  std::vector<autotune::OpSpec> ops;
+  for (bool residual : {false, true}) {
+    ops.push_back(RmsNormSpec{.hidden = m.hidden_size, .dtype = dtype,
+                              .eps = static_cast<float>(m.rms_norm_eps),
+                              .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
+                              .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
+                              .fused_residual = residual});
   }
-  return jobs;
+  ops.push_back(CrossEntropySpec{.vocab = m.vocab_size, .dtype = dtype,
+                                 .softcap = static_cast<float>(m.final_logit_softcapping)});
+  return ops;
 }
 
-// Progress on stderr: one rewritten line on a terminal, a line per finished kernel otherwise.
+// Progress on stderr: one rewritten line on a terminal, a line per finished task otherwise.
 class Progress {
  public:
-  explicit Progress(size_t total) : total_(total), tty_(isatty(STDERR_FILENO) == 1) {}
-  void Done(const Job& job, const std::string& outcome, bool failed) {
+  Progress() : tty_(isatty(STDERR_FILENO) == 1) {}
+  autotune::TuneProgress Callbacks() {
+    return {.phase = [this](const std::string& phase, size_t tasks) {
+              std::lock_guard<std::mutex> lock(mu_);
+              phase_ = phase;
+              total_ = tasks;
+              done_ = 0;
+            },
+            .step = [this](const std::string& what, bool failed) { Step(what, failed); }};
+  }
+  int failed() const { return failed_; }
+
+ private:
+  void Step(const std::string& what, bool failed) {
     std::lock_guard<std::mutex> lock(mu_);
     ++done_;
     failed_ += failed;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const std::string line = fmt::format("[{}/{}] {} {} {}: {} ({:.1f} s, {} failed)", done_, total_,
-                                         job.op, job.shape, job.rt->target().ToString(), outcome, s,
-                                         failed_);
+    const std::string line = fmt::format("[{} {}/{}] {}{} ({:.1f} s, {} failed)", phase_, done_,
+                                         total_, what, failed ? ": FAILED" : "", s, failed_);
     if (tty_) {
-      fmt::print(stderr, "\r\033[K{}{}", line, done_ == total_ ? "\n" : "");
+      fmt::print(stderr, "\r\033[K{}{}", line.substr(0, 160), done_ == total_ ? "\n" : "");
     } else {
       fmt::print(stderr, "{}\n", line);
     }
   }
 
- private:
   std::mutex mu_;
-  size_t total_, done_ = 0, failed_ = 0;
+  std::string phase_;
+  size_t total_ = 0, done_ = 0;
+  int failed_ = 0;
   bool tty_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// The tuned kernels in a table on stderr (the report on stdout stays machine-readable).
+void PrintSummary(const nlohmann::json& report) {
+  for (const auto& k : report["kernels"]) {
+    if (!k.value("tuned", false)) continue;
+    std::string speed;
+    if (k.contains("ratio_to_copy")) {
+      speed = fmt::format(", {:.0f}% of copy", 100 * k["ratio_to_copy"].get<double>());
+    }
+    fmt::print(stderr, "kjit-tune: {} {} rows<={}: [{}] {:.1f} us, {:.2f}x the heuristic{}{}\n",
+               k["op"].get<std::string>(), k["shape"].get<std::string>(), k["rows"].get<int64_t>(),
+               k["config"].get<std::string>(), k["median_us"].get<double>(),
+               k.value("speedup_over_heuristic", 1.0), speed,
+               k["from_database"].get<bool>() ? " (from the database)" : "");
+  }
+  for (const auto& f : report["failures"]) {
+    fmt::print(stderr, "kjit-tune: failed: {}\n", f.dump());
+  }
+}
+
 int RunTune(const TuneFlags& f) {
+  const auto t0 = std::chrono::steady_clock::now();
   auto model = ModelFromFlags(f);
   if (!model.ok()) {
     fmt::print(stderr, "kjit-tune: {}\n", ToStd(model.status().message()));
@@ -133,72 +151,61 @@ int RunTune(const TuneFlags& f) {
   if (!dtype.ok()) return Fail(dtype.status());
   auto runtimes = RuntimesForArch(f.arch, /*use_gpu=*/!f.compile_only);
   if (!runtimes.ok()) return Fail(runtimes.status());
-  const bool on_gpu = !runtimes->empty() && !runtimes->front().compile_only();
-  if (on_gpu) {
-    fmt::print(stderr,
-               "kjit-tune: note: the autotuner is not built yet; the kernels use heuristic configs "
-               "and are built and loaded on {}, not timed\n",
-               runtimes->front().device().name);
+  const Runtime* gpu =
+      !runtimes->empty() && !runtimes->front().compile_only() ? &runtimes->front() : nullptr;
+  autotune::TunePlan plan{.ops = ModelOps(*model, *dtype),
+                          .tokens = f.tokens,
+                          .gpu = gpu,
+                          .all_candidates = f.all_candidates,
+                          .retune = f.retune,
+                          .jobs = f.jobs,
+                          .repeats = f.repeats,
+                          .task_timeout = std::chrono::seconds(f.timeout_s),
+                          .worker_command = {"/proc/self/exe", "--worker"},
+                          .db_path = f.db.empty() ? autotune::TuningDb::DefaultPath() : f.db};
+  for (const Runtime& rt : *runtimes) plan.targets.push_back(&rt);
+  if (gpu) {
+    fmt::print(stderr, "kjit-tune: tuning on {} ({}) at {} token counts; database {}\n",
+               gpu->device().name, gpu->target().ToString(), f.tokens.size(), plan.db_path);
   } else {
-    fmt::print(stderr, "kjit-tune: no GPU in use: compiling only, nothing is timed\n");
+    fmt::print(stderr, "kjit-tune: no GPU in use: compiling {} only, nothing is timed\n",
+               f.all_candidates ? "every candidate config" : "the heuristic configs");
   }
-
-  const std::vector<Job> jobs = PlanJobs(*model, *dtype, *runtimes);
-  std::vector<nlohmann::json> report(jobs.size());
-  Progress progress(jobs.size());
-  std::atomic<size_t> next{0};
-  std::atomic<int> failures{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      const Job& job = jobs[i];
-      const auto t0 = std::chrono::steady_clock::now();
-      auto built = job.build(*job.rt);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      nlohmann::json e = {{"op", job.op}, {"shape", job.shape},
-                          {"target", job.rt->target().ToString()}, {"tuned", false},
-                          {"tokens", f.tokens}, {"build_ms", ms}};
-      if (built.ok()) {
-        const jit::Binary& bin = *built->binary;
-        e["key"] = built->key;
-        e["config"] = bin.params.count("config") ? bin.params.at("config") : "";
-        e["origin"] = jit::OriginName(built->origin);
-        e["path"] = built->path;
-        progress.Done(job, jit::OriginName(built->origin), false);
-      } else {
-        ++failures;
-        e["error"] = std::string(ToStd(built.status().message()));
-        progress.Done(job, "FAILED: " + e["error"].get<std::string>(), true);
-      }
-      report[i] = std::move(e);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < std::min<int>(f.jobs, static_cast<int>(jobs.size())); ++t) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
-
-  if (f.json) {
-    fmt::print("{}\n", nlohmann::json{{"model", model->name},
-                                      {"hidden_size", model->hidden_size},
-                                      {"vocab_size", model->vocab_size},
-                                      {"dtype", f.dtype},
-                                      {"kernels", report}}
-                           .dump(2));
-  }
-  fmt::print(stderr, "kjit-tune: {} {}: {} of {} kernels ready{}\n", model->name, f.dtype,
-             jobs.size() - failures, jobs.size(), failures ? ", see the errors above" : "");
-  return failures == 0 ? 0 : 1;
+  Progress progress;
+  nlohmann::json report = autotune::Tune(plan, progress.Callbacks());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report["model"] = model->name;
+  report["hidden_size"] = model->hidden_size;
+  report["vocab_size"] = model->vocab_size;
+  report["dtype"] = f.dtype;
+  report["tokens"] = f.tokens;
+  report["wall_s"] = seconds;
+  if (f.json) fmt::print("{}\n", report.dump(2));
+  PrintSummary(report);
+  size_t ready = 0;
+  for (const auto& k : report["kernels"]) ready += !k.value("tuned", false);
+  const size_t wanted = plan.ops.size() * plan.targets.size();
+  fmt::print(stderr, "kjit-tune: {} {}: {} of {} kernels ready{} in {:.1f} s{}\n", model->name,
+             f.dtype, ready, wanted, gpu ? ", tuned" : "", seconds,
+             report["ok"].get<bool>() ? "" : "; FAILED, see above");
+  return report["ok"].get<bool>() ? 0 : 1;
 }
 
 }  // namespace
 }  // namespace kjit::tools
 
 int main(int argc, char** argv) {
+  // A worker of the tuner's pool (autotune/worker_pool.h): tasks on stdin, answers on stdout.
+  if (argc == 2 && std::string(argv[1]) == "--worker") {
+    return kjit::autotune::RunTuneWorker(std::cin, std::cout);
+  }
   using kjit::tools::TuneFlags;
   TuneFlags f;
   std::string presets;
   for (const std::string& n : kjit::autotune::ModelPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
-  CLI::App app{"kjit-tune: prebuild (and, once the autotuner exists, tune) the kernels a model "
-               "needs, into the kernel cache",
+  CLI::App app{"kjit-tune: tune (on a GPU) and prebuild the kernels a model needs, into the kernel "
+               "cache and the tuning database",
                "kjit-tune"};
   app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
   app.add_option("--model", f.model, "A built-in model (default llama-3.1-8b): " + presets);
@@ -210,13 +217,29 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", f.dtype, "fp32, fp16 or bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
       ->capture_default_str();
-  app.add_option("--tokens", f.tokens, "Token counts to tune for (recorded; tuning is not built yet)")
+  app.add_option("--tokens", f.tokens, "Token counts (rows) to tune at, each rounded up to a "
+                                       "power of two")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->capture_default_str();
   app.add_option("--arch", f.arch, "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")
       ->capture_default_str();
   app.add_flag("--compile-only", f.compile_only, "Do not use a GPU even if one is present");
-  app.add_option("--jobs", f.jobs, "Kernels compiled at once")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_flag("--all-candidates", f.all_candidates,
+               "Compile every candidate config of the search space, not only the heuristic's "
+               "(without a GPU; with one every candidate is compiled anyway)");
+  app.add_flag("--retune", f.retune, "Tune again what the tuning database already has");
+  app.add_option("--jobs", f.jobs, "Compile workers at once")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--repeats", f.repeats, "Timed repeats per candidate")
+      ->check(CLI::Range(3, 10000))
+      ->capture_default_str();
+  app.add_option("--timeout", f.timeout_s, "Seconds a worker may go without answering before it "
+                                           "is killed and its candidate fails")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--db", f.db, "The tuning database (default $KJIT_TUNING_DB, else tuning.json in "
+                               "the cache directory)")
+      ->type_name("FILE");
   app.add_flag("--json", f.json, "Print a JSON report of every kernel on stdout");
   app.add_option("--trace", f.trace,
                  "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")

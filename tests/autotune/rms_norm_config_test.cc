@@ -43,23 +43,5 @@ TEST(RmsNormConfigTest, LlamaHiddenGetsWideVectorsAndOneRowPerBlock) {
   EXPECT_EQ(c.ToString(), "vec=8 fwd=256x1 bwd=512x1");
 }
 
-TEST(RmsNormConfigTest, CandidatesAreValidAndIncludeTheDefault) {
-  for (int64_t hidden : {1, 7, 64, 1000, 4096, 5120, 65536}) {
-    const int vec = MaxVecForHidden(hidden, 2);
-    const auto shapes = RowShapeCandidates(hidden, vec);
-    ASSERT_FALSE(shapes.empty()) << hidden;
-    for (const RowShape& s : shapes) {
-      const int64_t per_thread = (hidden / vec + s.threads_per_row - 1) / s.threads_per_row;
-      EXPECT_GE(per_thread, 1) << hidden;
-      EXPECT_LE(per_thread, 16) << hidden;
-      EXPECT_EQ(s.block_threads() % 32, 0) << hidden;
-      EXPECT_TRUE(s.threads_per_row <= 32 || s.rows_per_block == 1) << hidden;
-    }
-  }
-  const auto shapes = RowShapeCandidates(4096, 8);
-  const RowShape llama_forward = DefaultRmsNormConfig(4096, 8).forward;
-  EXPECT_NE(std::find(shapes.begin(), shapes.end(), llama_forward), shapes.end());
-}
-
 }  // namespace
 }  // namespace kjit::autotune

@@ -28,6 +28,7 @@
 
 #include "autotune/cross_entropy_config.h"
 #include "autotune/rms_norm_config.h"
+#include "autotune/search_space.h"
 
 namespace kjit::autotune {
 
@@ -117,7 +118,7 @@ TEST(ParseCrossEntropyConfigTest, RoundTripsEveryCandidateAndDefault) {
   std::vector<CrossEntropyConfig> configs;
   for (int64_t vocab : {32000, 128256, 256000}) {
     for (int arch : {80, 90}) {
-      for (const CrossEntropyConfig& c : CrossEntropyConfigCandidates(vocab, 8, arch)) {
+      for (const CrossEntropyConfig& c : Unpruned(CrossEntropySearchSpace(vocab, 8, arch))) {
         configs.push_back(c);
       }
       configs.push_back(DefaultCrossEntropyConfig(vocab, 4, arch));
@@ -179,7 +180,7 @@ TEST(ParseRmsNormConfigTest, RoundTripsDefaultsAndCandidates) {
   for (int64_t hidden : {1, 7, 64, 1000, 2048, 4096, 5120, 8192, 65536}) {
     const int vec = MaxVecForHidden(hidden, 2);
     configs.push_back(DefaultRmsNormConfig(hidden, vec));
-    for (const RowShape& s : RowShapeCandidates(hidden, vec)) configs.push_back({vec, s, s});
+    for (const RowShape& s : Unpruned(RowShapeSearchSpace(hidden, vec))) configs.push_back({vec, s, s});
   }
   ExpectRoundTrips(configs, &ParseRmsNormConfig);
   absl::StatusOr<RmsNormConfig> c = ParseRmsNormConfig("bwd=32x1 fwd=4x32 vec=2");

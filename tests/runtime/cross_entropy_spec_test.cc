@@ -144,33 +144,6 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
   EXPECT_EQ(autotune::MaxVecForCrossEntropy(4), 4);
 }
 
-TEST(CrossEntropyConfigTest, CandidatesAreValidAndIncludeTheDefault) {
-  for (int arch : {80, 90}) {
-    for (int64_t vocab : {2, 1000, 32000, 50257, 128256, 262144, 1 << 20}) {
-      const auto candidates = autotune::CrossEntropyConfigCandidates(vocab, 8, arch);
-      ASSERT_FALSE(candidates.empty()) << vocab;
-      const auto d = autotune::DefaultCrossEntropyConfig(vocab, 8, arch);
-      EXPECT_NE(std::find(candidates.begin(), candidates.end(), d), candidates.end()) << vocab;
-      bool streams = false;
-      for (const auto& c : candidates) {
-        EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok())
-            << vocab << " " << c.ToString();
-        if (arch < 90) {
-          EXPECT_LE(c.cluster, 1) << c.ToString();
-        }
-        streams = streams || c.cluster == 0;
-      }
-      if (vocab >= 1000) {
-        EXPECT_TRUE(streams) << vocab;
-      }
-    }
-  }
-  // Hopper's 128256 search: one block would need more registers than an SM has.
-  std::set<int> clusters;
-  for (const auto& c : autotune::CrossEntropyConfigCandidates(128256, 8, 90)) clusters.insert(c.cluster);
-  EXPECT_EQ(clusters, (std::set<int>{0, 2, 4, 8}));
-}
-
 TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   auto src = RenderCrossEntropy({.vocab = 50257, .dtype = DType::kF16,
                                  .target_type = IndexType::kInt32, .reduction = Reduction::kSum,

@@ -1,0 +1,110 @@
+#include "autotune/search_space.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kjit::autotune {
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A streaming thread walks its share of the row `unroll` vectors at a time.
+constexpr int64_t kMaxVectorsPerThread = 256;
+constexpr int kMaxRowShapeVectors = 16;
+
+std::string StreamingPruned(int64_t vectors, int threads, int unroll) {
+  const int64_t per_thread = CeilDiv(vectors, threads);
+  if (per_thread > kMaxVectorsPerThread) {
+    return fmt::format("each of {} threads would walk {} vectors (over {}): too few threads",
+                       threads, per_thread, kMaxVectorsPerThread);
+  }
+  if (unroll > 1 && unroll > per_thread) {
+    return fmt::format("unroll {} exceeds the {} vectors each thread walks", unroll, per_thread);
+  }
+  return "";
+}
+
+std::string ResidentPruned(const CrossEntropyConfig& c, int64_t vocab, int elem_bytes, int arch) {
+  if (c.cluster > 1 && arch < kMinClusterArch) {
+    return fmt::format("{} blocks per row need thread-block clusters (sm_{} or newer)", c.cluster,
+                       kMinClusterArch);
+  }
+  const int64_t resident = c.ResidentVectors(vocab);
+  if (resident < 2) {
+    return fmt::format("each thread would hold {} vector(s): more blocks than the row needs",
+                       resident);
+  }
+  if (!c.ResidentFits(vocab, elem_bytes)) {
+    const int64_t registers = CeilDiv(resident * c.vec * elem_bytes, 4) + kCeOtherRegisters;
+    return fmt::format(
+        "{} resident vectors need about {} registers per thread ({} per block): over the {} a "
+        "thread or the {} an SM has",
+        resident, registers, registers * c.threads, kMaxRegistersPerThread, kCeRegistersPerSm);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<Candidate<CrossEntropyConfig>> CrossEntropySearchSpace(int64_t vocab, int vec,
+                                                                   int arch) {
+  const int elem_bytes = 16 / vec;
+  const int64_t vectors = CeilDiv(vocab, vec);
+  const CrossEntropyConfig heuristic = DefaultCrossEntropyConfig(vocab, vec, arch);
+  std::vector<Candidate<CrossEntropyConfig>> out;
+  for (int threads = 128; threads <= 1024; threads *= 2) {
+    for (int unroll : {1, 2, 4, 8}) {
+      out.push_back({{vec, threads, unroll, 0}, StreamingPruned(vectors, threads, unroll)});
+    }
+    for (int cluster : {1, 2, 4, 8}) {
+      // The forward-only kernel streams with these threads: it takes the heuristic's unroll.
+      const CrossEntropyConfig c{vec, threads, StreamingUnroll(vocab, vec, threads), cluster};
+      out.push_back({c, ResidentPruned(c, vocab, elem_bytes, arch)});
+    }
+  }
+  auto it = std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.config == heuristic; });
+  if (it == out.end()) {
+    out.push_back({heuristic, ""});
+  } else {
+    it->pruned.clear();
+  }
+  return out;
+}
+
+std::vector<Candidate<RowShape>> RowShapeSearchSpace(int64_t hidden, int vec) {
+  const int64_t vectors = CeilDiv(hidden, vec);
+  std::vector<Candidate<RowShape>> out;
+  auto pruned = [&](int threads, int idle_below) -> std::string {
+    if (threads - idle_below >= vectors) {
+      return fmt::format("{} threads for a row of {} vectors: part of the group would idle",
+                         threads, vectors);
+    }
+    if (CeilDiv(vectors, threads) > kMaxRowShapeVectors) {
+      return fmt::format("each of {} threads would walk {} vectors (over {})", threads,
+                         CeilDiv(vectors, threads), kMaxRowShapeVectors);
+    }
+    return "";
+  };
+  for (int t = 1; t <= 32; t *= 2) {
+    for (int block : {128, 256}) out.push_back({{t, block / t}, pruned(t, t / 2)});
+  }
+  for (int t = 64; t <= 1024; t *= 2) out.push_back({{t, 1}, pruned(t, 32)});
+  return out;
+}
+
+std::vector<Candidate<RmsNormConfig>> RmsNormSearchSpace(int64_t hidden, int vec) {
+  const RmsNormConfig heuristic = DefaultRmsNormConfig(hidden, vec);
+  std::vector<Candidate<RmsNormConfig>> out = {{heuristic, ""}};
+  for (const Candidate<RowShape>& s : RowShapeSearchSpace(hidden, vec)) {
+    RmsNormConfig f = heuristic, b = heuristic;
+    f.forward = s.config;
+    b.backward = s.config;
+    if (!(f == heuristic)) out.push_back({f, s.pruned.empty() ? "" : "forward: " + s.pruned});
+    if (!(b == heuristic)) out.push_back({b, s.pruned.empty() ? "" : "backward: " + s.pruned});
+  }
+  return out;
+}
+
+}  // namespace kjit::autotune

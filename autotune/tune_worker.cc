@@ -1,0 +1,191 @@
+#include "autotune/tune_worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "autotune/tune_task.h"
+
+namespace kjit::autotune {
+
+namespace {
+
+// KJIT_TUNE_INJECT_FAULT: what to do instead of the task of a candidate config, as
+// "kind:config" entries separated by ';'.
+void MaybeInjectFault(const Runtime* gpu, const TuneTask& task) {
+  const char* env = std::getenv("KJIT_TUNE_INJECT_FAULT");
+  if (env == nullptr) return;
+  for (std::string_view rest = env; !rest.empty();) {
+    const std::string_view entry = rest.substr(0, rest.find(';'));
+    rest.remove_prefix(std::min(rest.size(), entry.size() + 1));
+    const size_t colon = entry.find(':');
+    if (colon == std::string_view::npos || entry.substr(colon + 1) != task.config) continue;
+    const std::string_view kind = entry.substr(0, colon);
+    if (kind == "crash") std::abort();
+    if (kind == "hang") {
+      for (;;) ::pause();
+    }
+    if (kind == "gpu-fault" && gpu != nullptr) {
+      // A write through an address nothing maps: the context reports an illegal address from now
+      // on, as after a real out-of-bounds kernel.
+      (void)RandomFill(*gpu, reinterpret_cast<void*>(uintptr_t{1} << 40), DType::kF32, 1024, 1024,
+                       1024, 1, 0.0f, 1.0f);
+    }
+  }
+}
+
+class Worker {
+ public:
+  TuneAnswer Run(const TuneTask& task) {
+    TuneAnswer a;
+    absl::Status s;
+    switch (task.mode) {
+      case TuneTask::Mode::kCompile: s = Compile(task, a); break;
+      case TuneTask::Mode::kTime: s = Time(task, a); break;
+      case TuneTask::Mode::kCopy: s = TimeCopy(task, a); break;
+    }
+    if (!s.ok()) a.error = std::string(ToStd(s.message()));
+    return a;
+  }
+
+  // False once the GPU context has a sticky error: nothing more can run in this process.
+  bool ContextUsable() const {
+    if (!gpu_) return true;
+    const jit::Driver& cu = *gpu_->driver();
+    return cu.cuCtxSynchronize() == CUDA_SUCCESS;
+  }
+  const Runtime* gpu() const { return gpu_ ? &*gpu_ : nullptr; }
+
+  absl::Status EnsureGpu() {
+    if (gpu_) return absl::OkStatus();
+    KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.tuning_db = "off"}));
+    gpu_.emplace(std::move(rt));
+    KJIT_ASSIGN_OR_RETURN(timer_, GpuTimer::Create(gpu_->jit(), *gpu_->driver(), gpu_->context(),
+                                                   gpu_->target()));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Compile(const TuneTask& task, TuneAnswer& a) {
+    auto it = compile_only_.find(task.target);
+    if (it == compile_only_.end()) {
+      KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.target = task.target,
+                                                         .compile_only = true,
+                                                         .tuning_db = "off"}));
+      it = compile_only_.emplace(task.target, std::move(rt)).first;
+    }
+    KJIT_ASSIGN_OR_RETURN(const OpSpec spec, WithConfig(task.op, task.config));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto built = std::visit(
+        [&](const auto& s) -> absl::StatusOr<jit::Jit::Built> {
+          if constexpr (std::is_same_v<std::decay_t<decltype(s)>, RmsNormSpec>) {
+            KJIT_ASSIGN_OR_RETURN(RmsNorm op, it->second.RmsNorm(s));
+            return op.Build();
+          } else {
+            KJIT_ASSIGN_OR_RETURN(CrossEntropy op, it->second.CrossEntropy(s));
+            return op.Build();
+          }
+        },
+        spec);
+    if (!built.ok()) return built.status();
+    a.compile_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    a.key = built->key;
+    a.origin = jit::OriginName(built->origin);
+    a.path = built->path;
+    return absl::OkStatus();
+  }
+
+  absl::Status TimeCopy(const TuneTask& task, TuneAnswer& a) {
+    KJIT_RETURN_IF_ERROR(EnsureGpu());
+    KJIT_ASSIGN_OR_RETURN(a.timing, TimeDeviceCopy(*gpu_, *timer_, kCopyBytes, task.repeats));
+    a.bytes = 2.0 * kCopyBytes;
+    return absl::OkStatus();
+  }
+
+  absl::Status Time(const TuneTask& task, TuneAnswer& a) {
+    KJIT_RETURN_IF_ERROR(EnsureGpu());
+    KJIT_ASSIGN_OR_RETURN(const OpSpec spec, WithConfig(task.op, task.config));
+    const std::string problem =
+        fmt::format("{} {} {} rows={}", OpName(spec), OpShape(spec), Name(OpDType(spec)), task.rows);
+    if (problem != trial_problem_) {
+      trial_ = std::monostate();  // free the previous inputs before allocating the next
+      trial_problem_.clear();
+      if (const auto* r = std::get_if<RmsNormSpec>(&spec)) {
+        KJIT_ASSIGN_OR_RETURN(trial_, RmsNormTrial::Create(*gpu_, *r, task.rows));
+      } else {
+        KJIT_ASSIGN_OR_RETURN(
+            trial_, CrossEntropyTrial::Create(*gpu_, std::get<CrossEntropySpec>(spec), task.rows));
+      }
+      trial_problem_ = problem;
+    }
+    if (const auto* r = std::get_if<RmsNormSpec>(&spec)) {
+      auto& trial = *std::get<std::unique_ptr<RmsNormTrial>>(trial_);
+      KJIT_ASSIGN_OR_RETURN(RmsNorm op, gpu_->RmsNorm(*r));
+      KJIT_RETURN_IF_ERROR(trial.Check(op));
+      KJIT_ASSIGN_OR_RETURN(a.timing, trial.Time(op, task.pass, *timer_, task.repeats));
+      a.bytes = trial.Bytes(task.pass);
+    } else {
+      auto& trial = *std::get<std::unique_ptr<CrossEntropyTrial>>(trial_);
+      KJIT_ASSIGN_OR_RETURN(CrossEntropy op, gpu_->CrossEntropy(std::get<CrossEntropySpec>(spec)));
+      KJIT_RETURN_IF_ERROR(trial.Check(op));
+      KJIT_ASSIGN_OR_RETURN(a.timing, trial.Time(op, task.pass, *timer_, task.repeats));
+      a.bytes = trial.Bytes(task.pass);
+    }
+    return absl::OkStatus();
+  }
+
+  std::map<std::string, Runtime> compile_only_;  // by target
+  std::optional<Runtime> gpu_;
+  std::unique_ptr<GpuTimer> timer_;
+  std::string trial_problem_;
+  std::variant<std::monostate, std::unique_ptr<RmsNormTrial>, std::unique_ptr<CrossEntropyTrial>>
+      trial_;
+};
+
+}  // namespace
+
+int RunTuneWorker(std::istream& in, std::ostream& out) {
+  const nlohmann::json request = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!request.is_object() || !request.contains("tasks") || !request["tasks"].is_array()) {
+    fmt::print(stderr, "kjit-tune worker: expected {{\"tasks\": [...]}} on stdin\n");
+    return 2;
+  }
+  Worker worker;
+  const nlohmann::json& tasks = request["tasks"];
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    out << nlohmann::json{{"begin", i}}.dump() << std::endl;
+    TuneAnswer answer;
+    auto task = TuneTask::FromJson(tasks[i].dump());
+    if (!task.ok()) {
+      answer.error = std::string(ToStd(task.status().message()));
+    } else {
+      if (task->mode != TuneTask::Mode::kCompile) {
+        // The fault is injected in a live context, like a real one would happen.
+        if (absl::Status s = worker.EnsureGpu(); !s.ok()) answer.error = std::string(ToStd(s.message()));
+      }
+      if (answer.error.empty()) {
+        MaybeInjectFault(worker.gpu(), *task);
+        answer = worker.Run(*task);
+      }
+    }
+    const bool usable = worker.ContextUsable();
+    if (!usable && answer.error.empty()) answer.error = "the GPU context failed after this task";
+    out << nlohmann::json{{"end", i}, {"result", nlohmann::json::parse(answer.ToJson())}}.dump()
+        << std::endl;
+    if (!usable) return kContextLost;
+  }
+  return 0;
+}
+
+}  // namespace kjit::autotune

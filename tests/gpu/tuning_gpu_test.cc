@@ -1,0 +1,145 @@
+// Tuned configs on the GPU: an op launches the tuning database's config for the row bucket of the
+// launch (the nearest tuned one when its own is missing), its results still match the reference,
+// records of another device or a corrupt database leave it on the heuristic, and the trials the
+// tuner times reject a wrong kernel.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "autotune/trial.h"
+#include "autotune/tuning_db.h"
+#include "runtime/tuning.h"
+#include "tests/gpu/gpu_test_env.h"
+
+namespace kjit {
+namespace {
+
+namespace fs = std::filesystem;
+using autotune::CrossEntropyConfig;
+using autotune::RmsNormConfig;
+using autotune::TuningDb;
+using autotune::TuningRecord;
+
+class TuningGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kjit_tuning_gpu_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    db_ = dir_ + "/tuning.json";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  void Put(const autotune::TuningKey& key, const std::string& config) {
+    TuningRecord r{.key = key, .config = config, .median_us = 1, .tuned_at = "2026-12-02T00:00:00Z"};
+    auto written = TuningDb::Upsert(db_, {r});
+    ASSERT_TRUE(written.ok()) << written.status();
+  }
+  std::string dir_, db_;
+};
+
+TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
+  KJIT_REQUIRE_GPU(gpu);
+  const CrossEntropySpec spec{.vocab = 32000, .dtype = DType::kBF16};
+  const std::string at_4096 = "vec=8 threads=256 unroll=2 cluster=0";
+  const std::string at_64 = "vec=8 threads=128 unroll=8 cluster=0";
+  Put(TuningKeyFor(gpu, spec, 4096), at_4096);
+  Put(TuningKeyFor(gpu, spec, 64), at_64);
+  autotune::TuningKey elsewhere = TuningKeyFor(gpu, spec, 512);
+  elsewhere.device = "Some Other GPU";
+  Put(elsewhere, "vec=8 threads=1024 unroll=1 cluster=0");
+
+  auto rt = Runtime::Create({.tuning_db = db_});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto ce = rt->CrossEntropy(spec);
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  EXPECT_EQ(ce->ConfigFor(4096).ToString(), at_4096);
+  EXPECT_EQ(ce->ConfigFor(3000).ToString(), at_4096) << "3000 rows fall in the 4096 bucket";
+  EXPECT_EQ(ce->ConfigFor(50).ToString(), at_64);
+  // 512 is tuned only for another device: the nearest of this device's buckets wins (64 and 4096
+  // are 3 powers of two away; ties go to the larger).
+  EXPECT_EQ(ce->ConfigFor(512).ToString(), at_4096);
+  EXPECT_EQ(ce->config(), autotune::DefaultCrossEntropyConfig(32000, 8, gpu.target().arch))
+      << "config() stays the heuristic's";
+
+  // The launch runs the tuned kernels and is still right.
+  auto trial = autotune::CrossEntropyTrial::Create(*rt, spec, 3000);
+  ASSERT_TRUE(trial.ok()) << trial.status();
+  EXPECT_TRUE((*trial)->Check(*ce).ok()) << (*trial)->Check(*ce);
+
+  // Without the database (or with it off) the same op is the heuristic's at every row count.
+  auto off = Runtime::Create({.tuning_db = "off"});
+  ASSERT_TRUE(off.ok());
+  auto plain = off->CrossEntropy(spec);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->ConfigFor(4096), plain->config());
+}
+
+TEST_F(TuningGpu, RmsNormLaunchesTheTunedConfigAndSizesItsWorkspaceForIt) {
+  KJIT_REQUIRE_GPU(gpu);
+  const RmsNormSpec spec{.hidden = 4096, .dtype = DType::kBF16, .fused_residual = true};
+  const std::string tuned = "vec=8 fwd=512x1 bwd=128x1";
+  Put(TuningKeyFor(gpu, spec, 1000), tuned);
+  auto rt = Runtime::Create({.tuning_db = db_});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto norm = rt->RmsNorm(spec);
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  EXPECT_EQ(norm->ConfigFor(1000).ToString(), tuned);
+  // The non-residual op is another key: untouched.
+  auto plain = rt->RmsNorm({.hidden = 4096, .dtype = DType::kBF16});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->ConfigFor(1000), plain->config());
+  auto trial = autotune::RmsNormTrial::Create(*rt, spec, 1000);
+  ASSERT_TRUE(trial.ok()) << trial.status();
+  EXPECT_TRUE((*trial)->Check(*norm).ok()) << (*trial)->Check(*norm);
+}
+
+TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
+  KJIT_REQUIRE_GPU(gpu);
+  const CrossEntropySpec spec{.vocab = 32000, .dtype = DType::kBF16};
+  std::ofstream(db_) << "{\"format\": \"kjit-tuning-db\", \"version\": 1, \"records\": [";
+  auto rt = Runtime::Create({.tuning_db = db_});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_EQ(rt->tuning_db(), nullptr);
+  auto ce = rt->CrossEntropy(spec);
+  ASSERT_TRUE(ce.ok());
+  EXPECT_EQ(ce->ConfigFor(4096), ce->config());
+
+  // Parses, but 16 elements per vector is not a bf16 config: ignored with a warning.
+  fs::remove(db_);
+  Put(TuningKeyFor(gpu, spec, 4096), "vec=16 threads=256 unroll=2 cluster=0");
+  auto rt2 = Runtime::Create({.tuning_db = db_});
+  ASSERT_TRUE(rt2.ok());
+  auto ce2 = rt2->CrossEntropy(spec);
+  ASSERT_TRUE(ce2.ok());
+  EXPECT_EQ(ce2->ConfigFor(4096), ce2->config());
+}
+
+TEST_F(TuningGpu, TrialsRejectAWrongKernel) {
+  KJIT_REQUIRE_GPU(gpu);
+  // A cross-entropy op over a different vocab gives a shape error, not a pass; and an op with a
+  // different label smoothing than the trial's spec computes other values, which the check sees.
+  const CrossEntropySpec spec{.vocab = 4096, .dtype = DType::kBF16};
+  auto trial = autotune::CrossEntropyTrial::Create(gpu, spec, 64);
+  ASSERT_TRUE(trial.ok()) << trial.status();
+  auto right = gpu.CrossEntropy(spec);
+  ASSERT_TRUE(right.ok());
+  EXPECT_TRUE((*trial)->Check(*right).ok());
+  CrossEntropySpec other = spec;
+  other.label_smoothing = 0.1f;
+  auto wrong = gpu.CrossEntropy(other);
+  ASSERT_TRUE(wrong.ok());
+  const absl::Status s = (*trial)->Check(*wrong);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(std::string(ToStd(s.message())).find("wrong results"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace kjit
