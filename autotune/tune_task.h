@@ -13,10 +13,9 @@
 
 #include "autotune/trial.h"
 #include "runtime/kjit.h"
+#include "runtime/tuning.h"
 
 namespace kjit::autotune {
-
-using OpSpec = std::variant<RmsNormSpec, CrossEntropySpec>;
 
 // The spec with its config set from text (ParseRmsNormConfig / ParseCrossEntropyConfig).
 absl::StatusOr<OpSpec> WithConfig(const OpSpec& spec, const std::string& config);

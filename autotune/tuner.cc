@@ -65,16 +65,19 @@ std::vector<std::pair<std::string, std::string>> Space(const Runtime& rt, const 
 
 std::string Describe(const OpSpec& op) { return fmt::format("{} {}", OpName(op), OpShape(op)); }
 
-// One (op, row bucket) the GPU tunes, and what was measured for it.
+// One (op, pass, row bucket) the GPU tunes, and what was measured for it. Cross-entropy is tuned
+// twice: for the fused forward+backward, and for the streaming launches (forward only, backward
+// from lse), which a row-resident cluster config would slow down.
 struct Problem {
   size_t op = 0;  // index into plan.ops
   int64_t rows = 0;
+  Pass pass = Pass::kForwardBackward;
   TuningKey key;
   std::string heuristic;
   std::optional<TuningRecord> existing;  // from the database: not tuned again
   // config -> pass -> timing, for the configs that ran
   std::map<std::string, std::map<Pass, Timing>> timed;
-  double bytes_fwd_bwd = 0;
+  double bytes = 0;  // the pass's fewest bytes
   int failed = 0;
   std::optional<TuningRecord> result;
 };
@@ -131,11 +134,17 @@ class Tuner {
       if (!heuristic.ok()) continue;  // reported by the compile phase
       std::set<int64_t> buckets;
       for (int64_t rows : p_.tokens) {
-        Problem q{.op = i, .rows = RowsBucket(rows), .heuristic = *heuristic};
-        if (!buckets.insert(q.rows).second) continue;
-        q.key = std::visit([&](const auto& s) { return TuningKeyFor(*p_.gpu, s, q.rows); }, p_.ops[i]);
-        if (db.ok() && !p_.retune) q.existing = db->Find(q.key);
-        problems_.push_back(std::move(q));
+        if (!buckets.insert(RowsBucket(rows)).second) continue;
+        const bool ce = std::holds_alternative<CrossEntropySpec>(p_.ops[i]);
+        // Adjacent, so that the GPU worker makes the inputs of both cross-entropy passes once.
+        for (Pass pass : ce ? std::vector<Pass>{Pass::kForwardBackward, Pass::kForward}
+                            : std::vector<Pass>{Pass::kForwardBackward}) {
+          Problem q{.op = i, .rows = RowsBucket(rows), .pass = pass, .heuristic = *heuristic};
+          q.key = std::visit([&](const auto& s) { return TuningKeyFor(*p_.gpu, s, q.rows); }, p_.ops[i]);
+          if (pass == Pass::kForward) q.key.op = StreamingTuningOp(std::get<CrossEntropySpec>(p_.ops[i]));
+          if (db.ok() && !p_.retune) q.existing = db->Find(q.key);
+          problems_.push_back(std::move(q));
+        }
       }
     }
   }
@@ -248,9 +257,9 @@ class Tuner {
   }
 
   // The passes a candidate is timed on: RMSNorm's forward and backward shapes are chosen apart.
-  static std::vector<Pass> PassesFor(const OpSpec& op, const std::string& config,
+  static std::vector<Pass> PassesFor(const OpSpec& op, Pass pass, const std::string& config,
                                      const std::string& heuristic) {
-    if (!std::holds_alternative<RmsNormSpec>(op)) return {Pass::kForwardBackward};
+    if (!std::holds_alternative<RmsNormSpec>(op)) return {pass};
     if (config == heuristic) return {Pass::kForward, Pass::kBackward};
     const RmsNormConfig c = *ParseRmsNormConfig(config), h = *ParseRmsNormConfig(heuristic);
     return {c.forward == h.forward ? Pass::kBackward : Pass::kForward};
@@ -275,7 +284,7 @@ class Tuner {
             }
             const TuneAnswer a = *Answer(o);
             q.timed[config][pass] = a.timing;
-            if (pass == Pass::kForwardBackward) q.bytes_fwd_bwd = a.bytes;
+            if (pass == q.pass) q.bytes = a.bytes;
           });
   }
 
@@ -298,7 +307,7 @@ class Tuner {
       }
       for (const std::string& config : configs) {
         if (!Compiled(op, config)) continue;
-        for (Pass pass : PassesFor(op, config, q.heuristic)) AddTimeTask(b, q, config, pass);
+        for (Pass pass : PassesFor(op, q.pass, config, q.heuristic)) AddTimeTask(b, q, config, pass);
       }
     }
     RunBatch("time", b, 1, static_cast<int>(b.tasks.size()));
@@ -366,21 +375,21 @@ class Tuner {
     const std::string now = Utc();
     for (Problem& q : problems_) {
       if (q.existing) continue;
-      const auto [best, second] = Fastest(q, Pass::kForwardBackward);
+      const auto [best, second] = Fastest(q, q.pass);
       if (best.empty()) {
         Fail({{"op", q.key.op}, {"shape", q.key.shape}, {"rows", q.rows}, {"phase", "time"},
               {"error", "no candidate passed the check and timing"}});
         continue;
       }
-      const Timing& t = q.timed.at(best).at(Pass::kForwardBackward);
+      const Timing& t = q.timed.at(best).at(q.pass);
       TuningRecord r{.key = q.key, .config = best, .median_us = t.median_us, .p10_us = t.p10_us,
                      .p90_us = t.p90_us, .tuned_at = now};
-      if (auto h = q.timed.find(q.heuristic); h != q.timed.end() && h->second.count(Pass::kForwardBackward)) {
-        r.heuristic_us = h->second.at(Pass::kForwardBackward).median_us;
+      if (auto h = q.timed.find(q.heuristic); h != q.timed.end() && h->second.count(q.pass)) {
+        r.heuristic_us = h->second.at(q.pass).median_us;
       }
       if (!second.empty()) {
         r.runner_up = second;
-        r.runner_up_us = q.timed.at(second).at(Pass::kForwardBackward).median_us;
+        r.runner_up_us = q.timed.at(second).at(q.pass).median_us;
       }
       r.candidates = static_cast<int>(q.timed.size());
       r.failed = q.failed;
@@ -419,8 +428,9 @@ class Tuner {
                 {"candidates", r->candidates}, {"failed", r->failed}, {"tuned_at", r->tuned_at}};
       if (r->heuristic_us > 0) e["speedup_over_heuristic"] = r->heuristic_us / r->median_us;
       if (r->runner_up_us > 0) e["margin_over_runner_up"] = r->runner_up_us / r->median_us - 1;
-      if (q.bytes_fwd_bwd > 0 && copy_gbps_ > 0) {
-        e["gbps"] = q.bytes_fwd_bwd / (r->median_us * 1e3);
+      e["pass"] = Name(q.pass);
+      if (q.bytes > 0 && copy_gbps_ > 0) {
+        e["gbps"] = q.bytes / (r->median_us * 1e3);
         e["ratio_to_copy"] = e["gbps"].get<double>() / copy_gbps_;
       }
       if (auto m = rms_margins_.find(&q); m != rms_margins_.end()) e["passes"] = m->second;

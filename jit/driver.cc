@@ -65,6 +65,7 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   KJIT_CU_LOAD(cuStreamCreate);
   KJIT_CU_LOAD(cuStreamDestroy);
   KJIT_CU_LOAD(cuStreamSynchronize);
+  KJIT_CU_LOAD(cuStreamIsCapturing);
   KJIT_CU_LOAD(cuEventCreate);
   KJIT_CU_LOAD(cuEventDestroy);
   KJIT_CU_LOAD(cuEventRecord);

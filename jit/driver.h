@@ -67,6 +67,7 @@ class Driver {
   KJIT_CU_FN(cuStreamCreate);
   KJIT_CU_FN(cuStreamDestroy);
   KJIT_CU_FN(cuStreamSynchronize);
+  KJIT_CU_FN(cuStreamIsCapturing);
   KJIT_CU_FN(cuEventCreate);
   KJIT_CU_FN(cuEventDestroy);
   KJIT_CU_FN(cuEventRecord);

@@ -172,14 +172,16 @@ struct CrossEntropyState {
   int arch = 0;                         // the compute capability compiled for
   autotune::CrossEntropyConfig config;  // the spec's or the heuristic's, for the widest vector
   std::mutex mu;
-  std::optional<TunedConfigs<autotune::CrossEntropyConfig>> tuned;  // unless the spec has a config
+  // Unless the spec has a config: the fused forward+backward's, and the streaming launches'
+  // (forward only, backward from lse), tuned apart.
+  std::optional<TunedConfigs<autotune::CrossEntropyConfig>> tuned, tuned_streaming;
   // Loaded programs by config: tuned ones per rows bucket, narrower vectors for misaligned views.
   std::map<std::string, CrossEntropyKernels> by_config;
 
   // With mu held.
-  autotune::CrossEntropyConfig ConfigFor(int64_t rows, int vec) {
+  autotune::CrossEntropyConfig ConfigFor(int64_t rows, int vec, bool may_tune, bool fused) {
     autotune::CrossEntropyConfig c = config;
-    if (tuned) c = tuned->For(rows).value_or(config);
+    if (tuned) c = (fused ? tuned : tuned_streaming)->For(rows, may_tune).value_or(config);
     if (vec >= c.vec) return c;
     return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch);
   }
@@ -208,12 +210,14 @@ absl::StatusOr<const internal::CrossEntropyKernels*> LoadLocked(
   return &op.by_config.emplace(name, std::move(k)).first->second;
 }
 
-// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements.
+// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements;
+// may_tune lets KJIT_AUTOTUNE tune a new bucket first; fused picks the forward+backward's config.
 absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::RuntimeState& rt,
                                                                 internal::CrossEntropyState& op,
-                                                                int64_t rows, int vec) {
+                                                                int64_t rows, int vec,
+                                                                bool may_tune, bool fused) {
   std::lock_guard<std::mutex> lock(op.mu);
-  return LoadLocked(rt, op, op.ConfigFor(rows, vec));
+  return LoadLocked(rt, op, op.ConfigFor(rows, vec, may_tune, fused));
 }
 
 // One block per row: the grid's x dimension bounds the rows, and the counters are 32-bit.
@@ -320,9 +324,11 @@ absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& lo
 // the views allow and launches the count kernel, which fills the workspace's counters.
 absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
     const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
-    const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace) {
+    const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace,
+    bool fused) {
   const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, logits.rows, vec));
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, logits.rows, vec,
+                                                                      !rt.Capturing(stream), fused));
   CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index,
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
@@ -354,9 +360,9 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
 const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
 const autotune::CrossEntropyConfig& CrossEntropy::config() const { return op_->config; }
 
-autotune::CrossEntropyConfig CrossEntropy::ConfigFor(int64_t rows) const {
+autotune::CrossEntropyConfig CrossEntropy::ConfigFor(int64_t rows, bool fused) const {
   std::lock_guard<std::mutex> lock(op_->mu);
-  return op_->ConfigFor(rows, op_->config.vec);
+  return op_->ConfigFor(rows, op_->config.vec, /*may_tune=*/false, fused);
 }
 
 absl::StatusOr<jit::Jit::Built> CrossEntropy::Build() const {
@@ -411,7 +417,8 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace));
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
+                                      /*fused=*/gradient));
   float* row_loss = s.reduction == Reduction::kNone
                         ? static_cast<float*>(a.loss.data)
                         : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
@@ -449,7 +456,8 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace));
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
+                                      /*fused=*/false));
   CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
   p.lse_in = static_cast<const float*>(a.lse.data);
   return rt_->Launch(k->backward, rows, k->config.threads, stream, &p);
@@ -469,9 +477,10 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
   const int max_vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
   op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(spec.vocab, max_vec, op->arch));
   if (!spec.config) {
-    op->tuned.emplace(
-        *state_, TuningOp(spec), TuningShape(spec), spec.dtype, autotune::ParseCrossEntropyConfig,
-        [spec](const autotune::CrossEntropyConfig& c) { return ValidateConfig(spec, c); });
+    auto validate = [spec](const autotune::CrossEntropyConfig& c) { return ValidateConfig(spec, c); };
+    op->tuned.emplace(*state_, spec, "", autotune::ParseCrossEntropyConfig, validate);
+    op->tuned_streaming.emplace(*state_, spec, StreamingTuningOp(spec),
+                                autotune::ParseCrossEntropyConfig, validate);
   }
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {

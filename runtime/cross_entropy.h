@@ -113,8 +113,10 @@ class CrossEntropy {
   // The spec's config, else the heuristic's, for the widest vectors.
   const autotune::CrossEntropyConfig& config() const;
   // The config a launch of `rows` uses when pointers allow the widest vectors: the spec's, else
-  // the tuning database's for the nearest tuned row count (runtime/tuning.h), else config().
-  autotune::CrossEntropyConfig ConfigFor(int64_t rows) const;
+  // the tuning database's for the nearest tuned row count (runtime/tuning.h; for Forward and
+  // Backward, fused = false, the record of StreamingTuningOp), else config(). Never tunes (with
+  // KJIT_AUTOTUNE a launch does).
+  autotune::CrossEntropyConfig ConfigFor(int64_t rows, bool fused = true) const;
 
   // Loss (and lse, argmax). args.grad must be empty.
   absl::Status Forward(CUstream stream, const CrossEntropyArgs& args) const;

@@ -137,9 +137,9 @@ struct RmsNormState {
   std::map<std::string, RmsNormKernels> by_config;
 
   // With mu held.
-  autotune::RmsNormConfig ConfigFor(int64_t rows, int vec) {
+  autotune::RmsNormConfig ConfigFor(int64_t rows, int vec, bool may_tune) {
     autotune::RmsNormConfig c = config;
-    if (tuned) c = tuned->For(rows).value_or(config);
+    if (tuned) c = tuned->For(rows, may_tune).value_or(config);
     if (vec >= c.vec) return c;
     return autotune::DefaultRmsNormConfig(spec.hidden, vec);
   }
@@ -168,12 +168,13 @@ absl::StatusOr<const internal::RmsNormKernels*> LoadLocked(const internal::Runti
   return &op.by_config.emplace(name, std::move(k)).first->second;
 }
 
-// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements.
+// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements;
+// may_tune lets KJIT_AUTOTUNE tune a new bucket first.
 absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::RuntimeState& rt,
                                                            internal::RmsNormState& op,
-                                                           int64_t rows, int vec) {
+                                                           int64_t rows, int vec, bool may_tune) {
   std::lock_guard<std::mutex> lock(op.mu);
-  return LoadLocked(rt, op, op.ConfigFor(rows, vec));
+  return LoadLocked(rt, op, op.ConfigFor(rows, vec, may_tune));
 }
 
 }  // namespace
@@ -183,7 +184,7 @@ const autotune::RmsNormConfig& RmsNorm::config() const { return op_->config; }
 
 autotune::RmsNormConfig RmsNorm::ConfigFor(int64_t rows) const {
   std::lock_guard<std::mutex> lock(op_->mu);
-  return op_->ConfigFor(rows, op_->config.vec);
+  return op_->ConfigFor(rows, op_->config.vec, /*may_tune=*/false);
 }
 
 absl::StatusOr<jit::Jit::Built> RmsNorm::Build() const {
@@ -195,7 +196,7 @@ int64_t RmsNorm::BackwardWorkspaceBytes(int64_t rows) const {
   int sm_count = 1, blocks_per_sm = 1;
   autotune::RmsNormConfig config = op_->config;
   if (!rt_->compile_only) {
-    auto k = KernelsFor(*rt_, *op_, rows, op_->config.vec);
+    auto k = KernelsFor(*rt_, *op_, rows, op_->config.vec, /*may_tune=*/true);
     sm_count = rt_->device.sm_count;
     if (k.ok()) {
       blocks_per_sm = (*k)->backward_blocks_per_sm;
@@ -241,7 +242,7 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
 
   const int vec = internal::WidestAlignedVec(
       op_->config.vec, {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
-  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec));
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec, !rt_->Capturing(stream)));
   RmsNormForwardParams p{};
   p.x = a.x.data;
   p.x_stride = a.x.row_stride;
@@ -306,7 +307,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
 
   const int vec =
       internal::WidestAlignedVec(op_->config.vec, {&a.dy, &a.x, &a.weight, &a.dx, &a.dresidual});
-  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec));
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec, !rt_->Capturing(stream)));
   const int rpb = k->config.backward.rows_per_block;
   const int64_t per_group = s.hidden * static_cast<int64_t>(sizeof(float));
   // A smaller workspace than asked for still works, with fewer (longer) row groups.
@@ -350,8 +351,7 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
       spec.hidden, static_cast<int>(std::max(SizeOf(spec.dtype), SizeOf(WeightDType(spec)))));
   op->config = spec.config.value_or(autotune::DefaultRmsNormConfig(spec.hidden, max_vec));
   if (!spec.config) {
-    op->tuned.emplace(*state_, TuningOp(spec), TuningShape(spec), spec.dtype,
-                      autotune::ParseRmsNormConfig,
+    op->tuned.emplace(*state_, spec, "", autotune::ParseRmsNormConfig,
                       [spec](const autotune::RmsNormConfig& c) { return ValidateConfig(spec, c); });
   }
   kjit::RmsNorm norm(state_, op);

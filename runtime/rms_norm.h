@@ -82,6 +82,7 @@ class RmsNorm {
   const autotune::RmsNormConfig& config() const;
   // The config a launch of `rows` uses when pointers allow the widest vectors: the spec's, else
   // the tuning database's for the nearest tuned row count (runtime/tuning.h), else config().
+  // Never tunes (with KJIT_AUTOTUNE a launch does).
   autotune::RmsNormConfig ConfigFor(int64_t rows) const;
 
   absl::Status Forward(CUstream stream, const RmsNormForwardArgs& args) const;

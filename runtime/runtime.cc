@@ -1,7 +1,17 @@
 #include "runtime/runtime.h"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <mutex>
 #include <set>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -64,15 +74,25 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
   return driver->Check(driver->cuLaunchKernelEx(&config, fn, args, nullptr), "cuLaunchKernelEx");
 }
 
+std::shared_ptr<const autotune::TuningDb> RuntimeState::Tuning() const {
+  std::lock_guard<std::mutex> lock(tuning_mu);
+  return tuning;
+}
+
+bool RuntimeState::Capturing(CUstream stream) const {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // An error (a stream of another context, say) counts as capturing: then nothing is tuned.
+  if (driver->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 }  // namespace internal
 
 namespace {
 
 // A bad database must not stop a training job: the ops fall back to their heuristics, and the
 // user hears about it once per path (`kjit-tune` rebuilds a corrupt file).
-std::shared_ptr<const autotune::TuningDb> LoadTuningDb(const std::string& option) {
-  if (option == "off") return nullptr;
-  const std::string path = option.empty() ? autotune::TuningDb::DefaultPath() : option;
+std::shared_ptr<const autotune::TuningDb> LoadTuningDb(const std::string& path) {
   if (path.empty()) return nullptr;
   auto db = autotune::TuningDb::Load(path);
   if (!db.ok()) {
@@ -89,7 +109,57 @@ std::shared_ptr<const autotune::TuningDb> LoadTuningDb(const std::string& option
   return std::make_shared<const autotune::TuningDb>(std::move(*db));
 }
 
+// The kjit-tune a KJIT_AUTOTUNE run starts: $KJIT_TUNE_BIN, else the first on PATH.
+std::string TuneBinary() {
+  if (const char* bin = std::getenv("KJIT_TUNE_BIN"); bin != nullptr && *bin != '\0') return bin;
+  const char* path = std::getenv("PATH");
+  for (std::string_view rest = path ? path : ""; !rest.empty();) {
+    const std::string_view dir = rest.substr(0, rest.find(':'));
+    rest.remove_prefix(std::min(rest.size(), dir.size() + 1));
+    const std::string candidate = fmt::format("{}/kjit-tune", dir.empty() ? "." : dir);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// Runs argv with stdout discarded (the JSON report) and stderr shared (its progress); its exit
+// status, or -1 when it could not start.
+int RunChild(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int err = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 }  // namespace
+
+void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows) const {
+  const std::string bin = TuneBinary();
+  if (bin.empty()) {
+    fmt::print(stderr, "kjit: warning: KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in "
+                       "KJIT_TUNE_BIN); launching untuned\n");
+    return;
+  }
+  fmt::print(stderr, "kjit: tuning {} at {} rows with {} (KJIT_AUTOTUNE)\n", spec_json, rows, bin);
+  const int status = RunChild({bin, "--spec", spec_json, "--tokens", std::to_string(rows), "--db",
+                               tuning_path, "--arch", "auto"});
+  if (status != 0) {
+    fmt::print(stderr, "kjit: warning: {} exited with status {}; launching untuned\n", bin, status);
+  }
+  std::shared_ptr<const autotune::TuningDb> db = LoadTuningDb(tuning_path);
+  std::lock_guard<std::mutex> lock(tuning_mu);
+  tuning = std::move(db);
+}
 
 absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   auto state = std::make_shared<internal::RuntimeState>();
@@ -120,7 +190,14 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   } else {
     KJIT_ASSIGN_OR_RETURN(state->target, jit::ParseTarget(options.target));
   }
-  state->tuning = LoadTuningDb(options.tuning_db);
+  if (options.tuning_db != "off") {
+    state->tuning_path =
+        options.tuning_db.empty() ? autotune::TuningDb::DefaultPath() : options.tuning_db;
+  }
+  state->tuning = LoadTuningDb(state->tuning_path);
+  const char* env = std::getenv("KJIT_AUTOTUNE");
+  state->autotune = !state->tuning_path.empty() &&
+                    (options.autotune || (env != nullptr && std::string_view(env) == "1"));
   return Runtime(std::move(state));
 }
 
@@ -130,6 +207,6 @@ const jit::DeviceInfo& Runtime::device() const { return state_->device; }
 jit::Jit& Runtime::jit() const { return *state_->jit; }
 const jit::Driver* Runtime::driver() const { return state_->driver; }
 CUcontext Runtime::context() const { return state_->ctx; }
-const autotune::TuningDb* Runtime::tuning_db() const { return state_->tuning.get(); }
+std::shared_ptr<const autotune::TuningDb> Runtime::tuning_db() const { return state_->Tuning(); }
 
 }  // namespace kjit

@@ -32,6 +32,12 @@ struct RuntimeOptions {
   // ($KJIT_TUNING_DB, else tuning.json in the cache directory); "off" uses the heuristics only.
   // A database that cannot be read is reported once on stderr and the heuristics are used.
   std::string tuning_db;
+  // When a launch's row count falls in a bucket the database has no record for, tune that op,
+  // shape and bucket first: `kjit-tune --spec` runs in a child process ($KJIT_TUNE_BIN, else
+  // kjit-tune on PATH) and the launch waits for it (seconds), once per bucket; never while the
+  // stream is capturing a graph. Off by default: a launch never tunes unless asked. KJIT_AUTOTUNE=1
+  // turns it on too.
+  bool autotune = false;
 };
 
 namespace internal { struct RuntimeState; }
@@ -54,8 +60,8 @@ class Runtime {
   // The driver and context kernels launch in; null when compile-only.
   const jit::Driver* driver() const;
   CUcontext context() const;
-  // The tuning database ops consult; null when off, compile-only, or unreadable.
-  const autotune::TuningDb* tuning_db() const;
+  // The tuning database ops consult; null when off, empty, or unreadable.
+  std::shared_ptr<const autotune::TuningDb> tuning_db() const;
 
   // Internal: what the ops and the tuning keys share.
   const internal::RuntimeState& state() const { return *state_; }

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "jit/driver.h"
 #include "jit/jit.h"
@@ -19,7 +21,17 @@ struct RuntimeState {
   CUdevice cu_device = 0;
   CUcontext ctx = nullptr;              // the device's primary context, retained
   jit::DeviceInfo device;
-  std::shared_ptr<const autotune::TuningDb> tuning;  // null: heuristics only
+  std::string tuning_path;  // "" when the database is off
+  bool autotune = false;
+  mutable std::mutex tuning_mu;
+  mutable std::shared_ptr<const autotune::TuningDb> tuning;  // null: none (yet); under tuning_mu
+
+  std::shared_ptr<const autotune::TuningDb> Tuning() const;
+  // Whether work on `stream` is being captured into a graph (nothing may block or sync then).
+  bool Capturing(CUstream stream) const;
+  // KJIT_AUTOTUNE: runs `kjit-tune --spec` for one op spec (as runtime/tuning.h's SpecToJson) at
+  // `rows` and reloads the database. A failure is reported on stderr; the caller goes on untuned.
+  void TuneNow(const std::string& spec_json, int64_t rows) const;
 
   ~RuntimeState();
   // Makes the runtime's context current on this thread if another (or none) is; no sync.

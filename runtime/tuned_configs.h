@@ -3,9 +3,8 @@
 // batch size near a tuned one runs best with its config). A record that does not parse or does
 // not fit this op is ignored with one warning: the heuristic runs instead.
 //
-//   TunedConfigs<CrossEntropyConfig> tuned(rt, "cross_entropy", "vocab=128256", DType::kBF16,
-//                                          ParseCrossEntropyConfig, validate);
-//   std::optional<CrossEntropyConfig> c = tuned.For(rows);   // with the op's lock held
+//   TunedConfigs<CrossEntropyConfig> tuned(rt, spec, "", ParseCrossEntropyConfig, validate);
+//   std::optional<CrossEntropyConfig> c = tuned.For(rows, /*may_tune=*/true);  // op's lock held
 #pragma once
 
 #include <cstdint>
@@ -27,23 +26,34 @@ class TunedConfigs {
   using Parse = std::function<absl::StatusOr<Config>(std::string_view)>;
   using Validate = std::function<absl::Status(const Config&)>;
 
-  TunedConfigs(const RuntimeState& rt, std::string op, std::string shape, DType dtype, Parse parse,
+  // `op`: the record's op name, "" for TuningOp(spec).
+  TunedConfigs(const RuntimeState& rt, const OpSpec& spec, std::string op, Parse parse,
                Validate validate)
-      : rt_(rt), op_(std::move(op)), shape_(std::move(shape)), dtype_(dtype),
+      : rt_(rt),
+        op_(op.empty() ? std::visit([](const auto& s) { return TuningOp(s); }, spec) : std::move(op)),
+        shape_(std::visit([](const auto& s) { return TuningShape(s); }, spec)),
+        dtype_(std::visit([](const auto& s) { return s.dtype; }, spec)), spec_json_(SpecToJson(spec)),
         parse_(std::move(parse)), validate_(std::move(validate)) {}
 
-  // Not thread-safe: the op calls it under its own lock.
-  std::optional<Config> For(int64_t rows) {
-    if (rt_.tuning == nullptr) return std::nullopt;
+  // Not thread-safe: the op calls it under its own lock. With KJIT_AUTOTUNE and may_tune (the
+  // stream is not capturing), a bucket without a record is tuned first, once.
+  std::optional<Config> For(int64_t rows, bool may_tune) {
     const autotune::TuningKey key = TuningKeyFor(rt_, op_, shape_, dtype_, rows);
-    auto [it, inserted] = by_bucket_.try_emplace(key.rows_bucket);
-    if (inserted) it->second = Lookup(key);
-    return it->second;
+    if (auto it = by_bucket_.find(key.rows_bucket); it != by_bucket_.end()) return it->second;
+    std::shared_ptr<const autotune::TuningDb> db = rt_.Tuning();
+    const bool tune = rt_.autotune && (db == nullptr || !db->Find(key));
+    if (tune && !may_tune) return Lookup(db.get(), key);  // not remembered: tune at a later launch
+    if (tune) {
+      rt_.TuneNow(spec_json_, rows);
+      db = rt_.Tuning();
+    }
+    return by_bucket_[key.rows_bucket] = Lookup(db.get(), key);
   }
 
  private:
-  std::optional<Config> Lookup(const autotune::TuningKey& key) const {
-    const std::optional<autotune::TuningRecord> r = rt_.tuning->FindNearest(key);
+  std::optional<Config> Lookup(const autotune::TuningDb* db, const autotune::TuningKey& key) const {
+    if (db == nullptr) return std::nullopt;
+    const std::optional<autotune::TuningRecord> r = db->FindNearest(key);
     if (!r) return std::nullopt;
     absl::StatusOr<Config> c = parse_(r->config);
     absl::Status fits = c.ok() ? validate_(*c) : c.status();
@@ -58,6 +68,7 @@ class TunedConfigs {
   const RuntimeState& rt_;
   std::string op_, shape_;
   DType dtype_;
+  std::string spec_json_;
   Parse parse_;
   Validate validate_;
   std::map<int64_t, std::optional<Config>> by_bucket_;

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <variant>
 
 #include "autotune/tuning_db.h"
 #include "runtime/cross_entropy.h"
@@ -20,10 +22,20 @@ class Runtime;
 // "rms_norm" or "rms_norm+residual"; "cross_entropy".
 std::string TuningOp(const RmsNormSpec& spec);
 std::string TuningOp(const CrossEntropySpec& spec);
+// "cross_entropy.forward": the config of the streaming launches (forward only, backward from a
+// saved lse), tuned apart from the fused forward+backward's.
+std::string StreamingTuningOp(const CrossEntropySpec& spec);
 // The compile-time parameters that change which config is fastest: the hidden size or vocab, and
 // the options that add work per element ("hidden=3584 gemma", "vocab=256000 softcap").
 std::string TuningShape(const RmsNormSpec& spec);
 std::string TuningShape(const CrossEntropySpec& spec);
+
+using OpSpec = std::variant<RmsNormSpec, CrossEntropySpec>;
+
+// An op spec as JSON (its config left out) and back, validated: how KJIT_AUTOTUNE hands an op to
+// `kjit-tune --spec` and the tuner hands it to its workers.
+std::string SpecToJson(const OpSpec& spec);
+absl::StatusOr<OpSpec> SpecFromJson(std::string_view text);
 
 // The device fields come from the runtime's GPU (empty for a compile-only runtime).
 autotune::TuningKey TuningKeyFor(const Runtime& rt, const RmsNormSpec& spec, int64_t rows);

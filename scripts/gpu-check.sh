@@ -10,6 +10,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.device-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KJIT_CACHE_DIR=$(mktemp -d)/kjit
 bin=.device-bundle/bin
+export KJIT_TUNE_BIN=$PWD/$bin/kjit-tune  # for KJIT_AUTOTUNE's test
 filter=${1:-*}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
 status=0

@@ -25,22 +25,22 @@ absl::StatusOr<nlohmann::json> BenchCrossEntropy(
   for (const auto& config : configs) {
     CrossEntropySpec s = spec;
     s.config = config;
-    KJIT_ASSIGN_OR_RETURN(CrossEntropy op, rt.CrossEntropy(s));
-    // Without an explicit config the op picks one per row count: the heuristic or a tuned one.
-    CrossEntropySpec used = spec;
-    used.config = op.ConfigFor(rows);
-    KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(used));
+    KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(s));
     KJIT_RETURN_IF_ERROR(trial->Check(ce));
     for (autotune::Pass pass : {autotune::Pass::kForwardBackward, autotune::Pass::kForward}) {
       KJIT_ASSIGN_OR_RETURN(autotune::Timing t, trial->Time(ce, pass, timer, repeats));
+      // Without an explicit config the op picks one per row count and pass: tuned or heuristic.
+      const autotune::CrossEntropyConfig used =
+          ce.ConfigFor(rows, /*fused=*/pass == autotune::Pass::kForwardBackward);
+      const bool tuned = !config && !(used == ce.config());
       entries.push_back(BenchEntry(
           {.op = "cross_entropy", .pass = autotune::Name(pass),
            .shape = fmt::format("vocab={} rows={}", vocab, rows),
-           .config = ce.config().ToString(), .dtype = dtype,
-           .heuristic = !config && ce.config() == op.config(), .bytes = trial->Bytes(pass),
+           .config = used.ToString(), .dtype = dtype,
+           .heuristic = !config && !tuned, .bytes = trial->Bytes(pass),
            .extra = {{"vocab", vocab},
                      {"rows", rows},
-                     {"tuned", !config && !(ce.config() == op.config())},
+                     {"tuned", tuned},
                      {"extra_device_bytes", trial->workspace_bytes()},
                      {"checked_rows", trial->checked_rows()}}},
           t, copy_gbps));

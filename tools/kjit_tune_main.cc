@@ -49,12 +49,21 @@ struct TuneFlags {
   int repeats = 20;
   int timeout_s = 120;
   std::string db;
+  std::string spec;  // one op, as runtime/tuning.h's SpecToJson writes it
 };
 
 absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
-  const int sources = !f.model.empty() + !f.config.empty() + (f.vocab > 0 || f.hidden > 0);
+  const int sources =
+      !f.model.empty() + !f.config.empty() + (f.vocab > 0 || f.hidden > 0) + !f.spec.empty();
   if (sources > 1) {
-    return absl::InvalidArgumentError("give one of --model, --config or --vocab/--hidden");
+    return absl::InvalidArgumentError("give one of --model, --config, --vocab/--hidden or --spec");
+  }
+  if (!f.spec.empty()) {
+    KJIT_ASSIGN_OR_RETURN(const OpSpec op, SpecFromJson(f.spec));
+    autotune::ModelConfig m{.name = "spec"};
+    if (const auto* r = std::get_if<RmsNormSpec>(&op)) m.hidden_size = r->hidden;
+    if (const auto* c = std::get_if<CrossEntropySpec>(&op)) m.vocab_size = c->vocab;
+    return m;
   }
   if (!f.config.empty()) return autotune::LoadHfConfig(f.config);
   if (f.vocab > 0 || f.hidden > 0) {
@@ -67,8 +76,8 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
 }
 
 // The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, and the loss.
-std::vector<autotune::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
-  std::vector<autotune::OpSpec> ops;
+std::vector<OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
+  std::vector<OpSpec> ops;
   for (bool residual : {false, true}) {
     ops.push_back(RmsNormSpec{.hidden = m.hidden_size, .dtype = dtype,
                               .eps = static_cast<float>(m.rms_norm_eps),
@@ -153,7 +162,13 @@ int RunTune(const TuneFlags& f) {
   if (!runtimes.ok()) return Fail(runtimes.status());
   const Runtime* gpu =
       !runtimes->empty() && !runtimes->front().compile_only() ? &runtimes->front() : nullptr;
-  autotune::TunePlan plan{.ops = ModelOps(*model, *dtype),
+  std::vector<OpSpec> ops;
+  if (f.spec.empty()) {
+    ops = ModelOps(*model, *dtype);
+  } else {
+    ops = {*SpecFromJson(f.spec)};  // checked by ModelFromFlags
+  }
+  autotune::TunePlan plan{.ops = std::move(ops),
                           .tokens = f.tokens,
                           .gpu = gpu,
                           .all_candidates = f.all_candidates,
@@ -211,6 +226,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "A built-in model (default llama-3.1-8b): " + presets);
   app.add_option("--config", f.config, "A Hugging Face config.json (hidden_size, vocab_size, "
                                        "rms_norm_eps, final_logit_softcapping, model_type)");
+  app.add_option("--spec", f.spec, "One op spec as JSON instead of a model's ops (what a runtime "
+                                   "with KJIT_AUTOTUNE=1 passes)")
+      ->type_name("JSON");
   app.add_option("--vocab", f.vocab, "Vocab size (with --hidden, instead of a model)")
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--hidden", f.hidden, "Hidden size (with --vocab)")->check(CLI::Range(1, 65536));

@@ -68,6 +68,8 @@ TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   EXPECT_EQ(ce->ConfigFor(512).ToString(), at_4096);
   EXPECT_EQ(ce->config(), autotune::DefaultCrossEntropyConfig(32000, 8, gpu.target().arch))
       << "config() stays the heuristic's";
+  EXPECT_EQ(ce->ConfigFor(4096, /*fused=*/false), ce->config())
+      << "the streaming launches have their own record (none here)";
 
   // The launch runs the tuned kernels and is still right.
   auto trial = autotune::CrossEntropyTrial::Create(*rt, spec, 3000);
@@ -120,6 +122,41 @@ TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
   auto ce2 = rt2->CrossEntropy(spec);
   ASSERT_TRUE(ce2.ok());
   EXPECT_EQ(ce2->ConfigFor(4096), ce2->config());
+}
+
+// KJIT_AUTOTUNE: the first launch at an untuned bucket runs kjit-tune for that op (a child
+// process), the database gains the record, and the launch uses it. Needs the kjit-tune binary:
+// KJIT_TUNE_BIN (scripts/gpu-check.sh sets it).
+TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
+  KJIT_REQUIRE_GPU(gpu);
+  const char* bin = std::getenv("KJIT_TUNE_BIN");
+  if (bin == nullptr || ::access(bin, X_OK) != 0) {
+    GTEST_SKIP() << "KJIT_TUNE_BIN does not name an executable kjit-tune";
+  }
+  const CrossEntropySpec spec{.vocab = 4096, .dtype = DType::kBF16};
+  auto rt = Runtime::Create({.tuning_db = db_, .autotune = true});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto ce = rt->CrossEntropy(spec);
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  EXPECT_FALSE(TuningDb::Load(db_)->Find(TuningKeyFor(*rt, spec, 300)).has_value());
+  auto trial = autotune::CrossEntropyTrial::Create(*rt, spec, 300);
+  ASSERT_TRUE(trial.ok()) << trial.status();
+  EXPECT_TRUE((*trial)->Check(*ce).ok()) << (*trial)->Check(*ce);  // the launch that tunes
+  auto db = TuningDb::Load(db_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  const auto record = db->Find(TuningKeyFor(*rt, spec, 300));
+  ASSERT_TRUE(record.has_value()) << db->Serialize();
+  EXPECT_EQ(record->key.rows_bucket, 512);
+  EXPECT_GT(record->candidates, 1);
+  EXPECT_EQ(ce->ConfigFor(300).ToString(), record->config);
+  autotune::TuningKey streaming = TuningKeyFor(*rt, spec, 300);
+  streaming.op = StreamingTuningOp(spec);
+  const auto forward = db->Find(streaming);
+  ASSERT_TRUE(forward.has_value()) << "the same run tunes the forward-only launches";
+  EXPECT_EQ(ce->ConfigFor(300, /*fused=*/false).ToString(), forward->config);
+  // The same bucket again: no second tuning run (the record's tuned_at stays).
+  EXPECT_TRUE((*trial)->Check(*ce).ok());
+  EXPECT_EQ(TuningDb::Load(db_)->Find(TuningKeyFor(*rt, spec, 300))->tuned_at, record->tuned_at);
 }
 
 TEST_F(TuningGpu, TrialsRejectAWrongKernel) {

@@ -104,6 +104,24 @@ TEST_F(KjitTuneTest, BadInputGetsAClearErrorAndExitCode) {
   EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
 }
 
+// --spec: one op as a runtime with KJIT_AUTOTUNE describes it; a bad one is a usage error.
+TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
+  const std::string spec = R"({"op":"cross_entropy","vocab":1000,"dtype":"fp16","target_type":"int32",)"
+                           R"("ignore_index":-1,"reduction":"sum","label_smoothing":0.1,)"
+                           R"("lse_square_scale":0,"softcap":0,"argmax":false})";
+  CliResult r = Run({"--spec", spec, "--arch", "sm_90", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  const auto report = nlohmann::json::parse(r.out);
+  ASSERT_EQ(report["kernels"].size(), 1u) << r.out;
+  EXPECT_EQ(report["kernels"][0]["shape"], "vocab=1000 smoothing");
+  EXPECT_EQ(report["kernels"][0]["dtype"], "fp16");
+  r = Run({"--spec", R"({"op":"cross_entropy","vocab":1})", "--arch", "sm_90"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("op spec"), std::string::npos) << r.err;
+  r = Run({"--spec", spec, "--model", "llama-3.1-8b"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+}
+
 // The isolation the tuner promises, through its real workers: a candidate whose worker aborts and
 // one whose worker hangs fail with their reasons, and every other kernel is still built.
 TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
