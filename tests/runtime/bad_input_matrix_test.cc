@@ -1,5 +1,6 @@
 // The bad-input matrix for the public API: every TensorView / IndexView / workspace argument of
-// RmsNorm::Forward/Backward and CrossEntropy::Forward/ForwardBackward/Backward, each made null,
+// RmsNorm::Forward/Backward, CrossEntropy::Forward/ForwardBackward/Backward and
+// ShardedCrossEntropy::ComputeStats/Finish, each made null,
 // zero-sized, negative, huge (over int32), misaligned, of the wrong dtype, strided shorter than
 // its row, and overlapping an argument it must not overlap. Each must be InvalidArgument whose
 // message starts with the argument's name; the checks run before the compile-only error, so
@@ -16,6 +17,7 @@
 #include "runtime/cross_entropy.h"
 #include "runtime/rms_norm.h"
 #include "runtime/runtime.h"
+#include "runtime/sharded_cross_entropy.h"
 
 namespace kjit {
 namespace {
@@ -311,6 +313,46 @@ TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
   AddOverlapCases<A>(cases, "grad", &A::grad, "lse", &A::lse, false);
   AddOverlapCases<A>(cases, "grad", &A::grad, "grad_output", &A::grad_output, false);
   RunMatrix<A>(cases, good, [&](const A& a) { return ce->Backward(nullptr, a); });
+}
+
+// --- vocab-parallel cross-entropy ----------------------------------------------------------------
+
+TEST_F(BadInputMatrixTest, ShardedCrossEntropyComputeStatsAndFinish) {
+  // The shard [64, 64 + kCols) of a vocab of 4 * kCols.
+  auto op = rt_->ShardedCrossEntropy({.vocab = 4 * kCols, .shard_start = 64,
+                                      .shard_end = 64 + kCols, .dtype = DType::kBF16,
+                                      .reduction = Reduction::kNone});
+  ASSERT_TRUE(op.ok()) << op.status();
+  using A = ShardedCrossEntropyArgs;
+  for (bool finish : {false, true}) {
+    SCOPED_TRACE(finish ? "Finish" : "ComputeStats");
+    auto good = [&] {
+      return A{.logits = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+               .targets = IndexView::Of(Slot(2), IndexType::kInt64, kRows),
+               .loss = TensorView::Vector(Slot(3), DType::kF32, kRows),
+               .lse = TensorView::Vector(Slot(4), DType::kF32, kRows),
+               .grad = TensorView::Matrix(Slot(5), DType::kBF16, kRows, kCols),
+               .grad_output = TensorView::Vector(Slot(6), DType::kF32, kRows),
+               .workspace = Slot(8),
+               .workspace_bytes = op->WorkspaceBytes(kRows)};
+    };
+    std::vector<Case<A>> cases;
+    AddTensorCases<A>(cases, "logits", &A::logits, false);
+    AddIndexCases<A>(cases, "targets", &A::targets);
+    AddWorkspaceCases<A>(cases);
+    if (finish) {
+      AddTensorCases<A>(cases, "loss", &A::loss, false, /*vector=*/true);
+      AddTensorCases<A>(cases, "lse", &A::lse, true, /*vector=*/true);
+      AddTensorCases<A>(cases, "grad", &A::grad, true);
+      AddTensorCases<A>(cases, "grad_output", &A::grad_output, true, /*vector=*/true);
+      AddOverlapCases<A>(cases, "loss", &A::loss, "logits", &A::logits, false);
+      AddOverlapCases<A>(cases, "grad", &A::grad, "logits", &A::logits, /*alias_allowed=*/true);
+      AddOverlapCases<A>(cases, "grad", &A::grad, "grad_output", &A::grad_output, false);
+    }
+    RunMatrix<A>(cases, good, [&](const A& a) {
+      return finish ? op->Finish(nullptr, a) : op->ComputeStats(nullptr, a);
+    });
+  }
 }
 
 }  // namespace
