@@ -1,6 +1,6 @@
 // kjit: JIT-specialized fused kernels for LLM fine-tuning. The one header users include.
 //
-//   #include <kjit/kjit.h>
+//   #include "runtime/kjit.h"      // installed as <prefix>/include/kjit/runtime/kjit.h
 //   auto rt = kjit::Runtime::Create();                       // absl::StatusOr<kjit::Runtime>
 //   auto norm = rt->RmsNorm({.hidden = 4096, .dtype = kjit::DType::kBF16});
 //   norm->Forward(stream, {.x = x, .weight = w, .y = y, .rstd = rstd});

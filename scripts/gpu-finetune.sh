@@ -5,7 +5,7 @@
 #   2. the default shape (llama-3.1-8b, batch 4 x seq 2048, bf16) with --json and --trace: the
 #      figures (finetune.json, finetune.txt) and the Chrome trace (finetune-trace.json);
 #   3. a shape the baseline cannot fit (batch 16 x seq 8192: its fp32 [tokens, vocab] tensors need
-#      about 200 GB): it must say so and exit 3 while the kjit paths still run.
+#      at least 163 GiB, measured): it must say so and exit 3 while the kjit paths still run.
 # Build here first and bundle (cuBLASLt is not bundled: the GPU machine has its own CUDA 13):
 #   cmake --build build --target finetune_step
 #   ../shared/tools/device-bundle build/examples/finetune_step/finetune_step

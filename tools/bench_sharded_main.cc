@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "autotune/cross_entropy_reference.h"
@@ -196,23 +197,20 @@ int main(int argc, char** argv) {
   int repeats = 30;
   std::vector<int> ways = {2, 4};
   std::string output;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--vocab") vocab = std::stoll(value);
-    else if (flag == "--rows") rows = std::stoll(value);
-    else if (flag == "--repeats") repeats = std::stoi(value);
-    else if (flag == "--output") output = value;
-    else if (flag == "--ways") {
-      ways.clear();
-      for (size_t pos = 0; pos < value.size();) {
-        const size_t comma = value.find(',', pos);
-        ways.push_back(std::stoi(value.substr(pos, comma - pos)));
-        pos = comma == std::string::npos ? value.size() : comma + 1;
-      }
-    } else {
-      fmt::print(stderr, "unknown flag {}; see the header of tools/bench_sharded_main.cc\n", flag);
-      return 2;
-    }
+  CLI::App app{"kjit-bench-sharded: bandwidth per GPU of the vocab-parallel cross-entropy (one "
+               "shard's work, checked first) against the unsharded op, as JSON",
+               "kjit-bench-sharded"};
+  app.add_option("--vocab", vocab, "The whole vocab")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  app.add_option("--rows", rows, "Rows (tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->capture_default_str();
+  app.add_option("--ways", ways, "Splits to time")->delimiter(',')->check(CLI::Range(2, 32))->capture_default_str();
+  app.add_option("--repeats", repeats, "Timed repeats")->check(CLI::Range(3, 100000))->capture_default_str();
+  app.add_option("--output", output, "Also write the report to this file")->type_name("FILE");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
   auto report = kjit::tools::Run(vocab, rows, ways, repeats);
   if (!report.ok()) {
