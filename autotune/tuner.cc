@@ -217,11 +217,13 @@ class Tuner {
             }
           }
         }
+        std::set<std::string> added;  // several buckets and passes may share a tuned config
         for (const std::string& config : configs) {
+          if (!added.insert(config).second) continue;
           const bool is_heuristic = config == *heuristic;
           b.Add({.mode = TuneTask::Mode::kCompile, .op = op, .config = config, .target = target},
-                fmt::format("compile {} {} [{}] {}", Describe(op), target, config,
-                            is_heuristic ? "(heuristic)" : ""),
+                fmt::format("compile {} {} [{}]{}", Describe(op), target, config,
+                            is_heuristic ? " (heuristic)" : ""),
                 [this, op, config, target, is_heuristic, rt](const TaskOutcome& o) {
                   std::string log;
                   const std::string failure = FailureOf(o, &log);

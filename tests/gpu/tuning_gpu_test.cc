@@ -15,6 +15,7 @@
 #include "autotune/tuning_db.h"
 #include "runtime/tuning.h"
 #include "tests/gpu/gpu_test_env.h"
+#include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
@@ -28,21 +29,16 @@ using autotune::TuningRecord;
 class TuningGpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit_tuning_gpu_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    db_ = dir_ + "/tuning.json";
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    ASSERT_TRUE(tmp_.ok());
+    db_ = tmp_.path() + "/tuning.json";
   }
   void Put(const autotune::TuningKey& key, const std::string& config) {
     TuningRecord r{.key = key, .config = config, .median_us = 1, .tuned_at = "2026-12-02T00:00:00Z"};
     auto written = TuningDb::Upsert(db_, {r});
     ASSERT_TRUE(written.ok()) << written.status();
   }
-  std::string dir_, db_;
+  testing::TempDir tmp_{"kjit_tuning_gpu"};
+  std::string db_;
 };
 
 TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {

@@ -11,6 +11,7 @@
 #include "jit/compiler.h"
 #include "jit/embedded_templates.h"
 #include "runtime/cross_entropy.h"
+#include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
@@ -107,11 +108,9 @@ TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
 class CrossEntropyCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit-ce-cli-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
   }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
   struct Result {
     int exit_code = -1;
@@ -129,6 +128,7 @@ class CrossEntropyCliTest : public ::testing::Test {
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return r;
   }
+  testing::TempDir tmp_{"kjit_ce_cli"};
   std::string dir_;
 };
 

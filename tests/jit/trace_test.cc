@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_support.h"
+#include "tests/temp_dir.h"
 
 namespace kjit::jit {
 namespace {
@@ -22,17 +23,13 @@ namespace fs = std::filesystem;
 class TraceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit_trace_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
   }
   nlohmann::json Read(const std::string& path) {
     return nlohmann::json::parse(testing::ReadFile(path));
   }
+  testing::TempDir tmp_{"kjit_trace_test"};
   std::string dir_;
 };
 

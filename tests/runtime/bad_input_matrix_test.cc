@@ -18,6 +18,7 @@
 #include "runtime/rms_norm.h"
 #include "runtime/runtime.h"
 #include "runtime/sharded_cross_entropy.h"
+#include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
@@ -125,16 +126,15 @@ void RunMatrix(const std::vector<Case<Args>>& cases, const std::function<Args()>
 class BadInputMatrixTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit-badinput-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
     auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
                                .jit = {.cache = jit::DiskCache::Options{.dir = dir_ + "/cache"}}});
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_.emplace(std::move(*rt));
   }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
+  testing::TempDir tmp_{"kjit_bad_input"};
   std::string dir_;
   std::optional<Runtime> rt_;
 };

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/runtime.h"
+#include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
@@ -185,9 +186,8 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
 class CompileOnlyCrossEntropyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit-ce-spec-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
     auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
                                .jit = {.cache = jit::DiskCache::Options{.dir = dir_ + "/cache"}}});
     ASSERT_TRUE(rt.ok()) << rt.status();
@@ -196,7 +196,6 @@ class CompileOnlyCrossEntropyTest : public ::testing::Test {
     ASSERT_TRUE(ce.ok()) << ce.status();
     ce_.emplace(std::move(*ce));
   }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
   // Fake, well-aligned device addresses: compile-only never dereferences them.
   static void* Addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
@@ -228,6 +227,7 @@ class CompileOnlyCrossEntropyTest : public ::testing::Test {
     EXPECT_NE(ToStd(s.message()).find("compile-only"), std::string_view::npos) << s;
   }
   static constexpr int64_t V = 1000, R = 8;
+  testing::TempDir tmp_{"kjit_ce_spec"};
   std::string dir_;
   std::optional<Runtime> rt_;
   std::optional<CrossEntropy> ce_;

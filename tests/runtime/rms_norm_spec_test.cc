@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/runtime.h"
+#include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
@@ -63,9 +64,8 @@ TEST(RmsNormSpecTest, RenderSpecializesEverythingAsTemplateArguments) {
 class CompileOnlyRmsNormTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit-spec-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
     auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
                                .jit = {.cache = jit::DiskCache::Options{.dir = dir_ + "/cache"}}});
     ASSERT_TRUE(rt.ok()) << rt.status();
@@ -73,7 +73,6 @@ class CompileOnlyRmsNormTest : public ::testing::Test {
     ASSERT_TRUE(norm.ok()) << norm.status();
     norm_.emplace(std::move(*norm));
   }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
   // Fake, well-aligned device addresses: compile-only never dereferences them.
   static void* Addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
@@ -94,6 +93,7 @@ class CompileOnlyRmsNormTest : public ::testing::Test {
             .workspace_bytes = 1 << 20};
   }
   static constexpr int64_t H = 256, R = 8;
+  testing::TempDir tmp_{"kjit_rms_norm_spec"};
   std::string dir_;
   std::optional<RmsNorm> norm_;
 };

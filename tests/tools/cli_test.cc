@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_support.h"
+#include "tests/temp_dir.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
@@ -56,16 +57,11 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(KJIT_CLI_PATH)) << KJIT_CLI_PATH << " is not built";
-    char tmpl[] = "/tmp/kjit_cli_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    root_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    root_ = tmp_.path();
     cache_ = root_ + "/cache";
     env_["KJIT_CACHE_DIR"] = cache_;
     env_["KJIT_CACHE_MAX_BYTES"] = "";  // no eviction from the caller's environment
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
   }
 
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
@@ -82,6 +78,7 @@ class CliTest : public ::testing::Test {
     return out;
   }
 
+  testing::TempDir tmp_{"kjit_cli_test"};
   std::string root_;
   std::string cache_;
   std::map<std::string, std::string> env_;

@@ -28,6 +28,7 @@
 #include "jit/disk_cache.h"
 #include "tests/test_support.h"
 #include "tools/doctor_probe.h"
+#include "tests/temp_dir.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
@@ -510,21 +511,10 @@ TEST(DoctorFormat, TextAndJson) {
 
 // --- the probe's parts, on real files --------------------------------------------------------------
 
-class TempDir {
+// A TempDir per test, named for this suite.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/kjit_doctor_test_XXXXXX";
-    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : testing::TempDir("kjit_doctor_test") {}
 };
 
 TEST(DoctorProbe, MissingAndStubDriversAreClassified) {

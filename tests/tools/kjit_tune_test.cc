@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_support.h"
+#include "tests/temp_dir.h"
 
 #ifndef KJIT_TUNE_PATH
 #error "KJIT_TUNE_PATH must name the built kjit-tune binary"
@@ -28,20 +29,16 @@ using testing::CliResult;
 class KjitTuneTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit_tune_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    root_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    root_ = tmp_.path();
     env_["KJIT_CACHE_DIR"] = root_ + "/cache";
     env_["KJIT_CACHE_MAX_BYTES"] = "";
     env_["KJIT_LIBCUDA_PATH"] = root_ + "/no-libcuda.so";  // "no GPU", even on a GPU machine
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
   CliResult Run(const std::vector<std::string>& args) {
     return testing::RunProgram(KJIT_TUNE_PATH, args, env_, root_);
   }
+  testing::TempDir tmp_{"kjit_tune_test"};
   std::string root_;
   std::map<std::string, std::string> env_;
 };
