@@ -120,13 +120,14 @@ TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
 }
 
 // The isolation the tuner promises, through its real workers: a candidate whose worker aborts and
-// one whose worker hangs fail with their reasons, and every other kernel is still built.
+// one whose worker hangs fail with their reasons, and every other kernel is still built. The
+// timeout leaves room for a slow NVRTC compile under a sanitizer on a loaded CI machine.
 TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
   const std::string crash = "vec=8 threads=128 unroll=1 cluster=0";
   const std::string hang = "vec=8 threads=256 unroll=1 cluster=0";
   env_["KJIT_TUNE_INJECT_FAULT"] = "crash:" + crash + ";hang:" + hang;
   const CliResult r = Run({"--vocab", "300", "--hidden", "64", "--arch", "sm_90",
-                           "--all-candidates", "--timeout", "3", "--json"});
+                           "--all-candidates", "--timeout", "10", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   const auto report = nlohmann::json::parse(r.out);
   EXPECT_EQ(report["ok"], true);
@@ -135,7 +136,7 @@ TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
   for (const auto& f : report["failures"]) failures[f["config"]] = f["error"];
   EXPECT_EQ(failures.size(), 2u) << report["failures"].dump();
   EXPECT_NE(failures[crash].find("crashed: signal 6"), std::string::npos) << failures[crash];
-  EXPECT_NE(failures[hang].find("hung: no answer in 3 s"), std::string::npos) << failures[hang];
+  EXPECT_NE(failures[hang].find("hung: no answer in 10 s"), std::string::npos) << failures[hang];
   EXPECT_EQ(report["kernels"].size(), 3u);
   for (const auto& k : report["kernels"]) EXPECT_EQ(k["origin"], "compiled") << k.dump();
   // Every pruned config carries its reason.
