@@ -1,8 +1,9 @@
 // The tuning database decides which kernel config a training run launches, and every kjit-tune of
 // a user writes to it, so these tests attack it: configs and files that are malformed in every
 // field, lookups that must not cross keys, processes merging at once, a held lock, a corrupt file,
-// and writes that fail. CPU only; each test gets a fresh mkdtemp root.
+// and writes that fail. CPU only; each test gets a fresh TempDir root.
 #include "tests/test_support.h"
+#include "tests/temp_dir.h"
 #include "autotune/tuning_db.h"
 
 #include <fcntl.h>
@@ -404,18 +405,14 @@ TEST(TuningDbTest, ParseRejectsEveryMalformedDocumentAsDataLoss) {
 class TuningDbFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kjit_tuning_db_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    root_ = tmp_.path();
     path_ = root_ + "/tuning.json";
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
   }
   // Temp files left beside the database (a failed or killed write).
   std::vector<std::string> Temps() const { return NamesWithPrefix(root_, "tuning.json.tmp"); }
 
+  testing::TempDir tmp_{"kjit_tuning_db_test"};
   std::string root_;
   std::string path_;
 };

@@ -10,15 +10,12 @@
 #include "jit/embedded_templates.h"
 #include "runtime/runtime.h"
 #include "runtime/sharded_cross_entropy.h"
+#include "tests/expect_status.h"
 
 namespace kjit {
 namespace {
 
-void ExpectInvalid(const absl::Status& s, const std::string& prefix) {
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(ToStd(s.message()).rfind(prefix, 0), 0u)
-      << "expected the message to start with '" << prefix << "': " << s;
-}
+using testing::ExpectInvalid;
 
 void ExpectCompiles(const ShardedCrossEntropySpec& spec, const char* arch) {
   const int vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));

@@ -14,16 +14,13 @@
 #include <gtest/gtest.h>
 
 #include "runtime/runtime.h"
+#include "tests/expect_status.h"
 #include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
 
-void ExpectInvalid(const absl::Status& s, const std::string& prefix) {
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(ToStd(s.message()).rfind(prefix, 0), 0u)
-      << "expected the message to start with '" << prefix << "': " << s;
-}
+using testing::ExpectInvalid;
 
 TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 0}), "vocab:");

@@ -5,16 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "runtime/runtime.h"
+#include "tests/expect_status.h"
 #include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
 
-void ExpectInvalid(const absl::Status& s, const std::string& names) {
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(ToStd(s.message()).rfind(names, 0), 0u) << "expected the message to start with '" << names
-                                                     << "': " << s;
-}
+using testing::ExpectInvalid;
 
 TEST(RmsNormSpecTest, RejectsBadSpecsNamingTheField) {
   ExpectInvalid(ValidateRmsNormSpec({.hidden = 0}), "hidden:");
