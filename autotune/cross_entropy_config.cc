@@ -20,23 +20,29 @@ const char* Name(Reduction r) {
 namespace autotune {
 
 std::string CrossEntropyConfig::ToString() const {
-  return fmt::format("vec={} threads={} unroll={} cluster={}", vec, threads, unroll, cluster);
+  return fmt::format("vec={} threads={} unroll={} cluster={} staged={}", vec, threads, unroll,
+                     cluster, staged);
 }
 
 absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text) {
   KJIT_ASSIGN_OR_RETURN(ConfigText t, ConfigText::Split("cross-entropy config", text,
-                                                        {"vec", "threads", "unroll", "cluster"}));
+                                                        {"vec", "threads", "unroll", "cluster",
+                                                         "staged"}));
   CrossEntropyConfig c;
   KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
   KJIT_ASSIGN_OR_RETURN(c.threads, t.Int("threads"));
   KJIT_ASSIGN_OR_RETURN(c.unroll, t.Int("unroll"));
   KJIT_ASSIGN_OR_RETURN(c.cluster, t.Int("cluster"));
+  KJIT_ASSIGN_OR_RETURN(c.staged, t.Int("staged"));
   if (!IsPowerOfTwo(c.vec) || c.vec > 16) return t.Invalid("vec", "a power of two from 1 to 16");
   if (c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0) {
     return t.Invalid("threads", "a multiple of 32 from 32 to 1024");
   }
   if (!IsPowerOfTwo(c.unroll) || c.unroll > 8) return t.Invalid("unroll", "1, 2, 4 or 8");
   if (c.cluster < 0 || c.cluster > 8) return t.Invalid("cluster", "0 (streaming) to 8 blocks");
+  if (c.staged != 0 && (c.staged != 1 || c.cluster == 0)) {
+    return t.Invalid("staged", "0, or 1 with a cluster of 1 to 8 blocks");
+  }
   return c;
 }
 
@@ -52,7 +58,50 @@ int64_t PowerOfTwoAtLeast(int64_t n) {
 // share an SM.
 constexpr int kDefaultResidentVectors = 8;
 constexpr int kMaxCluster = 8;  // the portable cluster size
+// The staged kernel's own shared variables (mbarriers, statistics), beside its two buffers.
+constexpr int64_t kStagedStaticBytes = 1024;
+constexpr int kDefaultStagedThreads = 256;
+// Blocks whose shares of a row an SM should hold at once, each in its own phase.
+constexpr int kStagedBlocksPerSm = 3;
 }  // namespace
+
+int MaxSharedBytesPerBlock(int arch) {
+  switch (arch) {
+    case 90: case 100: case 103: case 110: return 227 * 1024;
+    case 120: case 121: return 99 * 1024;
+    default: return 48 * 1024;  // what every GPU gives without opting in
+  }
+}
+
+int64_t CrossEntropyConfig::StagedChunk(int64_t vocab) const {
+  return CeilDiv(Vectors(vocab, vec), std::max(1, cluster)) * vec;
+}
+
+int64_t CrossEntropyConfig::StagedSharedBytes(int64_t vocab, int elem_bytes) const {
+  return StagedChunk(vocab) * elem_bytes;
+}
+
+std::string CrossEntropyConfig::StagedUnfit(int64_t vocab, int elem_bytes, int arch) const {
+  if (cluster < 1) return "the staged row needs a cluster of 1 to 8 blocks";
+  if (arch < kMinClusterArch) {
+    return fmt::format("bulk copies need sm_{} or newer", kMinClusterArch);
+  }
+  if (vec * elem_bytes != 16) {
+    return fmt::format("bulk copies move 16-byte vectors; vec={} is {} bytes", vec,
+                       vec * elem_bytes);
+  }
+  if (vocab - (cluster - 1) * StagedChunk(vocab) < vec) {
+    return fmt::format("{} blocks of {} columns leave the last less than a vector of the {}-column "
+                       "row", cluster, StagedChunk(vocab), vocab);
+  }
+  const int64_t bytes = StagedSharedBytes(vocab, elem_bytes) + kStagedStaticBytes;
+  if (bytes > MaxSharedBytesPerBlock(arch)) {
+    return fmt::format("{} columns need {} bytes of shared memory, over the {} a block has on "
+                       "sm_{}", StagedChunk(vocab), bytes,
+                       MaxSharedBytesPerBlock(arch), arch);
+  }
+  return "";
+}
 
 int64_t CrossEntropyConfig::ResidentVectors(int64_t vocab) const {
   if (cluster < 1) return 0;
@@ -74,9 +123,21 @@ int StreamingUnroll(int64_t vocab, int vec, int threads) {
 
 int MaxVecForCrossEntropy(int elem_bytes) { return std::max(1, 16 / elem_bytes); }
 
-CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch) {
+CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch, int elem_bytes) {
   CrossEntropyConfig c;
   c.vec = vec;
+  for (int cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
+    CrossEntropyConfig staged{vec, kDefaultStagedThreads, 1, cluster, 1};
+    if (!staged.StagedUnfit(vocab, elem_bytes, arch).empty() ||
+        kStagedBlocksPerSm * (staged.StagedSharedBytes(vocab, elem_bytes) + kStagedStaticBytes) >
+            MaxSharedBytesPerBlock(arch)) {
+      continue;
+    }
+    const int64_t chunk_vectors = staged.StagedChunk(vocab) / vec;
+    while (staged.threads > 32 && staged.threads / 2 >= chunk_vectors) staged.threads /= 2;
+    staged.unroll = StreamingUnroll(vocab, vec, staged.threads);
+    return staged;
+  }
   const int64_t vectors = Vectors(vocab, vec);
   const int64_t holders = CeilDiv(vectors, kDefaultResidentVectors);
   const int64_t cluster = CeilDiv(holders, 512);

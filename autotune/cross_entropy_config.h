@@ -5,10 +5,13 @@
 // vectors of `vec` elements (16 bytes at most), each thread issuing `unroll` vector loads before it
 // uses them. The fused forward+backward keeps the row in the registers of `cluster` blocks of
 // `threads` (a thread-block cluster when more than one, sm_90 and newer), so it reads each logit
-// once; cluster 0 makes it stream the row twice instead.
+// once; cluster 0 makes it stream the row twice instead. `staged` keeps the row in the cluster's
+// shared memory instead of registers (sm_90 and newer, 16-byte vectors), copied in and out by bulk
+// copies, so that an SM holds several blocks in different phases.
 //
-//   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8, /*arch=*/90);
-//   // c.ToString() == "vec=8 threads=512 unroll=4 cluster=4"
+//   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8, /*arch=*/90,
+//                                                    /*elem_bytes=*/2);
+//   // c.ToString() == "vec=8 threads=256 unroll=4 cluster=4 staged=1"
 //   // ParseCrossEntropyConfig(c.ToString()) == c
 #pragma once
 
@@ -33,18 +36,26 @@ struct CrossEntropyConfig {
   int threads = 256;  // per row (one row per block): a multiple of 32, at most 1024
   int unroll = 4;     // vector loads in flight per thread: 1, 2, 4 or 8
   int cluster = 0;    // blocks holding one row in the fused op, 1 to 8; 0 streams it twice
-  std::string ToString() const;  // "vec=8 threads=1024 unroll=4 cluster=0"
+  int staged = 0;     // 1: the fused op holds the row in shared memory, 0: in registers
+  std::string ToString() const;  // "vec=8 threads=1024 unroll=4 cluster=0 staged=0"
   // Vectors of the row each thread of the fused op holds in registers (0 when it streams).
   int64_t ResidentVectors(int64_t vocab) const;
   // Whether those fit without spilling: the share's registers + kCeOtherRegisters
   // (templates/cross_entropy_params.h) within a thread's 255, and times the threads within an SM's
   // kCeRegistersPerSm.
   bool ResidentFits(int64_t vocab, int elem_bytes) const;
+  // Staged: the columns each block of the cluster stages (a multiple of vec), and the dynamic shared
+  // memory that takes.
+  int64_t StagedChunk(int64_t vocab) const;
+  int64_t StagedSharedBytes(int64_t vocab, int elem_bytes) const;
+  // Why a staged config cannot run for this vocab and element size on GPUs of compute capability
+  // `arch`, or "" when it can.
+  std::string StagedUnfit(int64_t vocab, int elem_bytes, int arch) const;
   bool operator==(const CrossEntropyConfig&) const = default;
 };
 
-// The inverse of ToString(), for configs read back from the tuning database: all four fields, in
-// any order, within the ranges above (cluster 0 to 8). Whether the config suits a vocab and GPU is
+// The inverse of ToString(), for configs read back from the tuning database: all five fields, in
+// any order, within the ranges above (cluster 0 to 8, staged 0 or 1 with a cluster). Whether the config suits a vocab and GPU is
 // not checked here. InvalidArgument naming the field and the text.
 absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text);
 
@@ -56,14 +67,19 @@ int StreamingUnroll(int64_t vocab, int vec, int threads);
 int MaxVecForCrossEntropy(int elem_bytes);
 
 constexpr int kMaxRegistersPerThread = 255;
-// Clusters of more than one block need this compute capability.
+// Clusters of more than one block, and bulk copies, need this compute capability.
 constexpr int kMinClusterArch = 90;
+// The shared memory a block may opt in to on GPUs of compute capability `arch` (sm_90 and newer).
+int MaxSharedBytesPerBlock(int arch);
 
-// A sound default for a GPU of compute capability `arch` (e.g. 90): the row resident in at most 8
-// vectors per thread, in one block of up to 512 threads or a cluster of up to 8 such blocks where
-// the GPU has clusters; otherwise streaming, with threads so that each walks about 32
-// vectors of a row (32 to 512, so that two blocks fit an SM) and four loads in flight.
-CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch);
+// A sound default for elements of `elem_bytes` on a GPU of compute capability `arch` (e.g. 90):
+// where the GPU has bulk copies and vectors are 16 bytes, the row staged in the shared memory of
+// the smallest cluster (blocks of 256 threads) whose shares let an SM hold three blocks; else the
+// row resident in at most 8 vectors per thread, in one block of up to 512 threads or a cluster of
+// up to 8 such blocks where the GPU has clusters; otherwise streaming, with threads so that each
+// walks about 32 vectors of a row (32 to 512, so that two blocks fit an SM) and four loads in
+// flight.
+CrossEntropyConfig DefaultCrossEntropyConfig(int64_t vocab, int vec, int arch, int elem_bytes);
 
 }  // namespace autotune
 }  // namespace kjit

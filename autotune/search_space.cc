@@ -46,13 +46,24 @@ std::string ResidentPruned(const CrossEntropyConfig& c, int64_t vocab, int elem_
   return "";
 }
 
+std::string StagedPruned(const CrossEntropyConfig& c, int64_t vocab, int elem_bytes, int arch) {
+  const std::string unfit = c.StagedUnfit(vocab, elem_bytes, arch);
+  if (!unfit.empty()) return unfit;
+  const int64_t chunk_vectors = c.StagedChunk(vocab) / c.vec;
+  if (c.threads > chunk_vectors) {
+    return fmt::format("{} threads for the {} vectors a block stages: part of the block would idle",
+                       c.threads, chunk_vectors);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::vector<Candidate<CrossEntropyConfig>> CrossEntropySearchSpace(int64_t vocab, int vec,
                                                                    int arch) {
   const int elem_bytes = 16 / vec;
   const int64_t vectors = CeilDiv(vocab, vec);
-  const CrossEntropyConfig heuristic = DefaultCrossEntropyConfig(vocab, vec, arch);
+  const CrossEntropyConfig heuristic = DefaultCrossEntropyConfig(vocab, vec, arch, elem_bytes);
   std::vector<Candidate<CrossEntropyConfig>> out;
   for (int threads = 128; threads <= 1024; threads *= 2) {
     for (int unroll : {1, 2, 4, 8}) {
@@ -62,6 +73,9 @@ std::vector<Candidate<CrossEntropyConfig>> CrossEntropySearchSpace(int64_t vocab
       // The forward-only kernel streams with these threads: it takes the heuristic's unroll.
       const CrossEntropyConfig c{vec, threads, StreamingUnroll(vocab, vec, threads), cluster};
       out.push_back({c, ResidentPruned(c, vocab, elem_bytes, arch)});
+      CrossEntropyConfig staged = c;
+      staged.staged = 1;
+      out.push_back({staged, StagedPruned(staged, vocab, elem_bytes, arch)});
     }
   }
   auto it = std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.config == heuristic; });

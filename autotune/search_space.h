@@ -23,9 +23,10 @@ struct Candidate {
   std::string pruned;  // why it cannot run or cannot win; empty for a candidate
 };
 
-// Threads 128 to 1024; streaming (cluster 0) with unroll 1, 2, 4 or 8, and the row resident in 1,
-// 2, 4 or 8 blocks (unroll then only shapes the forward-only kernel: the heuristic's). The
-// heuristic's config is always a candidate.
+// Threads 128 to 1024; streaming (cluster 0) with unroll 1, 2, 4 or 8, and the row held by 1, 2, 4
+// or 8 blocks, in registers or staged in shared memory (unroll then only shapes the forward-only
+// kernel: the heuristic's). The heuristic's config is always a candidate. `vec` is the widest
+// vector (16 bytes), which gives the element size.
 std::vector<Candidate<CrossEntropyConfig>> CrossEntropySearchSpace(int64_t vocab, int vec,
                                                                    int arch);
 

@@ -2,7 +2,7 @@
 // for a target, or check and time it on the GPU at a row count; and what a worker answers.
 //
 //   TuneTask t{.mode = TuneTask::Mode::kTime, .op = CrossEntropySpec{.vocab = 128256},
-//              .config = "vec=8 threads=512 unroll=4 cluster=4", .rows = 4096,
+//              .config = "vec=8 threads=512 unroll=4 cluster=4 staged=0", .rows = 4096,
 //              .pass = Pass::kForwardBackward, .repeats = 20};
 //   std::string line = t.ToJson();   // a worker reads it back with TuneTask::FromJson
 #pragma once

@@ -53,12 +53,18 @@ std::string ForwardExpr(const CrossEntropySpec& s, const autotune::CrossEntropyC
   return fmt::format("kjit::cross_entropy_forward<{}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
                      Bool(gradient));
 }
-std::string ResidentExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
-  return fmt::format("kjit::cross_entropy_resident<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+// The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
+std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
+                        const autotune::CrossEntropyConfig& c) {
+  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
                      DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
                      c.vec, c.cluster, ReductionDeviceName(s.reduction),
                      Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
                      Bool(s.softcap > 0), Bool(s.argmax));
+}
+std::string FusedExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
+  if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
+  return c.cluster > 0 ? ClusterExpr("cross_entropy_resident", s, c) : ForwardExpr(s, c, true);
 }
 std::string BackwardExpr(const CrossEntropySpec& s, const autotune::CrossEntropyConfig& c) {
   return fmt::format("kjit::cross_entropy_backward<{}>", RowArgs(s, c));
@@ -72,7 +78,10 @@ std::string ReduceExpr(const CrossEntropySpec& s) {
                      ReductionDeviceName(s.reduction));
 }
 
-absl::Status ValidateConfig(const CrossEntropySpec& spec, const autotune::CrossEntropyConfig& c) {
+// `arch` 0: not known yet (a spec checked, or a program rendered, without a target); a staged
+// config is then checked as for sm_90. A runtime checks again with its target's.
+absl::Status ValidateConfig(const CrossEntropySpec& spec, const autotune::CrossEntropyConfig& c,
+                            int arch) {
   if (c.vec < 1 || (c.vec & (c.vec - 1)) != 0 ||
       c.vec * static_cast<int64_t>(SizeOf(spec.dtype)) > 16) {
     return absl::InvalidArgumentError(fmt::format(
@@ -90,7 +99,17 @@ absl::Status ValidateConfig(const CrossEntropySpec& spec, const autotune::CrossE
     return absl::InvalidArgumentError(fmt::format(
         "config.cluster: {} must be 0 (stream the row) or 1 to 8 blocks holding it", c.cluster));
   }
-  if (!c.ResidentFits(spec.vocab, static_cast<int>(SizeOf(spec.dtype)))) {
+  const int elem_bytes = static_cast<int>(SizeOf(spec.dtype));
+  if (c.staged != 0 && c.staged != 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.staged: {} must be 0 (the row in registers) or 1 (in shared memory)", c.staged));
+  }
+  if (c.staged) {
+    const std::string unfit = c.StagedUnfit(spec.vocab, elem_bytes, arch == 0 ? 90 : arch);
+    if (!unfit.empty()) return absl::InvalidArgumentError("config.staged: " + unfit);
+    return absl::OkStatus();
+  }
+  if (!c.ResidentFits(spec.vocab, elem_bytes)) {
     return absl::InvalidArgumentError(fmt::format(
         "config.cluster: {} blocks of {} threads would hold {} vectors of a {}-entry row each, "
         "more than an SM's registers take; use more blocks or fewer threads, or cluster=0",
@@ -124,14 +143,14 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
     return absl::InvalidArgumentError(
         fmt::format("softcap: {} must be 0 (off) or a finite positive cap", spec.softcap));
   }
-  if (spec.config) KJIT_RETURN_IF_ERROR(ValidateConfig(spec, *spec.config));
+  if (spec.config) KJIT_RETURN_IF_ERROR(ValidateConfig(spec, *spec.config, /*arch=*/0));
   return absl::OkStatus();
 }
 
 absl::StatusOr<jit::Source> RenderCrossEntropy(const CrossEntropySpec& spec,
                                                const autotune::CrossEntropyConfig& config) {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
-  KJIT_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  KJIT_RETURN_IF_ERROR(ValidateConfig(spec, config, /*arch=*/0));
   std::map<std::string, std::string> params = {
       {"op", "cross_entropy"},
       {"vocab", std::to_string(spec.vocab)},
@@ -147,7 +166,7 @@ absl::StatusOr<jit::Source> RenderCrossEntropy(const CrossEntropySpec& spec,
   // Order matters: CrossEntropyKernels reads them back by position.
   std::vector<std::string> kernels = {
       CountExpr(spec), ForwardExpr(spec, config, false),
-      config.cluster > 0 ? ResidentExpr(spec, config) : ForwardExpr(spec, config, true),
+      FusedExpr(spec, config),
       BackwardExpr(spec, config)};
   if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
   return jit::RenderSource("cross_entropy",
@@ -165,6 +184,7 @@ struct CrossEntropyKernels {
   CUfunction forward_backward = nullptr;
   CUfunction backward = nullptr;
   CUfunction reduce = nullptr;  // null for reduction none
+  int shared_bytes = 0;  // the dynamic shared memory forward_backward asks for (staged)
 };
 
 struct CrossEntropyState {
@@ -183,7 +203,7 @@ struct CrossEntropyState {
     autotune::CrossEntropyConfig c = config;
     if (tuned) c = (fused ? tuned : tuned_streaming)->For(rows, may_tune).value_or(config);
     if (vec >= c.vec) return c;
-    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch);
+    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch, static_cast<int>(SizeOf(spec.dtype)));
   }
 };
 
@@ -206,6 +226,11 @@ absl::StatusOr<const internal::CrossEntropyKernels*> LoadLocked(
   KJIT_ASSIGN_OR_RETURN(k.backward, k.module->Function(src.name_expressions[3]));
   if (src.name_expressions.size() > 4) {
     KJIT_ASSIGN_OR_RETURN(k.reduce, k.module->Function(src.name_expressions[4]));
+  }
+  if (config.staged) {
+    k.shared_bytes = static_cast<int>(
+        config.StagedSharedBytes(op.spec.vocab, static_cast<int>(SizeOf(op.spec.dtype))));
+    KJIT_RETURN_IF_ERROR(rt.AllowSharedBytes(k.forward_backward, k.shared_bytes));
   }
   return &op.by_config.emplace(name, std::move(k)).first->second;
 }
@@ -429,7 +454,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
   KJIT_RETURN_IF_ERROR(rt_->Launch(gradient ? k->forward_backward : k->forward,
                                    rows * blocks_per_row, k->config.threads, stream, &p,
-                                   blocks_per_row));
+                                   blocks_per_row, gradient ? k->shared_bytes : 0));
   if (s.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
   return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r);
@@ -474,10 +499,14 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
         "target is {}",
         spec.config->cluster, autotune::kMinClusterArch, state_->target.ToString()));
   }
+  if (spec.config) KJIT_RETURN_IF_ERROR(ValidateConfig(spec, *spec.config, op->arch));
   const int max_vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
-  op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(spec.vocab, max_vec, op->arch));
+  op->config = spec.config.value_or(autotune::DefaultCrossEntropyConfig(
+      spec.vocab, max_vec, op->arch, static_cast<int>(SizeOf(spec.dtype))));
   if (!spec.config) {
-    auto validate = [spec](const autotune::CrossEntropyConfig& c) { return ValidateConfig(spec, c); };
+    auto validate = [spec, arch = op->arch](const autotune::CrossEntropyConfig& c) {
+      return ValidateConfig(spec, c, arch);
+    };
     op->tuned.emplace(*state_, spec, "", autotune::ParseCrossEntropyConfig, validate);
     op->tuned_streaming.emplace(*state_, spec, StreamingTuningOp(spec),
                                 autotune::ParseCrossEntropyConfig, validate);

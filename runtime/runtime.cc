@@ -42,7 +42,7 @@ absl::Status RuntimeState::NeedsDevice() const {
 }
 
 absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstream stream,
-                                  void* params, int cluster) const {
+                                  void* params, int cluster, int shared_bytes) const {
   if (grid < 1 || grid > 0x7fffffff) {
     return absl::InvalidArgumentError(
         fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
@@ -63,6 +63,7 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
   config.blockDimX = static_cast<unsigned>(block);
   config.blockDimY = config.blockDimZ = 1;
   config.hStream = stream;
+  config.sharedMemBytes = static_cast<unsigned>(shared_bytes);
   CUlaunchAttribute attribute{};
   if (cluster > 1) {
     attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -72,6 +73,13 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
     config.numAttrs = 1;
   }
   return driver->Check(driver->cuLaunchKernelEx(&config, fn, args, nullptr), "cuLaunchKernelEx");
+}
+
+absl::Status RuntimeState::AllowSharedBytes(CUfunction fn, int shared_bytes) const {
+  KJIT_RETURN_IF_ERROR(MakeCurrent());
+  return driver->Check(
+      driver->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
+      "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
 }
 
 std::shared_ptr<const autotune::TuningDb> RuntimeState::Tuning() const {

@@ -39,9 +39,11 @@ struct RuntimeState {
   // FailedPrecondition for a compile-only runtime: ops call it after checking their arguments.
   absl::Status NeedsDevice() const;
   // Launches a kernel whose only argument is a params struct, on a 1-D grid of 1-D clusters of
-  // `cluster` blocks (1: no cluster); no sync.
+  // `cluster` blocks (1: no cluster), with `shared_bytes` of dynamic shared memory; no sync.
   absl::Status Launch(CUfunction fn, int64_t grid, int block, CUstream stream, void* params,
-                      int cluster = 1) const;
+                      int cluster = 1, int shared_bytes = 0) const;
+  // Lets `fn` have `shared_bytes` of dynamic shared memory (over 48 KB needs opting in).
+  absl::Status AllowSharedBytes(CUfunction fn, int shared_bytes) const;
 };
 
 }  // namespace kjit::internal

@@ -70,7 +70,8 @@ TensorView Bytes(const void* p, int64_t bytes) {
 autotune::CrossEntropyConfig DefaultShardedCrossEntropyConfig(int64_t width, int vec) {
   // Arch 0 has no clusters, so for a wide shard the heuristic picks its streaming config; a narrow
   // shard gets the resident one's threads, a thread each 8 vectors, which stream as well.
-  autotune::CrossEntropyConfig c = autotune::DefaultCrossEntropyConfig(width, vec, /*arch=*/0);
+  autotune::CrossEntropyConfig c = autotune::DefaultCrossEntropyConfig(width, vec, /*arch=*/0,
+                                                                        /*elem_bytes=*/16 / vec);
   c.cluster = 0;
   return c;
 }

@@ -28,7 +28,7 @@ timed tune-first timeout 300 $bin/kjit-tune --model llama-3.1-8b --json
 echo "== kjit-tune again: database and cache present"
 timed tune-second timeout 120 $bin/kjit-tune --model llama-3.1-8b --json
 echo "== kjit-tune with a planted GPU fault and a crash (own database)"
-KJIT_TUNE_INJECT_FAULT="gpu-fault:vec=8 threads=256 unroll=2 cluster=0;crash:vec=8 threads=512 unroll=1 cluster=0" \
+KJIT_TUNE_INJECT_FAULT="gpu-fault:vec=8 threads=256 unroll=2 cluster=0 staged=0;crash:vec=8 threads=512 unroll=1 cluster=0 staged=0" \
   timed tune-faults timeout 300 $bin/kjit-tune --vocab 32000 --hidden 1024 --tokens 2048 \
   --db "$out/faults-db.json" --json
 echo "== bench with the tuned database"

@@ -94,6 +94,44 @@ __device__ __forceinline__ void store_vec(T* base, long long index, const Vec<T,
   *reinterpret_cast<Vec<T, N>*>(base + index) = v;
 }
 
+// The largest of a vector's elements as a float; NaN only when all are NaN (like fmaxf). Pairs of
+// bf16 or fp16 are compared packed, one instruction for two elements.
+__device__ __forceinline__ unsigned max2(unsigned a, unsigned b, bf16*) {
+  unsigned r;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ unsigned max2(unsigned a, unsigned b, f16*) {
+  unsigned r;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+template <typename T, int N>
+__device__ __forceinline__ float vec_max(const Vec<T, N>& v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(T) == 2 && N >= 2 && N % 2 == 0) {
+    unsigned w[N / 2];
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      w[k] = static_cast<unsigned>(v.v[2 * k].bits) | (static_cast<unsigned>(v.v[2 * k + 1].bits) << 16);
+    }
+#pragma unroll
+    for (int width = 1; width < N / 2; width *= 2) {
+#pragma unroll
+      for (int k = 0; k + width < N / 2; k += 2 * width) w[k] = max2(w[k], w[k + width], static_cast<T*>(nullptr));
+    }
+    T lo, hi;
+    lo.bits = static_cast<unsigned short>(w[0] & 0xffffu);
+    hi.bits = static_cast<unsigned short>(w[0] >> 16);
+    return fmaxf(to_float(lo), to_float(hi));
+  }
+#endif
+  float m = to_float(v.v[0]);
+#pragma unroll
+  for (int k = 1; k < N; ++k) m = fmaxf(m, to_float(v.v[k]));
+  return m;
+}
+
 // Sum over groups of kWidth consecutive lanes (kWidth a power of two <= 32). Every lane of the warp
 // must call it. The butterfly gives every lane the same, order-fixed result.
 template <int kWidth>
@@ -149,6 +187,65 @@ __device__ __forceinline__ const U* in_cluster_block(const U* p, unsigned rank) 
   unsigned long long out;
   asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
   return reinterpret_cast<const U*>(out);
+}
+
+// Bulk asynchronous copies between global and shared memory (the Tensor Memory Accelerator's
+// non-tensor form, sm_90 and newer): one thread moves a whole 16-byte-aligned range while the
+// block computes. A load completes on an mbarrier that counts its bytes; a store is tracked by
+// bulk groups of the issuing thread. Only kernels compiled for sm_90 or newer call these.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(p));
+  return a;
+}
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(arrivals)
+               : "memory");
+}
+// Makes initialized mbarriers visible to the async proxy (the copies that complete on them).
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Starts a copy of `bytes` (a multiple of 16) from global `src` into shared `dst`; the phase of
+// `bar` completes when they have all arrived. The calling thread is the barrier's one arrival.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          unsigned long long* bar) {
+  const unsigned b = shared_address(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(b)
+      : "memory");
+}
+// Waits until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned b = shared_address(bar);
+  unsigned done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(b), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Orders this thread's ordinary shared-memory writes before later bulk copies that read them.
+__device__ __forceinline__ void async_proxy_fence() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Starts a copy of `bytes` (a multiple of 16) from shared `src` to global `dst`, as one bulk group.
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+               "r"(shared_address(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until this thread's bulk stores have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_stores_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 }  // namespace kjit

@@ -1,23 +1,26 @@
 // Fused cross-entropy over a large vocabulary: loss, lse, argmax and the gradient without any
 // [rows x vocab] temporary, specialized for one vocab size, dtype, launch shape and option set.
 //
-// Pass 1 reads the row once: an online softmax in fp32 (each thread keeps a running max m and sum
-// s = sum 2^(x*log2e - m); the max is raised before s is rescaled), plus the sum of logits (label
-// smoothing) and the argmax when asked; the per-thread states are combined in a fixed tree,
-// lse = (m + log2 s) * ln2. The target logit is one direct load. Pass 2 writes
+// Pass 1 reads the row once: a softmax in fp32 (each thread keeps a max m and a sum
+// s = sum 2^(x*log2e - m): online, raising the max before rescaling s, where the row streams past;
+// max first where the thread holds its share), plus the sum of logits (label smoothing) and the
+// argmax when asked; the per-thread states are combined in a fixed tree, lse = (m + log2 s) * ln2.
+// The target logit is one direct load. Pass 2 writes
 //   grad = scale * (p * (1 + 2 z lse) - eps/V - (1 - eps) * onehot) [* (1 - tanh^2(x / cap))]
 // in fp32 with a single rounding to the logits' dtype, so p - 1 near p = 1 does not cancel in bf16.
 //
 // cross_entropy_forward streams the row with one block (and, fused, reads it again for pass 2);
 // cross_entropy_resident keeps the row in the registers of one block or of a cluster of blocks, so
-// that the fused op reads each logit once; cross_entropy_backward is pass 2 alone from a saved lse.
+// that the fused op reads each logit once; cross_entropy_staged keeps it in the shared memory of
+// a cluster instead, copied in and out by bulk copies, so that an SM holds several rows' blocks at
+// once; cross_entropy_backward is pass 2 alone from a saved lse.
 // Ignored rows (target == ignore_index, or out of [0, vocab), which the count kernel also counts)
 // get loss 0 and a zero gradient and are not read unless lse or argmax is wanted. The count kernel
 // runs first and stores the number of valid rows, which the mean divides by; the reduce kernel
 // sums the per-row losses in a fixed order.
 //
-//   kjit::cross_entropy_resident<kjit::bf16, long long, 128256, 512, 8, /*cluster=*/4,
-//                                kjit::kCeMean, false, false, false, false>  // loss and gradient
+//   kjit::cross_entropy_staged<kjit::bf16, long long, 128256, 256, 8, /*cluster=*/4,
+//                              kjit::kCeMean, false, false, false, false>  // loss and gradient
 #pragma once
 
 #include "common.cuh"
@@ -66,6 +69,14 @@ struct Floats {
   float v[N];
 };
 
+template <typename T, int N>
+__device__ __forceinline__ Floats<N> floats_of(const Vec<T, N>& v) {
+  Floats<N> x;
+#pragma unroll
+  for (int k = 0; k < N; ++k) x.v[k] = to_float(v.v[k]);
+  return x;
+}
+
 // Vectors it0 .. it0+N-1 of thread tid's share (vector i of the row is (it0 + u) * kThreads + tid);
 // those past the body are left as they are.
 template <typename L, int N, typename T>
@@ -84,9 +95,7 @@ __device__ __forceinline__ void visit_share(int tid, int it0, const Vec<T, L::kV
   for (int u = 0; u < N; ++u) {
     const int i = (it0 + u) * L::kThreads + tid;
     if (i < L::kBody) {
-      Floats<L::kVec> x;
-#pragma unroll
-      for (int k = 0; k < L::kVec; ++k) x.v[k] = to_float(v[u].v[k]);
+      Floats<L::kVec> x = floats_of(v[u]);
       f(i * L::kVec, x);
     }
   }
@@ -101,9 +110,7 @@ __device__ __forceinline__ void store_share(T* out, int tid, int it0, const Vec<
   for (int u = 0; u < N; ++u) {
     const int i = (it0 + u) * L::kThreads + tid;
     if (i < L::kBody) {
-      Floats<L::kVec> x;
-#pragma unroll
-      for (int k = 0; k < L::kVec; ++k) x.v[k] = to_float(v[u].v[k]);
+      Floats<L::kVec> x = floats_of(v[u]);
       f(i * L::kVec, x);
       Vec<T, L::kVec> o;
       from_floats(x.v, o.v);
@@ -193,6 +200,29 @@ struct CeStats {
     const float base = m == neg_inf() ? 0.0f : m;
 #pragma unroll
     for (int k = 0; k < N; ++k) s += fast_exp2(fmaf(x.v[k], kLog2e, -base));
+    add_sum_and_argmax(col, x, raw);
+  }
+
+  // Adds n logits like add() when m already is the max (log2 units) of every logit this state
+  // will see: no rescale, and the exps summed as a tree, so that they do not wait on each other.
+  template <int N>
+  __device__ __forceinline__ void add_below_max(int col, const Floats<N>& x, const Floats<N>& raw) {
+    const float base = m == neg_inf() ? 0.0f : m;
+    float e[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) e[k] = fast_exp2(fmaf(x.v[k], kLog2e, -base));
+#pragma unroll
+    for (int width = 1; width < N; width *= 2) {
+#pragma unroll
+      for (int k = 0; k + width < N; k += 2 * width) e[k] += e[k + width];
+    }
+    s += e[0];
+    add_sum_and_argmax(col, x, raw);
+  }
+
+  template <int N>
+  __device__ __forceinline__ void add_sum_and_argmax(int col, const Floats<N>& x,
+                                                     const Floats<N>& raw) {
     if constexpr (kSmoothing) {
 #pragma unroll
       for (int k = 0; k < N; ++k) sum_x += x.v[k];
@@ -283,9 +313,10 @@ struct CeMath {
   }
 };
 
-// Pass 1's row visitor: soft-caps a thread's logits and adds them to its statistics. (A functor,
-// not a generic lambda: NVRTC treats an unannotated lambda template as host code.)
-template <typename Stats, typename Math>
+// Pass 1's row visitor: soft-caps a thread's logits and adds them to its statistics, online or, with
+// kBelowMax, to a state whose max is already final (CeStats::add_below_max). (A functor, not a
+// generic lambda: NVRTC treats an unannotated lambda template as host code.)
+template <typename Stats, typename Math, bool kBelowMax = false>
 struct AddToStats {
   Stats& st;
   const Math& mt;
@@ -294,7 +325,7 @@ struct AddToStats {
     Floats<N> xc;
 #pragma unroll
     for (int k = 0; k < N; ++k) xc.v[k] = mt.capped(raw.v[k]);
-    st.add(col, xc, raw);
+    if constexpr (kBelowMax) st.add_below_max(col, xc, raw); else st.add(col, xc, raw);
   }
 };
 
@@ -471,8 +502,19 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
   Stats st = Stats::identity();
   if (r.valid || p.lse != nullptr || kArgmax) {  // the same in every block of the row
     load_share<L>(r.x, tid, 0, v);
-    if (owns_tail<L>(tid)) tail = to_float(r.x[tail_col<L>(tid)]);
-    const AddToStats<Stats, decltype(r.mt)> add{st, r.mt};
+    float raw_max = neg_inf();
+    if (owns_tail<L>(tid)) {
+      tail = to_float(r.x[tail_col<L>(tid)]);
+      raw_max = fmaxf(raw_max, tail);  // NaN is dropped: m is never NaN
+    }
+    // The thread's max first, from its registers, so that the sum needs no rescale; the cap is
+    // monotonic, so the max of the capped logits is the capped max.
+#pragma unroll
+    for (int u = 0; u < L::kSlots; ++u) {
+      if (u * L::kThreads + tid < L::kBody) raw_max = fmaxf(raw_max, vec_max(v[u]));
+    }
+    st.m = r.mt.capped(raw_max) * kLog2e;
+    const AddToStats<Stats, decltype(r.mt), true> add{st, r.mt};
     visit_share<L>(tid, 0, v, add);
     if (owns_tail<L>(tid)) add(tail_col<L>(tid), Floats<1>{{tail}});
     st = block_combine<kThreads>(st, smem);
@@ -501,6 +543,144 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
     }
   } else {
     map_row<L, L::kSlots, false>(r.x, r.g, tid, Zeros{});
+  }
+  if constexpr (kCluster > 1) cluster_wait();  // block_stats must outlive the other blocks' reads
+}
+
+// How the staged kernel splits a row over the kCluster blocks of a cluster: block b stages columns
+// [b * kChunk, b * kChunk + Length(b)) of it in shared memory, kChunk a multiple of kVec. Whole
+// vectors move by bulk copy; the last block's Length % kVec columns (a vocab that is not a
+// multiple of kVec) by ordinary loads and stores, one per thread.
+template <int kVocab, int kVec, int kCluster>
+struct CeStageLayout {
+  static constexpr int kChunkVectors = ((kVocab + kVec - 1) / kVec + kCluster - 1) / kCluster;
+  static constexpr int kChunk = kChunkVectors * kVec;
+  static_assert(kVocab - (kCluster - 1) * kChunk >= kVec, "every block stages a whole vector");
+  static __device__ __forceinline__ int Begin(unsigned b) { return static_cast<int>(b) * kChunk; }
+  static __device__ __forceinline__ int Length(unsigned b) {
+    return min(kChunk, kVocab - Begin(b));
+  }
+};
+
+// The fused forward and backward reading each logit from memory once, like the resident kernel,
+// but holding the row in shared memory instead of registers: a cluster of kCluster blocks per row,
+// each block's share (CeStageLayout) copied in by one bulk copy, reduced and turned into its
+// gradient in place there, and copied out by one bulk store. With the row out of the registers an
+// SM holds several such blocks (the host passes kChunk * sizeof(T) bytes of dynamic shared memory),
+// each in its own phase, so that one block's copies overlap another's arithmetic. Blocks combine
+// their statistics in rank order through distributed shared memory, as the resident kernel does.
+// Logits and grad rows must be 16-byte aligned.
+template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
+          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          bool kArgmax>
+__global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntropyRowParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(kCluster == 0, "bulk copies and clusters need sm_90 or newer");
+#endif
+  static_assert(kCluster >= 1 && kCluster <= 8, "a portable cluster has 1 to 8 blocks");
+  static_assert(kVec * sizeof(T) == 16, "bulk copies move whole 16-byte vectors");
+  using S = CeStageLayout<kVocab, kVec, kCluster>;
+  using Stats = CeStats<kSmoothing, kArgmax>;
+  using V = Vec<T, kVec>;
+  extern __shared__ __align__(128) unsigned char staged_row[];  // kChunk elements
+  __shared__ unsigned long long loaded;  // mbarrier: the share has arrived
+  __shared__ Stats smem[32];
+  __shared__ Stats block_stats, row_stats;
+  __shared__ float target_logit;
+  const unsigned rank = kCluster > 1 ? cluster_rank() : 0;
+  const long long row = blockIdx.x / kCluster;
+  const int tid = threadIdx.x;
+  const bool writer = rank == 0 && tid == 0;
+  const int begin = S::Begin(rank), length = S::Length(rank);
+  const int body = length / kVec, tail = length % kVec;
+  const int tail_col = begin + body * kVec + tid;
+  V* buf = reinterpret_cast<V*>(staged_row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+  const bool read = r.valid || p.lse != nullptr || kArgmax;  // the same in every block of the row
+
+  if (tid == 0) {
+    mbarrier_init(&loaded, 1);
+    mbarrier_init_fence();
+    if (read) bulk_load(buf, r.x + begin, static_cast<unsigned>(body) * 16u, &loaded);
+  }
+  __syncthreads();  // the mbarrier is initialized before anyone waits on it
+
+  Stats st = Stats::identity();
+  if (read) {
+    const float tail_x = tid < tail ? to_float(r.x[tail_col]) : neg_inf();
+    mbarrier_wait(&loaded, 0);
+    // The thread's max first (a second read of shared memory is cheap), so that the sum needs no
+    // rescale; the cap is monotonic, so the max of the capped logits is the capped max.
+    float raw_max = fmaxf(neg_inf(), tail_x);  // NaN is dropped: m is never NaN
+#pragma unroll 4
+    for (int i = tid; i < body; i += kThreads) raw_max = fmaxf(raw_max, vec_max(buf[i]));
+    st.m = r.mt.capped(raw_max) * kLog2e;
+    const AddToStats<Stats, decltype(r.mt), true> add{st, r.mt};
+#pragma unroll 2
+    for (int i = tid; i < body; i += kThreads) {
+      Floats<kVec> x = floats_of(buf[i]);
+      add(begin + i * kVec, x);
+    }
+    if (tid < tail) add(tail_col, Floats<1>{{tail_x}});
+    st = block_combine<kThreads>(st, smem);
+    // The block holding the target column reads it for the writer: in place, the writer must not
+    // read global memory that another block may already have overwritten.
+    const long long t = r.target - begin;
+    if (tid == 0 && r.valid && t >= 0 && t < length) {
+      target_logit = t < body * kVec ? to_float(buf[t / kVec].v[t % kVec]) : to_float(r.x[r.target]);
+    }
+  }
+  if constexpr (kCluster > 1) {
+    if (tid == 0) block_stats = st;
+    cluster_arrive();
+    cluster_wait();
+    if (tid == 0) {
+      Stats all = *in_cluster_block(&block_stats, 0);
+      for (unsigned b = 1; b < kCluster; ++b) all.combine(*in_cluster_block(&block_stats, b));
+      row_stats = all;
+    }
+    __syncthreads();
+    st = row_stats;
+  } else {
+    __syncthreads();  // target_logit
+  }
+  float x_t = 0.0f;
+  if (writer && r.valid) {
+    if constexpr (kCluster > 1) {
+      x_t = *in_cluster_block(&target_logit, static_cast<unsigned>(r.target / S::kChunk));
+    } else {
+      x_t = target_logit;
+    }
+  }
+  const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, writer);
+
+  if (r.valid) {
+    const auto grad = r.gradient(lse2, gradient_scale<kReduction>(p, row));
+#pragma unroll 2
+    for (int i = tid; i < body; i += kThreads) {
+      Floats<kVec> x = floats_of(buf[i]);
+      grad(begin + i * kVec, x);
+      V o;
+      from_floats(x.v, o.v);
+      buf[i] = o;
+    }
+    if (tid < tail) {
+      Floats<1> x{{to_float(r.x[tail_col])}};
+      grad(tail_col, x);
+      r.g[tail_col] = from_float<T>(x.v[0]);
+    }
+  } else {
+    for (int i = tid; i < body; i += kThreads) buf[i] = V{};  // zero bits: 0.0 in every dtype
+    if (tid < tail) r.g[tail_col] = from_float<T>(0.0f);
+  }
+  async_proxy_fence();  // the bulk store reads what this thread wrote
+  if constexpr (kCluster > 1) {
+    cluster_arrive();  // also: done reading the other blocks' block_stats and target_logit
+  }
+  __syncthreads();
+  if (tid == 0) {
+    bulk_store(r.g + begin, buf, static_cast<unsigned>(body) * 16u);
+    bulk_stores_read();  // shared memory must outlive the store's reads
   }
   if constexpr (kCluster > 1) cluster_wait();  // block_stats must outlive the other blocks' reads
 }

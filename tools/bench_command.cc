@@ -28,8 +28,22 @@ struct BenchFlags {
   int repeats = 100;
   bool json = false;
   bool sweep = false;
+  std::vector<std::string> configs;
   std::string output;
 };
+
+// The configs --config names, parsed for the op: nullopt (the op's own choice) when none is given.
+template <typename Config, typename Parse>
+absl::StatusOr<std::vector<std::optional<Config>>> GivenConfigs(const std::vector<std::string>& texts,
+                                                                Parse parse) {
+  std::vector<std::optional<Config>> out;
+  for (const std::string& t : texts) {
+    absl::StatusOr<Config> c = parse(t);
+    if (!c.ok()) return absl::InvalidArgumentError(fmt::format("--config: {}", std::string(c.status().message())));
+    out.push_back(*c);
+  }
+  return out;
+}
 
 using autotune::GpuTimer;
 using autotune::Timing;
@@ -37,6 +51,13 @@ using autotune::Timing;
 int RunBench(const BenchFlags& f) {
   auto dtype = ParseDType(f.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
+  auto rms_configs = GivenConfigs<autotune::RmsNormConfig>(
+      f.op == "rms_norm" ? f.configs : std::vector<std::string>{}, autotune::ParseRmsNormConfig);
+  if (!rms_configs.ok()) return Fail(rms_configs.status());
+  auto ce_configs = GivenConfigs<autotune::CrossEntropyConfig>(
+      f.op == "cross_entropy" ? f.configs : std::vector<std::string>{},
+      autotune::ParseCrossEntropyConfig);
+  if (!ce_configs.ok()) return Fail(ce_configs.status());
   auto rt = Runtime::Create();
   if (!rt.ok()) return Fail(rt.status());
   auto timer = GpuTimer::Create(rt->jit(), *rt->driver(), rt->context(), rt->target());
@@ -61,7 +82,8 @@ int RunBench(const BenchFlags& f) {
     }
     for (auto [hidden, rows] : shapes) {
       auto r = BenchRmsNorm(*rt, **timer, *dtype, hidden, rows, f.repeats, copy_gbps,
-                            RmsNormConfigs(*dtype, hidden, f.sweep));
+                            f.configs.empty() ? RmsNormConfigs(*dtype, hidden, f.sweep)
+                                              : *rms_configs);
       if (!add(r)) return Fail(r.status());
     }
   } else {
@@ -73,7 +95,8 @@ int RunBench(const BenchFlags& f) {
     }
     for (auto [vocab, rows] : shapes) {
       auto r = BenchCrossEntropy(*rt, **timer, *dtype, vocab, rows, f.repeats, copy_gbps,
-                                 CrossEntropyConfigs(*rt, *dtype, vocab, f.sweep));
+                                 f.configs.empty() ? CrossEntropyConfigs(*rt, *dtype, vocab, f.sweep)
+                                                   : *ce_configs);
       if (!add(r)) return Fail(r.status());
     }
   }
@@ -124,7 +147,11 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_flag("--json", f->json, "Print the report as JSON");
   cmd->add_flag("--sweep", f->sweep,
                 "Also time every candidate launch config (rms_norm: forward and backward shapes "
-                "separately; cross_entropy: threads, unroll and cluster)");
+                "separately; cross_entropy: threads, unroll, cluster and staged)");
+  cmd->add_option("--config", f->configs,
+                  "Time these launch configs instead of the op's own choice, as kjit-tune prints "
+                  "them (repeatable), e.g. --config 'vec=8 threads=256 unroll=4 cluster=8 staged=1'")
+      ->excludes(cmd->get_option("--sweep"));
   cmd->add_option("--output", f->output, "Also write the JSON report to this file");
   return [f] { return RunBench(*f); };
 }

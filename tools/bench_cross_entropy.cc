@@ -58,7 +58,8 @@ std::vector<std::optional<autotune::CrossEntropyConfig>> CrossEntropyConfigs(con
   if (!sweep) return out;
   const int vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(dtype)));
   const int arch = rt.target().arch;
-  const autotune::CrossEntropyConfig heuristic = autotune::DefaultCrossEntropyConfig(vocab, vec, arch);
+  const autotune::CrossEntropyConfig heuristic = autotune::DefaultCrossEntropyConfig(
+      vocab, vec, arch, static_cast<int>(SizeOf(dtype)));
   for (const auto& c : autotune::Unpruned(autotune::CrossEntropySearchSpace(vocab, vec, arch))) {
     if (!(c == heuristic)) out.push_back(c);
   }

@@ -18,7 +18,7 @@ TEST(SearchSpace, CrossEntropyCandidatesAreValidAndPrunedOnesSayWhy) {
   for (int arch : {80, 90, 100}) {
     for (int64_t vocab : {2, 1000, 32000, 128256, 262144, 1 << 20}) {
       const auto space = CrossEntropySearchSpace(vocab, 8, arch);
-      const CrossEntropyConfig heuristic = DefaultCrossEntropyConfig(vocab, 8, arch);
+      const CrossEntropyConfig heuristic = DefaultCrossEntropyConfig(vocab, 8, arch, 2);
       bool heuristic_found = false;
       std::set<std::string> seen;
       for (const auto& c : space) {
@@ -49,18 +49,25 @@ TEST(SearchSpace, CrossEntropyCandidatesAreValidAndPrunedOnesSayWhy) {
 TEST(SearchSpace, CrossEntropyPrunesClustersWithoutHardwareAndRowsThatSpill) {
   std::map<std::string, std::string> pruned;
   for (const auto& c : CrossEntropySearchSpace(262144, 8, 80)) pruned[c.config.ToString()] = c.pruned;
-  EXPECT_NE(pruned.at("vec=8 threads=512 unroll=4 cluster=4").find("sm_90"), std::string::npos);
+  EXPECT_NE(pruned.at("vec=8 threads=512 unroll=4 cluster=4 staged=0").find("sm_90"), std::string::npos);
   // 262144 / 8 / 128 = 256 resident vectors per thread: far over the register file.
-  EXPECT_NE(pruned.at("vec=8 threads=128 unroll=4 cluster=1").find("registers"), std::string::npos)
-      << pruned.at("vec=8 threads=128 unroll=4 cluster=1");
+  EXPECT_NE(pruned.at("vec=8 threads=128 unroll=4 cluster=1 staged=0").find("registers"), std::string::npos)
+      << pruned.at("vec=8 threads=128 unroll=4 cluster=1 staged=0");
   std::map<std::string, std::string> on_hopper;
   for (const auto& c : CrossEntropySearchSpace(128256, 8, 90)) on_hopper[c.config.ToString()] = c.pruned;
-  EXPECT_EQ(on_hopper.at("vec=8 threads=1024 unroll=4 cluster=2"), "");
+  EXPECT_EQ(on_hopper.at("vec=8 threads=1024 unroll=4 cluster=2 staged=0"), "");
+  // The row staged in shared memory: bulk copies need sm_90, and a block's share must fit.
+  EXPECT_NE(pruned.at("vec=8 threads=512 unroll=4 cluster=4 staged=1").find("sm_90"),
+            std::string::npos);
+  EXPECT_EQ(on_hopper.at("vec=8 threads=256 unroll=4 cluster=4 staged=1"), "");
+  EXPECT_NE(on_hopper.at("vec=8 threads=256 unroll=4 cluster=1 staged=1").find("shared memory"),
+            std::string::npos)
+      << on_hopper.at("vec=8 threads=256 unroll=4 cluster=1 staged=1");
   // A thread with 2 vectors to read cannot keep 8 loads in flight.
   std::map<std::string, std::string> small;
   for (const auto& c : CrossEntropySearchSpace(2000, 8, 90)) small[c.config.ToString()] = c.pruned;
-  EXPECT_NE(small.at("vec=8 threads=128 unroll=8 cluster=0").find("unroll 8"), std::string::npos)
-      << small.at("vec=8 threads=128 unroll=8 cluster=0");
+  EXPECT_NE(small.at("vec=8 threads=128 unroll=8 cluster=0 staged=0").find("unroll 8"), std::string::npos)
+      << small.at("vec=8 threads=128 unroll=8 cluster=0 staged=0");
 }
 
 TEST(SearchSpace, RmsNormCandidatesAreValidAndVaryOnePassAtATime) {

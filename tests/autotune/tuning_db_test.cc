@@ -89,12 +89,12 @@ TuningRecord Record(std::string op = "cross_entropy", int64_t rows_bucket = 1024
                     std::string shape = "vocab=128256") {
   TuningRecord r;
   r.key = {"NVIDIA H200", 90, 13000, 13000, std::move(op), "bf16", std::move(shape), rows_bucket};
-  r.config = "vec=8 threads=512 unroll=4 cluster=4";
+  r.config = "vec=8 threads=512 unroll=4 cluster=4 staged=0";
   r.median_us = 812.5;
   r.p10_us = 800.1;  // not exact in binary: the text must still round-trip it
   r.p90_us = 830;
   r.heuristic_us = 1e-7;
-  r.runner_up = "vec=8 threads=1024 unroll=4 cluster=2";
+  r.runner_up = "vec=8 threads=1024 unroll=4 cluster=2 staged=0";
   r.runner_up_us = 123456.789;
   r.candidates = 37;
   r.failed = 2;
@@ -122,7 +122,7 @@ TEST(ParseCrossEntropyConfigTest, RoundTripsEveryCandidateAndDefault) {
       for (const CrossEntropyConfig& c : Unpruned(CrossEntropySearchSpace(vocab, 8, arch))) {
         configs.push_back(c);
       }
-      configs.push_back(DefaultCrossEntropyConfig(vocab, 4, arch));
+      configs.push_back(DefaultCrossEntropyConfig(vocab, 4, arch, 4));
     }
   }
   ExpectRoundTrips(configs, &ParseCrossEntropyConfig);
@@ -130,7 +130,7 @@ TEST(ParseCrossEntropyConfigTest, RoundTripsEveryCandidateAndDefault) {
 
 TEST(ParseCrossEntropyConfigTest, TakesFieldsInAnyOrder) {
   absl::StatusOr<CrossEntropyConfig> c =
-      ParseCrossEntropyConfig("cluster=0  unroll=2 vec=1 threads=1024 ");
+      ParseCrossEntropyConfig("cluster=0  unroll=2 staged=0 vec=1 threads=1024 ");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(*c, (CrossEntropyConfig{.vec = 1, .threads = 1024, .unroll = 2, .cluster = 0}));
 }
@@ -153,25 +153,28 @@ void ExpectRejected(const std::vector<Rejection>& cases,
 TEST(ParseCrossEntropyConfigTest, RejectsNamingTheFieldAndTheText) {
   ExpectRejected(
       {
-          {"vec=3 threads=512 unroll=4 cluster=4", "vec=3"},
-          {"vec=32 threads=512 unroll=4 cluster=4", "vec=32"},
-          {"vec=0 threads=512 unroll=4 cluster=4", "vec=0"},
-          {"vec=8 threads=500 unroll=4 cluster=4", "threads=500"},
-          {"vec=8 threads=0 unroll=4 cluster=4", "threads=0"},
-          {"vec=8 threads=2048 unroll=4 cluster=4", "threads=2048"},
-          {"vec=8 threads=512 unroll=3 cluster=4", "unroll=3"},
-          {"vec=8 threads=512 unroll=16 cluster=4", "unroll=16"},
-          {"vec=8 threads=512 unroll=4 cluster=9", "cluster=9"},
-          {"vec=8 threads=512 unroll=4 cluster=-1", "cluster=-1"},
-          {"vec=8 threads=512 unroll=4", "\"cluster\" is missing"},
+          {"vec=3 threads=512 unroll=4 cluster=4 staged=0", "vec=3"},
+          {"vec=32 threads=512 unroll=4 cluster=4 staged=0", "vec=32"},
+          {"vec=0 threads=512 unroll=4 cluster=4 staged=0", "vec=0"},
+          {"vec=8 threads=500 unroll=4 cluster=4 staged=0", "threads=500"},
+          {"vec=8 threads=0 unroll=4 cluster=4 staged=0", "threads=0"},
+          {"vec=8 threads=2048 unroll=4 cluster=4 staged=0", "threads=2048"},
+          {"vec=8 threads=512 unroll=3 cluster=4 staged=0", "unroll=3"},
+          {"vec=8 threads=512 unroll=16 cluster=4 staged=0", "unroll=16"},
+          {"vec=8 threads=512 unroll=4 cluster=9 staged=0", "cluster=9"},
+          {"vec=8 threads=512 unroll=4 cluster=-1 staged=0", "cluster=-1"},
+          {"vec=8 threads=512 unroll=4 staged=0", "\"cluster\" is missing"},
+          {"vec=8 threads=512 unroll=4 cluster=4", "\"staged\" is missing"},
+          {"vec=8 threads=512 unroll=4 cluster=4 staged=2", "staged=2"},
+          {"vec=8 threads=512 unroll=4 cluster=0 staged=1", "staged=1"},
           {"", "\"vec\" is missing"},
-          {"vec=8 threads=512 unroll=4 cluster=4 vec=8", "\"vec\" appears twice"},
-          {"vec=8 threads=512 unroll=4 cluster=4 chunk=2", "unknown field \"chunk\""},
-          {"vec=8x threads=512 unroll=4 cluster=4", "vec=8x"},
-          {"vec= threads=512 unroll=4 cluster=4", "vec=:"},
-          {"vec=+8 threads=512 unroll=4 cluster=4", "vec=+8"},
-          {"vec=99999999999 threads=512 unroll=4 cluster=4", "vec=99999999999"},
-          {"vec=8 threads unroll=4 cluster=4", "\"threads\" is not name=value"},
+          {"vec=8 threads=512 unroll=4 cluster=4 staged=0 vec=8", "\"vec\" appears twice"},
+          {"vec=8 threads=512 unroll=4 cluster=4 staged=0 chunk=2", "unknown field \"chunk\""},
+          {"vec=8x threads=512 unroll=4 cluster=4 staged=0", "vec=8x"},
+          {"vec= threads=512 unroll=4 cluster=4 staged=0", "vec=:"},
+          {"vec=+8 threads=512 unroll=4 cluster=4 staged=0", "vec=+8"},
+          {"vec=99999999999 threads=512 unroll=4 cluster=4 staged=0", "vec=99999999999"},
+          {"vec=8 threads unroll=4 cluster=4 staged=0", "\"threads\" is not name=value"},
       },
       [](std::string_view text) { return ParseCrossEntropyConfig(text).status(); });
 }
@@ -234,7 +237,7 @@ TEST(TuningDbTest, PutSerializeParseRoundTripsInKeyOrder) {
   db.Put(Record("cross_entropy", 2048));
   db.Put(Record("cross_entropy", 1));
   TuningRecord replaced = Record("cross_entropy", 2048);
-  replaced.config = "vec=8 threads=256 unroll=8 cluster=0";
+  replaced.config = "vec=8 threads=256 unroll=8 cluster=0 staged=0";
   replaced.runner_up = "";
   db.Put(replaced);
   ASSERT_EQ(db.records().size(), 3u);
@@ -456,7 +459,7 @@ TEST_F(TuningDbFileTest, UpsertCreatesPrivateDirectoriesAndMergesByKey) {
   EXPECT_EQ(st.st_mode & 0077, 0u) << "the database is readable by others";
 
   TuningRecord faster = Record("cross_entropy", 2048);
-  faster.config = "vec=8 threads=1024 unroll=2 cluster=0";
+  faster.config = "vec=8 threads=1024 unroll=2 cluster=0 staged=0";
   faster.median_us = 700;
   absl::StatusOr<TuningDb::UpsertResult> second =
       TuningDb::Upsert(path, {faster, Record("rms_norm", 64, "hidden=4096")});

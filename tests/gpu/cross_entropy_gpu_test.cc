@@ -165,15 +165,16 @@ std::vector<double> IndexValues(const std::vector<unsigned char>& bytes, IndexTy
 
 // Columns where a thread's share of the row changes hands: 0 and vocab-1, both sides of the
 // first vectors, of every pass over the row (threads * vec elements, and threads * cluster * vec
-// for the fused op's resident layout), of every unrolled batch, and of the scalar tail after the
-// last whole vector.
+// for the fused op's resident layout), of every unrolled batch, of the blocks' shares of a staged
+// row, and of the scalar tail after the last whole vector.
 std::vector<int64_t> BoundaryColumns(int64_t vocab, const autotune::CrossEntropyConfig& c) {
   std::set<int64_t> cols = {0, 1, vocab - 2, vocab - 1, c.vec - 1, c.vec};
   const int64_t body = vocab / c.vec * c.vec;
   cols.insert(body - 1);
   cols.insert(body);
   for (int64_t step : {int64_t{c.threads} * c.vec, int64_t{c.threads} * c.vec * c.unroll,
-                       int64_t{c.threads} * c.vec * std::max(1, c.cluster)}) {
+                       int64_t{c.threads} * c.vec * std::max(1, c.cluster),
+                       c.staged ? c.StagedChunk(vocab) : vocab}) {
     for (int64_t k = step; k < vocab; k += step) {
       cols.insert(k - 1);
       cols.insert(k);
@@ -194,7 +195,8 @@ autotune::CrossEntropyConfig ConfigOf(const Case& c) {
   int vec = widest;
   while (vec > 1 && (c.misalign % vec != 0 || (c.rows > 1 && (c.vocab + c.pad) % vec != 0))) vec /= 2;
   if (c.config && vec == c.config->vec) return *c.config;
-  return autotune::DefaultCrossEntropyConfig(c.vocab, vec, testing::GpuRuntime()->target().arch);
+  return autotune::DefaultCrossEntropyConfig(c.vocab, vec, testing::GpuRuntime()->target().arch,
+                                             static_cast<int>(SizeOf(c.dtype)));
 }
 
 std::vector<int64_t> MakeTargets(const Case& c, std::mt19937_64& gen) {
@@ -642,10 +644,14 @@ TEST(CrossEntropyGpu, OtherLaunchConfigs) {
       {.vec = 2, .threads = 512, .unroll = 4, .cluster = 1},
       {.vec = 8, .threads = 256, .unroll = 4, .cluster = 2},
       {.vec = 8, .threads = 96, .unroll = 2, .cluster = 3},
-      {.vec = 4, .threads = 128, .unroll = 2, .cluster = 8}};
+      {.vec = 4, .threads = 128, .unroll = 2, .cluster = 8},
+      // The row staged in shared memory: one block, and a cluster of 3 (uneven shares).
+      {.vec = 8, .threads = 128, .unroll = 4, .cluster = 1, .staged = 1},
+      {.vec = 8, .threads = 256, .unroll = 4, .cluster = 3, .staged = 1}};
   std::vector<Case> cases;
   for (const auto& config : configs) {
     for (int64_t vocab : {3, 1000, 50264}) {
+      if (config.staged && !config.StagedUnfit(vocab, 2, rt.target().arch).empty()) continue;
       Case c{.vocab = vocab, .rows = 2, .argmax = true, .targets = Targets::kBoundaries,
              .config = config};
       c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());

@@ -44,13 +44,13 @@ class TuningGpu : public ::testing::Test {
 TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   KJIT_REQUIRE_GPU(gpu);
   const CrossEntropySpec spec{.vocab = 32000, .dtype = DType::kBF16};
-  const std::string at_4096 = "vec=8 threads=256 unroll=2 cluster=0";
-  const std::string at_64 = "vec=8 threads=128 unroll=8 cluster=0";
+  const std::string at_4096 = "vec=8 threads=256 unroll=2 cluster=0 staged=0";
+  const std::string at_64 = "vec=8 threads=128 unroll=8 cluster=0 staged=0";
   Put(TuningKeyFor(gpu, spec, 4096), at_4096);
   Put(TuningKeyFor(gpu, spec, 64), at_64);
   autotune::TuningKey elsewhere = TuningKeyFor(gpu, spec, 512);
   elsewhere.device = "Some Other GPU";
-  Put(elsewhere, "vec=8 threads=1024 unroll=1 cluster=0");
+  Put(elsewhere, "vec=8 threads=1024 unroll=1 cluster=0 staged=0");
 
   auto rt = Runtime::Create({.tuning_db = db_});
   ASSERT_TRUE(rt.ok()) << rt.status();
@@ -62,7 +62,7 @@ TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   // 512 is tuned only for another device: the nearest of this device's buckets wins (64 and 4096
   // are 3 powers of two away; ties go to the larger).
   EXPECT_EQ(ce->ConfigFor(512).ToString(), at_4096);
-  EXPECT_EQ(ce->config(), autotune::DefaultCrossEntropyConfig(32000, 8, gpu.target().arch))
+  EXPECT_EQ(ce->config(), autotune::DefaultCrossEntropyConfig(32000, 8, gpu.target().arch, 2))
       << "config() stays the heuristic's";
   EXPECT_EQ(ce->ConfigFor(4096, /*fused=*/false), ce->config())
       << "the streaming launches have their own record (none here)";
@@ -112,7 +112,7 @@ TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
 
   // Parses, but 16 elements per vector is not a bf16 config: ignored with a warning.
   fs::remove(db_);
-  Put(TuningKeyFor(gpu, spec, 4096), "vec=16 threads=256 unroll=2 cluster=0");
+  Put(TuningKeyFor(gpu, spec, 4096), "vec=16 threads=256 unroll=2 cluster=0 staged=0");
   auto rt2 = Runtime::Create({.tuning_db = db_});
   ASSERT_TRUE(rt2.ok());
   auto ce2 = rt2->CrossEntropy(spec);

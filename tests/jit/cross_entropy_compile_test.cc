@@ -55,7 +55,7 @@ TEST(CrossEntropyCompileTest, EveryDtypeArchAndVocab) {
         const CrossEntropySpec spec{.vocab = vocab, .dtype = t};
         const int vec = autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(t)));
         const int cc = std::stoi(std::string(arch).substr(3));
-        ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(vocab, vec, cc), arch);
+        ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(vocab, vec, cc, static_cast<int>(SizeOf(t))), arch);
         if (::testing::Test::HasFatalFailure()) return;
         ++compiled;
       }
@@ -77,7 +77,7 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
     spec.target_type = __builtin_popcount(bits) % 2 ? IndexType::kInt32 : IndexType::kInt64;
     spec.reduction = static_cast<Reduction>(bits % 3);
     SCOPED_TRACE(bits);
-    ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(1000, 8, 90), "sm_90");
+    ExpectCompiles(spec, autotune::DefaultCrossEntropyConfig(1000, 8, 90, 2), "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
   }
   for (const autotune::CrossEntropyConfig& c :
@@ -85,12 +85,18 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
         autotune::CrossEntropyConfig{.vec = 2, .threads = 96, .unroll = 1},
         autotune::CrossEntropyConfig{.vec = 4, .threads = 1024, .unroll = 2},
         autotune::CrossEntropyConfig{.vec = 8, .threads = 1024, .unroll = 4, .cluster = 8},
-        autotune::CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 8}}) {
+        autotune::CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 8},
+        autotune::CrossEntropyConfig{.vec = 8, .threads = 128, .unroll = 4, .cluster = 3, .staged = 1}}) {
     ExpectCompiles({.vocab = 262144, .dtype = DType::kF16, .argmax = true}, c, "sm_100");
     if (::testing::Test::HasFatalFailure()) return;
   }
+  // Staged with a vocab that is not a multiple of the vector: the last block's scalar tail.
+  ExpectCompiles({.vocab = 50257, .dtype = DType::kBF16, .label_smoothing = 0.1f, .softcap = 30.0f},
+                 autotune::CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2,
+                                              .staged = 1},
+                 "sm_90");
   ExpectCompiles({.vocab = 1 << 20, .dtype = DType::kF32},
-                 autotune::DefaultCrossEntropyConfig(1 << 20, 4, 120), "sm_120");
+                 autotune::DefaultCrossEntropyConfig(1 << 20, 4, 120, 4), "sm_120");
 }
 
 // A cluster compiled for a GPU without clusters is refused by the template, with a reason.
@@ -101,6 +107,17 @@ TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
   ASSERT_FALSE(bin.ok());
   EXPECT_NE(std::string(bin.status().message()).find("needs sm_90 or newer"), std::string::npos)
+      << bin.status();
+}
+
+TEST(CrossEntropyCompileTest, StagedBeforeSm90FailsWithTheReason) {
+  auto src = RenderCrossEntropy(
+      {.vocab = 32000},
+      autotune::CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1});
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
+  ASSERT_FALSE(bin.ok());
+  EXPECT_NE(std::string(bin.status().message()).find("need sm_90 or newer"), std::string::npos)
       << bin.status();
 }
 

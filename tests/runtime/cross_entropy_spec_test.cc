@@ -56,21 +56,21 @@ TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
 
 TEST(CrossEntropySpecTest, RejectsBadConfigs) {
   CrossEntropySpec s{.vocab = 32000};
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90, 2);
   EXPECT_TRUE(ValidateCrossEntropySpec(s).ok());
   s.config->vec = 3;
   ExpectInvalid(ValidateCrossEntropySpec(s), "config.vec:");
   s.config->vec = 16;  // 32 bytes of bf16
   ExpectInvalid(ValidateCrossEntropySpec(s), "config.vec:");
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90, 2);
   for (int threads : {0, 16, 48, 2048}) {
     s.config->threads = threads;
     ExpectInvalid(ValidateCrossEntropySpec(s), "config.threads:");
   }
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90, 2);
   s.config->unroll = 3;
   ExpectInvalid(ValidateCrossEntropySpec(s), "config.unroll:");
-  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90);
+  s.config = autotune::DefaultCrossEntropyConfig(32000, 8, 90, 2);
   for (int cluster : {-1, 9}) {
     s.config->cluster = cluster;
     ExpectInvalid(ValidateCrossEntropySpec(s), "config.cluster:");
@@ -89,7 +89,13 @@ TEST(CrossEntropySpecTest, ClustersNeedSm90) {
       {.vocab = 128256, .config = autotune::CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4}});
   ASSERT_FALSE(ce.ok());
   ExpectInvalid(ce.status(), "config.cluster:");
-  // Without a config, sm_80 gets a streaming default and sm_90 a cluster.
+  // The row staged by bulk copies needs sm_90 even in one block.
+  auto staged = rt->CrossEntropy(
+      {.vocab = 32000,
+       .config = autotune::CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1}});
+  ASSERT_FALSE(staged.ok());
+  ExpectInvalid(staged.status(), "config.staged: bulk copies need sm_90");
+  // Without a config, sm_80 gets a streaming default and sm_90 a cluster staging the row.
   auto old_gpu = rt->CrossEntropy({.vocab = 128256});
   ASSERT_TRUE(old_gpu.ok()) << old_gpu.status();
   EXPECT_EQ(old_gpu->config().cluster, 0);
@@ -98,13 +104,14 @@ TEST(CrossEntropySpecTest, ClustersNeedSm90) {
   auto ce90 = hopper->CrossEntropy({.vocab = 128256});
   ASSERT_TRUE(ce90.ok()) << ce90.status();
   EXPECT_EQ(ce90->config().cluster, 4);
+  EXPECT_EQ(ce90->config().staged, 1);
 }
 
 TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
   for (int arch : {80, 90}) {
     for (int64_t vocab = 2; vocab <= (1 << 20); vocab = vocab * 3 / 2 + 1) {
       for (int vec : {1, 2, 4, 8}) {
-        const auto c = autotune::DefaultCrossEntropyConfig(vocab, vec, arch);
+        const auto c = autotune::DefaultCrossEntropyConfig(vocab, vec, arch, 2);
         SCOPED_TRACE(fmt::format("vocab {} arch {}: {}", vocab, arch, c.ToString()));
         EXPECT_EQ(c.vec, vec);
         EXPECT_EQ(c.threads % 32, 0);
@@ -117,7 +124,11 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
         if (arch < 90) {
           EXPECT_LE(c.cluster, 1);
         }
-        if (c.cluster > 0) {
+        if (c.staged) {
+          // Staged: 16-byte vectors, a share that leaves room for three blocks per SM.
+          EXPECT_EQ(c.StagedUnfit(vocab, 2, arch), "");
+          EXPECT_LE(3 * (c.StagedSharedBytes(vocab, 2) + 1024), autotune::MaxSharedBytesPerBlock(arch));
+        } else if (c.cluster > 0) {
           // Resident: at most 8 vectors per thread.
           EXPECT_LE(c.ResidentVectors(vocab), 8);
         } else {
@@ -132,12 +143,12 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
       }
     }
   }
-  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 90).ToString(),
-            "vec=8 threads=512 unroll=4 cluster=4");
-  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 80).ToString(),
-            "vec=8 threads=512 unroll=4 cluster=0");
-  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(2, 8, 90).ToString(),
-            "vec=8 threads=32 unroll=1 cluster=1");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 90, 2).ToString(),
+            "vec=8 threads=256 unroll=4 cluster=4 staged=1");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 80, 2).ToString(),
+            "vec=8 threads=512 unroll=4 cluster=0 staged=0");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(2, 8, 90, 2).ToString(),
+            "vec=8 threads=32 unroll=1 cluster=1 staged=0");
   EXPECT_EQ(autotune::MaxVecForCrossEntropy(2), 8);
   EXPECT_EQ(autotune::MaxVecForCrossEntropy(4), 4);
 }
@@ -169,13 +180,13 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
 
   // Reduction none keeps the losses per row: no reduce kernel.
   auto none = RenderCrossEntropy({.vocab = 8, .reduction = Reduction::kNone},
-                                 autotune::DefaultCrossEntropyConfig(8, 8, 90));
+                                 autotune::DefaultCrossEntropyConfig(8, 8, 90, 2));
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->name_expressions.size(), 4u);
   // Different options give different programs (and so different cache keys).
-  auto plain = RenderCrossEntropy({.vocab = 8}, autotune::DefaultCrossEntropyConfig(8, 8, 90));
+  auto plain = RenderCrossEntropy({.vocab = 8}, autotune::DefaultCrossEntropyConfig(8, 8, 90, 2));
   auto z = RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f},
-                              autotune::DefaultCrossEntropyConfig(8, 8, 90));
+                              autotune::DefaultCrossEntropyConfig(8, 8, 90, 2));
   ASSERT_TRUE(plain.ok() && z.ok());
   EXPECT_NE(plain->text, z->text);
 }

@@ -306,6 +306,21 @@ TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
   EXPECT_EQ(bad.exit_code, 2) << bad.Describe();
 }
 
+// --config is parsed before any GPU is touched: a bad one names the flag and the field.
+TEST_F(CliTest, BenchConfigIsCheckedFirst) {
+  CliResult r = Run({"bench", "--op", "cross_entropy", "--config", "vec=8 threads=256"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "--config:")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "\"unroll\" is missing")) << r.Describe();
+  CliResult rms = Run({"bench", "--config", "vec=8 threads=256 unroll=4 cluster=4 staged=0"});
+  EXPECT_EQ(rms.exit_code, 1) << rms.Describe();
+  EXPECT_TRUE(Contains(rms.err, "--config:")) << rms.Describe();
+  CliResult both = Run({"bench", "--op", "cross_entropy", "--sweep", "--config",
+                        "vec=8 threads=256 unroll=4 cluster=4 staged=1"});
+  EXPECT_EQ(both.exit_code, 2) << both.Describe();
+  EXPECT_TRUE(Contains(both.err, "excludes")) << both.Describe();
+}
+
 TEST_F(CliTest, BenchWithTheStubDriverFailsCleanly) {
   env_["KJIT_LIBCUDA_PATH"] = kjit::testing::StubLibcuda();
   CliResult r = Run({"bench", "--hidden", "64", "--rows", "4"});

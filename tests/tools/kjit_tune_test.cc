@@ -123,8 +123,8 @@ TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
 // one whose worker hangs fail with their reasons, and every other kernel is still built. The
 // timeout leaves room for a slow NVRTC compile under a sanitizer on a loaded CI machine.
 TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
-  const std::string crash = "vec=8 threads=128 unroll=1 cluster=0";
-  const std::string hang = "vec=8 threads=256 unroll=1 cluster=0";
+  const std::string crash = "vec=8 threads=128 unroll=1 cluster=0 staged=0";
+  const std::string hang = "vec=8 threads=256 unroll=1 cluster=0 staged=0";
   env_["KJIT_TUNE_INJECT_FAULT"] = "crash:" + crash + ";hang:" + hang;
   const CliResult r = Run({"--vocab", "300", "--hidden", "64", "--arch", "sm_90",
                            "--all-candidates", "--timeout", "10", "--json"});
