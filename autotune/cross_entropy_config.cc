@@ -58,7 +58,7 @@ int64_t PowerOfTwoAtLeast(int64_t n) {
 // share an SM.
 constexpr int kDefaultResidentVectors = 8;
 constexpr int kMaxCluster = 8;  // the portable cluster size
-// The staged kernel's own shared variables (mbarriers, statistics), beside its two buffers.
+// The staged kernel's own shared variables (mbarrier, statistics), beside its share of the row.
 constexpr int64_t kStagedStaticBytes = 1024;
 constexpr int kDefaultStagedThreads = 256;
 // Blocks whose shares of a row an SM should hold at once, each in its own phase.
@@ -74,7 +74,7 @@ int MaxSharedBytesPerBlock(int arch) {
 }
 
 int64_t CrossEntropyConfig::StagedChunk(int64_t vocab) const {
-  return CeilDiv(Vectors(vocab, vec), std::max(1, cluster)) * vec;
+  return CeilDiv(Vectors(vocab, vec), std::max(1, cluster)) * vec;  // as CeStageLayout::kChunk
 }
 
 int64_t CrossEntropyConfig::StagedSharedBytes(int64_t vocab, int elem_bytes) const {

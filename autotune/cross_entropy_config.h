@@ -44,8 +44,8 @@ struct CrossEntropyConfig {
   // (templates/cross_entropy_params.h) within a thread's 255, and times the threads within an SM's
   // kCeRegistersPerSm.
   bool ResidentFits(int64_t vocab, int elem_bytes) const;
-  // Staged: the columns each block of the cluster stages (a multiple of vec), and the dynamic shared
-  // memory that takes.
+  // Staged: the columns each block of the cluster stages (a multiple of vec; the kernel's
+  // CeStageLayout::kChunk), and the dynamic shared memory that takes.
   int64_t StagedChunk(int64_t vocab) const;
   int64_t StagedSharedBytes(int64_t vocab, int elem_bytes) const;
   // Why a staged config cannot run for this vocab and element size on GPUs of compute capability
@@ -55,8 +55,8 @@ struct CrossEntropyConfig {
 };
 
 // The inverse of ToString(), for configs read back from the tuning database: all five fields, in
-// any order, within the ranges above (cluster 0 to 8, staged 0 or 1 with a cluster). Whether the config suits a vocab and GPU is
-// not checked here. InvalidArgument naming the field and the text.
+// any order, within the ranges above (cluster 0 to 8, staged 0 or 1 with a cluster). Whether the
+// config suits a vocab and GPU is not checked here. InvalidArgument naming the field and the text.
 absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text);
 
 // Four vector loads in flight per streaming thread, or fewer when a thread has fewer to read.

@@ -203,7 +203,8 @@ struct CrossEntropyState {
     autotune::CrossEntropyConfig c = config;
     if (tuned) c = (fused ? tuned : tuned_streaming)->For(rows, may_tune).value_or(config);
     if (vec >= c.vec) return c;
-    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch, static_cast<int>(SizeOf(spec.dtype)));
+    return autotune::DefaultCrossEntropyConfig(spec.vocab, vec, arch,
+                                               static_cast<int>(SizeOf(spec.dtype)));
   }
 };
 

@@ -113,12 +113,15 @@ __device__ __forceinline__ float vec_max(const Vec<T, N>& v) {
     unsigned w[N / 2];
 #pragma unroll
     for (int k = 0; k < N / 2; ++k) {
-      w[k] = static_cast<unsigned>(v.v[2 * k].bits) | (static_cast<unsigned>(v.v[2 * k + 1].bits) << 16);
+      w[k] = static_cast<unsigned>(v.v[2 * k].bits) |
+             (static_cast<unsigned>(v.v[2 * k + 1].bits) << 16);
     }
 #pragma unroll
     for (int width = 1; width < N / 2; width *= 2) {
 #pragma unroll
-      for (int k = 0; k + width < N / 2; k += 2 * width) w[k] = max2(w[k], w[k + width], static_cast<T*>(nullptr));
+      for (int k = 0; k + width < N / 2; k += 2 * width) {
+        w[k] = max2(w[k], w[k + width], static_cast<T*>(nullptr));
+      }
     }
     T lo, hi;
     lo.bits = static_cast<unsigned short>(w[0] & 0xffffu);

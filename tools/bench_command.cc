@@ -34,12 +34,15 @@ struct BenchFlags {
 
 // The configs --config names, parsed for the op: nullopt (the op's own choice) when none is given.
 template <typename Config, typename Parse>
-absl::StatusOr<std::vector<std::optional<Config>>> GivenConfigs(const std::vector<std::string>& texts,
-                                                                Parse parse) {
+absl::StatusOr<std::vector<std::optional<Config>>> GivenConfigs(
+    const std::vector<std::string>& texts, Parse parse) {
   std::vector<std::optional<Config>> out;
   for (const std::string& t : texts) {
     absl::StatusOr<Config> c = parse(t);
-    if (!c.ok()) return absl::InvalidArgumentError(fmt::format("--config: {}", std::string(c.status().message())));
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("--config: {}", std::string(c.status().message())));
+    }
     out.push_back(*c);
   }
   return out;
