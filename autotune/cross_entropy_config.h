@@ -11,7 +11,7 @@
 //
 //   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8, /*arch=*/90,
 //                                                    /*elem_bytes=*/2);
-//   // c.ToString() == "vec=8 threads=256 unroll=4 cluster=4 staged=1"
+//   // c.ToString() == "vec=8 threads=256 unroll=4 cluster=6 staged=1"
 //   // ParseCrossEntropyConfig(c.ToString()) == c
 #pragma once
 

@@ -69,10 +69,13 @@ std::vector<Candidate<CrossEntropyConfig>> CrossEntropySearchSpace(int64_t vocab
     for (int unroll : {1, 2, 4, 8}) {
       out.push_back({{vec, threads, unroll, 0}, StreamingPruned(vectors, threads, unroll)});
     }
-    for (int cluster : {1, 2, 4, 8}) {
+    for (int cluster = 1; cluster <= 8; ++cluster) {
       // The forward-only kernel streams with these threads: it takes the heuristic's unroll.
       const CrossEntropyConfig c{vec, threads, StreamingUnroll(vocab, vec, threads), cluster};
-      out.push_back({c, ResidentPruned(c, vocab, elem_bytes, arch)});
+      // The resident kernel splits a row over a power of two of blocks; the staged one over any.
+      if ((cluster & (cluster - 1)) == 0) {
+        out.push_back({c, ResidentPruned(c, vocab, elem_bytes, arch)});
+      }
       CrossEntropyConfig staged = c;
       staged.staged = 1;
       out.push_back({staged, StagedPruned(staged, vocab, elem_bytes, arch)});

@@ -66,6 +66,12 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   KJIT_CU_LOAD(cuStreamDestroy);
   KJIT_CU_LOAD(cuStreamSynchronize);
   KJIT_CU_LOAD(cuStreamIsCapturing);
+  KJIT_CU_LOAD(cuStreamBeginCapture);
+  KJIT_CU_LOAD(cuStreamEndCapture);
+  KJIT_CU_LOAD(cuGraphInstantiateWithFlags);
+  KJIT_CU_LOAD(cuGraphLaunch);
+  KJIT_CU_LOAD(cuGraphExecDestroy);
+  KJIT_CU_LOAD(cuGraphDestroy);
   KJIT_CU_LOAD(cuEventCreate);
   KJIT_CU_LOAD(cuEventDestroy);
   KJIT_CU_LOAD(cuEventRecord);

@@ -68,6 +68,12 @@ class Driver {
   KJIT_CU_FN(cuStreamDestroy);
   KJIT_CU_FN(cuStreamSynchronize);
   KJIT_CU_FN(cuStreamIsCapturing);
+  KJIT_CU_FN(cuStreamBeginCapture);
+  KJIT_CU_FN(cuStreamEndCapture);
+  KJIT_CU_FN(cuGraphInstantiateWithFlags);
+  KJIT_CU_FN(cuGraphLaunch);
+  KJIT_CU_FN(cuGraphExecDestroy);
+  KJIT_CU_FN(cuGraphDestroy);
   KJIT_CU_FN(cuEventCreate);
   KJIT_CU_FN(cuEventDestroy);
   KJIT_CU_FN(cuEventRecord);

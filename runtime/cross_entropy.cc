@@ -452,13 +452,16 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   p.row_loss = row_loss;
   p.lse = static_cast<float*>(a.lse.data);
   p.argmax = a.argmax.data;
+  // The row kernel starts while the count kernel runs, and the reduce kernel's launch overlaps
+  // the row kernel's end; each waits before it reads what the kernel before wrote.
   const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
   KJIT_RETURN_IF_ERROR(rt_->Launch(gradient ? k->forward_backward : k->forward,
                                    rows * blocks_per_row, k->config.threads, stream, &p,
-                                   blocks_per_row, gradient ? k->shared_bytes : 0));
+                                   blocks_per_row, gradient ? k->shared_bytes : 0,
+                                   /*overlap_previous=*/true));
   if (s.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
-  return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r);
+  return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r, 1, 0, /*overlap_previous=*/true);
 }
 
 absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardArgs& a) const {

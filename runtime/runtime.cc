@@ -42,7 +42,8 @@ absl::Status RuntimeState::NeedsDevice() const {
 }
 
 absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstream stream,
-                                  void* params, int cluster, int shared_bytes) const {
+                                  void* params, int cluster, int shared_bytes,
+                                  bool overlap_previous) const {
   if (grid < 1 || grid > 0x7fffffff) {
     return absl::InvalidArgumentError(
         fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
@@ -64,13 +65,18 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
   config.blockDimY = config.blockDimZ = 1;
   config.hStream = stream;
   config.sharedMemBytes = static_cast<unsigned>(shared_bytes);
-  CUlaunchAttribute attribute{};
+  CUlaunchAttribute attributes[2]{};
+  config.attrs = attributes;
   if (cluster > 1) {
-    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attribute.value.clusterDim.x = static_cast<unsigned>(cluster);
-    attribute.value.clusterDim.y = attribute.value.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    CUlaunchAttribute& a = attributes[config.numAttrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim.x = static_cast<unsigned>(cluster);
+    a.value.clusterDim.y = a.value.clusterDim.z = 1;
+  }
+  if (overlap_previous && target.arch >= 90) {
+    CUlaunchAttribute& a = attributes[config.numAttrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    a.value.programmaticStreamSerializationAllowed = 1;
   }
   return driver->Check(driver->cuLaunchKernelEx(&config, fn, args, nullptr), "cuLaunchKernelEx");
 }

@@ -40,8 +40,11 @@ struct RuntimeState {
   absl::Status NeedsDevice() const;
   // Launches a kernel whose only argument is a params struct, on a 1-D grid of 1-D clusters of
   // `cluster` blocks (1: no cluster), with `shared_bytes` of dynamic shared memory; no sync.
+  // `overlap_previous` (sm_90 and newer; ignored before): the kernel may start before the one
+  // before it on the stream has ended (programmatic dependent launch), so it must wait for it
+  // (common.cuh's wait_for_previous_kernel) before reading what it writes.
   absl::Status Launch(CUfunction fn, int64_t grid, int block, CUstream stream, void* params,
-                      int cluster = 1, int shared_bytes = 0) const;
+                      int cluster = 1, int shared_bytes = 0, bool overlap_previous = false) const;
   // Lets `fn` have `shared_bytes` of dynamic shared memory (over 48 KB needs opting in).
   absl::Status AllowSharedBytes(CUfunction fn, int shared_bytes) const;
 };

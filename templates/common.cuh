@@ -167,6 +167,21 @@ __device__ __forceinline__ float row_sum(float v, float* smem) {
   }
 }
 
+// Programmatic dependent launch (sm_90 and newer): a kernel launched to overlap the kernel before
+// it on the stream may start while that one still runs, and must wait for it before reading what
+// it writes; the kernel before may let it start early. Both are no-ops for a kernel launched the
+// ordinary way, and before sm_90.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Thread-block clusters (sm_90 and newer): the blocks of a cluster run at once on one GPU
 // processing cluster and can read each other's shared memory. Only kernels instantiated for a
 // cluster of more than one block call these, and those are compiled for sm_90 or newer only.
@@ -245,6 +260,11 @@ __device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned 
                "r"(shared_address(src)), "r"(bytes)
                : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Starts pulling `bytes` (a multiple of 16) from global `src` into L2, without waiting or
+// writing anywhere: a hint, so that a later load of them does not wait on DRAM.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 // Waits until this thread's bulk stores have read their shared memory (it may be overwritten).
 __device__ __forceinline__ void bulk_stores_read() {

@@ -22,4 +22,4 @@ const absl::StatusOr<Runtime>& GpuRuntime();
   if (!kjit_gpu_.ok()) {                                                                        \
     GTEST_SKIP() << "no GPU: " << ::kjit::ToStd(kjit_gpu_.status().message());                  \
   }                                                                                             \
-  const ::kjit::Runtime& rt = *kjit_gpu_
+  [[maybe_unused]] const ::kjit::Runtime& rt = *kjit_gpu_

@@ -103,7 +103,7 @@ TEST(CrossEntropySpecTest, ClustersNeedSm90) {
   ASSERT_TRUE(hopper.ok()) << hopper.status();
   auto ce90 = hopper->CrossEntropy({.vocab = 128256});
   ASSERT_TRUE(ce90.ok()) << ce90.status();
-  EXPECT_EQ(ce90->config().cluster, 4);
+  EXPECT_EQ(ce90->config().cluster, 6);
   EXPECT_EQ(ce90->config().staged, 1);
 }
 
@@ -143,8 +143,14 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
       }
     }
   }
+  // Five blocks' shares an SM where a cluster allows it (bf16), else three (fp32 in 7 blocks of
+  // 73 KB; sm_120's smaller shared memory).
   EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 90, 2).ToString(),
-            "vec=8 threads=256 unroll=4 cluster=4 staged=1");
+            "vec=8 threads=256 unroll=4 cluster=6 staged=1");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 4, 90, 4).ToString(),
+            "vec=4 threads=256 unroll=4 cluster=7 staged=1");
+  EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 120, 2).ToString(),
+            "vec=8 threads=256 unroll=4 cluster=8 staged=1");
   EXPECT_EQ(autotune::DefaultCrossEntropyConfig(128256, 8, 80, 2).ToString(),
             "vec=8 threads=512 unroll=4 cluster=0 staged=0");
   EXPECT_EQ(autotune::DefaultCrossEntropyConfig(2, 8, 90, 2).ToString(),
