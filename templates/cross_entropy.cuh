@@ -616,8 +616,6 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
   const bool lse_or_argmax = p.lse != nullptr || kArgmax;
   const bool read = r.valid || lse_or_argmax;  // the same in every block of the row
-  // Loaded now, while the row is on its way, rather than after the cluster has met.
-  const float scale = gradient_scale<kReduction>(p, row);
 
   if (tid == 0) {
     mbarrier_init(&loaded, 1);
@@ -634,6 +632,9 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
                        static_cast<unsigned>(body) * 16u);
     }
   }
+  // Loaded while the row is on its way rather than after the cluster has met, but after the copies
+  // are issued: it waits for the count kernel.
+  const float scale = gradient_scale<kReduction>(p, row);
   __syncthreads();  // the mbarrier is initialized before anyone waits on it
 
   Stats st = Stats::identity();
