@@ -352,7 +352,7 @@ struct Gradient {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       d[k] = fast_exp2(fmaf(mt.capped(x.v[k]), kLog2e, -lse2)) * c1;
-      if constexpr (kSmoothing) d[k] -= c0;  // without it, 0 * an infinite scale would be NaN
+      if constexpr (kSmoothing) d[k] -= c0;  // c0 = scale * 0 otherwise: NaN for scale = inf
     }
     if (static_cast<unsigned>(target - col) < static_cast<unsigned>(N)) {  // one vector per row
 #pragma unroll
