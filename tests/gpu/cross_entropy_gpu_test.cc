@@ -716,15 +716,10 @@ TEST(CrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
   ASSERT_TRUE(ce.ok()) << ce.status();
   const jit::Driver& cu = *rt.driver();
   std::mt19937 gen(7);
-  std::normal_distribution<float> logit(0.0f, 3.0f);
-  std::vector<unsigned char> image(R * V * 2);
-  for (int64_t i = 0; i < R * V; ++i) {
-    uint32_t bits;
-    const float x = logit(gen);
-    std::memcpy(&bits, &x, 4);
-    image[2 * i] = static_cast<unsigned char>(bits >> 16);
-    image[2 * i + 1] = static_cast<unsigned char>(bits >> 24);
-  }
+  std::normal_distribution<double> logit(0.0, 3.0);
+  std::vector<double> logits(R * V);
+  for (double& x : logits) x = logit(gen);
+  const std::vector<unsigned char> image = autotune::Encode(logits, DType::kBF16);
   std::vector<int64_t> t(R);
   for (int64_t i = 0; i < R; ++i) t[i] = i % 5 == 4 ? -100 : (i * 7919) % V;
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload(rt, image));
