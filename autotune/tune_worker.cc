@@ -46,6 +46,8 @@ void MaybeInjectFault(const Runtime* gpu, const TuneTask& task) {
 
 class Worker {
  public:
+  explicit Worker(int device) : device_(device) {}
+
   TuneAnswer Run(const TuneTask& task) {
     TuneAnswer a;
     absl::Status s;
@@ -68,7 +70,7 @@ class Worker {
 
   absl::Status EnsureGpu() {
     if (gpu_) return absl::OkStatus();
-    KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.tuning_db = "off"}));
+    KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.device = device_, .tuning_db = "off"}));
     gpu_.emplace(std::move(rt));
     KJIT_ASSIGN_OR_RETURN(timer_, GpuTimer::Create(gpu_->jit(), *gpu_->driver(), gpu_->context(),
                                                    gpu_->target()));
@@ -146,6 +148,7 @@ class Worker {
   }
 
   std::map<std::string, Runtime> compile_only_;  // by target
+  const int device_;
   std::optional<Runtime> gpu_;
   std::unique_ptr<GpuTimer> timer_;
   std::string trial_problem_;
@@ -155,13 +158,13 @@ class Worker {
 
 }  // namespace
 
-int RunTuneWorker(std::istream& in, std::ostream& out) {
+int RunTuneWorker(std::istream& in, std::ostream& out, int device) {
   const nlohmann::json request = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!request.is_object() || !request.contains("tasks") || !request["tasks"].is_array()) {
     fmt::print(stderr, "kjit-tune worker: expected {{\"tasks\": [...]}} on stdin\n");
     return 2;
   }
-  Worker worker;
+  Worker worker(device);
   const nlohmann::json& tasks = request["tasks"];
   for (size_t i = 0; i < tasks.size(); ++i) {
     out << nlohmann::json{{"begin", i}}.dump() << std::endl;

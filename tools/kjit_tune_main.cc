@@ -6,14 +6,17 @@
 //
 //   kjit-tune --model llama-3.1-8b                 # the GPU present, else sm_90 and sm_100
 //   kjit-tune --config path/config.json --arch sm_90,sm_100 --json
+//   kjit-tune --model llama-3.1-8b --device 3       # tune on GPU 3 (an error if there is none)
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +43,7 @@ struct TuneFlags {
   std::string dtype = "bf16";
   std::vector<int64_t> tokens = {1024, 4096, 16384};
   std::string arch = "auto";
+  std::optional<int> device;  // --device: the GPU to tune on; unset: GPU 0 if there is one
   bool compile_only = false;
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool json = false;
@@ -158,7 +162,19 @@ int RunTune(const TuneFlags& f) {
   }
   auto dtype = ParseDType(f.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
-  auto runtimes = RuntimesForArch(f.arch, /*use_gpu=*/!f.compile_only);
+  if (f.device && (f.compile_only || f.arch != "auto")) {
+    fmt::print(stderr, "kjit-tune: --device {}: picks the GPU to tune on, so it cannot go with {}\n",
+               *f.device, f.compile_only ? "--compile-only" : "--arch " + f.arch);
+    return 2;
+  }
+  absl::StatusOr<std::vector<Runtime>> runtimes = std::vector<Runtime>{};
+  if (f.device) {
+    auto rt = RuntimeOnDevice(*f.device);
+    if (!rt.ok()) return Fail(rt.status());
+    runtimes->push_back(std::move(*rt));
+  } else {
+    runtimes = RuntimesForArch(f.arch, /*use_gpu=*/!f.compile_only);
+  }
   if (!runtimes.ok()) return Fail(runtimes.status());
   const Runtime* gpu =
       !runtimes->empty() && !runtimes->front().compile_only() ? &runtimes->front() : nullptr;
@@ -176,7 +192,8 @@ int RunTune(const TuneFlags& f) {
                           .jobs = f.jobs,
                           .repeats = f.repeats,
                           .task_timeout = std::chrono::seconds(f.timeout_s),
-                          .worker_command = {"/proc/self/exe", "--worker"},
+                          .worker_command = {"/proc/self/exe", "--worker", "--device",
+                                             std::to_string(f.device.value_or(0))},
                           .db_path = f.db.empty() ? autotune::TuningDb::DefaultPath() : f.db};
   for (const Runtime& rt : *runtimes) plan.targets.push_back(&rt);
   if (gpu) {
@@ -211,9 +228,19 @@ int RunTune(const TuneFlags& f) {
 }  // namespace kjit::tools
 
 int main(int argc, char** argv) {
-  // A worker of the tuner's pool (autotune/worker_pool.h): tasks on stdin, answers on stdout.
-  if (argc == 2 && std::string(argv[1]) == "--worker") {
-    return kjit::autotune::RunTuneWorker(std::cin, std::cout);
+  // A worker of the tuner's pool (autotune/worker_pool.h): tasks on stdin, answers on stdout,
+  // started by RunTune as `--worker --device N`.
+  if (argc >= 2 && std::string(argv[1]) == "--worker") {
+    int device = -1;
+    if (argc == 4 && std::string(argv[2]) == "--device") {
+      const std::string_view n = argv[3];
+      if (std::from_chars(n.data(), n.data() + n.size(), device).ptr != n.data() + n.size()) device = -1;
+    }
+    if (device < 0) {
+      fmt::print(stderr, "kjit-tune: --worker takes exactly --device N (a GPU ordinal)\n");
+      return 2;
+    }
+    return kjit::autotune::RunTuneWorker(std::cin, std::cout, device);
   }
   using kjit::tools::TuneFlags;
   TuneFlags f;
@@ -242,6 +269,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--arch", f.arch, "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")
       ->capture_default_str();
+  app.add_option("--device", f.device, "The GPU to tune on, by CUDA ordinal (default: GPU 0 if "
+                                       "there is one, else compile only); an error if it is absent")
+      ->check(CLI::Range(0, 4095));
   app.add_flag("--compile-only", f.compile_only, "Do not use a GPU even if one is present");
   app.add_flag("--all-candidates", f.all_candidates,
                "Compile every candidate config of the search space, not only the heuristic's "

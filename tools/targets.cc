@@ -37,6 +37,15 @@ absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bo
   return out;
 }
 
+absl::StatusOr<Runtime> RuntimeOnDevice(int ordinal) {
+  auto rt = Runtime::Create({.device = ordinal});
+  if (!rt.ok()) {
+    return absl::Status(rt.status().code(),
+                        fmt::format("--device {}: {}", ordinal, ToStd(rt.status().message())));
+  }
+  return rt;
+}
+
 int Fail(const absl::Status& status) {
   fmt::print(stderr, "kjit: {}\n", ToStd(status.message()));
   return 1;

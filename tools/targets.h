@@ -15,6 +15,10 @@ namespace kjit::tools {
 // looked for. Otherwise a comma-separated list of targets, each compile-only.
 absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bool use_gpu = true);
 
+// A runtime on GPU `ordinal`, which the user asked for by number (`--device`): unlike "auto" it
+// does not fall back to compiling only, and its error names the flag.
+absl::StatusOr<Runtime> RuntimeOnDevice(int ordinal);
+
 // Prints "kjit: <message>" to stderr and returns 1.
 int Fail(const absl::Status& status);
 

@@ -10,12 +10,14 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "autotune/trial.h"
 #include "autotune/tuning_db.h"
 #include "runtime/tuning.h"
 #include "tests/gpu/gpu_test_env.h"
 #include "tests/temp_dir.h"
+#include "tests/test_support.h"
 
 namespace kjit {
 namespace {
@@ -153,6 +155,36 @@ TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
   // The same bucket again: no second tuning run (the record's tuned_at stays).
   EXPECT_TRUE((*trial)->Check(*ce).ok());
   EXPECT_EQ(TuningDb::Load(db_)->Find(TuningKeyFor(*rt, spec, 300))->tuned_at, record->tuned_at);
+}
+
+// kjit-tune --device: tunes on the GPU it names (its workers too), and a GPU that is not there
+// is an error naming the flag rather than a compile-only run.
+TEST_F(TuningGpu, KjitTuneTunesOnTheDeviceItIsGiven) {
+  KJIT_REQUIRE_GPU(gpu);
+  const char* bin = std::getenv("KJIT_TUNE_BIN");
+  if (bin == nullptr || ::access(bin, X_OK) != 0) {
+    GTEST_SKIP() << "KJIT_TUNE_BIN does not name an executable kjit-tune";
+  }
+  const std::string spec = SpecToJson(RmsNormSpec{.hidden = 1024, .dtype = DType::kBF16});
+  testing::CliResult r = testing::RunProgram(
+      bin, {"--spec", spec, "--tokens", "64", "--device", "0", "--db", db_, "--json"}, {}, tmp_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  const auto report = nlohmann::json::parse(r.out);
+  ASSERT_EQ(report["kernels"].size(), 1u) << r.out;
+  EXPECT_EQ(report["kernels"][0]["tuned"], true) << r.out;
+  auto db = TuningDb::Load(db_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ASSERT_EQ(db->records().size(), 1u) << db->Serialize();
+  EXPECT_EQ(db->records()[0].key.device, gpu.device().name);
+
+  int count = 0;
+  ASSERT_EQ(gpu.driver()->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  r = testing::RunProgram(bin, {"--spec", spec, "--tokens", "64", "--device", std::to_string(count),
+                                "--db", db_},
+                          {}, tmp_.path());
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("--device " + std::to_string(count) + ":"), std::string::npos) << r.err;
+  EXPECT_EQ(TuningDb::Load(db_)->records().size(), 1u) << "the failed run wrote nothing";
 }
 
 TEST_F(TuningGpu, TrialsRejectAWrongKernel) {

@@ -101,6 +101,35 @@ TEST_F(KjitTuneTest, BadInputGetsAClearErrorAndExitCode) {
   EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
 }
 
+// --device names the GPU to tune on: without one it is an error that names the flag, not the
+// silent fallback to compiling that the default (auto) takes; it makes no sense with compile-only
+// runs; and the workers it starts take the same ordinal.
+TEST_F(KjitTuneTest, AnExplicitDeviceIsRequiredNotFallenBackFrom) {
+  CliResult r = Run({"--model", "llama-3.2-1b", "--device", "0"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("--device 0: no CUDA driver"), std::string::npos) << r.err;
+  if (fs::exists(root_ + "/cache")) {
+    for (const auto& e : fs::recursive_directory_iterator(root_ + "/cache")) {
+      EXPECT_FALSE(e.is_regular_file()) << "nothing is compiled: " << e.path();
+    }
+  }
+  r = Run({"--device", "-1"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+  r = Run({"--device", "0", "--compile-only"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("cannot go with --compile-only"), std::string::npos) << r.err;
+  r = Run({"--device", "1", "--arch", "sm_90"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("cannot go with --arch sm_90"), std::string::npos) << r.err;
+  for (const auto& worker_args : std::vector<std::vector<std::string>>{
+           {"--worker"}, {"--worker", "--device"}, {"--worker", "--device", "1x"}}) {
+    r = Run(worker_args);
+    EXPECT_EQ(r.exit_code, 2) << r.Describe();
+    EXPECT_NE(r.err.find("--worker takes exactly --device N"), std::string::npos) << r.err;
+  }
+}
+
 // --spec: one op as a runtime with KJIT_AUTOTUNE describes it; a bad one is a usage error.
 TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
   const std::string spec = R"({"op":"cross_entropy","vocab":1000,"dtype":"fp16","target_type":"int32",)"
