@@ -169,9 +169,11 @@ TEST_F(TuningGpu, KjitTuneTunesOnTheDeviceItIsGiven) {
   testing::CliResult r = testing::RunProgram(
       bin, {"--spec", spec, "--tokens", "64", "--device", "0", "--db", db_, "--json"}, {}, tmp_.path());
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  // The report lists the compiled kernel, then one tuned entry per op and row bucket: here one.
   const auto report = nlohmann::json::parse(r.out);
-  ASSERT_EQ(report["kernels"].size(), 1u) << r.out;
-  EXPECT_EQ(report["kernels"][0]["tuned"], true) << r.out;
+  size_t tuned = 0;
+  for (const auto& k : report["kernels"]) tuned += k["tuned"].get<bool>();
+  EXPECT_EQ(tuned, 1u) << r.out;
   auto db = TuningDb::Load(db_);
   ASSERT_TRUE(db.ok()) << db.status();
   ASSERT_EQ(db->records().size(), 1u) << db->Serialize();
