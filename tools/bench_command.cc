@@ -26,6 +26,7 @@ struct BenchFlags {
   int64_t rows = 0;
   std::string dtype = "bf16";
   int repeats = 100;
+  int device = 0;
   bool json = false;
   bool sweep = false;
   std::vector<std::string> configs;
@@ -61,7 +62,7 @@ int RunBench(const BenchFlags& f) {
       f.op == "cross_entropy" ? f.configs : std::vector<std::string>{},
       autotune::ParseCrossEntropyConfig);
   if (!ce_configs.ok()) return Fail(ce_configs.status());
-  auto rt = Runtime::Create();
+  auto rt = RuntimeOnDevice(f.device);
   if (!rt.ok()) return Fail(rt.status());
   auto timer = GpuTimer::Create(rt->jit(), *rt->driver(), rt->context(), rt->target());
   if (!timer.ok()) return Fail(timer.status());
@@ -146,6 +147,9 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
   cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
       ->check(CLI::Range(3, 100000))
+      ->capture_default_str();
+  cmd->add_option("--device", f->device, "The GPU to run on, by CUDA ordinal")
+      ->check(CLI::Range(0, 4095))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print the report as JSON");
   cmd->add_flag("--sweep", f->sweep,

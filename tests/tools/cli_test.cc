@@ -304,6 +304,12 @@ TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
   }
   CliResult bad = Run({"bench", "--op", "softmax"});
   EXPECT_EQ(bad.exit_code, 2) << bad.Describe();
+  CliResult device = Run({"bench", "--device", "3"});
+  EXPECT_EQ(device.exit_code, 1) << device.Describe();
+  EXPECT_TRUE(Contains(device.err, "--device 3: no CUDA driver")) << device.Describe();
+  CliResult negative = Run({"bench", "--device", "-1"});
+  EXPECT_EQ(negative.exit_code, 2) << negative.Describe();
+  EXPECT_TRUE(Contains(negative.err, "--device")) << negative.Describe();
 }
 
 // --config is parsed before any GPU is touched: a bad one names the flag and the field.
