@@ -166,7 +166,7 @@ void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows)
   }
   fmt::print(stderr, "kjit: tuning {} at {} rows with {} (KJIT_AUTOTUNE)\n", spec_json, rows, bin);
   const int status = RunChild({bin, "--spec", spec_json, "--tokens", std::to_string(rows), "--db",
-                               tuning_path, "--device", std::to_string(device_ordinal)});
+                               tuning_path, "--device", std::to_string(device.ordinal)});
   if (status != 0) {
     fmt::print(stderr, "kjit: warning: {} exited with status {}; launching untuned\n", bin, status);
   }
@@ -190,7 +190,6 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   KJIT_ASSIGN_OR_RETURN(state->driver, jit::Driver::Get());
   const jit::Driver& cu = *state->driver;
   KJIT_ASSIGN_OR_RETURN(state->device, jit::QueryDevice(cu, options.device));
-  state->device_ordinal = options.device;
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuDeviceGet(&state->cu_device, options.device), "cuDeviceGet"));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuDevicePrimaryCtxRetain(&state->ctx, state->cu_device),
                                 "cuDevicePrimaryCtxRetain"));

@@ -18,7 +18,6 @@ struct RuntimeState {
   jit::Target target;
   bool compile_only = false;
   const jit::Driver* driver = nullptr;  // null when compile-only
-  int device_ordinal = 0;  // RuntimeOptions::device: the GPU a KJIT_AUTOTUNE child tunes on
   CUdevice cu_device = 0;
   CUcontext ctx = nullptr;              // the device's primary context, retained
   jit::DeviceInfo device;
