@@ -198,14 +198,6 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// The address of the same shared variable in another block of the cluster; an ordinary (generic)
-// pointer, read with ordinary loads.
-template <typename U>
-__device__ __forceinline__ const U* in_cluster_block(const U* p, unsigned rank) {
-  unsigned long long out;
-  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
-  return reinterpret_cast<const U*>(out);
-}
 
 // Bulk asynchronous copies between global and shared memory (the Tensor Memory Accelerator's
 // non-tensor form, sm_90 and newer): one thread moves a whole 16-byte-aligned range while the
@@ -224,30 +216,46 @@ __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned 
 __device__ __forceinline__ void mbarrier_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+// Arrives on `bar` and adds `bytes` to the bytes its phase waits for (copies or st.async that
+// complete on it).
+__device__ __forceinline__ void mbarrier_arrive_expecting(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
 // Starts a copy of `bytes` (a multiple of 16) from global `src` into shared `dst`; the phase of
 // `bar` completes when they have all arrived. The calling thread is the barrier's one arrival.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
                                           unsigned long long* bar) {
-  const unsigned b = shared_address(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
-               : "memory");
+  mbarrier_arrive_expecting(bar, bytes);
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           shared_address(dst)),
-      "l"(src), "r"(bytes), "r"(b)
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
       : "memory");
 }
-// Waits until the phase of `bar` with this parity has completed.
+// Waits until the phase of `bar` with this parity has completed. kFromCluster: the phase was
+// completed by other blocks of the cluster (their writes are acquired at cluster scope).
+template <bool kFromCluster = false>
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
   const unsigned b = shared_address(bar);
   unsigned done;
   do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(b), "r"(parity)
-        : "memory");
+    if constexpr (kFromCluster) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+          "selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(b), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+          "0, p; }"
+          : "=r"(done)
+          : "r"(b), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 }
 // Orders this thread's ordinary shared-memory writes before later bulk copies that read them.
@@ -271,4 +279,49 @@ __device__ __forceinline__ void bulk_stores_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
+// Gives every block of a cluster the value of every block, in its own shared memory: each block
+// pushes its value into slot[its rank] of every block with st.async, which completes on the
+// receiver's mbarrier. No block reads another's shared memory, so no block has to stay alive
+// for the others' reads (the second cluster barrier that a pull exchange ends with), and a block
+// waits only for the values, not for every thread of the cluster. One exchange per kernel (the
+// mbarrier's first phase). Only kernels compiled for sm_90 or newer call it.
+//
+//   __shared__ ClusterMailbox<Stats, 6> box;
+//   if (threadIdx.x == 0) box.init();
+//   cluster_arrive();              // early: publishes the mbarrier
+//   ...
+//   cluster_wait();                // every block's mbarrier is initialized
+//   box.send(my_stats, rank);
+//   box.wait();                    // box.slot[0..5] hold all six, the same in every block
+template <typename U, int kBlocks>
+struct ClusterMailbox {
+  static_assert(sizeof(U) % 4 == 0, "values travel as 4-byte words");
+  U slot[kBlocks];
+  unsigned long long full;  // mbarrier: every slot has arrived
+
+  // One thread, before the cluster_arrive that publishes it.
+  __device__ __forceinline__ void init() {
+    mbarrier_init(&full, 1);
+    mbarrier_init_fence();
+    mbarrier_arrive_expecting(&full, sizeof(slot));
+  }
+  // Every thread may call it; threads 0..kBlocks-1 deliver `value` (thread b to the block of rank
+  // b), so they must hold the block's value.
+  __device__ __forceinline__ void send(const U& value, unsigned rank) {
+    const unsigned to = threadIdx.x;
+    if (to >= kBlocks) return;
+    unsigned dst, bar;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(shared_address(&slot[rank])), "r"(to));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(shared_address(&full)), "r"(to));
+    const unsigned* words = reinterpret_cast<const unsigned*>(&value);
+#pragma unroll
+    for (int k = 0; k < static_cast<int>(sizeof(U) / 4); ++k) {
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                       dst + 4u * k),
+                   "r"(words[k]), "r"(bar)
+                   : "memory");
+    }
+  }
+  __device__ __forceinline__ void wait() { mbarrier_wait<true>(&full, 0); }
+};
 }  // namespace kjit
