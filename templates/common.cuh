@@ -290,9 +290,7 @@ __device__ __forceinline__ void bulk_stores_read() {
 //   if (threadIdx.x == 0) box.init();
 //   cluster_arrive();              // early: publishes the mbarrier
 //   ...
-//   cluster_wait();                // every block's mbarrier is initialized
-//   box.send(my_stats, rank);
-//   box.wait();                    // box.slot[0..5] hold all six, the same in every block
+//   box.exchange(my_stats, rank);  // box.slot[0..5] hold all six, the same in every block
 template <typename U, int kBlocks>
 struct ClusterMailbox {
   static_assert(sizeof(U) % 4 == 0, "values travel as 4-byte words");
@@ -305,8 +303,16 @@ struct ClusterMailbox {
     mbarrier_init_fence();
     mbarrier_arrive_expecting(&full, sizeof(slot));
   }
-  // Every thread may call it; threads 0..kBlocks-1 deliver `value` (thread b to the block of rank
-  // b), so they must hold the block's value.
+  // Every thread of every block calls it, after the cluster_arrive that follows init(); threads
+  // 0..kBlocks-1 deliver `value` (thread b to the block of rank b), so they must hold the block's
+  // value. Returns when every slot has arrived.
+  __device__ __forceinline__ void exchange(const U& value, unsigned rank) {
+    cluster_wait();  // every block's mbarrier is initialized
+    send(value, rank);
+    mbarrier_wait<true>(&full, 0);
+  }
+
+ private:
   __device__ __forceinline__ void send(const U& value, unsigned rank) {
     const unsigned to = threadIdx.x;
     if (to >= kBlocks) return;
@@ -322,6 +328,5 @@ struct ClusterMailbox {
                    : "memory");
     }
   }
-  __device__ __forceinline__ void wait() { mbarrier_wait<true>(&full, 0); }
 };
 }  // namespace kjit

@@ -533,9 +533,7 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
     st = block_combine<kThreads>(st, smem);
   }
   if constexpr (kCluster > 1) {
-    cluster_wait();  // every block's mailbox is initialized
-    parts.send(st, rank);
-    parts.wait();
+    parts.exchange(st, rank);
     st = parts.slot[0];
     for (int b = 1; b < kCluster; ++b) st.combine(parts.slot[b]);
   }
@@ -670,9 +668,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
     }
   }
   if constexpr (kCluster > 1) {
-    cluster_wait();  // every block's mailbox is initialized
-    parts.send({st, x_t}, rank);
-    parts.wait();
+    parts.exchange({st, x_t}, rank);
     st = parts.slot[0].stats;
     for (int b = 1; b < kCluster; ++b) st.combine(parts.slot[b].stats);
     if (writer && r.valid) x_t = parts.slot[r.target / S::kChunk].target_logit;
