@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "jit/source.h"
+#include "kjit/device_buffer.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit::autotune {
 
@@ -13,13 +15,15 @@ constexpr size_t kFlushBytes = size_t{512} << 20;
 constexpr char kFlushKernel[] = "kjit::l2_flush";
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GpuTimer>> GpuTimer::Create(jit::Jit& jit, const jit::Driver& cu,
-                                                           CUcontext ctx,
-                                                           const jit::Target& target) {
+absl::StatusOr<std::unique_ptr<GpuTimer>> GpuTimer::Create(const Runtime& runtime) {
+  const internal::RuntimeState& rt = internal::StateOf(runtime);
+  KJIT_RETURN_IF_ERROR(rt.NeedsDevice());
+  KJIT_RETURN_IF_ERROR(rt.MakeCurrent());
+  const jit::Driver& cu = *rt.driver;
   std::unique_ptr<GpuTimer> t(new GpuTimer(cu));
   KJIT_ASSIGN_OR_RETURN(jit::Source src, jit::RenderSource("l2_flush", {"common.cuh", "l2_flush.cuh"},
                                                            {kFlushKernel}, {{"op", "l2_flush"}}));
-  KJIT_ASSIGN_OR_RETURN(t->module_, jit.Load(src, target, cu, ctx));
+  KJIT_ASSIGN_OR_RETURN(t->module_, rt.jit->Load(src, rt.target, cu, rt.ctx));
   KJIT_ASSIGN_OR_RETURN(t->flush_, t->module_->Function(kFlushKernel));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemAlloc(&t->buffer_, kFlushBytes), "cuMemAlloc"));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemAlloc(&t->sink_, 16), "cuMemAlloc"));
@@ -67,6 +71,14 @@ absl::StatusOr<Timing> GpuTimer::Time(int repeats, const std::function<absl::Sta
   std::sort(us.begin(), us.end());
   auto at = [&](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
   return Timing{at(0.5), at(0.1), at(0.9), repeats};
+}
+
+absl::StatusOr<Timing> TimeDeviceCopy(const Runtime& rt, GpuTimer& timer, size_t bytes,
+                                      int repeats) {
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer src, DeviceBuffer::Create(rt, bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dst, DeviceBuffer::Create(rt, bytes));
+  KJIT_RETURN_IF_ERROR(src.Fill(1));
+  return timer.Time(repeats, [&] { return dst.CopyFrom(src); });
 }
 
 }  // namespace kjit::autotune

@@ -2,8 +2,9 @@
 // each repeat (a read of a buffer several times the L2, JIT-compiled like any kjit kernel), CUDA
 // events around the work only, and the median with the 10th and 90th percentiles.
 //
-//   KJIT_ASSIGN_OR_RETURN(auto timer, GpuTimer::Create(jit, *driver, ctx, target));
+//   KJIT_ASSIGN_OR_RETURN(auto timer, GpuTimer::Create(rt));
 //   KJIT_ASSIGN_OR_RETURN(Timing t, timer->Time(100, [&] { return op.Forward(nullptr, args); }));
+//   KJIT_ASSIGN_OR_RETURN(Timing copy, TimeDeviceCopy(rt, *timer, kCopyBytes, 100));
 #pragma once
 
 #include <cuda.h>
@@ -12,8 +13,8 @@
 #include <memory>
 
 #include "jit/driver.h"
-#include "jit/jit.h"
-#include "jit/target.h"
+#include "jit/loaded_module.h"
+#include "kjit/runtime.h"
 
 namespace kjit::autotune {
 
@@ -26,8 +27,8 @@ struct Timing {
 
 class GpuTimer {
  public:
-  static absl::StatusOr<std::unique_ptr<GpuTimer>> Create(jit::Jit& jit, const jit::Driver& cu,
-                                                          CUcontext ctx, const jit::Target& target);
+  // On the runtime's GPU; FailedPrecondition for a compile-only runtime.
+  static absl::StatusOr<std::unique_ptr<GpuTimer>> Create(const Runtime& rt);
   ~GpuTimer();
   GpuTimer(const GpuTimer&) = delete;
   GpuTimer& operator=(const GpuTimer&) = delete;
@@ -51,5 +52,11 @@ class GpuTimer {
   CUevent start_ = nullptr;
   CUevent stop_ = nullptr;
 };
+
+// The bandwidth every measurement is quoted against: a device-to-device copy of `bytes` (read
+// and written: 2 * bytes move), timed like the kernels.
+constexpr size_t kCopyBytes = size_t{1} << 30;
+absl::StatusOr<Timing> TimeDeviceCopy(const Runtime& rt, GpuTimer& timer, size_t bytes,
+                                      int repeats);
 
 }  // namespace kjit::autotune

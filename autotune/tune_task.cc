@@ -3,13 +3,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/tuning.h"
 
 namespace kjit::autotune {
 
 namespace {
 
 using nlohmann::json;
+
+using ops::Name;
 
 const char* Name(TuneTask::Mode m) {
   switch (m) {
@@ -29,31 +30,10 @@ absl::StatusOr<Pass> ParsePass(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<OpSpec> WithConfig(const OpSpec& spec, const std::string& config) {
-  if (const auto* r = std::get_if<RmsNormSpec>(&spec)) {
-    RmsNormSpec s = *r;
-    KJIT_ASSIGN_OR_RETURN(s.config, ParseRmsNormConfig(config));
-    return s;
-  }
-  CrossEntropySpec s = std::get<CrossEntropySpec>(spec);
-  KJIT_ASSIGN_OR_RETURN(s.config, ParseCrossEntropyConfig(config));
-  return s;
-}
-
-std::string OpName(const OpSpec& spec) {
-  return std::visit([](const auto& s) { return TuningOp(s); }, spec);
-}
-std::string OpShape(const OpSpec& spec) {
-  return std::visit([](const auto& s) { return TuningShape(s); }, spec);
-}
-DType OpDType(const OpSpec& spec) {
-  return std::visit([](const auto& s) { return s.dtype; }, spec);
-}
-
 std::string TuneTask::ToJson() const {
   json j = {{"mode", Name(mode)}};
   if (mode != Mode::kCopy) {
-    j["spec"] = json::parse(SpecToJson(op));
+    j["spec"] = json::parse(ops::SpecToJson(op));
     j["config"] = config;
   }
   if (mode == Mode::kCompile) {
@@ -81,7 +61,7 @@ absl::StatusOr<TuneTask> TuneTask::FromJson(std::string_view text) {
       return absl::InvalidArgumentError(fmt::format("mode: \"{}\" is not compile, time or copy", mode));
     }
     if (t.mode != Mode::kCopy) {
-      KJIT_ASSIGN_OR_RETURN(t.op, SpecFromJson(j.at("spec").dump()));
+      KJIT_ASSIGN_OR_RETURN(t.op, ops::SpecFromJson(j.at("spec").dump()));
       t.config = j.at("config").get<std::string>();
     }
     if (t.mode == Mode::kCompile) {

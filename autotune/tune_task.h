@@ -11,17 +11,13 @@
 #include <string>
 #include <variant>
 
-#include "autotune/trial.h"
-#include "runtime/kjit.h"
-#include "runtime/tuning.h"
+#include "autotune/gpu_timer.h"
+#include "ops/registry.h"
 
 namespace kjit::autotune {
 
-// The spec with its config set from text (ParseRmsNormConfig / ParseCrossEntropyConfig).
-absl::StatusOr<OpSpec> WithConfig(const OpSpec& spec, const std::string& config);
-std::string OpName(const OpSpec& spec);   // TuningOp: "rms_norm", "rms_norm+residual", ...
-std::string OpShape(const OpSpec& spec);  // TuningShape: "hidden=4096", "vocab=128256"
-DType OpDType(const OpSpec& spec);
+using ops::OpSpec;
+using ops::Pass;
 
 struct TuneTask {
   // kCopy times a device-to-device copy: the bandwidth the tuned kernels are quoted against.

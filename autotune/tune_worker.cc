@@ -9,12 +9,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <variant>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "autotune/tune_task.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit::autotune {
 
@@ -38,8 +38,8 @@ void MaybeInjectFault(const Runtime* gpu, const TuneTask& task) {
     if (kind == "gpu-fault" && gpu != nullptr) {
       // A write through an address nothing maps: the context reports an illegal address from now
       // on, as after a real out-of-bounds kernel.
-      (void)RandomFill(*gpu, reinterpret_cast<void*>(uintptr_t{1} << 40), DType::kF32, 1024, 1024,
-                       1024, 1, 0.0f, 1.0f);
+      (void)ops::RandomFill(*gpu, reinterpret_cast<void*>(uintptr_t{1} << 40), DType::kF32, 1024,
+                            1024, 1024, 1, 0.0f, 1.0f);
     }
   }
 }
@@ -63,7 +63,7 @@ class Worker {
   // False once the GPU context has a sticky error: nothing more can run in this process.
   bool ContextUsable() const {
     if (!gpu_) return true;
-    const jit::Driver& cu = *gpu_->driver();
+    const jit::Driver& cu = *internal::StateOf(*gpu_).driver;
     return cu.cuCtxSynchronize() == CUDA_SUCCESS;
   }
   const Runtime* gpu() const { return gpu_ ? &*gpu_ : nullptr; }
@@ -72,8 +72,7 @@ class Worker {
     if (gpu_) return absl::OkStatus();
     KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.device = device_, .tuning_db = "off"}));
     gpu_.emplace(std::move(rt));
-    KJIT_ASSIGN_OR_RETURN(timer_, GpuTimer::Create(gpu_->jit(), *gpu_->driver(), gpu_->context(),
-                                                   gpu_->target()));
+    KJIT_ASSIGN_OR_RETURN(timer_, GpuTimer::Create(*gpu_));
     return absl::OkStatus();
   }
 
@@ -86,25 +85,14 @@ class Worker {
                                                          .tuning_db = "off"}));
       it = compile_only_.emplace(task.target, std::move(rt)).first;
     }
-    KJIT_ASSIGN_OR_RETURN(const OpSpec spec, WithConfig(task.op, task.config));
+    KJIT_ASSIGN_OR_RETURN(const OpSpec spec, ops::WithConfig(task.op, task.config));
     const auto t0 = std::chrono::steady_clock::now();
-    auto built = std::visit(
-        [&](const auto& s) -> absl::StatusOr<jit::Jit::Built> {
-          if constexpr (std::is_same_v<std::decay_t<decltype(s)>, RmsNormSpec>) {
-            KJIT_ASSIGN_OR_RETURN(RmsNorm op, it->second.RmsNorm(s));
-            return op.Build();
-          } else {
-            KJIT_ASSIGN_OR_RETURN(CrossEntropy op, it->second.CrossEntropy(s));
-            return op.Build();
-          }
-        },
-        spec);
-    if (!built.ok()) return built.status();
+    KJIT_ASSIGN_OR_RETURN(const BuildInfo built, ops::Build(it->second, spec));
     a.compile_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    a.key = built->key;
-    a.origin = jit::OriginName(built->origin);
-    a.path = built->path;
+    a.key = built.key;
+    a.origin = built.origin;
+    a.path = built.path;
     return absl::OkStatus();
   }
 
@@ -117,33 +105,20 @@ class Worker {
 
   absl::Status Time(const TuneTask& task, TuneAnswer& a) {
     KJIT_RETURN_IF_ERROR(EnsureGpu());
-    KJIT_ASSIGN_OR_RETURN(const OpSpec spec, WithConfig(task.op, task.config));
-    const std::string problem =
-        fmt::format("{} {} {} rows={}", OpName(spec), OpShape(spec), Name(OpDType(spec)), task.rows);
+    KJIT_ASSIGN_OR_RETURN(const OpSpec spec, ops::WithConfig(task.op, task.config));
+    const std::string problem = fmt::format("{} {} {} rows={}", ops::TuningOp(spec),
+                                            ops::TuningShape(spec), Name(ops::OpDType(spec)),
+                                            task.rows);
     if (problem != trial_problem_) {
-      trial_ = std::monostate();  // free the previous inputs before allocating the next
+      trial_.reset();  // free the previous inputs before allocating the next
       trial_problem_.clear();
-      if (const auto* r = std::get_if<RmsNormSpec>(&spec)) {
-        KJIT_ASSIGN_OR_RETURN(trial_, RmsNormTrial::Create(*gpu_, *r, task.rows));
-      } else {
-        KJIT_ASSIGN_OR_RETURN(
-            trial_, CrossEntropyTrial::Create(*gpu_, std::get<CrossEntropySpec>(spec), task.rows));
-      }
+      KJIT_ASSIGN_OR_RETURN(trial_, ops::MakeTrial(*gpu_, spec, task.rows));
       trial_problem_ = problem;
     }
-    if (const auto* r = std::get_if<RmsNormSpec>(&spec)) {
-      auto& trial = *std::get<std::unique_ptr<RmsNormTrial>>(trial_);
-      KJIT_ASSIGN_OR_RETURN(RmsNorm op, gpu_->RmsNorm(*r));
-      KJIT_RETURN_IF_ERROR(trial.Check(op));
-      KJIT_ASSIGN_OR_RETURN(a.timing, trial.Time(op, task.pass, *timer_, task.repeats));
-      a.bytes = trial.Bytes(task.pass);
-    } else {
-      auto& trial = *std::get<std::unique_ptr<CrossEntropyTrial>>(trial_);
-      KJIT_ASSIGN_OR_RETURN(CrossEntropy op, gpu_->CrossEntropy(std::get<CrossEntropySpec>(spec)));
-      KJIT_RETURN_IF_ERROR(trial.Check(op));
-      KJIT_ASSIGN_OR_RETURN(a.timing, trial.Time(op, task.pass, *timer_, task.repeats));
-      a.bytes = trial.Bytes(task.pass);
-    }
+    KJIT_RETURN_IF_ERROR(trial_->Check(spec));
+    KJIT_ASSIGN_OR_RETURN(const ops::TimedWork work, trial_->Work(task.pass));
+    KJIT_ASSIGN_OR_RETURN(a.timing, timer_->Time(task.repeats, work.launch, work.prepare));
+    a.bytes = trial_->Bytes(task.pass);
     return absl::OkStatus();
   }
 
@@ -152,8 +127,7 @@ class Worker {
   std::optional<Runtime> gpu_;
   std::unique_ptr<GpuTimer> timer_;
   std::string trial_problem_;
-  std::variant<std::monostate, std::unique_ptr<RmsNormTrial>, std::unique_ptr<CrossEntropyTrial>>
-      trial_;
+  std::unique_ptr<ops::AnyTrial> trial_;
 };
 
 }  // namespace

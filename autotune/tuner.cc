@@ -8,16 +8,21 @@
 
 #include <fmt/format.h>
 
-#include "autotune/search_space.h"
-#include "autotune/tuning_db.h"
+#include "runtime/tuning_db.h"
 #include "autotune/worker_pool.h"
-#include "runtime/tuning.h"
+#include "ops/registry.h"
 
 namespace kjit::autotune {
 
 namespace {
 
 using nlohmann::json;
+using internal::TuningDb;
+using internal::TuningKey;
+using internal::TuningRecord;
+using ops::OpDType;
+using kjit::Name;
+using ops::Name;
 
 std::string Utc() {
   const std::time_t now = std::time(nullptr);
@@ -28,46 +33,13 @@ std::string Utc() {
   return buf;
 }
 
-// The config an op runs without tuning for a runtime's target, as the op itself picks it. Asked of
-// a compile-only twin: an op on a GPU runtime would build its kernels here, in the parent.
-absl::StatusOr<std::string> HeuristicConfig(const Runtime& rt, const OpSpec& spec) {
-  KJIT_ASSIGN_OR_RETURN(const Runtime twin, Runtime::Create({.target = rt.target().ToString(),
-                                                             .compile_only = true,
-                                                             .tuning_db = "off"}));
-  return std::visit(
-      [&](const auto& s) -> absl::StatusOr<std::string> {
-        if constexpr (std::is_same_v<std::decay_t<decltype(s)>, RmsNormSpec>) {
-          KJIT_ASSIGN_OR_RETURN(RmsNorm op, twin.RmsNorm(s));
-          return op.config().ToString();
-        } else {
-          KJIT_ASSIGN_OR_RETURN(CrossEntropy op, twin.CrossEntropy(s));
-          return op.config().ToString();
-        }
-      },
-      spec);
-}
-
-// Every config of the op's search space on this runtime's arch: (config, why pruned or "").
-std::vector<std::pair<std::string, std::string>> Space(const Runtime& rt, const OpSpec& spec,
-                                                       const std::string& heuristic) {
-  std::vector<std::pair<std::string, std::string>> out;
-  auto add = [&](const auto& space) {
-    for (const auto& c : space) out.emplace_back(c.config.ToString(), c.pruned);
-  };
-  if (const auto* r = std::get_if<RmsNormSpec>(&spec)) {
-    add(RmsNormSearchSpace(r->hidden, ParseRmsNormConfig(heuristic)->vec));
-  } else {
-    const auto& c = std::get<CrossEntropySpec>(spec);
-    add(CrossEntropySearchSpace(c.vocab, ParseCrossEntropyConfig(heuristic)->vec, rt.target().arch));
-  }
-  return out;
-}
-
+std::string OpName(const OpSpec& op) { return ops::TuningOp(op); }
+std::string OpShape(const OpSpec& op) { return ops::TuningShape(op); }
 std::string Describe(const OpSpec& op) { return fmt::format("{} {}", OpName(op), OpShape(op)); }
 
-// One (op, pass, row bucket) the GPU tunes, and what was measured for it. Cross-entropy is tuned
-// twice: for the fused forward+backward, and for the streaming launches (forward only, backward
-// from lse), which a row-resident cluster config would slow down.
+// One (op, pass, row bucket) the GPU tunes, and what was measured for it: one per TunedPass of the
+// op (cross-entropy's fused forward+backward and its streaming launches are tuned apart, since a
+// row-resident cluster config would slow the latter down).
 struct Problem {
   size_t op = 0;  // index into plan.ops
   int64_t rows = 0;
@@ -105,7 +77,7 @@ class Tuner {
     CompileCandidates();
     if (p_.gpu && Untuned() > 0) {
       TimeCandidates();
-      FinishRmsNorm();
+      CombinePasses();
       ChooseWinners();
       WriteDatabase();
     }
@@ -130,18 +102,16 @@ class Tuner {
                                                 ToStd(db.status().message()));
     }
     for (size_t i = 0; i < p_.ops.size(); ++i) {
-      auto heuristic = HeuristicConfig(*p_.gpu, p_.ops[i]);
+      auto heuristic = ops::HeuristicConfig(*p_.gpu, p_.ops[i]);
       if (!heuristic.ok()) continue;  // reported by the compile phase
       std::set<int64_t> buckets;
       for (int64_t rows : p_.tokens) {
-        if (!buckets.insert(RowsBucket(rows)).second) continue;
-        const bool ce = std::holds_alternative<CrossEntropySpec>(p_.ops[i]);
-        // Adjacent, so that the GPU worker makes the inputs of both cross-entropy passes once.
-        for (Pass pass : ce ? std::vector<Pass>{Pass::kForwardBackward, Pass::kForward}
-                            : std::vector<Pass>{Pass::kForwardBackward}) {
-          Problem q{.op = i, .rows = RowsBucket(rows), .pass = pass, .heuristic = *heuristic};
-          q.key = std::visit([&](const auto& s) { return TuningKeyFor(*p_.gpu, s, q.rows); }, p_.ops[i]);
-          if (pass == Pass::kForward) q.key.op = StreamingTuningOp(std::get<CrossEntropySpec>(p_.ops[i]));
+        if (!buckets.insert(internal::RowsBucket(rows)).second) continue;
+        // Adjacent, so that the GPU worker makes the inputs of an op's passes once.
+        for (const ops::TunedPass& tuned : ops::TunedPasses(p_.ops[i])) {
+          Problem q{.op = i, .rows = internal::RowsBucket(rows), .pass = tuned.pass,
+                    .heuristic = *heuristic};
+          q.key = ops::TuningKeyFor(*p_.gpu, p_.ops[i], q.rows, tuned.record_op);
           if (db.ok() && !p_.retune) q.existing = db->Find(q.key);
           problems_.push_back(std::move(q));
         }
@@ -185,10 +155,10 @@ class Tuner {
   void CompileCandidates() {
     Batch b;
     for (const Runtime* rt : p_.targets) {
-      const std::string target = rt->target().ToString();
+      const std::string target = rt->target();
       for (size_t i = 0; i < p_.ops.size(); ++i) {
         const OpSpec& op = p_.ops[i];
-        auto heuristic = HeuristicConfig(*rt, op);
+        auto heuristic = ops::HeuristicConfig(*rt, op);
         if (!heuristic.ok()) {
           Fail({{"op", OpName(op)}, {"shape", OpShape(op)}, {"target", target},
                 {"error", std::string(ToStd(heuristic.status().message()))}});
@@ -200,7 +170,7 @@ class Tuner {
                              }));
         std::vector<std::string> configs = {*heuristic};
         if (search) {
-          for (const auto& [config, pruned] : Space(*rt, op, *heuristic)) {
+          for (const auto& [config, pruned] : ops::SearchSpace(op, *heuristic, rt->arch())) {
             if (!pruned.empty()) {
               report_["pruned"].push_back({{"op", OpName(op)}, {"shape", OpShape(op)},
                                            {"target", target}, {"config", config},
@@ -258,15 +228,6 @@ class Tuner {
     return compiled_.count({OpName(op) + " " + OpShape(op), config}) > 0;
   }
 
-  // The passes a candidate is timed on: RMSNorm's forward and backward shapes are chosen apart.
-  static std::vector<Pass> PassesFor(const OpSpec& op, Pass pass, const std::string& config,
-                                     const std::string& heuristic) {
-    if (!std::holds_alternative<RmsNormSpec>(op)) return {pass};
-    if (config == heuristic) return {Pass::kForward, Pass::kBackward};
-    const RmsNormConfig c = *ParseRmsNormConfig(config), h = *ParseRmsNormConfig(heuristic);
-    return {c.forward == h.forward ? Pass::kBackward : Pass::kForward};
-  }
-
   void AddTimeTask(Batch& b, Problem& q, const std::string& config, Pass pass) {
     const OpSpec& op = p_.ops[q.op];
     b.Add({.mode = TuneTask::Mode::kTime, .op = op, .config = config, .rows = q.rows, .pass = pass,
@@ -304,12 +265,14 @@ class Tuner {
       if (q.existing) continue;
       const OpSpec& op = p_.ops[q.op];
       std::vector<std::string> configs = {q.heuristic};
-      for (const auto& [config, pruned] : Space(*p_.gpu, op, q.heuristic)) {
+      for (const auto& [config, pruned] : ops::SearchSpace(op, q.heuristic, p_.gpu->arch())) {
         if (pruned.empty() && config != q.heuristic) configs.push_back(config);
       }
       for (const std::string& config : configs) {
         if (!Compiled(op, config)) continue;
-        for (Pass pass : PassesFor(op, q.pass, config, q.heuristic)) AddTimeTask(b, q, config, pass);
+        for (Pass pass : ops::PassesToTime(op, config, q.heuristic, q.pass)) {
+          AddTimeTask(b, q, config, pass);
+        }
       }
     }
     RunBatch("time", b, 1, static_cast<int>(b.tasks.size()));
@@ -326,23 +289,22 @@ class Tuner {
     return {by_time.empty() ? "" : by_time[0].second, by_time.size() < 2 ? "" : by_time[1].second};
   }
 
-  // RMSNorm: the fastest forward shape and the fastest backward shape make one config, compiled
-  // and then timed forward+backward next to the heuristic's.
-  void FinishRmsNorm() {
+  // Ops whose forward and backward are searched apart (OpTrait::Combine): the fastest of each make
+  // one config, compiled and then timed forward+backward next to the heuristic's.
+  void CombinePasses() {
     Batch compile, time;
     for (Problem& q : problems_) {
       const OpSpec& op = p_.ops[q.op];
-      if (q.existing || !std::holds_alternative<RmsNormSpec>(op)) continue;
+      if (q.existing) continue;
       const std::string f = Fastest(q, Pass::kForward).first, b = Fastest(q, Pass::kBackward).first;
       if (f.empty() || b.empty()) continue;
-      RmsNormConfig best = *ParseRmsNormConfig(q.heuristic);
-      best.forward = ParseRmsNormConfig(f)->forward;
-      best.backward = ParseRmsNormConfig(b)->backward;
-      const std::string combined = best.ToString();
-      rms_margins_[&q] = {{"forward", Margin(q, Pass::kForward)}, {"backward", Margin(q, Pass::kBackward)}};
+      const std::optional<std::string> best = ops::Combine(op, q.heuristic, f, b);
+      if (!best) continue;
+      const std::string combined = *best;
+      pass_margins_[&q] = {{"forward", Margin(q, Pass::kForward)}, {"backward", Margin(q, Pass::kBackward)}};
       if (!Compiled(op, combined)) {
         compile.Add({.mode = TuneTask::Mode::kCompile, .op = op, .config = combined,
-                     .target = p_.gpu->target().ToString()},
+                     .target = p_.gpu->target()},
                     fmt::format("compile {} [{}]", Describe(op), combined),
                     [this, op, combined](const TaskOutcome& o) {
                       std::string log;
@@ -420,7 +382,7 @@ class Tuner {
       const std::optional<TuningRecord>& r = q.existing ? q.existing : q.result;
       if (!r) continue;
       json e = {{"op", q.key.op},          {"shape", q.key.shape},
-                {"dtype", q.key.dtype},    {"target", p_.gpu->target().ToString()},
+                {"dtype", q.key.dtype},    {"target", p_.gpu->target()},
                 {"rows", q.rows},          {"config", r->config},
                 {"heuristic", r->config == q.heuristic},
                 {"tuned", true},           {"from_database", q.existing.has_value()},
@@ -435,7 +397,7 @@ class Tuner {
         e["gbps"] = q.bytes / (r->median_us * 1e3);
         e["ratio_to_copy"] = e["gbps"].get<double>() / copy_gbps_;
       }
-      if (auto m = rms_margins_.find(&q); m != rms_margins_.end()) e["passes"] = m->second;
+      if (auto m = pass_margins_.find(&q); m != pass_margins_.end()) e["passes"] = m->second;
       report_["kernels"].push_back(std::move(e));
       if (!q.existing && !q.result) report_["ok"] = false;
     }
@@ -447,7 +409,7 @@ class Tuner {
   std::vector<Problem> problems_;
   std::set<std::pair<std::string, std::string>> compiled_;  // (op and shape, config) on the GPU target
   std::map<Problem*, std::string> combined_;
-  std::map<const Problem*, json> rms_margins_;
+  std::map<const Problem*, json> pass_margins_;
   double copy_gbps_ = 0;
 };
 

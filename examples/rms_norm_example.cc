@@ -5,9 +5,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "autotune/host_convert.h"
-#include "runtime/device_buffer.h"
-#include "runtime/kjit.h"
+#include <kjit/kjit.h>
 
 int main() {
   constexpr int64_t kRows = 8, kHidden = 4096;
@@ -22,9 +20,9 @@ int main() {
     return 1;
   }
   std::vector<double> x(kRows * kHidden), w(kHidden, 1.0);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = kjit::autotune::RoundTo(std::sin(0.01 * i), kjit::DType::kBF16);
-  const auto x_bytes = kjit::autotune::Encode(x, kjit::DType::kBF16);
-  const auto w_bytes = kjit::autotune::Encode(w, kjit::DType::kBF16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = kjit::RoundTo(std::sin(0.01 * i), kjit::DType::kBF16);
+  const auto x_bytes = kjit::Encode(x, kjit::DType::kBF16);
+  const auto w_bytes = kjit::Encode(w, kjit::DType::kBF16);
   auto dx = kjit::DeviceBuffer::Create(*rt, x_bytes.size());
   auto dw = kjit::DeviceBuffer::Create(*rt, w_bytes.size());
   auto dy = kjit::DeviceBuffer::Create(*rt, x_bytes.size());
@@ -40,7 +38,7 @@ int main() {
     std::fprintf(stderr, "%s\n", std::string(kjit::ToStd(s.message())).c_str());
     return 1;
   }
-  const auto y = kjit::autotune::Decode(y_bytes, kjit::DType::kBF16);
+  const auto y = kjit::Decode(y_bytes, kjit::DType::kBF16);
   double sumsq = 0;
   for (int64_t c = 0; c < kHidden; ++c) sumsq += x[c] * x[c];
   const double expect = x[1] / std::sqrt(sumsq / kHidden + 1e-5);

@@ -23,7 +23,7 @@
 #include <string_view>
 
 #include "jit/binary.h"
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

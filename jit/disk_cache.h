@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "jit/binary.h"
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "jit/dynlib.h"
-#include "jit/status.h"
+#include "kjit/device_info.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 
@@ -90,16 +91,8 @@ class Driver {
 std::vector<std::string> DefaultDriverCandidates();
 
 // The properties kjit specializes for, read once per device.
-struct DeviceInfo {
-  int ordinal = 0;
-  std::string name;
-  int cc_major = 0;
-  int cc_minor = 0;
-  int sm_count = 0;
-  int max_shared_per_block_optin = 0;
-  size_t total_memory = 0;
-  int compute_capability() const { return cc_major * 10 + cc_minor; }
-};
+// The GPU facts kjit uses (kjit/runtime.h's public struct).
+using DeviceInfo = kjit::DeviceInfo;
 absl::StatusOr<DeviceInfo> QueryDevice(const Driver& cu, int ordinal);
 
 }  // namespace kjit::jit

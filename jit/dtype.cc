@@ -1,5 +1,7 @@
 #include "jit/dtype.h"
 
+#include "kjit/tensor.h"
+
 #include <fmt/format.h>
 
 namespace kjit {
@@ -23,6 +25,9 @@ const char* DeviceTypeName(DType t) {
   }
   return "?";
 }
+
+const char* Name(IndexType t) { return t == IndexType::kInt32 ? "int32" : "int64"; }
+size_t SizeOf(IndexType t) { return t == IndexType::kInt32 ? 4 : 8; }
 
 absl::StatusOr<DType> ParseDType(std::string_view text) {
   if (text == "fp32" || text == "f32" || text == "float32" || text == "float") return DType::kF32;

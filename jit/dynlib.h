@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

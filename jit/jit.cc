@@ -27,10 +27,18 @@ absl::StatusOr<std::unique_ptr<Jit>> Jit::Create(const Options& options) {
       KJIT_ASSIGN_OR_RETURN(cache_options, DiskCache::Options::FromEnvironment());
     }
     KJIT_ASSIGN_OR_RETURN(DiskCache disk, DiskCache::Open(cache_options));
-    if (!disk.warning().empty()) fmt::print(stderr, "kjit: warning: {}\n", disk.warning());
+    if (!disk.warning().empty()) jit->Warn(disk.warning());
     jit->disk_ = std::move(disk);
   }
   return jit;
+}
+
+void Jit::Warn(std::string_view message) const {
+  if (options_.warn) {
+    options_.warn(message);
+  } else {
+    fmt::print(stderr, "kjit: warning: {}\n", message);
+  }
 }
 
 int Jit::compile_count() const {
@@ -102,8 +110,7 @@ absl::StatusOr<Jit::Built> Jit::BuildUncached(const Source& source, const Target
         return remember(std::move(*hit), Origin::kDisk, true);
       }
     } else {
-      fmt::print(stderr, "kjit: warning: {}; compiling without the lock\n",
-                 ToStd(locked.status().message()));
+      Warn(fmt::format("{}; compiling without the lock", ToStd(locked.status().message())));
     }
   }
   KJIT_ASSIGN_OR_RETURN(Binary bin, compile());
@@ -112,8 +119,8 @@ absl::StatusOr<Jit::Built> Jit::BuildUncached(const Source& source, const Target
     absl::Status s = disk_->Store(built.key, bin);
     stored = s.ok();
     if (!stored) {
-      fmt::print(stderr, "kjit: warning: could not store {} in the cache ({}); keeping it in memory\n",
-                 built.key, ToStd(s.message()));
+      Warn(fmt::format("could not store {} in the cache ({}); keeping it in memory", built.key,
+                       ToStd(s.message())));
     }
   }
   return remember(std::move(bin), Origin::kCompiled, stored);

@@ -12,12 +12,14 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "jit/binary.h"
@@ -36,6 +38,8 @@ class Jit {
     bool use_disk_cache = true;
     std::optional<DiskCache::Options> cache;  // nullopt: DiskCache::Options::FromEnvironment()
     std::chrono::milliseconds lock_timeout{std::chrono::seconds(120)};
+    // Where warnings go (a cache that cannot be written, a lock not got in time); null: stderr.
+    std::function<void(std::string_view)> warn;
   };
 
   enum class Origin { kMemory, kDisk, kCompiled };
@@ -64,6 +68,7 @@ class Jit {
 
  private:
   explicit Jit(const Options& options) : options_(options) {}
+  void Warn(std::string_view message) const;
   // The disk cache, else NVRTC (storing the result); called with `key` marked as building.
   absl::StatusOr<Built> BuildUncached(const Source& source, const Target& target, const Nvrtc& nvrtc,
                                       Built built);

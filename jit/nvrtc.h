@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "jit/dynlib.h"
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

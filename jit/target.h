@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

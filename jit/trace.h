@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::jit {
 

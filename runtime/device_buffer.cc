@@ -1,34 +1,37 @@
-#include "runtime/device_buffer.h"
+#include "kjit/device_buffer.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "autotune/host_convert.h"
+#include "kjit/host_convert.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit {
 
-absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(const Runtime& rt, size_t bytes) {
-  const jit::Driver* cu = rt.driver();
-  if (cu == nullptr) return absl::FailedPreconditionError("DeviceBuffer: runtime is compile-only");
-  KJIT_RETURN_IF_ERROR(cu->Check(cu->cuCtxSetCurrent(rt.context()), "cuCtxSetCurrent"));
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(const Runtime& runtime, size_t bytes) {
+  std::shared_ptr<const internal::RuntimeState> rt = internal::RuntimeAccess::Shared(runtime);
+  if (rt->compile_only) return absl::FailedPreconditionError("DeviceBuffer: runtime is compile-only");
+  KJIT_RETURN_IF_ERROR(rt->MakeCurrent());
+  const jit::Driver& cu = *rt->driver;
   CUdeviceptr ptr = 0;
-  CUresult r = cu->cuMemAlloc(&ptr, bytes == 0 ? 1 : bytes);
+  CUresult r = cu.cuMemAlloc(&ptr, bytes == 0 ? 1 : bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     return absl::ResourceExhaustedError(fmt::format("out of device memory allocating {} bytes", bytes));
   }
-  KJIT_RETURN_IF_ERROR(cu->Check(r, "cuMemAlloc"));
-  return DeviceBuffer(cu, ptr, bytes);
+  KJIT_RETURN_IF_ERROR(cu.Check(r, "cuMemAlloc"));
+  return DeviceBuffer(std::move(rt), static_cast<uintptr_t>(ptr), bytes);
 }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : cu_(o.cu_), ptr_(o.ptr_), bytes_(o.bytes_) {
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : rt_(std::move(o.rt_)), ptr_(o.ptr_), bytes_(o.bytes_) {
   o.ptr_ = 0;
 }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_ != 0) cu_->cuMemFree(ptr_);
-    cu_ = o.cu_;
+    if (ptr_ != 0) rt_->driver->cuMemFree(ptr_);
+    rt_ = std::move(o.rt_);
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;
     o.ptr_ = 0;
@@ -37,27 +40,36 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != 0) cu_->cuMemFree(ptr_);
+  if (ptr_ != 0) rt_->driver->cuMemFree(ptr_);
 }
 
 absl::Status DeviceBuffer::Upload(const void* host, size_t bytes, size_t offset) const {
   if (offset + bytes > bytes_) return absl::OutOfRangeError("DeviceBuffer::Upload past the end");
-  return cu_->Check(cu_->cuMemcpyHtoD(ptr_ + offset, host, bytes), "cuMemcpyHtoD");
+  const jit::Driver& cu = *rt_->driver;
+  return cu.Check(cu.cuMemcpyHtoD(ptr_ + offset, host, bytes), "cuMemcpyHtoD");
 }
 
 absl::Status DeviceBuffer::Download(void* host, size_t bytes, size_t offset) const {
   if (offset + bytes > bytes_) return absl::OutOfRangeError("DeviceBuffer::Download past the end");
-  return cu_->Check(cu_->cuMemcpyDtoH(host, ptr_ + offset, bytes), "cuMemcpyDtoH");
+  const jit::Driver& cu = *rt_->driver;
+  return cu.Check(cu.cuMemcpyDtoH(host, ptr_ + offset, bytes), "cuMemcpyDtoH");
 }
 
 absl::Status DeviceBuffer::Fill(unsigned char value) const {
-  KJIT_RETURN_IF_ERROR(cu_->Check(cu_->cuMemsetD8Async(ptr_, value, bytes_, nullptr), "cuMemsetD8Async"));
-  return cu_->Check(cu_->cuCtxSynchronize(), "cuCtxSynchronize");
+  const jit::Driver& cu = *rt_->driver;
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemsetD8Async(ptr_, value, bytes_, nullptr), "cuMemsetD8Async"));
+  return cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+absl::Status DeviceBuffer::CopyFrom(const DeviceBuffer& src) const {
+  if (src.bytes_ > bytes_) return absl::OutOfRangeError("DeviceBuffer::CopyFrom a larger buffer");
+  const jit::Driver& cu = *rt_->driver;
+  return cu.Check(cu.cuMemcpyDtoDAsync(ptr_, src.ptr_, src.bytes_, nullptr), "cuMemcpyDtoDAsync");
 }
 
 absl::StatusOr<DeviceBuffer> UploadValues(const Runtime& rt, const std::vector<double>& values,
                                           DType dtype) {
-  const std::vector<unsigned char> bytes = autotune::Encode(values, dtype);
+  const std::vector<unsigned char> bytes = Encode(values, dtype);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes.size()));
   KJIT_RETURN_IF_ERROR(b.Upload(bytes.data(), bytes.size()));
   return b;
@@ -68,7 +80,7 @@ absl::StatusOr<std::vector<double>> DownloadValues(const DeviceBuffer& buffer, D
   bytes = std::min(bytes, buffer.size() - std::min(offset_bytes, buffer.size()));
   std::vector<unsigned char> raw(bytes);
   KJIT_RETURN_IF_ERROR(buffer.Download(raw.data(), raw.size(), offset_bytes));
-  return autotune::Decode(raw, dtype);
+  return Decode(raw, dtype);
 }
 
 }  // namespace kjit

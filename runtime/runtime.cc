@@ -1,4 +1,4 @@
-#include "runtime/runtime.h"
+#include "kjit/runtime.h"
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -15,8 +15,11 @@
 
 #include <fmt/format.h>
 
+#include "jit/nvrtc.h"
 #include "jit/trace.h"
+#include "runtime/op_kernels.h"
 #include "runtime/runtime_state.h"
+#include "runtime/tuned_configs.h"
 
 namespace kjit {
 namespace internal {
@@ -88,7 +91,7 @@ absl::Status RuntimeState::AllowSharedBytes(CUfunction fn, int shared_bytes) con
       "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
 }
 
-std::shared_ptr<const autotune::TuningDb> RuntimeState::Tuning() const {
+std::shared_ptr<const TuningDb> RuntimeState::Tuning() const {
   std::lock_guard<std::mutex> lock(tuning_mu);
   return tuning;
 }
@@ -105,22 +108,17 @@ bool RuntimeState::Capturing(CUstream stream) const {
 namespace {
 
 // A bad database must not stop a training job: the ops fall back to their heuristics, and the
-// user hears about it once per path (`kjit-tune` rebuilds a corrupt file).
-std::shared_ptr<const autotune::TuningDb> LoadTuningDb(const std::string& path) {
+// user hears about it through the warning sink (`kjit-tune` rebuilds a corrupt file).
+std::shared_ptr<const internal::TuningDb> LoadTuningDb(const std::string& path,
+                                                       const WarningSink& warn) {
   if (path.empty()) return nullptr;
-  auto db = autotune::TuningDb::Load(path);
+  auto db = internal::TuningDb::Load(path);
   if (!db.ok()) {
-    static std::mutex mu;
-    static std::set<std::string> warned;
-    std::lock_guard<std::mutex> lock(mu);
-    if (warned.insert(path).second) {
-      fmt::print(stderr, "kjit: warning: ignoring the tuning database: {}\n",
-                 ToStd(db.status().message()));
-    }
+    warn(fmt::format("ignoring the tuning database: {}", ToStd(db.status().message())));
     return nullptr;
   }
   if (db->records().empty()) return nullptr;
-  return std::make_shared<const autotune::TuningDb>(std::move(*db));
+  return std::make_shared<const internal::TuningDb>(std::move(*db));
 }
 
 // The kjit-tune a KJIT_AUTOTUNE run starts: $KJIT_TUNE_BIN, else the first on PATH.
@@ -160,24 +158,25 @@ int RunChild(const std::vector<std::string>& args) {
 void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows) const {
   const std::string bin = TuneBinary();
   if (bin.empty()) {
-    fmt::print(stderr, "kjit: warning: KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in "
-                       "KJIT_TUNE_BIN); launching untuned\n");
+    Warn("KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in KJIT_TUNE_BIN); launching "
+         "untuned");
     return;
   }
   fmt::print(stderr, "kjit: tuning {} at {} rows with {} (KJIT_AUTOTUNE)\n", spec_json, rows, bin);
   const int status = RunChild({bin, "--spec", spec_json, "--tokens", std::to_string(rows), "--db",
                                tuning_path, "--device", std::to_string(device.ordinal)});
-  if (status != 0) {
-    fmt::print(stderr, "kjit: warning: {} exited with status {}; launching untuned\n", bin, status);
-  }
-  std::shared_ptr<const autotune::TuningDb> db = LoadTuningDb(tuning_path);
+  if (status != 0) Warn(fmt::format("{} exited with status {}; launching untuned", bin, status));
+  std::shared_ptr<const internal::TuningDb> db = LoadTuningDb(tuning_path, warnings);
   std::lock_guard<std::mutex> lock(tuning_mu);
   tuning = std::move(db);
 }
 
 absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   auto state = std::make_shared<internal::RuntimeState>();
-  KJIT_ASSIGN_OR_RETURN(state->jit, jit::Jit::Create(options.jit));
+  state->warnings = options.warnings ? options.warnings : internal::WarnOnceToStderr;
+  jit::Jit::Options jit_options{.use_disk_cache = options.disk_cache, .warn = state->warnings};
+  if (!options.cache_dir.empty()) jit_options.cache = jit::DiskCache::Options{.dir = options.cache_dir};
+  KJIT_ASSIGN_OR_RETURN(state->jit, jit::Jit::Create(jit_options));
   state->compile_only = options.compile_only;
   if (options.compile_only) {
     if (options.target.empty()) {
@@ -206,21 +205,64 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   }
   if (options.tuning_db != "off") {
     state->tuning_path =
-        options.tuning_db.empty() ? autotune::TuningDb::DefaultPath() : options.tuning_db;
+        options.tuning_db.empty() ? internal::TuningDb::DefaultPath() : options.tuning_db;
   }
-  state->tuning = LoadTuningDb(state->tuning_path);
+  state->tuning = LoadTuningDb(state->tuning_path, state->warnings);
   const char* env = std::getenv("KJIT_AUTOTUNE");
   state->autotune = !state->tuning_path.empty() &&
                     (options.autotune || (env != nullptr && std::string_view(env) == "1"));
   return Runtime(std::move(state));
 }
 
-const jit::Target& Runtime::target() const { return state_->target; }
+std::string Runtime::target() const { return state_->target.ToString(); }
+int Runtime::arch() const { return state_->target.arch; }
 bool Runtime::compile_only() const { return state_->compile_only; }
-const jit::DeviceInfo& Runtime::device() const { return state_->device; }
-jit::Jit& Runtime::jit() const { return *state_->jit; }
-const jit::Driver* Runtime::driver() const { return state_->driver; }
-CUcontext Runtime::context() const { return state_->ctx; }
-std::shared_ptr<const autotune::TuningDb> Runtime::tuning_db() const { return state_->Tuning(); }
+const DeviceInfo& Runtime::device() const { return state_->device; }
+
+void internal::WarnOnceToStderr(std::string_view message) {
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (said.insert(std::string(message)).second) fmt::print(stderr, "kjit: warning: {}\n", message);
+}
+
+absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState& rt,
+                                                             const jit::Source& source) {
+  LoadedProgram p;
+  KJIT_ASSIGN_OR_RETURN(p.module, rt.jit->Load(source, rt.target, *rt.driver, rt.ctx));
+  for (const std::string& expr : source.name_expressions) {
+    KJIT_ASSIGN_OR_RETURN(CUfunction f, p.module->Function(expr));
+    p.functions.push_back(f);
+  }
+  return p;
+}
+
+internal::TuningKey internal::TuningKeyFor(const RuntimeState& rt, const std::string& op,
+                                           const std::string& shape, DType dtype, int64_t rows) {
+  TuningKey k{.op = op, .dtype = Name(dtype), .shape = shape, .rows_bucket = RowsBucket(rows)};
+  if (rt.compile_only) return k;
+  k.device = rt.device.name;
+  k.arch = rt.target.arch;
+  k.driver = rt.driver->version();
+  if (auto nvrtc = jit::Nvrtc::Get(); nvrtc.ok()) {
+    k.nvrtc = (*nvrtc)->version().major * 1000 + (*nvrtc)->version().minor * 10;
+  }
+  return k;
+}
+
+BuildInfo internal::ToBuildInfo(const jit::Jit::Built& built) {
+  return {.key = built.key,
+          .target = built.binary->target.ToString(),
+          .origin = jit::OriginName(built.origin),
+          .path = built.path,
+          .bytes = built.binary->code.size(),
+          .nvrtc = built.binary->nvrtc_version,
+          .params = built.binary->params,
+          .kernels = [&] {
+            std::vector<std::string> names;
+            for (const auto& [expr, lowered] : built.binary->lowered_names) names.push_back(lowered);
+            return names;
+          }()};
+}
 
 }  // namespace kjit

@@ -1,15 +1,21 @@
-// Internal: what a Runtime shares with the ops it creates. Not part of the public API.
+// Internal: what a Runtime shares with the ops it creates, and how the rest of kjit reaches it.
+// Not installed; the public Runtime (kjit/runtime.h) exposes none of it.
+//
+//   const internal::RuntimeState& rt = internal::StateOf(runtime);
+//   KJIT_ASSIGN_OR_RETURN(auto module, rt.jit->Load(source, rt.target, *rt.driver, rt.ctx));
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "jit/driver.h"
 #include "jit/jit.h"
 #include "jit/target.h"
-#include "autotune/tuning_db.h"
+#include "kjit/runtime.h"
+#include "runtime/tuning_db.h"
 
 namespace kjit::internal {
 
@@ -20,18 +26,20 @@ struct RuntimeState {
   const jit::Driver* driver = nullptr;  // null when compile-only
   CUdevice cu_device = 0;
   CUcontext ctx = nullptr;              // the device's primary context, retained
-  jit::DeviceInfo device;
+  DeviceInfo device;
   std::string tuning_path;  // "" when the database is off
   bool autotune = false;
+  WarningSink warnings;     // never null
   mutable std::mutex tuning_mu;
-  mutable std::shared_ptr<const autotune::TuningDb> tuning;  // null: none (yet); under tuning_mu
+  mutable std::shared_ptr<const TuningDb> tuning;  // null: none (yet); under tuning_mu
 
-  std::shared_ptr<const autotune::TuningDb> Tuning() const;
+  std::shared_ptr<const TuningDb> Tuning() const;
   // Whether work on `stream` is being captured into a graph (nothing may block or sync then).
   bool Capturing(CUstream stream) const;
-  // KJIT_AUTOTUNE: runs `kjit-tune --spec` for one op spec (as runtime/tuning.h's SpecToJson) at
-  // `rows` and reloads the database. A failure is reported on stderr; the caller goes on untuned.
+  // KJIT_AUTOTUNE: runs `kjit-tune --spec` for one op spec (as ops/registry.h's SpecToJson) at
+  // `rows` and reloads the database. A failure is a warning; the caller goes on untuned.
   void TuneNow(const std::string& spec_json, int64_t rows) const;
+  void Warn(std::string_view message) const { warnings(message); }
 
   ~RuntimeState();
   // Makes the runtime's context current on this thread if another (or none) is; no sync.
@@ -48,5 +56,18 @@ struct RuntimeState {
   // Lets `fn` have `shared_bytes` of dynamic shared memory (over 48 KB needs opting in).
   absl::Status AllowSharedBytes(CUfunction fn, int shared_bytes) const;
 };
+
+// The one door from a public Runtime to its state.
+struct RuntimeAccess {
+  static const RuntimeState& State(const Runtime& rt) { return *rt.state_; }
+  static const std::shared_ptr<RuntimeState>& Shared(const Runtime& rt) { return rt.state_; }
+};
+inline const RuntimeState& StateOf(const Runtime& rt) { return RuntimeAccess::State(rt); }
+
+// The default warning sink: each distinct message once per process, on stderr.
+void WarnOnceToStderr(std::string_view message);
+
+// What the public API reports of a build.
+BuildInfo ToBuildInfo(const jit::Jit::Built& built);
 
 }  // namespace kjit::internal

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "jit/status.h"
-#include "runtime/tensor.h"
+#include "kjit/status.h"
+#include "kjit/tensor.h"
 
 namespace kjit::internal {
 

@@ -3,7 +3,8 @@
 // batch size near a tuned one runs best with its config). A record that does not parse or does
 // not fit this op is ignored with one warning: the heuristic runs instead.
 //
-//   TunedConfigs<CrossEntropyConfig> tuned(rt, spec, "", ParseCrossEntropyConfig, validate);
+//   TunedConfigs<CrossEntropyConfig> tuned(rt, "cross_entropy", "vocab=128256", DType::kBF16,
+//                                          spec_json, ParseCrossEntropyConfig, validate);
 //   std::optional<CrossEntropyConfig> c = tuned.For(rows, /*may_tune=*/true);  // op's lock held
 #pragma once
 
@@ -15,10 +16,15 @@
 
 #include <fmt/format.h>
 
+#include "kjit/dtype.h"
 #include "runtime/runtime_state.h"
-#include "runtime/tuning.h"
 
 namespace kjit::internal {
+
+// The tuning database's key for an op's records at `rows` on this runtime's GPU (the device fields
+// empty for a compile-only runtime). The tuner writes under these keys and the ops look them up.
+TuningKey TuningKeyFor(const RuntimeState& rt, const std::string& op, const std::string& shape,
+                       DType dtype, int64_t rows);
 
 template <typename Config>
 class TunedConfigs {
@@ -26,21 +32,19 @@ class TunedConfigs {
   using Parse = std::function<absl::StatusOr<Config>(std::string_view)>;
   using Validate = std::function<absl::Status(const Config&)>;
 
-  // `op`: the record's op name, "" for TuningOp(spec).
-  TunedConfigs(const RuntimeState& rt, const OpSpec& spec, std::string op, Parse parse,
-               Validate validate)
-      : rt_(rt),
-        op_(op.empty() ? std::visit([](const auto& s) { return TuningOp(s); }, spec) : std::move(op)),
-        shape_(std::visit([](const auto& s) { return TuningShape(s); }, spec)),
-        dtype_(std::visit([](const auto& s) { return s.dtype; }, spec)), spec_json_(SpecToJson(spec)),
-        parse_(std::move(parse)), validate_(std::move(validate)) {}
+  // `op`, `shape` and `dtype`: the records' key fields (ops/registry.h names them); `spec_json`:
+  // the op as `kjit-tune --spec` takes it, for KJIT_AUTOTUNE.
+  TunedConfigs(const RuntimeState& rt, std::string op, std::string shape, DType dtype,
+               std::string spec_json, Parse parse, Validate validate)
+      : rt_(rt), op_(std::move(op)), shape_(std::move(shape)), dtype_(dtype),
+        spec_json_(std::move(spec_json)), parse_(std::move(parse)), validate_(std::move(validate)) {}
 
   // Not thread-safe: the op calls it under its own lock. With KJIT_AUTOTUNE and may_tune (the
   // stream is not capturing), a bucket without a record is tuned first, once.
   std::optional<Config> For(int64_t rows, bool may_tune) {
-    const autotune::TuningKey key = TuningKeyFor(rt_, op_, shape_, dtype_, rows);
+    const TuningKey key = TuningKeyFor(rt_, op_, shape_, dtype_, rows);
     if (auto it = by_bucket_.find(key.rows_bucket); it != by_bucket_.end()) return it->second;
-    std::shared_ptr<const autotune::TuningDb> db = rt_.Tuning();
+    std::shared_ptr<const TuningDb> db = rt_.Tuning();
     const bool tune = rt_.autotune && (db == nullptr || !db->Find(key));
     if (tune && !may_tune) return Lookup(db.get(), key);  // not remembered: tune at a later launch
     if (tune) {
@@ -51,15 +55,15 @@ class TunedConfigs {
   }
 
  private:
-  std::optional<Config> Lookup(const autotune::TuningDb* db, const autotune::TuningKey& key) const {
+  std::optional<Config> Lookup(const TuningDb* db, const TuningKey& key) const {
     if (db == nullptr) return std::nullopt;
-    const std::optional<autotune::TuningRecord> r = db->FindNearest(key);
+    const std::optional<TuningRecord> r = db->FindNearest(key);
     if (!r) return std::nullopt;
     absl::StatusOr<Config> c = parse_(r->config);
     absl::Status fits = c.ok() ? validate_(*c) : c.status();
     if (!fits.ok()) {
-      fmt::print(stderr, "kjit: warning: tuning database record {} {} rows<={}: \"{}\" ignored: {}\n",
-                 r->key.op, r->key.shape, r->key.rows_bucket, r->config, ToStd(fits.message()));
+      rt_.Warn(fmt::format("tuning database record {} {} rows<={}: \"{}\" ignored: {}", r->key.op,
+                           r->key.shape, r->key.rows_bucket, r->config, ToStd(fits.message())));
       return std::nullopt;
     }
     return *c;

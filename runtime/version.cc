@@ -1,4 +1,4 @@
-#include "runtime/version.h"
+#include "kjit/version.h"
 
 #include <fmt/format.h>
 

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "jit/status.h"
+#include "kjit/status.h"
 
 namespace kjit::testing {
 

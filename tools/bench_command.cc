@@ -10,7 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autotune/trial.h"
+#include "ops/registry.h"
+#include "runtime/runtime_state.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -33,38 +34,85 @@ struct BenchFlags {
   std::string output;
 };
 
-// The configs --config names, parsed for the op: nullopt (the op's own choice) when none is given.
-template <typename Config, typename Parse>
-absl::StatusOr<std::vector<std::optional<Config>>> GivenConfigs(
-    const std::vector<std::string>& texts, Parse parse) {
-  std::vector<std::optional<Config>> out;
-  for (const std::string& t : texts) {
-    absl::StatusOr<Config> c = parse(t);
-    if (!c.ok()) {
-      return absl::InvalidArgumentError(
-          fmt::format("--config: {}", std::string(c.status().message())));
+using autotune::GpuTimer;
+using autotune::Timing;
+
+// Times one problem (an op at a shape and row count) under each config ("": the op's own choice
+// at this row count, tuned or heuristic), each checked against the fp64 reference first.
+absl::StatusOr<nlohmann::json> BenchProblem(const Runtime& rt, GpuTimer& timer,
+                                            const ops::OpSpec& spec, int64_t rows, int repeats,
+                                            double copy_gbps,
+                                            const std::vector<std::string>& configs) {
+  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<ops::AnyTrial> trial, ops::MakeTrial(rt, spec, rows));
+  nlohmann::json entries = nlohmann::json::array();
+  for (const std::string& config : configs) {
+    ops::OpSpec op = spec;
+    if (!config.empty()) {
+      KJIT_ASSIGN_OR_RETURN(op, ops::WithConfig(spec, config));
     }
-    out.push_back(*c);
+    KJIT_RETURN_IF_ERROR(trial->Check(op));
+    for (ops::Pass pass : trial->BenchPasses()) {
+      KJIT_ASSIGN_OR_RETURN(ops::TimedWork work, trial->Work(pass));
+      KJIT_ASSIGN_OR_RETURN(Timing t, timer.Time(repeats, work.launch, work.prepare));
+      const std::string used = trial->ConfigUsed(pass);
+      const bool tuned = config.empty() && used != trial->OpConfig();
+      nlohmann::json extra = trial->BenchFields();
+      extra["tuned"] = tuned;
+      entries.push_back(BenchEntry(
+          {.op = ops::OpName(spec), .pass = ops::Name(pass),
+           .shape = fmt::format("{} rows={}", ops::TuningShape(spec), rows), .config = used,
+           .dtype = ops::OpDType(spec), .heuristic = config.empty() && !tuned,
+           .bytes = trial->Bytes(pass), .extra = std::move(extra)},
+          t, copy_gbps));
+    }
+  }
+  return entries;
+}
+
+// The configs to time: those --config names (checked against the op), else the op's own choice
+// and, when sweeping, every other candidate of its search space.
+absl::StatusOr<std::vector<std::string>> ConfigsFor(const Runtime& rt, const ops::OpSpec& spec,
+                                                    const BenchFlags& f) {
+  std::vector<std::string> out;
+  for (const std::string& c : f.configs) {
+    auto with = ops::WithConfig(spec, c);
+    if (!with.ok()) {
+      return absl::InvalidArgumentError(fmt::format("--config: {}", ToStd(with.status().message())));
+    }
+    out.push_back(c);
+  }
+  if (!out.empty()) return out;
+  out.push_back("");
+  if (!f.sweep) return out;
+  KJIT_ASSIGN_OR_RETURN(const std::string heuristic, ops::HeuristicConfig(rt, spec));
+  for (const auto& [config, pruned] : ops::SearchSpace(spec, heuristic, rt.arch())) {
+    if (pruned.empty() && config != heuristic) out.push_back(config);
   }
   return out;
 }
 
-using autotune::GpuTimer;
-using autotune::Timing;
-
 int RunBench(const BenchFlags& f) {
   auto dtype = ParseDType(f.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
-  auto rms_configs = GivenConfigs<autotune::RmsNormConfig>(
-      f.op == "rms_norm" ? f.configs : std::vector<std::string>{}, autotune::ParseRmsNormConfig);
-  if (!rms_configs.ok()) return Fail(rms_configs.status());
-  auto ce_configs = GivenConfigs<autotune::CrossEntropyConfig>(
-      f.op == "cross_entropy" ? f.configs : std::vector<std::string>{},
-      autotune::ParseCrossEntropyConfig);
-  if (!ce_configs.ok()) return Fail(ce_configs.status());
+  const int64_t size = ops::BenchSizeName(f.op) == "hidden" ? f.hidden : f.vocab;
+  std::vector<std::pair<int64_t, int64_t>> shapes = ops::BenchShapes(f.op);  // (size, rows)
+  if (size > 0 || f.rows > 0) {
+    shapes = {{size > 0 ? size : shapes.front().first, f.rows > 0 ? f.rows : shapes.front().second}};
+  }
+  // Flags are checked before any GPU work: a bad --config is a usage error with or without one.
+  for (const auto& [s, rows] : shapes) {
+    auto spec = ops::BenchSpec(f.op, s, *dtype);
+    if (!spec.ok()) return Fail(spec.status());
+    for (const std::string& c : f.configs) {
+      if (auto with = ops::WithConfig(*spec, c); !with.ok()) {
+        return Fail(absl::InvalidArgumentError(
+            fmt::format("--config: {}", ToStd(with.status().message()))));
+      }
+    }
+  }
   auto rt = RuntimeOnDevice(f.device);
   if (!rt.ok()) return Fail(rt.status());
-  auto timer = GpuTimer::Create(rt->jit(), *rt->driver(), rt->context(), rt->target());
+  auto timer = GpuTimer::Create(*rt);
   if (!timer.ok()) return Fail(timer.status());
   const size_t copy_bytes = autotune::kCopyBytes;
   auto copy = autotune::TimeDeviceCopy(*rt, **timer, copy_bytes, f.repeats);
@@ -72,42 +120,18 @@ int RunBench(const BenchFlags& f) {
   const double copy_gbps = 2.0 * copy_bytes / (copy->median_us * 1e3);
 
   nlohmann::json results = nlohmann::json::array();
-  auto add = [&](const absl::StatusOr<nlohmann::json>& r) {
-    if (!r.ok()) return false;
+  for (const auto& [s, rows] : shapes) {
+    const ops::OpSpec spec = *ops::BenchSpec(f.op, s, *dtype);
+    auto configs = ConfigsFor(*rt, spec, f);
+    if (!configs.ok()) return Fail(configs.status());
+    auto r = BenchProblem(*rt, **timer, spec, rows, f.repeats, copy_gbps, *configs);
+    if (!r.ok()) return Fail(r.status());
     for (const auto& e : *r) results.push_back(e);
-    return true;
-  };
-  if (f.op == "rms_norm") {
-    std::vector<std::pair<int64_t, int64_t>> shapes;  // (hidden, rows)
-    if (f.hidden > 0 || f.rows > 0) {
-      shapes.emplace_back(f.hidden > 0 ? f.hidden : 4096, f.rows > 0 ? f.rows : 16384);
-    } else {
-      shapes = {{4096, 16384}, {1024, 16384}, {4096, 256}, {8192, 16384}};
-    }
-    for (auto [hidden, rows] : shapes) {
-      auto r = BenchRmsNorm(*rt, **timer, *dtype, hidden, rows, f.repeats, copy_gbps,
-                            f.configs.empty() ? RmsNormConfigs(*dtype, hidden, f.sweep)
-                                              : *rms_configs);
-      if (!add(r)) return Fail(r.status());
-    }
-  } else {
-    std::vector<std::pair<int64_t, int64_t>> shapes;  // (vocab, rows)
-    if (f.vocab > 0 || f.rows > 0) {
-      shapes.emplace_back(f.vocab > 0 ? f.vocab : 128256, f.rows > 0 ? f.rows : 16384);
-    } else {
-      shapes = {{128256, 16384}, {128256, 4096}, {128256, 256}};
-    }
-    for (auto [vocab, rows] : shapes) {
-      auto r = BenchCrossEntropy(*rt, **timer, *dtype, vocab, rows, f.repeats, copy_gbps,
-                                 f.configs.empty() ? CrossEntropyConfigs(*rt, *dtype, vocab, f.sweep)
-                                                   : *ce_configs);
-      if (!add(r)) return Fail(r.status());
-    }
   }
   nlohmann::json report = {
       {"device", rt->device().name},
-      {"target", rt->target().ToString()},
-      {"driver", rt->driver()->version()},
+      {"target", rt->target()},
+      {"driver", internal::StateOf(*rt).driver->version()},
       {"copy", {{"bytes", 2.0 * copy_bytes}, {"median_us", copy->median_us}, {"gbps", copy_gbps}}},
       {"repeats", f.repeats},
       {"l2_flushed", true},
@@ -116,7 +140,7 @@ int RunBench(const BenchFlags& f) {
   if (f.json) {
     fmt::print("{}\n", report.dump(2));
   } else {
-    fmt::print("{} ({}), copy {:.0f} GB/s\n", rt->device().name, rt->target().ToString(), copy_gbps);
+    fmt::print("{} ({}), copy {:.0f} GB/s\n", rt->device().name, rt->target(), copy_gbps);
     fmt::print("{:<13} {:<17} {:<26} {:>10} {:>10} {:>8}  {}\n", "op", "pass", "shape",
                "median_us", "GB/s", "of copy", "config");
     for (const auto& e : results) {
@@ -137,7 +161,7 @@ Command AddBenchCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Time kernels on the GPU (checked first) against the device's copy bandwidth");
   cmd->add_option("--op", f->op, "The op")
-      ->check(CLI::IsMember({"rms_norm", "cross_entropy"}))
+      ->check(CLI::IsMember(ops::OpNames()))
       ->capture_default_str();
   cmd->add_option("--hidden", f->hidden, "Hidden size, rms_norm (default: a standard set of shapes)")
       ->check(CLI::Range(1, 65536));

@@ -21,8 +21,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "autotune/cross_entropy_reference.h"
-#include "autotune/host_convert.h"
+#include "ops/cross_entropy/reference.h"
+#include "kjit/host_convert.h"
 #include "tools/bench.h"
 
 namespace kjit::tools {
@@ -46,7 +46,7 @@ absl::StatusOr<DeviceBuffer> UploadColumns(const Runtime& rt, const Problem& p, 
   for (int64_t r = 0; r < kDistinctRows; ++r) {
     std::copy_n(&p.logits[r * p.vocab + start], width, &cols[r * width]);
   }
-  const std::vector<unsigned char> block = autotune::Encode(cols, kDtype);
+  const std::vector<unsigned char> block = Encode(cols, kDtype);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, p.rows * row_bytes));
   for (int64_t r = 0; r < p.rows; r += kDistinctRows) {
     const int64_t n = std::min(kDistinctRows, p.rows - r);
@@ -55,13 +55,6 @@ absl::StatusOr<DeviceBuffer> UploadColumns(const Runtime& rt, const Problem& p, 
   return b;
 }
 
-absl::Status Copy(const Runtime& rt, const DeviceBuffer& to, const DeviceBuffer& from) {
-  const jit::Driver& cu = *rt.driver();
-  return cu.Check(cu.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(to.data()),
-                                       reinterpret_cast<CUdeviceptr>(from.data()), from.size(),
-                                       nullptr),
-                  "cuMemcpyDtoDAsync");
-}
 
 // The first kCheckedRows rows of a gradient (the columns [start, end)) against the reference.
 absl::Status CheckRows(const Problem& p, const std::vector<std::pair<const DeviceBuffer*, int64_t>>& parts,
@@ -75,13 +68,13 @@ absl::Status CheckRows(const Problem& p, const std::vector<std::pair<const Devic
     }
     start += width;
   }
-  const autotune::CrossEntropyMath math{.vocab = p.vocab, .dtype = kDtype,
+  const ops::CrossEntropyMath math{.vocab = p.vocab, .dtype = kDtype,
                                         .reduction = Reduction::kNone};
   const std::vector<double> scale(kCheckedRows, 1.0 / p.rows);  // mean over all-valid rows
   const std::vector<double> logits(p.logits.begin(), p.logits.begin() + kCheckedRows * p.vocab);
   const std::vector<int64_t> targets(p.targets.begin(), p.targets.begin() + kCheckedRows);
-  const auto ref = autotune::CrossEntropyReference(math, kCheckedRows, logits, targets, &scale, true);
-  for (const auto& [name, r] : autotune::CheckCrossEntropy(math, {.grad = &grad}, ref)) {
+  const auto ref = ops::CrossEntropyReference(math, kCheckedRows, logits, targets, &scale, true);
+  for (const auto& [name, r] : ops::CheckCrossEntropy(math, {.grad = &grad}, ref)) {
     if (!r.ok) return absl::InternalError(fmt::format("{}: wrong gradient: {}", what, r.Describe(name)));
   }
   return absl::OkStatus();
@@ -90,11 +83,10 @@ absl::Status CheckRows(const Problem& p, const std::vector<std::pair<const Devic
 absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vector<int>& ways,
                                    int repeats) {
   KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create());
-  KJIT_ASSIGN_OR_RETURN(auto timer, autotune::GpuTimer::Create(rt.jit(), *rt.driver(), rt.context(),
-                                                               rt.target()));
+  KJIT_ASSIGN_OR_RETURN(auto timer, autotune::GpuTimer::Create(rt));
   Problem p{vocab, rows, {}, {}};
   std::mt19937_64 gen(0x5eed);
-  p.logits = autotune::RandomValues(gen, kDistinctRows * vocab, 3.0, 0, kDtype);
+  p.logits = RandomValues(gen, kDistinctRows * vocab, 3.0, 0, kDtype);
   for (int64_t r = 0; r < rows; ++r) p.targets.push_back(static_cast<int64_t>(gen() % vocab));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_targets, DeviceBuffer::Create(rt, rows * 8));
   KJIT_RETURN_IF_ERROR(d_targets.Upload(p.targets.data(), rows * 8));
@@ -110,19 +102,19 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer pristine, UploadColumns(rt, p, 0, vocab));
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer work, DeviceBuffer::Create(rt, pristine.size()));
     KJIT_ASSIGN_OR_RETURN(autotune::Timing t_copy,
-                          timer->Time(repeats, [&] { return Copy(rt, work, pristine); }));
+                          timer->Time(repeats, [&] { return work.CopyFrom(pristine); }));
     copy_gbps = 2.0 * pristine.size() / (t_copy.median_us * 1e3);
     KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy({.vocab = vocab, .dtype = kDtype}));
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(rows)));
     const TensorView all = TensorView::Matrix(work.data(), kDtype, rows, vocab);
     const CrossEntropyArgs full{.logits = all, .targets = targets, .loss = loss, .grad = all,
                                 .workspace = ws.data(), .workspace_bytes = ce.WorkspaceBytes(rows)};
-    KJIT_RETURN_IF_ERROR(Copy(rt, work, pristine));
+    KJIT_RETURN_IF_ERROR(work.CopyFrom(pristine));
     KJIT_RETURN_IF_ERROR(ce.ForwardBackward(nullptr, full));
     KJIT_RETURN_IF_ERROR(CheckRows(p, {{&work, vocab}}, "unsharded"));
     KJIT_ASSIGN_OR_RETURN(
         t_full, timer->Time(repeats, [&] { return ce.ForwardBackward(nullptr, full); },
-                            [&] { return Copy(rt, work, pristine); }));
+                            [&] { return work.CopyFrom(pristine); }));
     entries.push_back(BenchEntry({.op = "cross_entropy", .pass = "forward_backward", .shape = shape,
                                   .config = ce.config().ToString(), .dtype = kDtype,
                                   .bytes = 2.0 * rows * vocab * 2,
@@ -155,7 +147,7 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
       parts.push_back({&logits[i], ops[i].spec().width()});
     }
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer shard0, DeviceBuffer::Create(rt, logits[0].size()));
-    KJIT_RETURN_IF_ERROR(Copy(rt, shard0, logits[0]));  // shard 0's pristine logits
+    KJIT_RETURN_IF_ERROR(shard0.CopyFrom(logits[0]));  // shard 0's pristine logits
     for (int i = 0; i < n; ++i) KJIT_RETURN_IF_ERROR(ops[i].ComputeStats(nullptr, args[i]));
     KJIT_RETURN_IF_ERROR(ShardedCrossEntropy::CombineStats(nullptr, shards, rows));
     for (int i = 0; i < n; ++i) KJIT_RETURN_IF_ERROR(ops[i].Finish(nullptr, args[i]));
@@ -171,7 +163,7 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
               KJIT_RETURN_IF_ERROR(ShardedCrossEntropy::CombineStats(nullptr, shards, rows));
               return ops[0].Finish(nullptr, args[0]);
             },
-            [&] { return Copy(rt, logits[0], shard0); }));
+            [&] { return logits[0].CopyFrom(shard0); }));
     const int64_t width = ops[0].spec().width();
     nlohmann::json e = BenchEntry(
         {.op = "sharded_cross_entropy", .pass = "forward_backward", .shape = shape,

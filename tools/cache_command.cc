@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/disk_cache.h"
+#include "jit/source.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
 

@@ -1,12 +1,14 @@
 // `kjit compile`: render, compile (or find in the cache) one op's kernels and say where they lie.
-#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/kjit.h"
+#include "jit/source.h"
+#include "kjit/kjit.h"
+#include "ops/registry.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
 
@@ -48,10 +50,8 @@ int CheckOpFlags(const CompileFlags& f) {
   return 0;
 }
 
-// Renders and builds the op's program for one runtime.
-using Builder = std::function<absl::StatusOr<jit::Jit::Built>(const Runtime&)>;
-
-absl::StatusOr<Builder> MakeBuilder(const CompileFlags& f) {
+// The op the flags describe (its config left to the op: the tuned or heuristic one).
+absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
   KJIT_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
   if (f.op == "cross_entropy") {
     CrossEntropySpec spec{.vocab = f.vocab, .dtype = dtype};
@@ -63,10 +63,8 @@ absl::StatusOr<Builder> MakeBuilder(const CompileFlags& f) {
     spec.lse_square_scale = f.z_loss;
     spec.softcap = f.softcap;
     spec.argmax = f.argmax;
-    return Builder([spec](const Runtime& rt) -> absl::StatusOr<jit::Jit::Built> {
-      KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(spec));
-      return ce.Build();
-    });
+    KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+    return spec;
   }
   RmsNormSpec spec{.hidden = f.hidden, .dtype = dtype};
   if (!f.weight_dtype.empty()) {
@@ -74,48 +72,44 @@ absl::StatusOr<Builder> MakeBuilder(const CompileFlags& f) {
   }
   spec.casting = f.casting == "gemma" ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
   spec.fused_residual = f.residual;
-  return Builder([spec](const Runtime& rt) -> absl::StatusOr<jit::Jit::Built> {
-    KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm(spec));
-    return norm.Build();
-  });
+  KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(spec));
+  return spec;
 }
 
 int RunCompile(const CompileFlags& f) {
   if (int usage = CheckOpFlags(f); usage != 0) return usage;
-  auto build = MakeBuilder(f);
-  if (!build.ok()) return Fail(build.status());
+  auto spec = SpecFromFlags(f);
+  if (!spec.ok()) return Fail(spec.status());
 
   auto runtimes = RuntimesForArch(f.arch);
   if (!runtimes.ok()) return Fail(runtimes.status());
   nlohmann::json report = nlohmann::json::array();
   int failures = 0;
   for (const Runtime& rt : *runtimes) {
-    auto built = (*build)(rt);
+    auto built = ops::Build(rt, *spec);
     if (!built.ok()) {
       ++failures;
-      fmt::print(stderr, "kjit compile: {}: {}\n", rt.target().ToString(),
+      fmt::print(stderr, "kjit compile: {}: {}\n", rt.target(),
                  ToStd(built.status().message()));
-      report.push_back({{"target", rt.target().ToString()},
+      report.push_back({{"target", rt.target()},
                         {"error", std::string(ToStd(built.status().message()))}});
       continue;
     }
-    const jit::Binary& bin = *built->binary;
-    const std::string config = bin.params.count("config") ? bin.params.at("config") : "";
+    const std::string config = built->params.count("config") ? built->params.at("config") : "";
     if (f.json) {
       report.push_back({{"op", f.op},
-                        {"target", bin.target.ToString()},
+                        {"target", built->target},
                         {"key", built->key},
                         {"config", config},
-                        {"origin", jit::OriginName(built->origin)},
+                        {"origin", built->origin},
                         {"path", built->path},
-                        {"bytes", bin.code.size()},
-                        {"params", bin.params},
-                        {"nvrtc", bin.nvrtc_version}});
+                        {"bytes", built->bytes},
+                        {"params", built->params},
+                        {"nvrtc", built->nvrtc}});
     } else {
       fmt::print("{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} bytes\n",
-                 f.op, jit::FormatParams(bin.params), bin.target.ToString(), built->key, config,
-                 jit::OriginName(built->origin), built->path.empty() ? "(memory only)" : built->path,
-                 bin.code.size());
+                 f.op, jit::FormatParams(built->params), built->target, built->key, config,
+                 built->origin, built->path.empty() ? "(memory only)" : built->path, built->bytes);
     }
   }
   if (f.json) fmt::print("{}\n", report.dump(2));
@@ -130,7 +124,7 @@ Command AddCompileCommand(CLI::App& app) {
       "compile", "Render and compile one op's kernels (or find them in the cache); no GPU needed");
   cmd->add_option("--op", f->op, "The op")
       ->required()
-      ->check(CLI::IsMember({"rms_norm", "cross_entropy"}));
+      ->check(CLI::IsMember(ops::OpNames()));
   cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm; required)")->check(CLI::Range(1, 65536));
   cmd->add_option("--vocab", f->vocab, "Vocab size (cross_entropy; required)")
       ->check(CLI::Range(2, 1 << 20));

@@ -20,9 +20,11 @@
 
 #include <fmt/format.h>
 
-#include "autotune/host_convert.h"
-#include "autotune/rms_norm_config.h"
-#include "autotune/rms_norm_reference.h"
+#include "kjit/host_convert.h"
+#include "ops/rms_norm/config.h"
+#include "ops/rms_norm/program.h"
+#include "ops/rms_norm/reference.h"
+#include "runtime/runtime_state.h"
 #include "jit/cache_entry.h"
 #include "jit/compiler.h"
 #include "jit/disk_cache.h"
@@ -30,10 +32,10 @@
 #include "jit/dynlib.h"
 #include "jit/nvrtc.h"
 #include "jit/target.h"
-#include "runtime/device_buffer.h"
-#include "runtime/rms_norm.h"
-#include "runtime/runtime.h"
-#include "runtime/version.h"
+#include "kjit/device_buffer.h"
+#include "kjit/rms_norm.h"
+#include "kjit/runtime.h"
+#include "kjit/version.h"
 
 extern char** environ;
 
@@ -85,9 +87,9 @@ std::string DriverRelease() {
 // The test kernel: the RMSNorm program a Llama-sized model uses, in the config the runtime picks.
 absl::StatusOr<jit::Source> TestSource() {
   const RmsNormSpec spec{.hidden = kTestHidden, .dtype = kTestDType};
-  const autotune::RmsNormConfig config = autotune::DefaultRmsNormConfig(
-      kTestHidden, autotune::MaxVecForHidden(kTestHidden, static_cast<int>(SizeOf(kTestDType))));
-  return RenderRmsNorm(spec, config);
+  const RmsNormConfig config = ops::DefaultRmsNormConfig(
+      kTestHidden, ops::MaxVecForHidden(kTestHidden, static_cast<int>(SizeOf(kTestDType))));
+  return ops::RenderRmsNorm(spec, config);
 }
 
 CompileFacts TestCompile(const jit::Nvrtc& nvrtc, const std::string& target_text) {
@@ -120,13 +122,13 @@ CompileFacts TestCompile(const jit::Nvrtc& nvrtc, const std::string& target_text
 // wrong values are an error whose message starts "wrong result".
 absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
   KJIT_ASSIGN_OR_RETURN(
-      Runtime rt, Runtime::Create({.device = ordinal, .jit = {.use_disk_cache = false}}));
-  const std::string target = rt.target().ToString();
+      Runtime rt, Runtime::Create({.device = ordinal, .disk_cache = false}));
+  const std::string target = rt.target();
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kTestHidden, .dtype = kTestDType}));
 
   std::mt19937_64 rng(12345 + ordinal);
-  const std::vector<double> x = autotune::RandomValues(rng, kTestRows * kTestHidden, 1.0, 0.0, kTestDType);
-  const std::vector<double> w = autotune::RandomValues(rng, kTestHidden, 0.1, 1.0, kTestDType);
+  const std::vector<double> x = RandomValues(rng, kTestRows * kTestHidden, 1.0, 0.0, kTestDType);
+  const std::vector<double> w = RandomValues(rng, kTestHidden, 0.1, 1.0, kTestDType);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer x_buf, UploadValues(rt, x, kTestDType));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer w_buf, UploadValues(rt, w, kTestDType));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer y_buf,
@@ -141,16 +143,16 @@ absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
       .y = TensorView::Matrix(y_buf.data(), kTestDType, kTestRows, kTestHidden),
       .rstd = TensorView::Vector(rstd_buf.data(), DType::kF32, kTestRows)};
   KJIT_RETURN_IF_ERROR(norm.Forward(nullptr, args));
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *internal::StateOf(rt).driver;
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, DownloadValues(y_buf, kTestDType));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd, DownloadValues(rstd_buf, DType::kF32));
 
-  const autotune::RmsNormMath math{.hidden = kTestHidden, .dtype = kTestDType, .eps = 1e-6};
-  const auto ref = autotune::RmsNormForwardReference(math, kTestRows, x, nullptr, w);
+  const ops::RmsNormMath math{.hidden = kTestHidden, .dtype = kTestDType, .eps = 1e-6};
+  const auto ref = ops::RmsNormForwardReference(math, kTestRows, x, nullptr, w);
   std::string problems;
   double worst = 0;
-  for (const auto& [name, r] : autotune::CheckRmsNorm(math, kTestRows, kTestDType,
+  for (const auto& [name, r] : ops::CheckRmsNorm(math, kTestRows, kTestDType,
                                                       {.y = &y, .rstd = &rstd}, ref, nullptr)) {
     worst = std::max(worst, r.worst_ratio);
     if (!r.ok) problems += (problems.empty() ? "" : "; ") + OneLineOf(r.Describe(name));

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/version.h"
+#include "kjit/version.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {

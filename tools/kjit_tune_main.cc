@@ -28,8 +28,9 @@
 #include "autotune/model_config.h"
 #include "autotune/tune_worker.h"
 #include "autotune/tuner.h"
-#include "runtime/kjit.h"
-#include "runtime/version.h"
+#include "kjit/kjit.h"
+#include "kjit/version.h"
+#include "runtime/tuning_db.h"
 #include "tools/targets.h"
 
 namespace kjit::tools {
@@ -53,7 +54,7 @@ struct TuneFlags {
   int repeats = 20;
   int timeout_s = 120;
   std::string db;
-  std::string spec;  // one op, as runtime/tuning.h's SpecToJson writes it
+  std::string spec;  // one op, as ops/registry.h's SpecToJson writes it
 };
 
 absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
@@ -63,11 +64,8 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
     return absl::InvalidArgumentError("give one of --model, --config, --vocab/--hidden or --spec");
   }
   if (!f.spec.empty()) {
-    KJIT_ASSIGN_OR_RETURN(const OpSpec op, SpecFromJson(f.spec));
-    autotune::ModelConfig m{.name = "spec"};
-    if (const auto* r = std::get_if<RmsNormSpec>(&op)) m.hidden_size = r->hidden;
-    if (const auto* c = std::get_if<CrossEntropySpec>(&op)) m.vocab_size = c->vocab;
-    return m;
+    KJIT_RETURN_IF_ERROR(ops::SpecFromJson(f.spec).status());
+    return autotune::ModelConfig{.name = "spec"};
   }
   if (!f.config.empty()) return autotune::LoadHfConfig(f.config);
   if (f.vocab > 0 || f.hidden > 0) {
@@ -80,8 +78,8 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
 }
 
 // The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, and the loss.
-std::vector<OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
-  std::vector<OpSpec> ops;
+std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
+  std::vector<ops::OpSpec> ops;
   for (bool residual : {false, true}) {
     ops.push_back(RmsNormSpec{.hidden = m.hidden_size, .dtype = dtype,
                               .eps = static_cast<float>(m.rms_norm_eps),
@@ -178,11 +176,11 @@ int RunTune(const TuneFlags& f) {
   if (!runtimes.ok()) return Fail(runtimes.status());
   const Runtime* gpu =
       !runtimes->empty() && !runtimes->front().compile_only() ? &runtimes->front() : nullptr;
-  std::vector<OpSpec> ops;
+  std::vector<ops::OpSpec> ops;
   if (f.spec.empty()) {
     ops = ModelOps(*model, *dtype);
   } else {
-    ops = {*SpecFromJson(f.spec)};  // checked by ModelFromFlags
+    ops = {*ops::SpecFromJson(f.spec)};  // checked by ModelFromFlags
   }
   autotune::TunePlan plan{.ops = std::move(ops),
                           .tokens = f.tokens,
@@ -194,11 +192,11 @@ int RunTune(const TuneFlags& f) {
                           .task_timeout = std::chrono::seconds(f.timeout_s),
                           .worker_command = {"/proc/self/exe", "--worker", "--device",
                                              std::to_string(f.device.value_or(0))},
-                          .db_path = f.db.empty() ? autotune::TuningDb::DefaultPath() : f.db};
+                          .db_path = f.db.empty() ? internal::TuningDb::DefaultPath() : f.db};
   for (const Runtime& rt : *runtimes) plan.targets.push_back(&rt);
   if (gpu) {
     fmt::print(stderr, "kjit-tune: tuning on {} ({}) at {} token counts; database {}\n",
-               gpu->device().name, gpu->target().ToString(), f.tokens.size(), plan.db_path);
+               gpu->device().name, gpu->target(), f.tokens.size(), plan.db_path);
   } else {
     fmt::print(stderr, "kjit-tune: no GPU in use: compiling {} only, nothing is timed\n",
                f.all_candidates ? "every candidate config" : "the heuristic configs");

@@ -4,6 +4,8 @@
 
 #include <absl/strings/str_split.h>
 
+#include "jit/target.h"
+
 namespace kjit::tools {
 
 absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bool use_gpu) {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kjit.h"
+#include "kjit/kjit.h"
 
 namespace kjit::tools {
 

@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "autotune/cross_entropy_config.h"
-#include "autotune/rms_norm_config.h"
-#include "autotune/tuning_db.h"
+#include "ops/cross_entropy/config.h"
+#include "ops/rms_norm/config.h"
+#include "runtime/tuning_db.h"
 
 namespace {
 
@@ -29,14 +29,14 @@ void CheckConfigParser(absl::StatusOr<Config> (*parse)(std::string_view), std::s
 }
 
 void CheckConfigParsers(std::string_view text) {
-  CheckConfigParser(&kjit::autotune::ParseCrossEntropyConfig, text);
-  CheckConfigParser(&kjit::autotune::ParseRmsNormConfig, text);
+  CheckConfigParser(&kjit::ops::ParseCrossEntropyConfig, text);
+  CheckConfigParser(&kjit::ops::ParseRmsNormConfig, text);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using kjit::autotune::TuningDb;
+  using kjit::internal::TuningDb;
   std::string_view text(reinterpret_cast<const char*>(data), size);
   CheckConfigParsers(text);
   absl::StatusOr<TuningDb> db = TuningDb::Parse(text);
@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!again.ok() || again->records() != db->records() || again->Serialize() != serialized) {
     std::abort();
   }
-  for (const kjit::autotune::TuningRecord& r : db->records()) {
+  for (const kjit::internal::TuningRecord& r : db->records()) {
     CheckConfigParsers(r.config);
     CheckConfigParsers(r.runner_up);
   }

@@ -19,11 +19,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "autotune/compare.h"
-#include "autotune/cross_entropy_reference.h"
-#include "autotune/host_convert.h"
-#include "runtime/device_buffer.h"
+#include "ops/common/compare.h"
+#include "ops/cross_entropy/reference.h"
+#include "kjit/host_convert.h"
+#include "kjit/device_buffer.h"
 #include "tests/gpu/gpu_test_env.h"
+#include "runtime/runtime_state.h"
+#include "ops/cross_entropy/config.h"
+#include "templates/cross_entropy_params.h"
 
 namespace kjit {
 namespace {
@@ -58,7 +61,7 @@ struct Case {
   double scale = 1;       // logits ~ uniform with standard deviation `scale`
   bool specials = false;  // NaN, +Inf, -Inf rows
   Targets targets = Targets::kRandom;
-  std::optional<autotune::CrossEntropyConfig> config;
+  std::optional<CrossEntropyConfig> config;
 
   CrossEntropySpec Spec() const {
     return {.vocab = vocab, .dtype = dtype, .target_type = target_type,
@@ -80,7 +83,7 @@ struct Case {
 // Compiles many specs at once on the CPU's cores into the disk cache the GPU runtime reads (the
 // Jit serializes compiles within one runtime, so each worker has its own compile-only runtime).
 void Prebuild(const Runtime& rt, const std::vector<CrossEntropySpec>& specs) {
-  const std::string target = rt.target().ToString();
+  const std::string target = rt.target();
   std::atomic<size_t> next{0};
   const size_t workers =
       std::min<size_t>(specs.size(), std::max(1u, std::thread::hardware_concurrency()));
@@ -108,7 +111,7 @@ struct Layout {
 
   std::vector<unsigned char> Image(const std::vector<double>& values) const {
     std::vector<unsigned char> image(bytes(), 0xFF);
-    const std::vector<unsigned char> enc = autotune::Encode(values, dtype);
+    const std::vector<unsigned char> enc = Encode(values, dtype);
     const size_t row_bytes = cols * SizeOf(dtype);
     for (int64_t r = 0; r < rows; ++r) std::memcpy(&image[offset(r)], &enc[r * row_bytes], row_bytes);
     return image;
@@ -126,7 +129,7 @@ struct Layout {
       std::memcpy(&packed[r * row_bytes], &image[offset(r)], row_bytes);
       gap_begin = offset(r) + row_bytes;
     }
-    return autotune::Decode(packed, dtype);
+    return Decode(packed, dtype);
   }
   TensorView View(void* base) const {
     return TensorView::Matrix(static_cast<char*>(base) + misalign * SizeOf(dtype), dtype, rows, cols,
@@ -167,14 +170,14 @@ std::vector<double> IndexValues(const std::vector<unsigned char>& bytes, IndexTy
 // first vectors, of every pass over the row (threads * vec elements, and threads * cluster * vec
 // for the fused op's resident layout), of every unrolled batch, of the blocks' shares of a staged
 // row, and of the scalar tail after the last whole vector.
-std::vector<int64_t> BoundaryColumns(int64_t vocab, const autotune::CrossEntropyConfig& c) {
+std::vector<int64_t> BoundaryColumns(int64_t vocab, const CrossEntropyConfig& c) {
   std::set<int64_t> cols = {0, 1, vocab - 2, vocab - 1, c.vec - 1, c.vec};
   const int64_t body = vocab / c.vec * c.vec;
   cols.insert(body - 1);
   cols.insert(body);
   for (int64_t step : {int64_t{c.threads} * c.vec, int64_t{c.threads} * c.vec * c.unroll,
                        int64_t{c.threads} * c.vec * std::max(1, c.cluster),
-                       c.staged ? c.StagedChunk(vocab) : vocab}) {
+                       c.staged ? ops::StagedChunk(c, vocab) : vocab}) {
     for (int64_t k = step; k < vocab; k += step) {
       cols.insert(k - 1);
       cols.insert(k);
@@ -189,13 +192,13 @@ std::vector<int64_t> BoundaryColumns(int64_t vocab, const autotune::CrossEntropy
 
 // The config the op launches for a case: its own (or the default) at the widest vector the
 // views' alignment allows (device buffers start 256-byte aligned), as CrossEntropy picks it.
-autotune::CrossEntropyConfig ConfigOf(const Case& c) {
+CrossEntropyConfig ConfigOf(const Case& c) {
   const int widest = c.config ? c.config->vec
-                              : autotune::MaxVecForCrossEntropy(static_cast<int>(SizeOf(c.dtype)));
+                              : ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(c.dtype)));
   int vec = widest;
   while (vec > 1 && (c.misalign % vec != 0 || (c.rows > 1 && (c.vocab + c.pad) % vec != 0))) vec /= 2;
   if (c.config && vec == c.config->vec) return *c.config;
-  return autotune::DefaultCrossEntropyConfig(c.vocab, vec, testing::GpuRuntime()->target().arch,
+  return ops::DefaultCrossEntropyConfig(c.vocab, vec, testing::GpuRuntime()->arch(),
                                              static_cast<int>(SizeOf(c.dtype)));
 }
 
@@ -226,11 +229,11 @@ std::vector<double> MakeLogits(const Case& c, const std::vector<int64_t>& target
   const int64_t V = c.vocab;
   std::uniform_real_distribution<double> u(-1.7320508, 1.7320508);
   std::vector<double> x(c.rows * V);
-  for (double& v : x) v = autotune::RoundTo(c.scale * u(gen), c.dtype);
+  for (double& v : x) v = RoundTo(c.scale * u(gen), c.dtype);
   for (int64_t i = 0; i < c.rows; ++i) {
     // One row in four: the target far above the rest, p_t near 1, where bf16 p - 1 would cancel.
     const int64_t t = targets[i];
-    if (i % 4 == 1 && t >= 0 && t < V) x[i * V + t] = autotune::RoundTo(2 * c.scale + 8, c.dtype);
+    if (i % 4 == 1 && t >= 0 && t < V) x[i * V + t] = RoundTo(2 * c.scale + 8, c.dtype);
   }
   if (c.specials) {
     x[V / 2] = NAN;                                                 // row 0
@@ -285,7 +288,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     std::uniform_real_distribution<double> u(0.25, 2.0);
     upstream.resize(none ? R : 1);
     for (size_t i = 0; i < upstream.size(); ++i) {
-      upstream[i] = autotune::RoundTo((i % 3 == 2 ? -1 : 1) * u(gen), DType::kF32);
+      upstream[i] = RoundTo((i % 3 == 2 ? -1 : 1) * u(gen), DType::kF32);
     }
   }
 
@@ -302,7 +305,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     ASSERT_OK_AND_ASSIGN(d_grad, DeviceBuffer::Create(rt, lay.bytes()));
   }
   if (c.upstream) {
-    const std::vector<unsigned char> enc = autotune::Encode(upstream, DType::kF32);
+    const std::vector<unsigned char> enc = Encode(upstream, DType::kF32);
     ASSERT_OK_AND_ASSIGN(d_up, Upload(rt, enc));
   }
   const int64_t ws_bytes = ce.WorkspaceBytes(R);
@@ -328,7 +331,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                                  .workspace_bytes = ws_bytes};
   if (with_grad) bargs.grad = lay.View(grad_buf->data());
 
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   // Poisons every output (NaN in every float type, -1 in the integers), runs, and reads back.
   auto run = [&](Outputs* out) -> absl::Status {
     for (const DeviceBuffer* b : {&d_loss, &d_lse, &d_argmax, &d_ws}) KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
@@ -359,14 +362,14 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   Outputs first;
   ASSERT_OK(run(&first));
 
-  const autotune::CrossEntropyMath math{
+  const ops::CrossEntropyMath math{
       .vocab = V, .dtype = c.dtype, .ignore_index = c.ignore_index, .reduction = c.reduction,
       .label_smoothing = c.smoothing, .lse_square_scale = c.z, .softcap = c.softcap};
-  const autotune::CrossEntropyResult ref = autotune::CrossEntropyReference(
+  const ops::CrossEntropyResult ref = ops::CrossEntropyReference(
       math, R, logits, targets, c.upstream ? &upstream : nullptr, with_grad);
 
-  const std::vector<double> loss = autotune::Decode(first.loss, DType::kF32);
-  const std::vector<double> lse = autotune::Decode(first.lse, DType::kF32);
+  const std::vector<double> loss = Decode(first.loss, DType::kF32);
+  const std::vector<double> lse = Decode(first.lse, DType::kF32);
   const std::vector<double> argmax = IndexValues(first.argmax, c.target_type);
   CrossEntropyCounters counters;
   std::memcpy(&counters, first.counters.data(), sizeof(counters));
@@ -379,12 +382,12 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     EXPECT_TRUE(untouched) << "bytes outside the gradient view were written";
   }
   // In backward mode the loss, lse and argmax are the forward's, the counters the backward's.
-  autotune::CrossEntropyOutputs outs{.loss = &loss, .counters = &counter_values};
+  ops::CrossEntropyOutputs outs{.loss = &loss, .counters = &counter_values};
   if (want_lse) outs.lse = &lse;
   if (c.argmax) outs.argmax = &argmax;
   if (with_grad) outs.grad = &grad;
   bool all_ok = true;
-  for (const auto& [name, r] : autotune::CheckCrossEntropy(math, outs, ref)) {
+  for (const auto& [name, r] : ops::CheckCrossEntropy(math, outs, ref)) {
     EXPECT_TRUE(r.ok) << r.Describe(name);
     all_ok &= r.ok;
   }
@@ -392,13 +395,13 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   // The check must be able to fail: push one finite gradient entry just past its tolerance. (On
   // cases up to 4M entries: the many small cases cover it without copying a 2^25 gradient.)
   if (all_ok && with_grad && grad.size() <= (size_t{1} << 22)) {
-    const auto tol = autotune::CrossEntropyTolerancesFor(c.dtype);
-    const std::vector<double> atol = autotune::CrossEntropyGradAtol(math, ref, tol);
+    const auto tol = ops::CrossEntropyTolerancesFor(c.dtype);
+    const std::vector<double> atol = ops::CrossEntropyGradAtol(math, ref, tol);
     for (size_t k = grad.size() / 2; k < grad.size(); ++k) {
       if (!std::isfinite(ref.grad[k]) || ref.grad[k] == 0) continue;
       std::vector<double> bad = grad;
       bad[k] = ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] + tol.grad.rtol * std::fabs(ref.grad[k]));
-      EXPECT_FALSE(autotune::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
+      EXPECT_FALSE(ops::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
           << "the gradient check accepts a perturbed entry at " << k;
       break;
     }
@@ -601,10 +604,10 @@ TEST(CrossEntropyGpu, NanRowLeavesOtherRowsFinite) {
                                           .grad = lay.View(d_x.data()),
                                           .workspace = d_ws.data(),
                                           .workspace_bytes = ce->WorkspaceBytes(R)}));
-  ASSERT_EQ(rt.driver()->cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), CUDA_SUCCESS);
   ASSERT_OK_AND_ASSIGN(auto loss_bytes, Download(d_loss, R * 4));
   ASSERT_OK_AND_ASSIGN(auto grad_bytes, Download(d_x, lay.bytes()));
-  const auto loss = autotune::Decode(loss_bytes, DType::kF32);
+  const auto loss = Decode(loss_bytes, DType::kF32);
   bool untouched;
   const auto grad = lay.Values(grad_bytes, &untouched);
   EXPECT_TRUE(std::isnan(loss[0]));
@@ -637,7 +640,7 @@ TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
 
 TEST(CrossEntropyGpu, OtherLaunchConfigs) {
   KJIT_REQUIRE_GPU(rt);
-  const std::vector<autotune::CrossEntropyConfig> configs = {
+  const std::vector<CrossEntropyConfig> configs = {
       {.vec = 1, .threads = 32, .unroll = 8}, {.vec = 2, .threads = 96, .unroll = 1},
       {.vec = 4, .threads = 1024, .unroll = 2}, {.vec = 8, .threads = 128, .unroll = 8},
       // The fused op with the row resident in one block, and in clusters of 2, 3 and 8 blocks.
@@ -651,7 +654,7 @@ TEST(CrossEntropyGpu, OtherLaunchConfigs) {
   std::vector<Case> cases;
   for (const auto& config : configs) {
     for (int64_t vocab : {3, 1000, 50264}) {
-      if (config.staged && !config.StagedUnfit(vocab, 2, rt.target().arch).empty()) continue;
+      if (config.staged && !ops::StagedUnfit(config, vocab, 2, rt.arch()).empty()) continue;
       Case c{.vocab = vocab, .rows = 2, .argmax = true, .targets = Targets::kBoundaries,
              .config = config};
       c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
@@ -675,7 +678,7 @@ TEST(CrossEntropyGpu, AllocatesNothingAndTheWorkspaceIsORows) {
   ASSERT_TRUE(ce.ok()) << ce.status();
   EXPECT_LT(ce->WorkspaceBytes(R), 1 << 20);
   EXPECT_LE(ce->WorkspaceBytes(R), 16 + 4 * R + 15);
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, DeviceBuffer::Create(rt, R * V * 2));
   ASSERT_OK(d_x.Fill(0x3c));  // bf16 0x3c3c ~ 0.0115 everywhere: a flat softmax
   std::vector<int64_t> t(R);
@@ -714,12 +717,12 @@ TEST(CrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
   const int64_t V = 128256, R = 1000;
   auto ce = rt.CrossEntropy({.vocab = V, .dtype = DType::kBF16});
   ASSERT_TRUE(ce.ok()) << ce.status();
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   std::mt19937 gen(7);
   std::normal_distribution<double> logit(0.0, 3.0);
   std::vector<double> logits(R * V);
   for (double& x : logits) x = logit(gen);
-  const std::vector<unsigned char> image = autotune::Encode(logits, DType::kBF16);
+  const std::vector<unsigned char> image = Encode(logits, DType::kBF16);
   std::vector<int64_t> t(R);
   for (int64_t i = 0; i < R; ++i) t[i] = i % 5 == 4 ? -100 : (i * 7919) % V;
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload(rt, image));
@@ -786,7 +789,7 @@ TEST(CrossEntropyGpu, BadInputLaunchesNothing) {
   const absl::Status s = ce->Forward(nullptr, a);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(ToStd(s.message()).find("workspace_bytes"), std::string_view::npos) << s;
-  ASSERT_EQ(rt.driver()->cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), CUDA_SUCCESS);
   ASSERT_OK_AND_ASSIGN(auto bytes, Download(d_loss, R * 4));
   for (unsigned char b : bytes) ASSERT_EQ(b, 0xFF) << "the output was written despite the error";
 }

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/kjit.h"
+#include "kjit/kjit.h"
 
 namespace kjit::testing {
 

@@ -11,11 +11,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "autotune/compare.h"
-#include "autotune/host_convert.h"
-#include "autotune/rms_norm_reference.h"
-#include "runtime/device_buffer.h"
+#include "ops/common/compare.h"
+#include "kjit/host_convert.h"
+#include "ops/rms_norm/reference.h"
+#include "kjit/device_buffer.h"
 #include "tests/gpu/gpu_test_env.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit {
 namespace {
@@ -73,7 +74,7 @@ absl::StatusOr<DeviceMatrix> MakeMatrix(const Runtime& rt, int64_t rows, int64_t
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, m.bytes));
   std::vector<unsigned char> image(m.bytes, 0xFF);
   if (values != nullptr) {
-    const std::vector<unsigned char> enc = autotune::Encode(*values, t);
+    const std::vector<unsigned char> enc = Encode(*values, t);
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(&image[(misalign + r * stride) * es], &enc[r * hidden * es], hidden * es);
     }
@@ -104,7 +105,7 @@ absl::StatusOr<HostImage> ReadMatrix(const DeviceMatrix& m) {
     for (size_t i = start + v.cols * es; i < pad_end; ++i) h.padding_untouched &= h.bytes[i] == 0xFF;
   }
   for (int64_t i = 0; i < m.offset_elems * static_cast<int64_t>(es); ++i) h.padding_untouched &= h.bytes[i] == 0xFF;
-  h.values = autotune::Decode(packed, v.dtype);
+  h.values = Decode(packed, v.dtype);
   return h;
 }
 
@@ -124,7 +125,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     std::vector<double> v(count);
     for (int64_t i = 0; i < count; ++i) {
       const double row_scale = row_scaled && scale <= 1 ? std::ldexp(1.0, static_cast<int>((i / H) % 7) - 3) : 1.0;
-      v[i] = autotune::RoundTo(offset + scale * row_scale * rng.Uniform(), t);
+      v[i] = RoundTo(offset + scale * row_scale * rng.Uniform(), t);
     }
     return v;
   };
@@ -170,7 +171,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                          .workspace_bytes = static_cast<int64_t>(ws->size())};
   if (c.residual) ba.dresidual = d_dres.view;
 
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   auto run = [&]() -> absl::Status {
     KJIT_RETURN_IF_ERROR(norm->Forward(nullptr, fa));
     KJIT_RETURN_IF_ERROR(norm->Backward(nullptr, ba));
@@ -180,11 +181,11 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   ASSERT_TRUE(first.ok()) << first;
 
   // References.
-  const autotune::RmsNormMath math{.hidden = H, .dtype = c.dtype, .eps = 1e-6,
+  const ops::RmsNormMath math{.hidden = H, .dtype = c.dtype, .eps = 1e-6,
                                    .weight_offset = c.offset, .gemma_cast = c.gemma};
-  const auto ref_f = autotune::RmsNormForwardReference(math, R, x, c.residual ? &residual : nullptr, w);
+  const auto ref_f = ops::RmsNormForwardReference(math, R, x, c.residual ? &residual : nullptr, w);
   const std::vector<double>& normalized = c.residual ? ref_f.residual_out : x;
-  const auto ref_b = autotune::RmsNormBackwardReference(math, R, dy, normalized, w,
+  const auto ref_b = ops::RmsNormBackwardReference(math, R, dy, normalized, w,
                                                         c.residual ? &dresidual : nullptr);
   auto read = [&](const DeviceMatrix& m) {
     auto h = ReadMatrix(m);
@@ -195,25 +196,25 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   HostImage y = read(dy_m), rstd = read(drstd), dx = read(dx_out), dw = read(d_dw);
   std::optional<HostImage> ro;
   if (c.residual) ro = read(res_out);
-  const autotune::RmsNormOutputs outs{.y = &y.values, .rstd = &rstd.values,
+  const ops::RmsNormOutputs outs{.y = &y.values, .rstd = &rstd.values,
                                       .residual_out = ro ? &ro->values : nullptr,
                                       .dx = &dx.values, .dw = &dw.values};
   bool all_ok = true;
-  for (const auto& [name, r] : autotune::CheckRmsNorm(math, R, c.weight_dtype, outs, ref_f, &ref_b)) {
+  for (const auto& [name, r] : ops::CheckRmsNorm(math, R, c.weight_dtype, outs, ref_f, &ref_b)) {
     EXPECT_TRUE(r.ok) << r.Describe(name);
     all_ok &= r.ok;
   }
 
   // The check must be able to fail: push one finite y just past its tolerance.
   if (all_ok) {
-    const auto tol = autotune::RmsNormTolerancesFor(c.dtype, c.weight_dtype, c.gemma);
-    const std::vector<double> atol = autotune::RmsNormYAtol(math, R, ref_f.y, tol);
+    const auto tol = ops::RmsNormTolerancesFor(c.dtype, c.weight_dtype, c.gemma);
+    const std::vector<double> atol = ops::RmsNormYAtol(math, R, ref_f.y, tol);
     for (size_t i = 0; i < y.values.size(); ++i) {
       if (!std::isfinite(ref_f.y[i])) continue;
       std::vector<double> bad = y.values;
       bad[i] = ref_f.y[i] + 1.5 * (tol.y.atol + atol[i] + tol.y.rtol * std::fabs(ref_f.y[i]));
-      const autotune::RmsNormOutputs bad_outs{.y = &bad};
-      EXPECT_FALSE(autotune::CheckRmsNorm(math, R, c.weight_dtype, bad_outs, ref_f, nullptr)[0].second.ok)
+      const ops::RmsNormOutputs bad_outs{.y = &bad};
+      EXPECT_FALSE(ops::CheckRmsNorm(math, R, c.weight_dtype, bad_outs, ref_f, nullptr)[0].second.ok)
           << "the y check accepts a perturbed output at " << i;
       break;
     }
@@ -348,7 +349,7 @@ TEST(RmsNormGpu, BadInputLaunchesNothing) {
   absl::Status s = norm->Forward(nullptr, a);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ToStd(s.message()).find("y: row_stride"), std::string_view::npos) << s;
-  ASSERT_EQ(rt.driver()->cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), CUDA_SUCCESS);
   auto y = ReadMatrix(*dy);
   ASSERT_TRUE(y.ok());
   for (unsigned char b : y->bytes) ASSERT_EQ(b, 0xFF) << "the output was written despite the error";

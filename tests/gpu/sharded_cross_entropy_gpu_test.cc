@@ -22,11 +22,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "autotune/compare.h"
-#include "autotune/cross_entropy_reference.h"
-#include "autotune/host_convert.h"
-#include "runtime/device_buffer.h"
+#include "ops/common/compare.h"
+#include "ops/cross_entropy/reference.h"
+#include "kjit/host_convert.h"
+#include "kjit/device_buffer.h"
 #include "tests/gpu/gpu_test_env.h"
+#include "ops/cross_entropy/nccl.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit {
 namespace {
@@ -65,7 +67,7 @@ struct Case {
             .ignore_index = ignore_index, .reduction = reduction, .label_smoothing = smoothing,
             .lse_square_scale = z, .softcap = softcap};
   }
-  autotune::CrossEntropyMath Math() const {
+  ops::CrossEntropyMath Math() const {
     return {.vocab = vocab, .dtype = dtype, .ignore_index = ignore_index, .reduction = reduction,
             .label_smoothing = smoothing, .lse_square_scale = z, .softcap = softcap};
   }
@@ -90,7 +92,7 @@ struct Inputs {
 Inputs MakeInputs(const Case& c, uint64_t seed) {
   std::mt19937_64 gen(seed);
   Inputs in;
-  in.logits = autotune::RandomValues(gen, c.rows * c.vocab, c.scale, 0, c.dtype);
+  in.logits = RandomValues(gen, c.rows * c.vocab, c.scale, 0, c.dtype);
   std::vector<int64_t> special = {0, c.vocab - 1};
   for (int64_t cut : c.cuts) special.insert(special.end(), {cut - 1, cut});
   for (int64_t r = 0; r < c.rows; ++r) {
@@ -102,7 +104,7 @@ Inputs MakeInputs(const Case& c, uint64_t seed) {
   if (c.upstream) {
     std::uniform_real_distribution<double> u(0.25, 2.0);
     for (int64_t i = 0; i < c.LossSize(); ++i) {
-      in.upstream.push_back(autotune::RoundTo((i % 3 == 2 ? -1 : 1) * u(gen), DType::kF32));
+      in.upstream.push_back(RoundTo((i % 3 == 2 ? -1 : 1) * u(gen), DType::kF32));
     }
   }
   return in;
@@ -141,7 +143,7 @@ absl::StatusOr<DeviceBuffer> Poisoned(const Runtime& rt, size_t bytes) {
 // max, RescaleStats on each, then the sums added in shard order in fp32, as the combine does.
 absl::Status HostAllReduce(const Runtime& rt, const std::vector<ShardedCrossEntropy>& ops,
                            const std::vector<DeviceBuffer>& workspaces, int64_t rows) {
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   auto copy = [&](float* host, float* device, int64_t n, bool to_device) {
     const auto d = reinterpret_cast<CUdeviceptr>(device);
     const size_t bytes = n * sizeof(float);
@@ -218,10 +220,10 @@ absl::StatusOr<Outputs> RunSharded(const Runtime& rt, const Case& c, const Input
     KJIT_RETURN_IF_ERROR(HostAllReduce(rt, ops, ws, R));
   } else {
     if (ops.size() != 1) return absl::InvalidArgumentError("one NCCL rank takes one shard");
-    KJIT_RETURN_IF_ERROR(ops[0].AllReduceStats(nullptr, ws[0].data(), R, *nccl, comm));
+    KJIT_RETURN_IF_ERROR(ops[0].AllReduceStats(nullptr, ws[0].data(), R, comm));
   }
   for (size_t i = 0; i < ops.size(); ++i) KJIT_RETURN_IF_ERROR(ops[i].Finish(nullptr, args[i]));
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize (kernel fault?)"));
 
   Outputs out;
@@ -262,7 +264,7 @@ absl::StatusOr<Outputs> RunUnsharded(const Runtime& rt, const Case& c, const Inp
                                  : TensorView{},
        .workspace = d_ws.data(),
        .workspace_bytes = ce.WorkspaceBytes(c.rows)}));
-  const jit::Driver& cu = *rt.driver();
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize (kernel fault?)"));
   Outputs out;
   KJIT_ASSIGN_OR_RETURN(out.loss, DownloadValues(d_loss, DType::kF32));
@@ -275,39 +277,39 @@ absl::StatusOr<Outputs> RunUnsharded(const Runtime& rt, const Case& c, const Inp
 // able to fail: an all-zero gradient and one entry pushed past its tolerance are rejected.
 void ExpectMatches(const Case& c, const Inputs& in, const Outputs& sharded,
                    const Outputs& unsharded) {
-  const autotune::CrossEntropyMath math = c.Math();
-  const autotune::CrossEntropyResult ref = autotune::CrossEntropyReference(
+  const ops::CrossEntropyMath math = c.Math();
+  const ops::CrossEntropyResult ref = ops::CrossEntropyReference(
       math, c.rows, in.logits, in.targets, c.upstream ? &in.upstream : nullptr, true);
   EXPECT_TRUE(sharded.shards_agree) << "the shards wrote different losses or lse";
   for (const Outputs* out : {&sharded, &unsharded}) {
     const char* who = out == &sharded ? "sharded" : "unsharded";
-    for (const auto& [name, r] : autotune::CheckCrossEntropy(
+    for (const auto& [name, r] : ops::CheckCrossEntropy(
              math, {.loss = &out->loss, .lse = &out->lse, .grad = &out->grad}, ref)) {
       EXPECT_TRUE(r.ok) << who << " vs the fp64 reference: " << r.Describe(name);
     }
   }
   // Against the unsharded op: each is within the reference's tolerance, so within twice of it.
-  const autotune::CrossEntropyTolerances tol = autotune::CrossEntropyTolerancesFor(c.dtype);
-  std::vector<double> atol = autotune::CrossEntropyGradAtol(math, ref, tol);
+  const ops::CrossEntropyTolerances tol = ops::CrossEntropyTolerancesFor(c.dtype);
+  std::vector<double> atol = ops::CrossEntropyGradAtol(math, ref, tol);
   for (double& a : atol) a *= 2;
-  const autotune::CompareResult g = autotune::Compare(
+  const ops::CompareResult g = ops::Compare(
       sharded.grad, unsharded.grad, {2 * tol.grad.rtol, 2 * tol.grad.atol}, atol);
   EXPECT_TRUE(g.ok) << "sharded vs unsharded: " << g.Describe("grad");
   std::vector<double> loss_atol(ref.loss_terms.size());
   for (size_t i = 0; i < loss_atol.size(); ++i) loss_atol[i] = 2 * tol.loss_atol_per_terms * ref.loss_terms[i];
-  const autotune::CompareResult l = autotune::Compare(
+  const ops::CompareResult l = ops::Compare(
       sharded.loss, unsharded.loss, {2 * tol.loss.rtol, 2 * tol.loss.atol}, loss_atol);
   EXPECT_TRUE(l.ok) << "sharded vs unsharded: " << l.Describe("loss");
 
   if (c.all_ignored) return;
   const std::vector<double> zeros(sharded.grad.size(), 0.0);
-  EXPECT_FALSE(autotune::CheckCrossEntropy(math, {.grad = &zeros}, ref)[0].second.ok)
+  EXPECT_FALSE(ops::CheckCrossEntropy(math, {.grad = &zeros}, ref)[0].second.ok)
       << "the gradient check accepts an all-zero gradient";
   for (size_t k = sharded.grad.size() / 2; k < sharded.grad.size(); ++k) {
     if (!std::isfinite(ref.grad[k]) || ref.grad[k] == 0) continue;
     std::vector<double> bad = sharded.grad;
     bad[k] = ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] / 2 + tol.grad.rtol * std::fabs(ref.grad[k]));
-    EXPECT_FALSE(autotune::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
+    EXPECT_FALSE(ops::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
         << "the gradient check accepts a perturbed entry at " << k;
     break;
   }
@@ -330,7 +332,7 @@ void Prebuild(const Runtime& rt, const std::vector<Case>& cases) {
   std::vector<std::thread> workers(std::min<size_t>(jobs.size(), std::thread::hardware_concurrency()));
   for (std::thread& w : workers) {
     w = std::thread([&] {
-      auto cpu = Runtime::Create({.target = rt.target().ToString(), .compile_only = true});
+      auto cpu = Runtime::Create({.target = rt.target(), .compile_only = true});
       for (size_t i; cpu.ok() && (i = next++) < jobs.size();) jobs[i](*cpu);
     });
   }
@@ -433,7 +435,7 @@ TEST(ShardedCrossEntropyGpu, NcclOneRankAllReduce) {
   auto nccl = Nccl::Get();
   if (!nccl.ok()) GTEST_SKIP() << "no NCCL: " << ToStd(nccl.status().message());
   fmt::print("NCCL {} from {}\n", (*nccl)->version(), (*nccl)->path());
-  ASSERT_EQ(rt.driver()->cuCtxSetCurrent(rt.context()), CUDA_SUCCESS);
+  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx), CUDA_SUCCESS);
   auto id = (*nccl)->GetUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
   auto comm = (*nccl)->CommInitRank(1, *id, 0);

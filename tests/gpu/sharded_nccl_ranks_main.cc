@@ -23,10 +23,12 @@
 
 #include <fmt/format.h>
 
-#include "autotune/cross_entropy_reference.h"
-#include "autotune/host_convert.h"
-#include "runtime/device_buffer.h"
-#include "runtime/kjit.h"
+#include "ops/cross_entropy/reference.h"
+#include "kjit/host_convert.h"
+#include "kjit/device_buffer.h"
+#include "kjit/kjit.h"
+#include "ops/cross_entropy/nccl.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit {
 namespace {
@@ -61,7 +63,7 @@ absl::Status CheckShard(const Runtime& rt, const Nccl& nccl, NcclComm comm, int 
                         rt.ShardedCrossEntropy({.vocab = vocab, .shard_start = start,
                                                 .shard_end = end, .label_smoothing = smoothing}));
   std::mt19937_64 gen(vocab);  // every rank draws the same problem
-  const std::vector<double> logits = autotune::RandomValues(gen, kRows * vocab, 2.0, 0, DType::kBF16);
+  const std::vector<double> logits = RandomValues(gen, kRows * vocab, 2.0, 0, DType::kBF16);
   std::vector<int64_t> targets(kRows);
   for (int64_t r = 0; r < kRows; ++r) {
     targets[r] = r % 5 == 4 ? -100 : r % 2 ? static_cast<int64_t>(gen() % vocab) : (r / 2 * per) % vocab;
@@ -80,20 +82,20 @@ absl::Status CheckShard(const Runtime& rt, const Nccl& nccl, NcclComm comm, int 
                                .grad = shard,  // in place
                                .workspace = d_ws.data(),
                                .workspace_bytes = ce.WorkspaceBytes(kRows)},
-                              nccl, comm));
-  KJIT_RETURN_IF_ERROR(rt.driver()->Check(rt.driver()->cuCtxSynchronize(), "cuCtxSynchronize"));
+                              comm));
+  KJIT_RETURN_IF_ERROR(kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), "cuCtxSynchronize"));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> loss, DownloadValues(d_loss, DType::kF32));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> grad, DownloadValues(d_logits, DType::kBF16));
-  const autotune::CrossEntropyMath math{.vocab = vocab, .dtype = DType::kBF16,
+  const ops::CrossEntropyMath math{.vocab = vocab, .dtype = DType::kBF16,
                                         .label_smoothing = smoothing};
-  const auto ref = autotune::CrossEntropyReference(math, kRows, logits, targets, nullptr, true);
+  const auto ref = ops::CrossEntropyReference(math, kRows, logits, targets, nullptr, true);
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t c = 0; c < vocab; ++c) {
       if (c < start || c >= end) grad[r * vocab + c] = ref.grad[r * vocab + c];
     }
   }
   std::string problems;
-  for (const auto& [name, res] : autotune::CheckCrossEntropy(math, {.loss = &loss, .grad = &grad}, ref)) {
+  for (const auto& [name, res] : ops::CheckCrossEntropy(math, {.loss = &loss, .grad = &grad}, ref)) {
     if (!res.ok) problems += "\n  " + res.Describe(name);
   }
   fmt::print("rank {}/{}: vocab {} shard [{}, {}) loss {:.6f} (reference {:.6f}){}\n", rank, ranks,
@@ -106,7 +108,7 @@ int RunRank(int rank, int ranks, const std::string& dir) {
     KJIT_ASSIGN_OR_RETURN(const Nccl* nccl, Nccl::Get());
     KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.device = rank}));
     KJIT_RETURN_IF_ERROR(
-        rt.driver()->Check(rt.driver()->cuCtxSetCurrent(rt.context()), "cuCtxSetCurrent"));
+        kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx), "cuCtxSetCurrent"));
     KJIT_ASSIGN_OR_RETURN(NcclUniqueId id, ShareId(*nccl, rank, dir));
     KJIT_ASSIGN_OR_RETURN(NcclComm comm, nccl->CommInitRank(ranks, id, rank));
     absl::Status checked = CheckShard(rt, *nccl, comm, rank, ranks, 128256, 0.0f);

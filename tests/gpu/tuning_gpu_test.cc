@@ -12,21 +12,22 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "autotune/trial.h"
-#include "autotune/tuning_db.h"
-#include "runtime/tuning.h"
+#include "ops/common/trial.h"
+#include "runtime/tuning_db.h"
+#include "ops/registry.h"
 #include "tests/gpu/gpu_test_env.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
+#include "runtime/runtime_state.h"
+#include "ops/cross_entropy/config.h"
 
 namespace kjit {
 namespace {
 
 namespace fs = std::filesystem;
-using autotune::CrossEntropyConfig;
-using autotune::RmsNormConfig;
-using autotune::TuningDb;
-using autotune::TuningRecord;
+using ops::TuningKeyFor;
+using internal::TuningDb;
+using internal::TuningRecord;
 
 class TuningGpu : public ::testing::Test {
  protected:
@@ -34,7 +35,7 @@ class TuningGpu : public ::testing::Test {
     ASSERT_TRUE(tmp_.ok());
     db_ = tmp_.path() + "/tuning.json";
   }
-  void Put(const autotune::TuningKey& key, const std::string& config) {
+  void Put(const internal::TuningKey& key, const std::string& config) {
     TuningRecord r{.key = key, .config = config, .median_us = 1, .tuned_at = "2026-12-02T00:00:00Z"};
     auto written = TuningDb::Upsert(db_, {r});
     ASSERT_TRUE(written.ok()) << written.status();
@@ -50,7 +51,7 @@ TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   const std::string at_64 = "vec=8 threads=128 unroll=8 cluster=0 staged=0";
   Put(TuningKeyFor(gpu, spec, 4096), at_4096);
   Put(TuningKeyFor(gpu, spec, 64), at_64);
-  autotune::TuningKey elsewhere = TuningKeyFor(gpu, spec, 512);
+  internal::TuningKey elsewhere = TuningKeyFor(gpu, spec, 512);
   elsewhere.device = "Some Other GPU";
   Put(elsewhere, "vec=8 threads=1024 unroll=1 cluster=0 staged=0");
 
@@ -64,13 +65,13 @@ TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   // 512 is tuned only for another device: the nearest of this device's buckets wins (64 and 4096
   // are 3 powers of two away; ties go to the larger).
   EXPECT_EQ(ce->ConfigFor(512).ToString(), at_4096);
-  EXPECT_EQ(ce->config(), autotune::DefaultCrossEntropyConfig(32000, 8, gpu.target().arch, 2))
+  EXPECT_EQ(ce->config(), ops::DefaultCrossEntropyConfig(32000, 8, gpu.arch(), 2))
       << "config() stays the heuristic's";
   EXPECT_EQ(ce->ConfigFor(4096, /*fused=*/false), ce->config())
       << "the streaming launches have their own record (none here)";
 
   // The launch runs the tuned kernels and is still right.
-  auto trial = autotune::CrossEntropyTrial::Create(*rt, spec, 3000);
+  auto trial = ops::CrossEntropyTrial::Create(*rt, spec, 3000);
   ASSERT_TRUE(trial.ok()) << trial.status();
   EXPECT_TRUE((*trial)->Check(*ce).ok()) << (*trial)->Check(*ce);
 
@@ -96,7 +97,7 @@ TEST_F(TuningGpu, RmsNormLaunchesTheTunedConfigAndSizesItsWorkspaceForIt) {
   auto plain = rt->RmsNorm({.hidden = 4096, .dtype = DType::kBF16});
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->ConfigFor(1000), plain->config());
-  auto trial = autotune::RmsNormTrial::Create(*rt, spec, 1000);
+  auto trial = ops::RmsNormTrial::Create(*rt, spec, 1000);
   ASSERT_TRUE(trial.ok()) << trial.status();
   EXPECT_TRUE((*trial)->Check(*norm).ok()) << (*trial)->Check(*norm);
 }
@@ -107,7 +108,7 @@ TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
   std::ofstream(db_) << "{\"format\": \"kjit-tuning-db\", \"version\": 1, \"records\": [";
   auto rt = Runtime::Create({.tuning_db = db_});
   ASSERT_TRUE(rt.ok()) << rt.status();
-  EXPECT_EQ(rt->tuning_db(), nullptr);
+  EXPECT_EQ(internal::StateOf(*rt).Tuning(), nullptr);
   auto ce = rt->CrossEntropy(spec);
   ASSERT_TRUE(ce.ok());
   EXPECT_EQ(ce->ConfigFor(4096), ce->config());
@@ -137,7 +138,7 @@ TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
   auto ce = rt->CrossEntropy(spec);
   ASSERT_TRUE(ce.ok()) << ce.status();
   EXPECT_FALSE(TuningDb::Load(db_)->Find(TuningKeyFor(*rt, spec, 300)).has_value());
-  auto trial = autotune::CrossEntropyTrial::Create(*rt, spec, 300);
+  auto trial = ops::CrossEntropyTrial::Create(*rt, spec, 300);
   ASSERT_TRUE(trial.ok()) << trial.status();
   EXPECT_TRUE((*trial)->Check(*ce).ok()) << (*trial)->Check(*ce);  // the launch that tunes
   auto db = TuningDb::Load(db_);
@@ -147,8 +148,8 @@ TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
   EXPECT_EQ(record->key.rows_bucket, 512);
   EXPECT_GT(record->candidates, 1);
   EXPECT_EQ(ce->ConfigFor(300).ToString(), record->config);
-  autotune::TuningKey streaming = TuningKeyFor(*rt, spec, 300);
-  streaming.op = StreamingTuningOp(spec);
+  internal::TuningKey streaming = TuningKeyFor(*rt, spec, 300);
+  streaming.op = ops::OpTrait<CrossEntropySpec>::StreamingTuningOp(spec);
   const auto forward = db->Find(streaming);
   ASSERT_TRUE(forward.has_value()) << "the same run tunes the forward-only launches";
   EXPECT_EQ(ce->ConfigFor(300, /*fused=*/false).ToString(), forward->config);
@@ -165,7 +166,7 @@ TEST_F(TuningGpu, KjitTuneTunesOnTheDeviceItIsGiven) {
   if (bin == nullptr || ::access(bin, X_OK) != 0) {
     GTEST_SKIP() << "KJIT_TUNE_BIN does not name an executable kjit-tune";
   }
-  const std::string spec = SpecToJson(RmsNormSpec{.hidden = 1024, .dtype = DType::kBF16});
+  const std::string spec = ops::SpecToJson(RmsNormSpec{.hidden = 1024, .dtype = DType::kBF16});
   testing::CliResult r = testing::RunProgram(
       bin, {"--spec", spec, "--tokens", "64", "--device", "0", "--db", db_, "--json"}, {}, tmp_.path());
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
@@ -180,7 +181,7 @@ TEST_F(TuningGpu, KjitTuneTunesOnTheDeviceItIsGiven) {
   EXPECT_EQ(db->records()[0].key.device, gpu.device().name);
 
   int count = 0;
-  ASSERT_EQ(gpu.driver()->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  ASSERT_EQ(kjit::internal::StateOf(gpu).driver->cuDeviceGetCount(&count), CUDA_SUCCESS);
   r = testing::RunProgram(bin, {"--spec", spec, "--tokens", "64", "--device", std::to_string(count),
                                 "--db", db_},
                           {}, tmp_.path());
@@ -194,7 +195,7 @@ TEST_F(TuningGpu, TrialsRejectAWrongKernel) {
   // A cross-entropy op over a different vocab gives a shape error, not a pass; and an op with a
   // different label smoothing than the trial's spec computes other values, which the check sees.
   const CrossEntropySpec spec{.vocab = 4096, .dtype = DType::kBF16};
-  auto trial = autotune::CrossEntropyTrial::Create(gpu, spec, 64);
+  auto trial = ops::CrossEntropyTrial::Create(gpu, spec, 64);
   ASSERT_TRUE(trial.ok()) << trial.status();
   auto right = gpu.CrossEntropy(spec);
   ASSERT_TRUE(right.ok());

@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 
 #include "jit/embedded_templates.h"
-#include "runtime/rms_norm.h"
+#include "ops/rms_norm/config.h"
+#include "ops/rms_norm/program.h"
+#include "kjit/rms_norm.h"
 
 namespace kjit {
 namespace {
@@ -35,8 +37,8 @@ TEST(CompilerTest, RmsNormCompilesForEveryDtypeAndTarget) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       for (DType w : {t, DType::kF32}) {
         RmsNormSpec spec{.hidden = 4096, .dtype = t, .weight_dtype = w};
-        const int vec = autotune::MaxVecForHidden(4096, static_cast<int>(std::max(SizeOf(t), SizeOf(w))));
-        auto src = RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(4096, vec));
+        const int vec = ops::MaxVecForHidden(4096, static_cast<int>(std::max(SizeOf(t), SizeOf(w))));
+        auto src = ops::RenderRmsNorm(spec, ops::DefaultRmsNormConfig(4096, vec));
         ASSERT_TRUE(src.ok()) << src.status();
         auto bin = jit::Compile(nvrtc, *src, target);
         ASSERT_TRUE(bin.ok()) << arch << " " << Name(t) << "/" << Name(w) << ": " << bin.status();
@@ -62,8 +64,8 @@ TEST(CompilerTest, EveryOptionAndOddShapeCompiles) {
       RmsNormSpec spec{.hidden = hidden, .dtype = DType::kBF16,
                        .casting = (bits & 1) ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
                        .fused_residual = (bits & 2) != 0};
-      for (int vec : {1, autotune::MaxVecForHidden(hidden, 2)}) {
-        auto src = RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(hidden, vec));
+      for (int vec : {1, ops::MaxVecForHidden(hidden, 2)}) {
+        auto src = ops::RenderRmsNorm(spec, ops::DefaultRmsNormConfig(hidden, vec));
         ASSERT_TRUE(src.ok()) << src.status();
         auto bin = jit::Compile(nvrtc, *src, target);
         ASSERT_TRUE(bin.ok()) << "hidden=" << hidden << " bits=" << bits << " vec=" << vec << ": "
@@ -74,7 +76,7 @@ TEST(CompilerTest, EveryOptionAndOddShapeCompiles) {
 }
 
 TEST(CompilerTest, PtxTargetGivesPtxText) {
-  auto src = RenderRmsNorm({.hidden = 64}, autotune::DefaultRmsNormConfig(64, 8));
+  auto src = ops::RenderRmsNorm({.hidden = 64}, ops::DefaultRmsNormConfig(64, 8));
   ASSERT_TRUE(src.ok());
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("compute_90"));
   ASSERT_TRUE(bin.ok()) << bin.status();
@@ -99,7 +101,7 @@ TEST(CompilerTest, CompileErrorCarriesLogOptionsTargetAndParams) {
 }
 
 TEST(CompilerTest, TargetNvrtcLacksIsRefusedBeforeCompiling) {
-  auto src = RenderRmsNorm({.hidden = 64}, autotune::DefaultRmsNormConfig(64, 8));
+  auto src = ops::RenderRmsNorm({.hidden = 64}, ops::DefaultRmsNormConfig(64, 8));
   ASSERT_TRUE(src.ok());
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_999"));
   ASSERT_FALSE(bin.ok());

@@ -26,13 +26,14 @@
 #include <absl/strings/cord.h>
 #include <gtest/gtest.h>
 
-#include "autotune/rms_norm_config.h"
+#include "ops/rms_norm/config.h"
 #include "jit/cache_key.h"
 #include "jit/compiler.h"
 #include "jit/disk_cache.h"
 #include "jit/source.h"
 #include "jit/target.h"
-#include "runtime/rms_norm.h"
+#include "kjit/rms_norm.h"
+#include "ops/rms_norm/program.h"
 
 namespace kjit::jit {
 namespace {
@@ -44,7 +45,7 @@ constexpr int64_t kHidden = 64;
 Source SmallSource() {
   RmsNormSpec spec{.hidden = kHidden, .dtype = DType::kBF16};
   absl::StatusOr<Source> src =
-      RenderRmsNorm(spec, autotune::DefaultRmsNormConfig(kHidden, /*vec=*/8));
+      ops::RenderRmsNorm(spec, ops::DefaultRmsNormConfig(kHidden, /*vec=*/8));
   EXPECT_TRUE(src.ok()) << src.status();
   return src.ok() ? *src : Source{};
 }

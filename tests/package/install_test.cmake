@@ -14,11 +14,26 @@ function(run what)
 endfunction()
 
 run("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
-foreach(f bin/kjit bin/kjit-tune include/kjit/runtime/kjit.h lib/cmake/kjit/kjitConfig.cmake
+foreach(f bin/kjit bin/kjit-tune include/kjit/kjit.h lib/cmake/kjit/kjitConfig.cmake
           lib/pkgconfig/kjit.pc)
   file(GLOB found ${prefix}/${f} ${prefix}/*/${f} ${prefix}/lib/*/${f})
   if(NOT EXISTS ${prefix}/${f} AND NOT found)
     message(FATAL_ERROR "install: ${f} is missing under ${prefix}")
+  endif()
+endforeach()
+
+# The installed include tree is exactly the public headers: nothing internal is reachable.
+file(GLOB_RECURSE installed RELATIVE ${prefix}/include ${prefix}/include/*)
+file(GLOB_RECURSE public RELATIVE ${SOURCE_DIR}/include ${SOURCE_DIR}/include/*)
+list(SORT installed)
+list(SORT public)
+if(NOT installed STREQUAL public)
+  message(FATAL_ERROR "install: the include tree holds ${installed}, expected only ${public}")
+endif()
+foreach(h IN LISTS installed)
+  file(STRINGS ${prefix}/include/${h} bad REGEX "#include [<\"](jit|runtime|ops|autotune|templates|cuda|nvrtc)")
+  if(bad)
+    message(FATAL_ERROR "install: ${h} includes an internal or CUDA header: ${bad}")
   endif()
 endforeach()
 

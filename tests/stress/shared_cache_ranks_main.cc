@@ -27,8 +27,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/device_buffer.h"
-#include "runtime/kjit.h"
+#include "kjit/device_buffer.h"
+#include "kjit/kjit.h"
+#include "runtime/runtime_state.h"
 
 namespace kjit {
 namespace {
@@ -74,7 +75,7 @@ absl::Status FirstLaunch(const Runtime& rt, const ShardedCrossEntropy& ce) {
   KJIT_RETURN_IF_ERROR(ce.ComputeStats(nullptr, args));
   KJIT_RETURN_IF_ERROR(ce.RescaleStats(nullptr, ws.data(), kRows));
   KJIT_RETURN_IF_ERROR(ce.Finish(nullptr, args));
-  return rt.driver()->Check(rt.driver()->cuCtxSynchronize(), "cuCtxSynchronize");
+  return kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
 // One rank: waits for the start, builds (and with a GPU loads and launches), prints one JSON line.
@@ -96,17 +97,17 @@ absl::StatusOr<nlohmann::json> RunRank(const Options& o) {
                                                 .shard_end = (o.rank + 1) * width}));
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kHidden}));
   // With a GPU the ops built and loaded their programs when created; Build() then only names them.
-  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built a, ce.Build());
-  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built b, norm.Build());
+  KJIT_ASSIGN_OR_RETURN(BuildInfo a, ce.Build());
+  KJIT_ASSIGN_OR_RETURN(BuildInfo b, norm.Build());
   if (o.gpus > 0) KJIT_RETURN_IF_ERROR(FirstLaunch(rt, ce));
   const int64_t ready = NowNs();
   return nlohmann::json{{"rank", o.rank},
                         {"device", o.gpus > 0 ? ro.device : -1},
                         {"start_ns", start},
                         {"ready_ns", ready},
-                        {"compiles", rt.jit().compile_count()},
+                        {"compiles", kjit::internal::StateOf(rt).jit->compile_count()},
                         {"keys", {a.key, b.key}},
-                        {"origins", {jit::OriginName(a.origin), jit::OriginName(b.origin)}}};
+                        {"origins", {a.origin, b.origin}}};
 }
 
 // Starts the ranks, releases them together, checks and reports.

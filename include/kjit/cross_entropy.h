@@ -1,0 +1,146 @@
+// CrossEntropy: the fused cross-entropy op over a large vocabulary, JIT-specialized for one vocab
+// size, dtype and option set. Loss, lse, argmax and the gradient come from the logits without any
+// [rows x vocab] temporary; the gradient can overwrite the logits (in place).
+//
+// Per row i with target t (capped logits x = cap * tanh(raw / cap) when softcap > 0):
+//   lse  = log sum_j exp(x_j)
+//   loss = (1 - eps)(lse - x_t) + eps (lse - mean_j x_j) + z lse^2
+//   grad = scale * (softmax(x) (1 + 2 z lse) - eps / V - (1 - eps) onehot(t)) [* (1 - tanh^2)]
+// with scale the upstream gradient (grad_output; 1 when absent), divided by the number of valid rows
+// for the mean. Everything is computed in fp32; the gradient is rounded once, to the logits' dtype.
+//
+// Rows whose target is ignore_index get loss 0 and a zero gradient (which is written), and do not
+// count for the mean. A target outside [0, vocab) that is not ignore_index is never used as an index:
+// its row is treated as ignored and counted in CrossEntropyCounters::out_of_range_rows at the start
+// of the workspace (read it with a copy after the op; a non-zero count means bad labels). The mean
+// over no valid rows is NaN with a zero gradient, as PyTorch gives. lse and argmax (the first index
+// of the largest raw logit, a NaN counting as largest, like torch.argmax) are written for every row,
+// ignored ones included. NaN or +Inf in a row makes that row's loss, lse and gradient NaN (so the
+// summed loss too) and leaves other rows alone; -Inf logits (masked classes) get probability 0.
+//
+// A launch sequence is a count kernel (targets only), the row kernel and, for sum and mean, a
+// reduce kernel that adds the per-row losses in a fixed order: no host synchronization, no
+// allocation (the caller passes WorkspaceBytes(rows) of device memory), no floating-point atomics,
+// so launches are CUDA-graph capturable and bit-for-bit repeatable.
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::CrossEntropy ce, rt.CrossEntropy({.vocab = 128256,
+//                                                                 .dtype = DType::kBF16}));
+//   KJIT_RETURN_IF_ERROR(ce.ForwardBackward(stream, {
+//       .logits = logits, .targets = targets, .loss = loss, .grad = logits,   // in place
+//       .workspace = ws, .workspace_bytes = ce.WorkspaceBytes(rows)}));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kjit/runtime.h"
+#include "kjit/stream.h"
+#include "kjit/tensor.h"
+
+namespace kjit {
+
+// How per-row losses become the loss output: kept per row, summed, or averaged over the rows whose
+// target is not ignored.
+enum class Reduction { kNone, kSum, kMean };
+const char* Name(Reduction r);  // "none", "sum", "mean"
+
+// How the kernels are launched; `kjit-tune` measures the best one per shape. The forward and
+// backward kernels stream a row with one block: `threads` threads read it in vectors of `vec`
+// elements (16 bytes at most, lowered by the alignment of the actual views), each thread issuing
+// `unroll` vector loads before it uses them. The fused forward+backward keeps the row in the
+// registers of `cluster` blocks of `threads` (a thread-block cluster when more than one, sm_90 and
+// newer), so it reads each logit once; cluster 0 makes it stream the row twice instead. `staged`
+// keeps the row in the cluster's shared memory instead of registers (sm_90 and newer, 16-byte
+// vectors), copied in and out by bulk copies, so that an SM holds several blocks in different
+// phases.
+struct CrossEntropyConfig {
+  int vec = 1;        // elements per vector access; a power of two, at most 16 bytes
+  int threads = 256;  // per row (one row per block): a multiple of 32, at most 1024
+  int unroll = 4;     // vector loads in flight per thread: 1, 2, 4 or 8
+  int cluster = 0;    // blocks holding one row in the fused op, 1 to 8; 0 streams it twice
+  int staged = 0;     // 1: the fused op holds the row in shared memory, 0: in registers
+  std::string ToString() const;  // "vec=8 threads=256 unroll=4 cluster=6 staged=1"
+  bool operator==(const CrossEntropyConfig&) const = default;
+};
+
+struct CrossEntropySpec {
+  int64_t vocab = 0;                          // 2 .. 1,048,576
+  DType dtype = DType::kBF16;                 // logits and gradient
+  IndexType target_type = IndexType::kInt64;  // targets (and argmax)
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  float label_smoothing = 0;                  // eps, in [0, 1)
+  float lse_square_scale = 0;                 // z-loss coefficient, >= 0
+  float softcap = 0;                          // 0: off; else > 0, logits become cap * tanh(x / cap)
+  bool argmax = false;                        // forward writes the predicted token per row
+  // Overrides the heuristic (e.g. a tuned config); its vec is an upper bound lowered by alignment.
+  std::optional<CrossEntropyConfig> config;
+};
+
+struct CrossEntropyArgs {
+  TensorView logits;       // [rows, vocab], any row_stride >= vocab
+  IndexView targets;       // [rows]
+  TensorView loss;         // fp32: [rows] for reduction none, else [1]
+  TensorView lse;          // optional fp32 [rows]
+  IndexView argmax;        // [rows] in target_type; required iff spec.argmax
+  TensorView grad;         // ForwardBackward: [rows, vocab], dtype; may be logits itself (in place)
+  TensorView grad_output;  // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
+  void* workspace = nullptr;    // device memory, 16-byte aligned
+  int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
+};
+
+struct CrossEntropyBackwardArgs {
+  TensorView logits;       // [rows, vocab]
+  IndexView targets;       // [rows]
+  TensorView lse;          // fp32 [rows], saved by a forward
+  TensorView grad_output;  // optional, as for ForwardBackward
+  TensorView grad;         // [rows, vocab]; may be logits itself (in place)
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+// Checks a spec without a GPU; InvalidArgument names the bad field.
+absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec);
+
+namespace internal {
+struct RuntimeState;
+struct CrossEntropyState;
+}  // namespace internal
+
+class CrossEntropy {
+ public:
+  const CrossEntropySpec& spec() const;
+  // The spec's config, else the heuristic's, for the widest vectors.
+  const CrossEntropyConfig& config() const;
+  // The config a launch of `rows` uses when pointers allow the widest vectors: the spec's, else
+  // the tuning database's for the nearest tuned row count (kjit-tune's database; for Forward and
+  // Backward, fused = false, the "cross_entropy.forward" record), else config(). Never tunes (with
+  // KJIT_AUTOTUNE a launch does).
+  CrossEntropyConfig ConfigFor(int64_t rows, bool fused = true) const;
+
+  // Loss (and lse, argmax). args.grad must be empty.
+  absl::Status Forward(CUstream stream, const CrossEntropyArgs& args) const;
+  // Loss and gradient in one launch sequence (and lse, argmax).
+  absl::Status ForwardBackward(CUstream stream, const CrossEntropyArgs& args) const;
+  // The gradient from the lse a forward saved.
+  absl::Status Backward(CUstream stream, const CrossEntropyBackwardArgs& args) const;
+
+  // The counters (16 bytes), then for sum and mean one fp32 loss per row. O(rows).
+  int64_t WorkspaceBytes(int64_t rows) const;
+
+  // Compiles (or finds in the caches) the program for the widest config; works compile-only.
+  absl::StatusOr<BuildInfo> Build() const;
+
+ private:
+  friend class Runtime;
+  CrossEntropy(std::shared_ptr<internal::RuntimeState> rt,
+               std::shared_ptr<internal::CrossEntropyState> op)
+      : rt_(std::move(rt)), op_(std::move(op)) {}
+  absl::Status Run(CUstream stream, const CrossEntropyArgs& args, bool gradient) const;
+  std::shared_ptr<internal::RuntimeState> rt_;
+  std::shared_ptr<internal::CrossEntropyState> op_;
+};
+
+}  // namespace kjit

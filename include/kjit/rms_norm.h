@@ -1,0 +1,116 @@
+// RmsNorm: the RMSNorm op, forward and backward, JIT-specialized for one hidden size and dtype.
+//
+// y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w), in fp32, with rstd saved for the backward.
+// Casting kLlama rounds the normalized x to the dtype before the weight multiply (Hugging Face
+// LlamaRMSNorm); kGemma stays in fp32 until the store. fused_residual computes h = x + residual
+// first, writes h to residual_out and normalizes h. The backward writes dx (in place into dy if
+// dx.data == dy.data) and dw, reduced in a fixed order through a caller-provided workspace (no
+// allocation and no host synchronization in a launch, so both are CUDA-graph capturable).
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::RmsNorm norm, rt.RmsNorm({.hidden = 4096, .dtype = DType::kBF16}));
+//   KJIT_RETURN_IF_ERROR(norm.Forward(stream, {.x = x, .weight = w, .y = y, .rstd = rstd}));
+//   KJIT_RETURN_IF_ERROR(norm.Backward(stream, {.dy = dy, .x = x, .weight = w, .rstd = rstd,
+//                                               .dx = dx, .dw = dw, .workspace = ws,
+//                                               .workspace_bytes = norm.BackwardWorkspaceBytes(rows)}));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kjit/runtime.h"
+#include "kjit/stream.h"
+#include "kjit/tensor.h"
+
+namespace kjit {
+
+enum class RmsNormCasting { kLlama, kGemma };
+
+// How the kernels are launched. A config fixes the vector width (elements per access, lowered by
+// the alignment of the actual views), how many threads share one row and how many rows a block
+// holds, separately for forward and backward: the backward wants fewer, wider blocks because each
+// row group writes a partial weight-gradient row. `kjit-tune` measures the best one per shape.
+struct RowShape {
+  int threads_per_row = 32;  // a power of two <= 32, or a multiple of 32 <= 1024
+  int rows_per_block = 1;    // 1 when threads_per_row > 32
+  int block_threads() const { return threads_per_row * rows_per_block; }
+  bool operator==(const RowShape&) const = default;
+};
+
+struct RmsNormConfig {
+  int vec = 1;  // elements per vector access; divides hidden
+  RowShape forward;
+  RowShape backward;
+  std::string ToString() const;  // "vec=8 fwd=128x1 bwd=512x1", as kjit-tune prints it
+  bool operator==(const RmsNormConfig&) const = default;
+};
+
+struct RmsNormSpec {
+  int64_t hidden = 0;                      // 1 .. 65536
+  DType dtype = DType::kBF16;              // x, y, residual, dy, dx
+  std::optional<DType> weight_dtype;       // default: dtype
+  float eps = 1e-6f;
+  float weight_offset = 0.0f;              // 1 for Gemma's (1 + w)
+  RmsNormCasting casting = RmsNormCasting::kLlama;
+  bool fused_residual = false;
+  // Overrides the heuristic (e.g. a tuned config); its vec is an upper bound lowered by alignment.
+  std::optional<RmsNormConfig> config;
+};
+
+struct RmsNormForwardArgs {
+  TensorView x;             // [rows, hidden]
+  TensorView weight;        // [hidden]
+  TensorView y;             // [rows, hidden]; may be x itself
+  TensorView rstd;          // [rows] fp32; optional (empty: not written)
+  TensorView residual;      // [rows, hidden]; required iff fused_residual
+  TensorView residual_out;  // [rows, hidden]; required iff fused_residual; may be residual itself
+};
+
+struct RmsNormBackwardArgs {
+  TensorView dy;         // [rows, hidden]
+  TensorView x;          // the input the forward normalized (its residual_out when fused)
+  TensorView weight;     // [hidden]
+  TensorView rstd;       // [rows] fp32, from the forward
+  TensorView dx;         // [rows, hidden]; may be dy itself (in place)
+  TensorView dw;         // [hidden], weight dtype
+  TensorView dresidual;  // optional: gradient reaching residual_out, added into dx
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;  // >= BackwardWorkspaceBytes(rows)
+};
+
+// Checks a spec without a GPU; InvalidArgument names the bad field.
+absl::Status ValidateRmsNormSpec(const RmsNormSpec& spec);
+
+namespace internal {
+struct RuntimeState;
+struct RmsNormState;
+}  // namespace internal
+
+class RmsNorm {
+ public:
+  const RmsNormSpec& spec() const;
+  // The spec's config, else the heuristic's, for the widest vectors.
+  const RmsNormConfig& config() const;
+  // The config a launch of `rows` uses when pointers allow the widest vectors: the spec's, else
+  // the tuning database's for the nearest tuned row count (kjit-tune's database), else config().
+  // Never tunes (with KJIT_AUTOTUNE a launch does).
+  RmsNormConfig ConfigFor(int64_t rows) const;
+
+  absl::Status Forward(CUstream stream, const RmsNormForwardArgs& args) const;
+  absl::Status Backward(CUstream stream, const RmsNormBackwardArgs& args) const;
+  // fp32 workspace for the weight-gradient partials.
+  int64_t BackwardWorkspaceBytes(int64_t rows) const;
+
+  // Compiles (or finds in the caches) the program for the widest config; works compile-only.
+  absl::StatusOr<BuildInfo> Build() const;
+
+ private:
+  friend class Runtime;
+  RmsNorm(std::shared_ptr<internal::RuntimeState> rt, std::shared_ptr<internal::RmsNormState> op)
+      : rt_(std::move(rt)), op_(std::move(op)) {}
+  std::shared_ptr<internal::RuntimeState> rt_;
+  std::shared_ptr<internal::RmsNormState> op_;
+};
+
+}  // namespace kjit

@@ -1,0 +1,102 @@
+// Runtime: the entry point of kjit's API. It owns the kernel caches (in memory and on disk) and,
+// unless it was created compile-only, one GPU's primary context and the target kernels are built
+// for. Ops made from it (RmsNorm, CrossEntropy, ShardedCrossEntropy) keep it alive.
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create());       // GPU 0
+//   KJIT_ASSIGN_OR_RETURN(kjit::RmsNorm norm, rt.RmsNorm({.hidden = 4096}));
+//   // without a GPU, to prebuild a cache:
+//   auto rt = kjit::Runtime::Create({.target = "sm_100", .compile_only = true});
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kjit/device_info.h"
+#include "kjit/status.h"
+
+namespace kjit {
+
+class RmsNorm;
+class CrossEntropy;
+class ShardedCrossEntropy;
+struct RmsNormSpec;
+struct CrossEntropySpec;
+struct ShardedCrossEntropySpec;
+
+// Receives the library's warnings (an unreadable tuning database, a cache that cannot be written,
+// a tuned record that does not fit). The default prints each distinct message once to stderr.
+using WarningSink = std::function<void(std::string_view message)>;
+
+struct RuntimeOptions {
+  int device = 0;
+  // "" picks the device's own arch (CUBIN, or PTX as a fallback); else "sm_90", "compute_90"...
+  std::string target;
+  // No driver is touched: kernels are compiled and cached but cannot be launched. Needs `target`.
+  bool compile_only = false;
+  // false: compiled kernels are kept in memory only.
+  bool disk_cache = true;
+  // The kernel cache directory; "" follows $KJIT_CACHE_DIR, else $XDG_CACHE_HOME/kjit, else
+  // ~/.cache/kjit (and $KJIT_CACHE_MAX_BYTES for its size cap).
+  std::string cache_dir;
+  // Where ops look up tuned configs: "" is $KJIT_TUNING_DB, else tuning.json in the cache
+  // directory; "off" uses the heuristics only. A database that cannot be read is reported once
+  // through the warning sink and the heuristics are used.
+  std::string tuning_db;
+  // When a launch's row count falls in a bucket the database has no record for, tune that op,
+  // shape and bucket first: `kjit-tune --spec` runs in a child process ($KJIT_TUNE_BIN, else
+  // kjit-tune on PATH) and the launch waits for it (seconds), once per bucket; never while the
+  // stream is capturing a graph. Off by default: a launch never tunes unless asked. KJIT_AUTOTUNE=1
+  // turns it on too.
+  bool autotune = false;
+  // Null: the default sink (stderr, once per message).
+  WarningSink warnings;
+};
+
+// What building an op's kernels produced: its cache key, where the binary came from and lies.
+struct BuildInfo {
+  std::string key;     // the cache key (a hash of source, options, NVRTC and target)
+  std::string target;  // "sm_90"
+  std::string origin;  // "compiled", "disk cache" or "memory"
+  std::string path;    // the disk cache entry; "" when memory-only
+  size_t bytes = 0;    // the CUBIN or PTX
+  std::string nvrtc;   // the NVRTC version that compiled it, "13.0"
+  std::map<std::string, std::string> params;  // the op's parameters and config
+  std::vector<std::string> kernels;           // the kernels it holds, by their mangled names
+};
+
+namespace internal {
+struct RuntimeState;
+struct RuntimeAccess;
+}  // namespace internal
+
+class Runtime {
+ public:
+  static absl::StatusOr<Runtime> Create(const RuntimeOptions& options = {});
+
+  absl::StatusOr<kjit::RmsNorm> RmsNorm(const RmsNormSpec& spec) const;
+  absl::StatusOr<kjit::CrossEntropy> CrossEntropy(const CrossEntropySpec& spec) const;
+  // Vocab-parallel cross-entropy for one rank's shard (kjit/sharded_cross_entropy.h).
+  absl::StatusOr<kjit::ShardedCrossEntropy> ShardedCrossEntropy(
+      const ShardedCrossEntropySpec& spec) const;
+
+  // What kernels are built for: "sm_90", "sm_100a", "compute_90".
+  std::string target() const;
+  // The compute capability of that target, e.g. 90.
+  int arch() const;
+  bool compile_only() const;
+  // The GPU; empty when compile-only.
+  const DeviceInfo& device() const;
+
+ private:
+  friend struct internal::RuntimeAccess;
+  explicit Runtime(std::shared_ptr<internal::RuntimeState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::RuntimeState> state_;
+};
+
+}  // namespace kjit

@@ -1,0 +1,79 @@
+#include "ops/common/compare.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace kjit::ops {
+
+std::string CompareResult::Describe(const std::string& name) const {
+  if (ok) return fmt::format("{}: {} elements ok (worst {:.3g} of tolerance)", name, checked, worst_ratio);
+  return fmt::format("{}: {} of {} elements out of tolerance; first at {}: got {} expected {}; "
+                     "worst {:.3g}x tolerance",
+                     name, mismatches, checked, first_bad, out_at_first, ref_at_first, worst_ratio);
+}
+
+CompareResult Compare(const std::vector<double>& out, const std::vector<double>& ref,
+                      const Tolerance& tol, const std::vector<double>& atol_per_element) {
+  CompareResult r;
+  if (out.size() != ref.size()) {
+    r.ok = false;
+    r.mismatches = 1;
+    return r;
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    ++r.checked;
+    const double o = out[i], e = ref[i];
+    bool good;
+    if (std::isnan(e) || std::isnan(o)) {
+      good = std::isnan(e) && std::isnan(o);
+    } else if (std::isinf(e) || std::isinf(o)) {
+      good = o == e;
+    } else {
+      const double atol = tol.atol + (atol_per_element.empty() ? 0.0 : atol_per_element[i]);
+      const double allowed = atol + tol.rtol * std::fabs(e);
+      const double err = std::fabs(o - e);
+      const double ratio = allowed > 0 ? err / allowed : (err > 0 ? INFINITY : 0);
+      if (ratio > r.worst_ratio) r.worst_ratio = ratio;
+      good = err <= allowed;
+    }
+    if (!good) {
+      if (r.mismatches == 0) {
+        r.first_bad = static_cast<int64_t>(i);
+        r.out_at_first = o;
+        r.ref_at_first = e;
+      }
+      ++r.mismatches;
+      r.ok = false;
+    }
+  }
+  return r;
+}
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) {
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  }
+  return m;
+}
+
+double RoundingRtol(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return std::ldexp(1.0, -24);
+    case DType::kF16: return std::ldexp(1.0, -11);
+    case DType::kBF16: return std::ldexp(1.0, -8);
+  }
+  return 0;
+}
+
+double RoundingAtol(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return std::ldexp(1.0, -150);
+    case DType::kF16: return std::ldexp(1.0, -25);
+    case DType::kBF16: return std::ldexp(1.0, -134);
+  }
+  return 0;
+}
+
+}  // namespace kjit::ops

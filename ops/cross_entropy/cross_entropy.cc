@@ -1,0 +1,521 @@
+#include "kjit/cross_entropy.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "jit/dtype.h"
+#include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/program.h"
+#include "ops/cross_entropy/trait.h"
+#include "runtime/op_kernels.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tensor_checks.h"
+#include "runtime/tuned_configs.h"
+#include "templates/cross_entropy_params.h"
+
+namespace kjit {
+
+namespace {
+
+constexpr int64_t kMinVocab = 2;
+constexpr int64_t kMaxVocab = int64_t{1} << 20;
+// The count and reduce kernels are one block each: targets and per-row losses are small.
+constexpr int kCountThreads = 1024;
+constexpr int kReduceThreads = 1024;
+constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
+static_assert(sizeof(CrossEntropyCounters) <= kCountersBytes);
+
+const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
+const char* ReductionDeviceName(Reduction r) {
+  switch (r) {
+    case Reduction::kNone: return "kjit::kCeNone";
+    case Reduction::kSum: return "kjit::kCeSum";
+    case Reduction::kMean: return "kjit::kCeMean";
+  }
+  return "?";
+}
+const char* Bool(bool b) { return b ? "true" : "false"; }
+
+// The template arguments the forward and backward kernels share, in their order.
+std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
+                     IndexDeviceType(s.target_type), s.vocab, c.threads, c.vec, c.unroll,
+                     ReductionDeviceName(s.reduction), Bool(s.label_smoothing > 0),
+                     Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
+}
+std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c,
+                        bool gradient) {
+  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
+                     Bool(gradient));
+}
+// The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
+std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
+                        const CrossEntropyConfig& c) {
+  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
+                     DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
+                     c.vec, c.cluster, ReductionDeviceName(s.reduction),
+                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
+                     Bool(s.softcap > 0), Bool(s.argmax));
+}
+std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
+  if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
+  return c.cluster > 0 ? ClusterExpr("cross_entropy_resident", s, c) : ForwardExpr(s, c, true);
+}
+std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return fmt::format("kjit::cross_entropy_backward<{}>", RowArgs(s, c));
+}
+std::string CountExpr(const CrossEntropySpec& s) {
+  return fmt::format("kjit::cross_entropy_count<{}, {}, {}>", IndexDeviceType(s.target_type),
+                     s.vocab, kCountThreads);
+}
+std::string ReduceExpr(const CrossEntropySpec& s) {
+  return fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
+                     ReductionDeviceName(s.reduction));
+}
+
+}  // namespace
+
+// A runtime checks again with its target's arch.
+absl::Status ops::ValidateCrossEntropyConfig(const CrossEntropySpec& spec,
+                                             const CrossEntropyConfig& c, int arch) {
+  if (c.vec < 1 || (c.vec & (c.vec - 1)) != 0 ||
+      c.vec * static_cast<int64_t>(SizeOf(spec.dtype)) > 16) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.vec: {} must be a power of two with at most 16 bytes per access", c.vec));
+  }
+  if (c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("config.threads: {} must be a multiple of 32 from 32 to 1024", c.threads));
+  }
+  if (c.unroll != 1 && c.unroll != 2 && c.unroll != 4 && c.unroll != 8) {
+    return absl::InvalidArgumentError(
+        fmt::format("config.unroll: {} must be 1, 2, 4 or 8", c.unroll));
+  }
+  if (c.cluster < 0 || c.cluster > 8) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {} must be 0 (stream the row) or 1 to 8 blocks holding it", c.cluster));
+  }
+  const int elem_bytes = static_cast<int>(SizeOf(spec.dtype));
+  if (c.staged != 0 && c.staged != 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.staged: {} must be 0 (the row in registers) or 1 (in shared memory)", c.staged));
+  }
+  if (c.staged) {
+    const std::string unfit = StagedUnfit(c, spec.vocab, elem_bytes, arch == 0 ? 90 : arch);
+    if (!unfit.empty()) return absl::InvalidArgumentError("config.staged: " + unfit);
+    return absl::OkStatus();
+  }
+  if (!ResidentFits(c, spec.vocab, elem_bytes)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {} blocks of {} threads would hold {} vectors of a {}-entry row each, "
+        "more than an SM's registers take; use more blocks or fewer threads, or cluster=0",
+        c.cluster, c.threads, ResidentVectors(c, spec.vocab), spec.vocab));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
+  if (spec.vocab < kMinVocab || spec.vocab > kMaxVocab) {
+    return absl::InvalidArgumentError(fmt::format("vocab: {} is out of range, expected {} to {}",
+                                                  spec.vocab, kMinVocab, kMaxVocab));
+  }
+  if (spec.target_type == IndexType::kInt32 &&
+      (spec.ignore_index < INT32_MIN || spec.ignore_index > INT32_MAX)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "ignore_index: {} does not fit the int32 targets", spec.ignore_index));
+  }
+  if (!std::isfinite(spec.label_smoothing) || spec.label_smoothing < 0 ||
+      spec.label_smoothing >= 1) {
+    return absl::InvalidArgumentError(
+        fmt::format("label_smoothing: {} must be in [0, 1)", spec.label_smoothing));
+  }
+  if (!std::isfinite(spec.lse_square_scale) || spec.lse_square_scale < 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "lse_square_scale: {} must be finite and not negative", spec.lse_square_scale));
+  }
+  if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("softcap: {} must be 0 (off) or a finite positive cap", spec.softcap));
+  }
+  if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, 0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec,
+                                                    const CrossEntropyConfig& config) {
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropyConfig(spec, config, /*arch=*/0));
+  std::map<std::string, std::string> params = {
+      {"op", "cross_entropy"},
+      {"vocab", std::to_string(spec.vocab)},
+      {"dtype", Name(spec.dtype)},
+      {"target_type", Name(spec.target_type)},
+      {"reduction", Name(spec.reduction)},
+      {"label_smoothing", fmt::format("{}", spec.label_smoothing)},
+      {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
+      {"softcap", fmt::format("{}", spec.softcap)},
+      {"argmax", Bool(spec.argmax)},
+      {"config", config.ToString()},
+  };
+  // Order matters: CrossEntropyKernels::Kernel reads them back by position.
+  std::vector<std::string> kernels = {
+      CountExpr(spec), ForwardExpr(spec, config, false),
+      FusedExpr(spec, config),
+      BackwardExpr(spec, config)};
+  if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
+  return jit::RenderSource("cross_entropy",
+                           {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh"},
+                           std::move(kernels), std::move(params));
+}
+
+namespace internal {
+
+struct CrossEntropyKernels {
+  // The program's kernels, in the order RenderCrossEntropy names them (reduce: sum and mean only).
+  enum Kernel { kCount, kForward, kForwardBackward, kBackward, kReduce };
+  CrossEntropyConfig config;
+  LoadedProgram program;
+  int shared_bytes = 0;  // the dynamic shared memory forward_backward asks for (staged)
+  CUfunction operator[](Kernel k) const { return program.functions[k]; }
+};
+
+struct CrossEntropyState {
+  CrossEntropySpec spec;
+  int arch = 0;                         // the compute capability compiled for
+  CrossEntropyConfig config;  // the spec's or the heuristic's, for the widest vector
+  // Unless the spec has a config: the fused forward+backward's, and the streaming launches'
+  // (forward only, backward from lse), tuned apart.
+  std::optional<TunedConfigs<CrossEntropyConfig>> tuned, tuned_streaming;
+  OpKernels<CrossEntropyConfig, CrossEntropyKernels> kernels;
+
+  // Under the kernels' lock.
+  CrossEntropyConfig ConfigFor(int64_t rows, int vec, bool may_tune, bool fused) {
+    CrossEntropyConfig c = config;
+    if (tuned) c = (fused ? tuned : tuned_streaming)->For(rows, may_tune).value_or(config);
+    if (vec >= c.vec) return c;
+    return ops::DefaultCrossEntropyConfig(spec.vocab, vec, arch,
+                                          static_cast<int>(SizeOf(spec.dtype)));
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+absl::StatusOr<internal::CrossEntropyKernels> Load(const internal::RuntimeState& rt,
+                                                   const CrossEntropySpec& spec,
+                                                   const CrossEntropyConfig& config) {
+  internal::CrossEntropyKernels k{.config = config};
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderCrossEntropy(spec, config));
+  KJIT_ASSIGN_OR_RETURN(k.program, internal::LoadProgram(rt, src));
+  if (config.staged) {
+    k.shared_bytes = static_cast<int>(
+        ops::StagedSharedBytes(config, spec.vocab, static_cast<int>(SizeOf(spec.dtype))));
+    KJIT_RETURN_IF_ERROR(rt.AllowSharedBytes(k[k.kForwardBackward], k.shared_bytes));
+  }
+  return k;
+}
+
+// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements;
+// may_tune lets KJIT_AUTOTUNE tune a new bucket first; fused picks the forward+backward's config.
+absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::RuntimeState& rt,
+                                                                internal::CrossEntropyState& op,
+                                                                int64_t rows, int vec,
+                                                                bool may_tune, bool fused) {
+  return op.kernels.Get([&] { return op.ConfigFor(rows, vec, may_tune, fused); },
+                        [&](const CrossEntropyConfig& c) { return Load(rt, op.spec, c); });
+}
+
+// One block per row: the grid's x dimension bounds the rows, and the counters are 32-bit.
+absl::Status CheckRows(int64_t rows) {
+  if (rows > INT_MAX) {
+    return absl::InvalidArgumentError(
+        fmt::format("logits: {} rows exceed the {} a launch handles", rows, INT_MAX));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIndexVector(const char* name, const IndexView& v, IndexType type, int64_t size) {
+  if (v.data == nullptr) return absl::InvalidArgumentError(fmt::format("{}: null pointer", name));
+  if (v.type != type) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: type is {}, expected {}", name, Name(v.type), Name(type)));
+  }
+  if (reinterpret_cast<uintptr_t>(v.data) % SizeOf(type) != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: pointer {} is not aligned to its {}-byte elements", name, v.data, SizeOf(type)));
+  }
+  if (v.size != size) {
+    return absl::InvalidArgumentError(fmt::format("{}: size is {}, expected {}", name, v.size, size));
+  }
+  return absl::OkStatus();
+}
+
+// The loss, grad_output and lse shapes depend on the reduction: per row for none, else one value.
+int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
+  return s.reduction == Reduction::kNone ? rows : 1;
+}
+
+absl::Status CheckWorkspace(void* workspace, int64_t bytes, int64_t needed) {
+  if (workspace == nullptr) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace: null; pass WorkspaceBytes(rows) = {} bytes of device memory", needed));
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
+  }
+  if (bytes < needed) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace_bytes: {} is too small, need WorkspaceBytes(rows) = {}", bytes, needed));
+  }
+  return absl::OkStatus();
+}
+
+// The bytes a buffer spans, for overlap checks between differently shaped arguments.
+struct Span {
+  const char* name;
+  uintptr_t begin = 0, end = 0;
+};
+Span SpanOf(const char* name, const TensorView& t) {
+  if (t.empty()) return {name};
+  const auto b = reinterpret_cast<uintptr_t>(t.data);
+  return {name, b, b + static_cast<uintptr_t>(((t.rows - 1) * t.row_stride + t.cols) * SizeOf(t.dtype))};
+}
+Span SpanOf(const char* name, const IndexView& v) {
+  if (v.empty()) return {name};
+  const auto b = reinterpret_cast<uintptr_t>(v.data);
+  return {name, b, b + static_cast<uintptr_t>(v.size * SizeOf(v.type))};
+}
+Span SpanOf(const char* name, void* p, int64_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return {name, b, b + static_cast<uintptr_t>(bytes)};
+}
+
+// Outputs must not overlap each other or any input. The gradient and the logits are checked apart
+// (in place is allowed, and strided views may interleave): `grad` is skipped against `logits` here.
+absl::Status CheckDisjoint(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
+  auto clash = [](const Span& a, const Span& b) {
+    return a.begin != a.end && b.begin != b.end && a.begin < b.end && b.begin < a.end;
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (clash(outputs[i], outputs[j])) {
+        return absl::InvalidArgumentError(
+            fmt::format("{}: overlaps {}", outputs[j].name, outputs[i].name));
+      }
+    }
+    for (const Span& in : inputs) {
+      if (std::string_view(outputs[i].name) == "grad" && std::string_view(in.name) == "logits") {
+        continue;
+      }
+      if (clash(outputs[i], in)) {
+        return absl::InvalidArgumentError(fmt::format("{}: overlaps {}", outputs[i].name, in.name));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The gradient is the logits themselves (same data and stride: in place) or shares no element.
+absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& logits) {
+  if (grad.data == logits.data && grad.row_stride != logits.row_stride) {
+    return absl::InvalidArgumentError(fmt::format(
+        "grad: aliases logits with row_stride {} instead of {} (in place needs the same view)",
+        grad.row_stride, logits.row_stride));
+  }
+  return internal::CheckNoPartialOverlap("grad", grad, "logits", logits);
+}
+
+// What every mode does once its arguments are checked: picks the kernels for the widest vector
+// the views allow and launches the count kernel, which fills the workspace's counters.
+absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
+    const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
+    const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace,
+    bool fused) {
+  const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, logits.rows, vec,
+                                                                      !rt.Capturing(stream), fused));
+  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index,
+                            static_cast<CrossEntropyCounters*>(workspace)};
+  KJIT_RETURN_IF_ERROR(rt.Launch((*k)[k->kCount], 1, kCountThreads, stream, &c));
+  return k;
+}
+
+// The row kernels' parameters every mode sets; the outputs are left null.
+CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& logits,
+                                const IndexView& targets, const TensorView& grad,
+                                const TensorView& grad_output, void* workspace) {
+  CrossEntropyRowParams p{};
+  p.logits = logits.data;
+  p.logits_stride = logits.row_stride;
+  p.targets = targets.data;
+  p.rows = logits.rows;
+  p.ignore_index = s.ignore_index;
+  p.label_smoothing = s.label_smoothing;
+  p.lse_square_scale = s.lse_square_scale;
+  p.softcap = s.softcap;
+  p.grad_output = static_cast<const float*>(grad_output.data);
+  p.counters = static_cast<const CrossEntropyCounters*>(workspace);
+  p.grad = grad.data;
+  p.grad_stride = grad.row_stride;
+  return p;
+}
+
+}  // namespace
+
+const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
+const CrossEntropyConfig& CrossEntropy::config() const { return op_->config; }
+
+CrossEntropyConfig CrossEntropy::ConfigFor(int64_t rows, bool fused) const {
+  return op_->kernels.Locked(
+      [&] { return op_->ConfigFor(rows, op_->config.vec, /*may_tune=*/false, fused); });
+}
+
+absl::StatusOr<BuildInfo> CrossEntropy::Build() const {
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderCrossEntropy(op_->spec, op_->config));
+  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built built, rt_->jit->Build(src, rt_->target));
+  return internal::ToBuildInfo(built);
+}
+
+int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
+  const int64_t losses = op_->spec.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
+  return (kCountersBytes + losses * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
+}
+
+absl::Status CrossEntropy::Forward(CUstream stream, const CrossEntropyArgs& args) const {
+  return Run(stream, args, /*gradient=*/false);
+}
+
+absl::Status CrossEntropy::ForwardBackward(CUstream stream, const CrossEntropyArgs& args) const {
+  return Run(stream, args, /*gradient=*/true);
+}
+
+absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool gradient) const {
+  const CrossEntropySpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
+  const int64_t rows = a.logits.rows;
+  KJIT_RETURN_IF_ERROR(CheckRows(rows));
+  KJIT_RETURN_IF_ERROR(CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
+  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (s.argmax) {
+    KJIT_RETURN_IF_ERROR(CheckIndexVector("argmax", a.argmax, s.target_type, rows));
+  } else if (!a.argmax.empty()) {
+    return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
+  }
+  if (gradient) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
+    KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
+    if (!a.grad_output.empty()) {
+      KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
+                                                 PerRowOrOne(s, rows)));
+    }
+  } else if (!a.grad.empty() || !a.grad_output.empty()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: given to Forward, which computes no gradient; use ForwardBackward",
+        a.grad.empty() ? "grad_output" : "grad"));
+  }
+  KJIT_RETURN_IF_ERROR(CheckWorkspace(a.workspace, a.workspace_bytes, WorkspaceBytes(rows)));
+  KJIT_RETURN_IF_ERROR(CheckDisjoint(
+      {SpanOf("loss", a.loss), SpanOf("lse", a.lse), SpanOf("argmax", a.argmax),
+       SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
+      {SpanOf("logits", a.logits), SpanOf("targets", a.targets),
+       SpanOf("grad_output", a.grad_output)}));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
+
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
+                                      /*fused=*/gradient));
+  float* row_loss = s.reduction == Reduction::kNone
+                        ? static_cast<float*>(a.loss.data)
+                        : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
+  CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
+  p.row_loss = row_loss;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.argmax = a.argmax.data;
+  // The row kernel starts while the count kernel runs, and the reduce kernel's launch overlaps
+  // the row kernel's end; each waits before it reads what the kernel before wrote.
+  const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
+  KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[gradient ? k->kForwardBackward : k->kForward],
+                                   rows * blocks_per_row, k->config.threads, stream, &p,
+                                   blocks_per_row, gradient ? k->shared_bytes : 0,
+                                   /*overlap_previous=*/true));
+  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
+  return rt_->Launch((*k)[k->kReduce], 1, kReduceThreads, stream, &r, 1, 0,
+                     /*overlap_previous=*/true);
+}
+
+absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardArgs& a) const {
+  const CrossEntropySpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
+  const int64_t rows = a.logits.rows;
+  KJIT_RETURN_IF_ERROR(CheckRows(rows));
+  KJIT_RETURN_IF_ERROR(CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (!a.grad_output.empty()) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
+                                               PerRowOrOne(s, rows)));
+  }
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
+  KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
+  KJIT_RETURN_IF_ERROR(CheckWorkspace(a.workspace, a.workspace_bytes, WorkspaceBytes(rows)));
+  KJIT_RETURN_IF_ERROR(CheckDisjoint(
+      {SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
+      {SpanOf("logits", a.logits), SpanOf("targets", a.targets), SpanOf("lse", a.lse),
+       SpanOf("grad_output", a.grad_output)}));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
+
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
+                                      /*fused=*/false));
+  CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
+  p.lse_in = static_cast<const float*>(a.lse.data);
+  return rt_->Launch((*k)[k->kBackward], rows, k->config.threads, stream, &p);
+}
+
+absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  auto op = std::make_shared<internal::CrossEntropyState>();
+  op->spec = spec;
+  op->arch = state_->target.arch;
+  if (spec.config && spec.config->cluster > 1 && op->arch < ops::kMinClusterArch) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {} blocks per row need thread-block clusters (sm_{} or newer), the "
+        "target is {}",
+        spec.config->cluster, ops::kMinClusterArch, state_->target.ToString()));
+  }
+  if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, op->arch));
+  const int max_vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
+  op->config = spec.config.value_or(ops::DefaultCrossEntropyConfig(
+      spec.vocab, max_vec, op->arch, static_cast<int>(SizeOf(spec.dtype))));
+  if (!spec.config) {
+    auto validate = [spec, arch = op->arch](const CrossEntropyConfig& c) {
+      return ops::ValidateCrossEntropyConfig(spec, c, arch);
+    };
+    using Trait = ops::OpTrait<CrossEntropySpec>;
+    const std::string shape = Trait::TuningShape(spec), json = Trait::ToJson(spec).dump();
+    op->tuned.emplace(*state_, Trait::TuningOp(spec), shape, spec.dtype, json,
+                      ops::ParseCrossEntropyConfig, validate);
+    op->tuned_streaming.emplace(*state_, Trait::StreamingTuningOp(spec), shape, spec.dtype, json,
+                                ops::ParseCrossEntropyConfig, validate);
+  }
+  kjit::CrossEntropy ce(state_, op);
+  if (!state_->compile_only) {
+    // Build and load the common case now so that errors surface here, not in the first launch.
+    KJIT_RETURN_IF_ERROR(
+        op->kernels.Get([&] { return op->config; },
+                        [&](const CrossEntropyConfig& c) { return Load(*state_, spec, c); })
+            .status());
+  }
+  return ce;
+}
+
+}  // namespace kjit

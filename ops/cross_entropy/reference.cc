@@ -1,0 +1,192 @@
+#include "ops/cross_entropy/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+namespace kjit::ops {
+
+namespace {
+
+// Rows are independent: split them over the machine's cores (a 2^25-element case then takes a
+// fraction of a second). Every row's result is the same whatever the split.
+template <typename F>
+void ForEachRow(int64_t rows, int64_t row_cost, F&& f) {
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t workers = std::clamp<int64_t>(rows * row_cost / (1 << 16), 1, std::min(hw, rows));
+  if (workers == 1) {
+    for (int64_t r = 0; r < rows; ++r) f(r);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] {
+      for (int64_t r = w; r < rows; r += workers) f(r);
+    });
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+bool IsValid(const CrossEntropyMath& m, int64_t t) {
+  return t != m.ignore_index && t >= 0 && t < m.vocab;
+}
+
+}  // namespace
+
+CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows,
+                                         const std::vector<double>& logits,
+                                         const std::vector<int64_t>& targets,
+                                         const std::vector<double>* grad_output, bool with_grad) {
+  const int64_t V = m.vocab;
+  const double eps = m.label_smoothing, z = m.lse_square_scale, cap = m.softcap;
+  CrossEntropyResult r;
+  r.row_loss.assign(rows, 0.0);
+  r.lse.resize(rows);
+  r.argmax.resize(rows);
+  r.row_scale.assign(rows, 0.0);
+  std::vector<double> row_terms(rows, 0.0);
+  if (with_grad) {
+    r.grad.resize(rows * V);
+    r.grad_terms.resize(rows * V);
+  }
+
+  int64_t valid = 0, bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (IsValid(m, targets[i])) ++valid;
+    else if (targets[i] != m.ignore_index) ++bad;
+  }
+  r.counters = {static_cast<double>(valid), static_cast<double>(bad)};
+  auto capped = [&](double x) { return cap > 0 ? cap * std::tanh(x / cap) : x; };
+
+  ForEachRow(rows, V, [&](int64_t i) {
+    const double* x = &logits[i * V];
+    // argmax over the raw logits: the first maximum, a NaN beating any number (torch.argmax).
+    int64_t best = 0;
+    for (int64_t j = 1; j < V; ++j) {
+      const bool jn = std::isnan(x[j]), bn = std::isnan(x[best]);
+      if ((jn && !bn) || (!jn && !bn && x[j] > x[best])) best = j;
+    }
+    r.argmax[i] = static_cast<double>(best);
+
+    // lse = max + log sum exp(x - max): NaN when any logit is NaN or +Inf (Inf - Inf), -Inf when
+    // all are -Inf, as the kernel (and PyTorch's log_softmax) gives.
+    bool nan = false;
+    double mx = -std::numeric_limits<double>::infinity(), sum_x = 0, sum_abs_x = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      const double c = capped(x[j]);
+      if (std::isnan(c)) nan = true; else mx = std::max(mx, c);
+      sum_x += c;
+      sum_abs_x += std::fabs(c);
+    }
+    double lse;
+    if (nan || mx == std::numeric_limits<double>::infinity()) {
+      lse = std::numeric_limits<double>::quiet_NaN();
+    } else if (mx == -std::numeric_limits<double>::infinity()) {
+      lse = mx;
+    } else {
+      double s = 0;
+      for (int64_t j = 0; j < V; ++j) s += std::exp(capped(x[j]) - mx);
+      lse = mx + std::log(s);
+    }
+    r.lse[i] = lse;
+
+    const int64_t t = targets[i];
+    if (!IsValid(m, t)) {
+      if (with_grad) {
+        std::fill_n(&r.grad[i * V], V, 0.0);
+        std::fill_n(&r.grad_terms[i * V], V, 0.0);
+      }
+      return;
+    }
+    const double xt = capped(x[t]);
+    // The same form as the kernel, so that infinities give the same results; terms that are off
+    // are left out rather than multiplied by 0 (0 * Inf).
+    double loss = eps > 0 ? lse - (1 - eps) * xt - eps * (sum_x / V) : lse - xt;
+    if (z > 0) loss += z * lse * lse;
+    r.row_loss[i] = loss;
+    // Options that are off add nothing (0 * Inf would make the tolerance NaN for a row holding
+    // -Inf logits, as masked vocabularies do).
+    row_terms[i] = 1 + std::fabs(lse) + std::fabs(xt);
+    if (eps > 0) row_terms[i] += eps * sum_abs_x / V;
+    if (z > 0) row_terms[i] += z * lse * lse;
+
+    if (!with_grad) return;
+    double g = 1;
+    if (grad_output != nullptr) g = (*grad_output)[m.reduction == Reduction::kNone ? i : 0];
+    if (m.reduction == Reduction::kMean) g /= static_cast<double>(valid);
+    r.row_scale[i] = std::fabs(g);
+    const double c1 = 1 + 2 * z * lse, c1_abs = 1 + 2 * z * std::fabs(lse);
+    for (int64_t j = 0; j < V; ++j) {
+      const double u = cap > 0 ? x[j] / cap : 0;
+      // 1 - tanh^2(u), written without cancellation (as the kernel computes it).
+      const double e = std::exp(-2 * std::fabs(u));
+      const double slope = cap > 0 ? 4 * e / ((1 + e) * (1 + e)) : 1.0;
+      const double p = std::exp(capped(x[j]) - lse);
+      double d = p * c1 - eps / V - (j == t ? 1 - eps : 0);
+      r.grad[i * V + j] = g * d * slope;
+      r.grad_terms[i * V + j] =
+          std::fabs(g) * slope * (p * c1_abs + eps / V + (j == t ? 1 - eps : 0));
+    }
+  });
+
+  double total = 0, total_terms = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    total += r.row_loss[i];
+    total_terms += row_terms[i];
+  }
+  switch (m.reduction) {
+    case Reduction::kNone:
+      r.loss = r.row_loss;
+      r.loss_terms = row_terms;
+      break;
+    case Reduction::kSum:
+      r.loss = {total};
+      r.loss_terms = {total_terms};
+      break;
+    case Reduction::kMean:  // 0 / 0 = NaN with every row ignored, as PyTorch gives
+      r.loss = {total / static_cast<double>(valid)};
+      r.loss_terms = {valid > 0 ? total_terms / static_cast<double>(valid) : 0.0};
+      break;
+  }
+  return r;
+}
+
+CrossEntropyTolerances CrossEntropyTolerancesFor(DType dtype) {
+  CrossEntropyTolerances t;
+  // The kernels' exponentials flush results below 2^-126 (fp32's smallest normal) to zero, which
+  // fp32 and bf16 could otherwise hold as subnormals: at most that much absolute error.
+  t.grad = {RoundingRtol(dtype) + 1e-6, std::max(RoundingAtol(dtype), std::ldexp(1.0, -126))};
+  return t;
+}
+
+std::vector<double> CrossEntropyGradAtol(const CrossEntropyMath& m, const CrossEntropyResult& ref,
+                                         const CrossEntropyTolerances& tol) {
+  std::vector<double> atol(ref.grad_terms.size());
+  for (size_t k = 0; k < atol.size(); ++k) {
+    atol[k] = tol.grad_atol_per_terms * ref.grad_terms[k] +
+              tol.grad_atol_per_row_scale * ref.row_scale[k / m.vocab];
+  }
+  return atol;
+}
+
+std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(const CrossEntropyMath& m,
+                                                                     const CrossEntropyOutputs& out,
+                                                                     const CrossEntropyResult& ref) {
+  const CrossEntropyTolerances tol = CrossEntropyTolerancesFor(m.dtype);
+  std::vector<std::pair<std::string, CompareResult>> results;
+  if (out.loss) {
+    std::vector<double> atol(ref.loss_terms.size());
+    for (size_t k = 0; k < atol.size(); ++k) atol[k] = tol.loss_atol_per_terms * ref.loss_terms[k];
+    results.emplace_back("loss", Compare(*out.loss, ref.loss, tol.loss, atol));
+  }
+  if (out.lse) results.emplace_back("lse", Compare(*out.lse, ref.lse, tol.lse));
+  if (out.argmax) results.emplace_back("argmax", Compare(*out.argmax, ref.argmax, {0, 0}));
+  if (out.counters) results.emplace_back("counters", Compare(*out.counters, ref.counters, {0, 0}));
+  if (out.grad) {
+    results.emplace_back("grad", Compare(*out.grad, ref.grad, tol.grad, CrossEntropyGradAtol(m, ref, tol)));
+  }
+  return results;
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,89 @@
+// The fp64 CPU reference of the fused cross-entropy, its tolerances and the check the tests, the
+// benchmark's pre-timing check and the autotuner's candidate check share.
+//
+// Inputs are the values the device holds (logits already rounded to their dtype). The reference
+// follows the kernel's definitions (ignored and out-of-range rows, NaN/Inf rules, argmax over the
+// raw logits) in exact arithmetic, so what remains is the kernel's fp32 arithmetic and its final
+// rounding of the gradient.
+//
+//   CrossEntropyMath m{.vocab = 128256, .dtype = DType::kBF16, .reduction = Reduction::kMean};
+//   CrossEntropyResult ref = CrossEntropyReference(m, rows, logits, targets, nullptr, true);
+//   for (auto& [name, r] : CheckCrossEntropy(m, {.loss = &loss, .grad = &grad}, ref)) ...
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/common/compare.h"
+#include "ops/cross_entropy/config.h"
+#include "jit/dtype.h"
+
+namespace kjit::ops {
+
+struct CrossEntropyMath {
+  int64_t vocab = 0;
+  DType dtype = DType::kBF16;  // of the logits and the gradient
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  double label_smoothing = 0;
+  double lse_square_scale = 0;  // z-loss
+  double softcap = 0;           // 0: off
+};
+
+struct CrossEntropyResult {
+  std::vector<double> loss;       // [rows] (none) or [1]
+  std::vector<double> row_loss;   // [rows]; 0 for ignored rows
+  std::vector<double> lse;        // [rows], every row (ignored ones too)
+  std::vector<double> argmax;     // [rows], every row: first maximal raw logit, NaN the largest
+  std::vector<double> counters;   // {valid_rows, out_of_range_rows}
+  std::vector<double> row_scale;  // [rows]: |upstream gradient / (valid rows for the mean)|
+  std::vector<double> grad;       // [rows * vocab], before the final rounding (when asked)
+  // [rows * vocab]: row_scale * slope * (p (1 + 2 z |lse|) + eps / V + (1 - eps) onehot), the
+  // size of the terms a gradient entry combines. The kernel's fp32 error is relative to these, not
+  // to the entry, which cancels (p - 1 near p = 1, p - eps/V); the soft-cap slope's own rounding
+  // scales the whole sum.
+  std::vector<double> grad_terms;
+  // Same shape as loss: 1 + |lse| + |x_t| + eps mean|x| + z lse^2 (summed for sum/mean), the size
+  // of what the loss was computed from; 0 for ignored rows, whose loss must be exactly 0.
+  std::vector<double> loss_terms;
+};
+
+// logits: [rows, vocab] contiguous; targets: [rows]; grad_output: null (1), [1] (sum, mean) or
+// [rows] (none). The gradient is computed only when with_grad.
+CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows,
+                                         const std::vector<double>& logits,
+                                         const std::vector<int64_t>& targets,
+                                         const std::vector<double>* grad_output, bool with_grad);
+
+// loss and lse: fp32 arithmetic over the row, relative to the terms (atol = per_terms * terms);
+// argmax and counters: exact; grad: one rounding to the dtype (rtol) plus the fp32 error of p
+// relative to the terms, plus a few fp32 subnormal steps times the row's scale.
+struct CrossEntropyTolerances {
+  Tolerance loss{1e-6, 0}, lse{1e-6, 1e-5}, grad{0, 0};
+  double loss_atol_per_terms = 1e-5;
+  double grad_atol_per_terms = 5e-5;
+  double grad_atol_per_row_scale = 0x1p-140;
+};
+CrossEntropyTolerances CrossEntropyTolerancesFor(DType dtype);
+
+// The per-element atol CheckCrossEntropy uses for the gradient (for self-tests).
+std::vector<double> CrossEntropyGradAtol(const CrossEntropyMath& m, const CrossEntropyResult& ref,
+                                         const CrossEntropyTolerances& tol);
+
+// What a kernel produced, decoded to double; null ones are not checked.
+struct CrossEntropyOutputs {
+  const std::vector<double>* loss = nullptr;
+  const std::vector<double>* lse = nullptr;
+  const std::vector<double>* argmax = nullptr;
+  const std::vector<double>* counters = nullptr;  // {valid_rows, out_of_range_rows}
+  const std::vector<double>* grad = nullptr;
+};
+
+// Compares every given output with the reference; one (name, result) per output checked.
+std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(const CrossEntropyMath& m,
+                                                                     const CrossEntropyOutputs& out,
+                                                                     const CrossEntropyResult& ref);
+
+}  // namespace kjit::ops

@@ -1,0 +1,413 @@
+#include "kjit/sharded_cross_entropy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "jit/dtype.h"
+#include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/nccl.h"
+#include "ops/cross_entropy/program.h"
+#include "runtime/op_kernels.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tensor_checks.h"
+#include "templates/cross_entropy_sharded_params.h"
+
+namespace kjit {
+
+namespace {
+
+// Count, reduce, rescale and combine are small: targets, per-row losses and statistics.
+constexpr int kCountThreads = 1024;
+constexpr int kReduceThreads = 1024;
+constexpr int kStatsThreads = 256;
+constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
+constexpr int64_t kStatsOffset = kCountersBytes;
+
+// The program's kernels, in the order RenderShardedCrossEntropy names them.
+enum Kernel { kCount, kStats, kRescale, kCombine, kFinishForward, kFinishGradient, kReduce };
+
+const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
+const char* Bool(bool b) { return b ? "true" : "false"; }
+// By Reduction's value: none, sum, mean.
+constexpr const char* kReductionDeviceNames[] = {"kjit::kCeNone", "kjit::kCeSum", "kjit::kCeMean"};
+static_assert(static_cast<int>(Reduction::kMean) == 2);
+
+// The template arguments both phases start with: types, vocab, shard width and launch shape.
+std::string ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
+                     IndexDeviceType(s.target_type), s.vocab, s.width(), c.threads, c.vec,
+                     c.unroll);
+}
+std::string OptionArgs(const ShardedCrossEntropySpec& s) {
+  return fmt::format("{}, {}, {}", Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
+                     Bool(s.softcap > 0));
+}
+
+CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
+  return {.vocab = s.vocab, .dtype = s.dtype, .target_type = s.target_type,
+          .ignore_index = s.ignore_index, .reduction = s.reduction,
+          .label_smoothing = s.label_smoothing, .lse_square_scale = s.lse_square_scale,
+          .softcap = s.softcap, .config = s.config};
+}
+
+int64_t RowLossBytes(const ShardedCrossEntropySpec& s, int64_t rows) {
+  return s.reduction == Reduction::kNone ? 0 : rows * static_cast<int64_t>(sizeof(float));
+}
+int64_t StatsBytes(int64_t rows) { return kShardStatCount * rows * static_cast<int64_t>(sizeof(float)); }
+float* StatsIn(void* workspace) {
+  return reinterpret_cast<float*>(static_cast<char*>(workspace) + kStatsOffset);
+}
+
+// A byte range as a view, for the overlap checks of arguments of different shapes.
+TensorView Bytes(const void* p, int64_t bytes) {
+  return TensorView::Vector(const_cast<void*>(p), DType::kF32, bytes / 4);
+}
+
+}  // namespace
+
+CrossEntropyConfig ops::DefaultShardedCrossEntropyConfig(int64_t width, int vec) {
+  // Arch 0 has no clusters, so for a wide shard the heuristic picks its streaming config; a narrow
+  // shard gets the resident one's threads, a thread each 8 vectors, which stream as well.
+  CrossEntropyConfig c = ops::DefaultCrossEntropyConfig(width, vec, /*arch=*/0,
+                                                                        /*elem_bytes=*/16 / vec);
+  c.cluster = 0;
+  return c;
+}
+
+absl::Status ValidateShardedCrossEntropySpec(const ShardedCrossEntropySpec& spec) {
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(UnshardedSpec(spec)));
+  if (spec.shard_start < 0 || spec.shard_start >= spec.vocab) {
+    return absl::InvalidArgumentError(fmt::format(
+        "shard_start: {} is outside the vocab, expected 0 to {}", spec.shard_start, spec.vocab - 1));
+  }
+  if (spec.shard_end <= spec.shard_start || spec.shard_end > spec.vocab) {
+    return absl::InvalidArgumentError(fmt::format(
+        "shard_end: {} must be above shard_start {} (a shard is not empty) and at most vocab {}",
+        spec.shard_end, spec.shard_start, spec.vocab));
+  }
+  if (spec.config && spec.config->cluster != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.cluster: {}, but the sharded op streams its row (the reduction across shards "
+        "sits between the passes): use cluster=0",
+        spec.config->cluster));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEntropySpec& spec,
+                                                           const CrossEntropyConfig& config) {
+  ShardedCrossEntropySpec checked = spec;
+  checked.config = config;
+  KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(checked));
+  // The unsharded op's description of the problem (validating the config too), for this shard.
+  KJIT_ASSIGN_OR_RETURN(jit::Source whole, RenderCrossEntropy(UnshardedSpec(checked), config));
+  std::map<std::string, std::string> params = std::move(whole.params);
+  params["op"] = "sharded_cross_entropy";
+  params["width"] = std::to_string(spec.width());
+  params.erase("argmax");
+  const std::string shape = ShapeArgs(spec, config), options = OptionArgs(spec);
+  const char* reduction = kReductionDeviceNames[static_cast<int>(spec.reduction)];
+  auto finish = [&](bool gradient) {
+    return fmt::format("kjit::sharded_cross_entropy_finish<{}, {}, {}, {}>", shape, reduction,
+                       options, Bool(gradient));
+  };
+  // Order matters: the Kernel enum reads them back by position.
+  std::vector<std::string> kernels = {
+      fmt::format("kjit::cross_entropy_count<{}, {}, {}>", IndexDeviceType(spec.target_type),
+                  spec.vocab, kCountThreads),
+      fmt::format("kjit::sharded_cross_entropy_stats<{}, {}>", shape, options),
+      fmt::format("kjit::sharded_cross_entropy_rescale<{}>", kStatsThreads),
+      fmt::format("kjit::sharded_cross_entropy_combine<{}>", kStatsThreads),
+      finish(false), finish(true)};
+  if (spec.reduction != Reduction::kNone) {
+    kernels.push_back(fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads, reduction));
+  }
+  // The shard's start is a kernel argument, not a template one (nor a param): the ranks of an even
+  // split share one program and one cache entry.
+  return jit::RenderSource("sharded_cross_entropy",
+                           {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh",
+                            "cross_entropy_sharded_params.h", "cross_entropy_sharded.cuh"},
+                           std::move(kernels), std::move(params));
+}
+
+namespace internal {
+
+struct ShardedCrossEntropyKernels {
+  CrossEntropyConfig config;
+  LoadedProgram program;  // by Kernel
+  CUfunction operator[](int k) const { return program.functions[k]; }
+};
+
+struct ShardedCrossEntropyState {
+  ShardedCrossEntropySpec spec;
+  CrossEntropyConfig config;  // for the widest vector
+  OpKernels<CrossEntropyConfig, ShardedCrossEntropyKernels> kernels;  // narrower for misaligned
+
+  CrossEntropyConfig ConfigForVec(int vec) const {
+    if (vec == config.vec) return config;
+    return ops::DefaultShardedCrossEntropyConfig(spec.width(), vec);
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+absl::StatusOr<const internal::ShardedCrossEntropyKernels*> KernelsFor(
+    const internal::RuntimeState& rt, internal::ShardedCrossEntropyState& op, int vec) {
+  return op.kernels.Get(
+      [&] { return op.ConfigForVec(vec); },
+      [&](const CrossEntropyConfig& c) -> absl::StatusOr<internal::ShardedCrossEntropyKernels> {
+        internal::ShardedCrossEntropyKernels k{.config = c};
+        KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderShardedCrossEntropy(op.spec, c));
+        KJIT_ASSIGN_OR_RETURN(k.program, internal::LoadProgram(rt, src));
+        return k;
+      });
+}
+
+absl::Status CheckWorkspacePointer(const std::string& name, void* workspace) {
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: {} is not 16-byte aligned device memory of WorkspaceBytes(rows) bytes", name,
+        workspace));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStatsRows(int64_t rows) {
+  if (rows < 1 || rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        fmt::format("rows: {} must be from 1 to {} (one block per row)", rows, INT32_MAX));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const ShardedCrossEntropySpec& ShardedCrossEntropy::spec() const { return op_->spec; }
+const CrossEntropyConfig& ShardedCrossEntropy::config() const { return op_->config; }
+
+int64_t ShardedCrossEntropy::WorkspaceBytes(int64_t rows) const {
+  rows = std::max<int64_t>(rows, 1);
+  return (kStatsOffset + StatsBytes(rows) + RowLossBytes(op_->spec, rows) + 15) / 16 * 16;
+}
+
+ShardStatsView ShardedCrossEntropy::StatsOf(void* workspace, int64_t rows) const {
+  float* stats = StatsIn(workspace);
+  return {stats + kShardMax * rows, stats + kShardSumExp * rows, rows};
+}
+
+absl::StatusOr<BuildInfo> ShardedCrossEntropy::Build() const {
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderShardedCrossEntropy(op_->spec, op_->config));
+  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built built, rt_->jit->Build(src, rt_->target));
+  return internal::ToBuildInfo(built);
+}
+
+absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) const {
+  const ShardedCrossEntropySpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.width()));
+  const int64_t rows = a.logits.rows;
+  const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
+  if (a.targets.data == nullptr) return absl::InvalidArgumentError("targets: null pointer");
+  if (a.targets.type != s.target_type || a.targets.size != rows) {
+    return absl::InvalidArgumentError(fmt::format("targets: {} of {}, expected {} of {}",
+                                                  a.targets.size, Name(a.targets.type), rows,
+                                                  Name(s.target_type)));
+  }
+  if (reinterpret_cast<uintptr_t>(a.targets.data) % SizeOf(s.target_type) != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("targets: pointer {} is not aligned to its {}-byte elements", a.targets.data,
+                    SizeOf(s.target_type)));
+  }
+  const TensorView targets = Bytes(a.targets.data, rows * SizeOf(s.target_type));
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
+  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (!a.grad.empty()) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.width()));
+    if (a.grad.data == a.logits.data && a.grad.row_stride != a.logits.row_stride) {
+      return absl::InvalidArgumentError("grad: aliases logits with another row_stride");
+    }
+    KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("grad", a.grad, "logits", a.logits));
+  }
+  if (!a.grad_output.empty()) {
+    if (a.grad.empty()) return absl::InvalidArgumentError("grad_output: given without grad");
+    KJIT_RETURN_IF_ERROR(
+        internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
+  }
+  const int64_t ws_bytes = WorkspaceBytes(rows);
+  KJIT_RETURN_IF_ERROR(CheckWorkspacePointer("workspace", a.workspace));
+  if (a.workspace_bytes < ws_bytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace_bytes: {} is too small, need WorkspaceBytes(rows) = {}", a.workspace_bytes,
+        ws_bytes));
+  }
+  // Outputs must not overlap each other or an input (grad against logits is checked above).
+  const std::pair<const char*, TensorView> outputs[] = {
+      {"loss", a.loss}, {"lse", a.lse}, {"grad", a.grad}, {"workspace", Bytes(a.workspace, ws_bytes)}};
+  const std::pair<const char*, TensorView> inputs[] = {
+      {"logits", a.logits}, {"targets", targets}, {"grad_output", a.grad_output}};
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    for (size_t j = i + 1; j < std::size(outputs); ++j) {
+      KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap(outputs[j].first, outputs[j].second,
+                                                    outputs[i].first, outputs[i].second));
+    }
+    for (const auto& [name, in] : inputs) {
+      if (std::strcmp(outputs[i].first, "grad") == 0 && std::strcmp(name, "logits") == 0) continue;
+      KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap(outputs[i].first, outputs[i].second, name, in));
+    }
+  }
+  return rt_->NeedsDevice();
+}
+
+namespace {
+
+// The params both phases take; the outputs are left null.
+ShardedCrossEntropyParams PhaseParams(const ShardedCrossEntropySpec& s,
+                                      const ShardedCrossEntropyArgs& a) {
+  ShardedCrossEntropyParams p{};
+  CrossEntropyRowParams& r = p.row;
+  r.logits = a.logits.data;
+  r.logits_stride = a.logits.row_stride;
+  r.targets = a.targets.data;
+  r.rows = a.logits.rows;
+  r.ignore_index = s.ignore_index;
+  r.label_smoothing = s.label_smoothing;
+  r.lse_square_scale = s.lse_square_scale;
+  r.softcap = s.softcap;
+  r.lse = static_cast<float*>(a.lse.data);
+  r.counters = static_cast<const CrossEntropyCounters*>(a.workspace);
+  p.shard_start = s.shard_start;
+  p.stats = StatsIn(a.workspace);
+  return p;
+}
+
+}  // namespace
+
+absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
+                                               const ShardedCrossEntropyArgs& a) const {
+  KJIT_RETURN_IF_ERROR(CheckArgs(a));
+  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
+  CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.ignore_index,
+                            static_cast<CrossEntropyCounters*>(a.workspace)};
+  KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[kCount], 1, kCountThreads, stream, &c));
+  ShardedCrossEntropyParams p = PhaseParams(op_->spec, a);
+  return rt_->Launch((*k)[kStats], a.logits.rows, k->config.threads, stream, &p);
+}
+
+absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntropyArgs& a) const {
+  KJIT_RETURN_IF_ERROR(CheckArgs(a));
+  const ShardedCrossEntropySpec& s = op_->spec;
+  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
+  const int64_t rows = a.logits.rows;
+  float* row_loss = s.reduction == Reduction::kNone
+                        ? static_cast<float*>(a.loss.data)
+                        : StatsIn(a.workspace) + kShardStatCount * rows;
+  ShardedCrossEntropyParams p = PhaseParams(s, a);
+  p.row.row_loss = row_loss;
+  p.row.grad_output = static_cast<const float*>(a.grad_output.data);
+  p.row.grad = a.grad.data;
+  p.row.grad_stride = a.grad.row_stride;
+  KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[a.grad.empty() ? kFinishForward : kFinishGradient], rows,
+                                   k->config.threads, stream, &p));
+  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  CrossEntropyReduceParams r{row_loss, rows, p.row.counters, static_cast<float*>(a.loss.data)};
+  return rt_->Launch((*k)[kReduce], 1, kReduceThreads, stream, &r);
+}
+
+absl::Status ShardedCrossEntropy::LaunchOnStats(CUstream stream, int which,
+                                                const std::vector<void*>& workspaces,
+                                                int64_t rows) const {
+  KJIT_RETURN_IF_ERROR(CheckStatsRows(rows));
+  ShardStatsParams p{};
+  for (size_t i = 0; i < workspaces.size(); ++i) {
+    KJIT_RETURN_IF_ERROR(CheckWorkspacePointer(fmt::format("workspaces[{}]", i), workspaces[i]));
+    p.stats[i] = StatsIn(workspaces[i]);
+  }
+  p.shards = static_cast<int>(workspaces.size());
+  p.rows = rows;
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
+  KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k,
+                        KernelsFor(*rt_, *op_, op_->config.vec));
+  return rt_->Launch((*k)[which], (rows + kStatsThreads - 1) / kStatsThreads, kStatsThreads,
+                     stream, &p);
+}
+
+absl::Status ShardedCrossEntropy::RescaleStats(CUstream stream, void* workspace,
+                                               int64_t rows) const {
+  return LaunchOnStats(stream, kRescale, {workspace}, rows);
+}
+
+absl::Status ShardedCrossEntropy::AllReduceStats(CUstream stream, void* workspace, int64_t rows,
+                                                 NcclComm comm) const {
+  KJIT_RETURN_IF_ERROR(CheckStatsRows(rows));
+  KJIT_ASSIGN_OR_RETURN(const Nccl* loaded, Nccl::Get());
+  const Nccl& nccl = *loaded;
+  const ShardStatsView v = StatsOf(workspace, rows);
+  KJIT_RETURN_IF_ERROR(nccl.AllReduce(v.max, rows, NcclOp::kMax, comm, stream));
+  KJIT_RETURN_IF_ERROR(RescaleStats(stream, workspace, rows));
+  return nccl.AllReduce(v.sums, 3 * rows, NcclOp::kSum, comm, stream);
+}
+
+absl::Status ShardedCrossEntropy::Run(CUstream stream, const ShardedCrossEntropyArgs& args,
+                                      NcclComm comm) const {
+  KJIT_RETURN_IF_ERROR(ComputeStats(stream, args));
+  KJIT_RETURN_IF_ERROR(AllReduceStats(stream, args.workspace, args.logits.rows, comm));
+  return Finish(stream, args);
+}
+
+absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vector<Shard>& shards,
+                                               int64_t rows) {
+  if (shards.empty() || shards.size() > kMaxCombinedShards) {
+    return absl::InvalidArgumentError(fmt::format("shards: {} given, expected 1 to {}",
+                                                  shards.size(), kMaxCombinedShards));
+  }
+  std::vector<void*> workspaces;
+  int64_t next = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].op == nullptr) {
+      return absl::InvalidArgumentError(fmt::format("shards[{}].op: null", i));
+    }
+    const ShardedCrossEntropySpec& s = shards[i].op->spec();
+    const ShardedCrossEntropySpec& first = shards[0].op->spec();
+    if (s.shard_start != next || s.vocab != first.vocab || s.reduction != first.reduction) {
+      return absl::InvalidArgumentError(fmt::format(
+          "shards[{}]: classes [{}, {}) of vocab {}, expected the next shard of vocab {} from {} "
+          "with the same reduction (the shards must tile the vocab in order)",
+          i, s.shard_start, s.shard_end, s.vocab, first.vocab, next));
+    }
+    next = s.shard_end;
+    workspaces.push_back(shards[i].workspace);
+  }
+  if (next != shards[0].op->spec().vocab) {
+    return absl::InvalidArgumentError(fmt::format(
+        "shards: cover classes [0, {}) of {}; the last shard must end at the vocab", next,
+        shards[0].op->spec().vocab));
+  }
+  return shards[0].op->LaunchOnStats(stream, kCombine, workspaces, rows);
+}
+
+absl::StatusOr<kjit::ShardedCrossEntropy> Runtime::ShardedCrossEntropy(
+    const ShardedCrossEntropySpec& spec) const {
+  KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(spec));
+  auto op = std::make_shared<internal::ShardedCrossEntropyState>();
+  op->spec = spec;
+  const int max_vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
+  op->config = spec.config.value_or(ops::DefaultShardedCrossEntropyConfig(spec.width(), max_vec));
+  kjit::ShardedCrossEntropy ce(state_, op);
+  if (!state_->compile_only) {
+    // Build and load the common case now so that errors surface here, not in the first launch.
+    KJIT_RETURN_IF_ERROR(KernelsFor(*state_, *op, op->config.vec).status());
+  }
+  return ce;
+}
+
+}  // namespace kjit

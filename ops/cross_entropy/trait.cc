@@ -1,0 +1,67 @@
+#include "ops/cross_entropy/trait.h"
+
+#include <fmt/format.h>
+
+#include "ops/cross_entropy/search_space.h"
+
+namespace kjit::ops {
+
+using Trait = OpTrait<CrossEntropySpec>;
+
+std::string Trait::TuningOp(const Spec&) { return std::string(kName); }
+
+std::string Trait::TuningShape(const Spec& s) {
+  std::string shape = fmt::format("vocab={}", s.vocab);
+  if (s.softcap > 0) shape += " softcap";
+  if (s.label_smoothing > 0) shape += " smoothing";
+  if (s.lse_square_scale > 0) shape += " z_loss";
+  if (s.argmax) shape += " argmax";
+  return shape;
+}
+
+nlohmann::json Trait::ToJson(const Spec& s) {
+  return {{"op", kName},
+          {"vocab", s.vocab},
+          {"dtype", Name(s.dtype)},
+          {"target_type", Name(s.target_type)},
+          {"ignore_index", s.ignore_index},
+          {"reduction", Name(s.reduction)},
+          {"label_smoothing", s.label_smoothing},
+          {"lse_square_scale", s.lse_square_scale},
+          {"softcap", s.softcap},
+          {"argmax", s.argmax}};
+}
+
+absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
+  Spec s{.vocab = j.at("vocab").get<int64_t>(),
+         .ignore_index = j.at("ignore_index").get<int64_t>(),
+         .label_smoothing = j.at("label_smoothing").get<float>(),
+         .lse_square_scale = j.at("lse_square_scale").get<float>(),
+         .softcap = j.at("softcap").get<float>(),
+         .argmax = j.at("argmax").get<bool>()};
+  KJIT_ASSIGN_OR_RETURN(s.dtype, ParseDType(j.at("dtype").get<std::string>()));
+  const std::string targets = j.at("target_type").get<std::string>();
+  if (targets != "int32" && targets != "int64") {
+    return absl::InvalidArgumentError(
+        fmt::format("target_type: \"{}\" is not int32 or int64", targets));
+  }
+  s.target_type = targets == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+  const std::string reduction = j.at("reduction").get<std::string>();
+  bool known = false;
+  for (Reduction r : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
+    if (reduction == Name(r)) s.reduction = r, known = true;
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        fmt::format("reduction: \"{}\" is not none, sum or mean", reduction));
+  }
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(s));
+  return s;
+}
+
+std::vector<Candidate<CrossEntropyConfig>> Trait::SearchSpace(const Spec& s,
+                                                              const Config& heuristic, int arch) {
+  return CrossEntropySearchSpace(s.vocab, heuristic.vec, arch);
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,77 @@
+// Cross-entropy as the tuner, `kjit compile`, `kjit bench` and doctor see it (ops/op_trait.h).
+//
+//   using T = OpTrait<CrossEntropySpec>;
+//   T::TuningShape({.vocab = 256000, .softcap = 30});   // "vocab=256000 softcap"
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kjit/cross_entropy.h"
+#include "ops/common/search_space.h"
+#include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/trial.h"
+#include "ops/op_trait.h"
+
+namespace kjit::ops {
+
+template <>
+struct OpTrait<CrossEntropySpec> {
+  using Spec = CrossEntropySpec;
+  using Config = CrossEntropyConfig;
+  using Op = CrossEntropy;
+  using Trial = CrossEntropyTrial;
+  static constexpr std::string_view kName = "cross_entropy";
+
+  // "cross_entropy"; "vocab=128256", plus " softcap", " smoothing", " z_loss", " argmax": the
+  // options that add work per element.
+  static std::string TuningOp(const Spec& s);
+  static std::string TuningShape(const Spec& s);
+  // "cross_entropy.forward": the config of the streaming launches (forward only, backward from a
+  // saved lse), tuned apart from the fused forward+backward's.
+  static std::string StreamingTuningOp(const Spec& s) { return TuningOp(s) + ".forward"; }
+  static nlohmann::json ToJson(const Spec& s);
+  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
+  static absl::StatusOr<Config> ParseConfig(std::string_view text) {
+    return ParseCrossEntropyConfig(text);
+  }
+  static absl::StatusOr<Op> Create(const Runtime& rt, const Spec& s) { return rt.CrossEntropy(s); }
+
+  static std::vector<TunedPass> TunedPasses(const Spec& s) {
+    return {{Pass::kForwardBackward, TuningOp(s)}, {Pass::kForward, StreamingTuningOp(s)}};
+  }
+  static std::vector<Candidate<Config>> SearchSpace(const Spec& s, const Config& heuristic,
+                                                    int arch);
+  static std::vector<Pass> PassesToTime(const Config&, const Config&, Pass tuned) {
+    return {tuned};
+  }
+  static std::optional<Config> Combine(const Config&, const Config&, const Config&) {
+    return std::nullopt;
+  }
+  static Config ConfigUsed(const Op& op, int64_t rows, Pass pass) {
+    return op.ConfigFor(rows, /*fused=*/pass == Pass::kForwardBackward);
+  }
+
+  static constexpr std::string_view kSizeName = "vocab";  // the size BenchSpec takes
+  // The fused loss and gradient (mean, gradient in place) and the forward alone.
+  static std::vector<Pass> BenchPasses() { return {Pass::kForwardBackward, Pass::kForward}; }
+  static Spec BenchSpec(int64_t vocab, DType dtype) {
+    return {.vocab = vocab, .dtype = dtype, .target_type = IndexType::kInt64,
+            .reduction = Reduction::kMean};
+  }
+  static std::vector<std::pair<int64_t, int64_t>> BenchShapes() {
+    return {{128256, 16384}, {128256, 4096}, {128256, 256}};
+  }
+  static nlohmann::json BenchFields(const Spec& s, const Trial& t, int64_t rows) {
+    return {{"vocab", s.vocab}, {"rows", rows}, {"extra_device_bytes", t.workspace_bytes()},
+            {"checked_rows", t.checked_rows()}};
+  }
+};
+
+}  // namespace kjit::ops

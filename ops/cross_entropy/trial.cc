@@ -1,0 +1,109 @@
+#include "ops/cross_entropy/trial.h"
+
+#include <fmt/format.h>
+
+namespace kjit::ops {
+
+
+absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
+    const Runtime& rt, const CrossEntropySpec& spec, int64_t rows) {
+  CrossEntropySpec heuristic_spec = spec;
+  heuristic_spec.config.reset();
+  KJIT_ASSIGN_OR_RETURN(CrossEntropy heuristic, rt.CrossEntropy(heuristic_spec));
+  const int64_t row_bytes = spec.vocab * static_cast<int64_t>(SizeOf(spec.dtype));
+  const size_t index_bytes = SizeOf(spec.target_type);
+  const int64_t losses = spec.reduction == Reduction::kNone ? rows : 1;
+  const int64_t workspace_bytes = heuristic.WorkspaceBytes(rows);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer pristine, DeviceBuffer::Create(rt, rows * row_bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer work, DeviceBuffer::Create(rt, rows * row_bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer targets, DeviceBuffer::Create(rt, rows * index_bytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer loss, DeviceBuffer::Create(rt, losses * sizeof(float)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Create(rt, rows * sizeof(float)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::Create(rt, workspace_bytes));
+  std::unique_ptr<CrossEntropyTrial> t(
+      new CrossEntropyTrial(rt, std::move(pristine), std::move(work), std::move(targets),
+                            std::move(loss), std::move(lse), std::move(workspace)));
+  t->spec_ = heuristic_spec;
+  t->rows_ = rows;
+  t->workspace_bytes_ = workspace_bytes;
+  // Logits spread over [-8, 8): a softmax neither flat nor one-hot.
+  KJIT_RETURN_IF_ERROR(RandomFill(rt, t->pristine_.data(), spec.dtype, rows, spec.vocab,
+                                  spec.vocab, 0x5eed, -8.0f, 8.0f));
+  KJIT_RETURN_IF_ERROR(
+      RandomTargets(rt, t->targets_.data(), spec.target_type, rows, 0x5eed, spec.vocab));
+
+  t->sample_ = SampleRows(rows);
+  std::vector<double> logits;
+  std::vector<int64_t> sample_targets;
+  for (int64_t r : t->sample_) {
+    KJIT_ASSIGN_OR_RETURN(std::vector<double> row,
+                          DownloadValues(t->pristine_, spec.dtype, r * row_bytes, row_bytes));
+    logits.insert(logits.end(), row.begin(), row.end());
+    // Little-endian: an int32 target lands in the low half of the zeroed int64.
+    int64_t target = 0;
+    KJIT_RETURN_IF_ERROR(t->targets_.Download(&target, index_bytes, r * index_bytes));
+    sample_targets.push_back(target);
+  }
+  // The sampled rows are checked as a problem of their own with reduction none and each row's
+  // share of the real reduction as its upstream scale (1 / rows for the mean: every target valid).
+  t->math_ = {.vocab = spec.vocab, .dtype = spec.dtype, .ignore_index = spec.ignore_index,
+              .reduction = Reduction::kNone, .label_smoothing = spec.label_smoothing,
+              .lse_square_scale = spec.lse_square_scale, .softcap = spec.softcap};
+  const std::vector<double> scale(t->sample_.size(),
+                                  spec.reduction == Reduction::kMean ? 1.0 / rows : 1.0);
+  t->ref_ = CrossEntropyReference(t->math_, t->checked_rows(), logits, sample_targets, &scale,
+                                  /*with_grad=*/true);
+  return t;
+}
+
+absl::Status CrossEntropyTrial::Restore() const { return work_.CopyFrom(pristine_); }
+
+CrossEntropyArgs CrossEntropyTrial::Args(bool gradient) const {
+  const DeviceBuffer& logits_buf = gradient ? work_ : pristine_;
+  const TensorView logits = TensorView::Matrix(logits_buf.data(), spec_.dtype, rows_, spec_.vocab);
+  return {.logits = logits,
+          .targets = IndexView::Of(targets_.data(), spec_.target_type, rows_),
+          .loss = TensorView::Vector(loss_.data(), DType::kF32,
+                                     spec_.reduction == Reduction::kNone ? rows_ : 1),
+          .lse = TensorView::Vector(lse_.data(), DType::kF32, rows_),
+          .grad = gradient ? logits : TensorView{},  // in place
+          .workspace = workspace_.data(),
+          .workspace_bytes = workspace_bytes_};
+}
+
+absl::Status CrossEntropyTrial::Check(const CrossEntropy& op) {
+  KJIT_RETURN_IF_ERROR(Restore());
+  KJIT_RETURN_IF_ERROR(lse_.Fill(0xFF));  // NaN: an unwritten lse fails
+  KJIT_RETURN_IF_ERROR(op.ForwardBackward(nullptr, Args(/*gradient=*/true)));
+  const int64_t row_bytes = spec_.vocab * static_cast<int64_t>(SizeOf(spec_.dtype));
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> all_lse, DownloadValues(lse_, DType::kF32));
+  std::vector<double> grad, lse;
+  for (int64_t r : sample_) {
+    KJIT_ASSIGN_OR_RETURN(std::vector<double> g,
+                          DownloadValues(work_, spec_.dtype, r * row_bytes, row_bytes));
+    grad.insert(grad.end(), g.begin(), g.end());
+    lse.push_back(all_lse[r]);
+  }
+  return Mismatches(
+      fmt::format("cross_entropy vocab={} rows={} {}", spec_.vocab, rows_, op.config().ToString()),
+      CheckCrossEntropy(math_, {.lse = &lse, .grad = &grad}, ref_));
+}
+
+absl::StatusOr<TimedWork> CrossEntropyTrial::Work(const CrossEntropy& op, Pass pass) {
+  switch (pass) {
+    case Pass::kForwardBackward:
+      return TimedWork{[&op, args = Args(true)] { return op.ForwardBackward(nullptr, args); },
+                       [this] { return Restore(); }};
+    case Pass::kForward:
+      return TimedWork{[&op, args = Args(false)] { return op.Forward(nullptr, args); }, nullptr};
+    case Pass::kBackward: break;
+  }
+  return absl::InvalidArgumentError("pass: cross_entropy trials time forward or forward_backward");
+}
+
+double CrossEntropyTrial::Bytes(Pass pass) const {
+  const double logits = static_cast<double>(rows_) * spec_.vocab * SizeOf(spec_.dtype);
+  return pass == Pass::kForward ? logits : 2 * logits;
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,54 @@
+// The cross-entropy trial (ops/common/trial.h): logits and targets made on the device, the fused
+// forward+backward checked on sampled rows, and the passes the tuner and `kjit bench` time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kjit/device_buffer.h"
+#include "kjit/kjit.h"
+#include "ops/common/trial.h"
+#include "ops/cross_entropy/reference.h"
+
+namespace kjit::ops {
+
+// Cross-entropy with the gradient in place into the logits (the fused op's main use) and the
+// forward alone. The spec's reduction, options and target type are used as given; every target
+// is valid. Checked on sampled rows: the first and last 16 and 32 spread between.
+class CrossEntropyTrial {
+ public:
+  static absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> Create(const Runtime& rt,
+                                                                    const CrossEntropySpec& spec,
+                                                                    int64_t rows);
+  // Runs the fused forward+backward and compares lse, loss and the sampled gradient rows.
+  absl::Status Check(const CrossEntropy& op);
+  // kForwardBackward restores the logits (untimed) before every launch; kForward reads them.
+  absl::StatusOr<TimedWork> Work(const CrossEntropy& op, Pass pass);
+  // The fewest bytes a pass must move: the logits read, and for the gradient written.
+  double Bytes(Pass pass) const;
+  int64_t rows() const { return rows_; }
+  int64_t workspace_bytes() const { return workspace_bytes_; }
+  int64_t checked_rows() const { return static_cast<int64_t>(sample_.size()); }
+
+ private:
+  CrossEntropyTrial(const Runtime& rt, DeviceBuffer pristine, DeviceBuffer work,
+                    DeviceBuffer targets, DeviceBuffer loss, DeviceBuffer lse,
+                    DeviceBuffer workspace)
+      : rt_(rt), pristine_(std::move(pristine)), work_(std::move(work)),
+        targets_(std::move(targets)), loss_(std::move(loss)), lse_(std::move(lse)),
+        workspace_(std::move(workspace)) {}
+  absl::Status Restore() const;
+  CrossEntropyArgs Args(bool gradient) const;
+
+  const Runtime& rt_;
+  CrossEntropySpec spec_;
+  int64_t rows_ = 0;
+  int64_t workspace_bytes_ = 0;
+  DeviceBuffer pristine_, work_, targets_, loss_, lse_, workspace_;
+  std::vector<int64_t> sample_;
+  CrossEntropyMath math_;
+  CrossEntropyResult ref_;
+};
+
+}  // namespace kjit::ops

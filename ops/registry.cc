@@ -1,0 +1,235 @@
+#include "ops/registry.h"
+
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "runtime/runtime_state.h"
+#include "runtime/tuned_configs.h"
+
+namespace kjit::ops {
+
+namespace {
+
+template <typename Spec>
+using TraitOf = OpTrait<std::decay_t<Spec>>;
+
+// Calls f(OpTrait<S>{}, S{}) for the alternative whose name is `name`; false when none is.
+template <typename F, size_t I = 0>
+bool ForOpNamed(std::string_view name, F&& f) {
+  if constexpr (I == std::variant_size_v<OpSpec>) {
+    return false;
+  } else {
+    using Spec = std::variant_alternative_t<I, OpSpec>;
+    if (OpTrait<Spec>::kName == name) {
+      f(OpTrait<Spec>{}, Spec{});
+      return true;
+    }
+    return ForOpNamed<F, I + 1>(name, std::forward<F>(f));
+  }
+}
+
+absl::Status UnknownOp(std::string_view name) {
+  return absl::InvalidArgumentError(
+      fmt::format("op: \"{}\" is not one of {}", name, fmt::join(OpNames(), ", ")));
+}
+
+template <typename Spec>
+class TrialOf : public AnyTrial {
+ public:
+  using Trait = OpTrait<Spec>;
+  TrialOf(const Runtime& rt, const Spec& spec, int64_t rows,
+          std::unique_ptr<typename Trait::Trial> trial)
+      : rt_(rt), spec_(spec), rows_(rows), trial_(std::move(trial)) {}
+
+  absl::Status Check(const OpSpec& op) override {
+    const Spec* s = std::get_if<Spec>(&op);
+    if (s == nullptr) return absl::InvalidArgumentError("op: not this trial's op");
+    op_.reset();
+    KJIT_ASSIGN_OR_RETURN(typename Trait::Op made, Trait::Create(rt_, *s));
+    op_.emplace(std::move(made));
+    absl::Status checked = trial_->Check(*op_);
+    if (!checked.ok()) op_.reset();
+    return checked;
+  }
+  absl::StatusOr<TimedWork> Work(Pass pass) override {
+    if (!op_) return absl::FailedPreconditionError("trial: Work before a successful Check");
+    return trial_->Work(*op_, pass);
+  }
+  std::string ConfigUsed(Pass pass) const override {
+    return op_ ? Trait::ConfigUsed(*op_, rows_, pass).ToString() : "";
+  }
+  std::string OpConfig() const override { return op_ ? op_->config().ToString() : ""; }
+  double Bytes(Pass pass) const override { return trial_->Bytes(pass); }
+  std::vector<Pass> BenchPasses() const override { return Trait::BenchPasses(); }
+  nlohmann::json BenchFields() const override {
+    return Trait::BenchFields(spec_, *trial_, rows_);
+  }
+
+ private:
+  const Runtime& rt_;
+  Spec spec_;
+  int64_t rows_;
+  std::unique_ptr<typename Trait::Trial> trial_;
+  std::optional<typename Trait::Op> op_;
+};
+
+}  // namespace
+
+std::vector<std::string> OpNames() {
+  return []<size_t... I>(std::index_sequence<I...>) {
+    return std::vector<std::string>{
+        std::string(OpTrait<std::variant_alternative_t<I, OpSpec>>::kName)...};
+  }(std::make_index_sequence<std::variant_size_v<OpSpec>>{});
+}
+
+std::string OpName(const OpSpec& op) {
+  return std::visit([](const auto& s) { return std::string(TraitOf<decltype(s)>::kName); }, op);
+}
+std::string TuningOp(const OpSpec& op) {
+  return std::visit([](const auto& s) { return TraitOf<decltype(s)>::TuningOp(s); }, op);
+}
+std::string TuningShape(const OpSpec& op) {
+  return std::visit([](const auto& s) { return TraitOf<decltype(s)>::TuningShape(s); }, op);
+}
+DType OpDType(const OpSpec& op) {
+  return std::visit([](const auto& s) { return s.dtype; }, op);
+}
+
+internal::TuningKey TuningKeyFor(const Runtime& rt, const OpSpec& op, int64_t rows,
+                                 const std::string& record_op) {
+  return internal::TuningKeyFor(internal::StateOf(rt), record_op.empty() ? TuningOp(op) : record_op,
+                                TuningShape(op), OpDType(op), rows);
+}
+
+std::string SpecToJson(const OpSpec& op) {
+  return std::visit([](const auto& s) { return TraitOf<decltype(s)>::ToJson(s).dump(); }, op);
+}
+
+absl::StatusOr<OpSpec> SpecFromJson(std::string_view text) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    const std::string name = j.at("op").get<std::string>();
+    absl::StatusOr<OpSpec> out = UnknownOp(name);
+    ForOpNamed(name, [&](auto trait, auto) {
+      auto spec = decltype(trait)::FromJson(j);
+      out = spec.ok() ? absl::StatusOr<OpSpec>(*spec) : absl::StatusOr<OpSpec>(spec.status());
+    });
+    return out;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("op spec: {}", e.what()));
+  }
+}
+
+absl::StatusOr<OpSpec> WithConfig(const OpSpec& op, const std::string& config) {
+  return std::visit(
+      [&](auto s) -> absl::StatusOr<OpSpec> {
+        KJIT_ASSIGN_OR_RETURN(s.config, TraitOf<decltype(s)>::ParseConfig(config));
+        return s;
+      },
+      op);
+}
+
+absl::StatusOr<std::string> HeuristicConfig(const Runtime& rt, const OpSpec& op) {
+  // Asked of a compile-only twin: an op on a GPU runtime would load its kernels.
+  KJIT_ASSIGN_OR_RETURN(const Runtime twin, Runtime::Create({.target = rt.target(),
+                                                             .compile_only = true,
+                                                             .tuning_db = "off"}));
+  return std::visit(
+      [&](auto s) -> absl::StatusOr<std::string> {
+        s.config.reset();
+        KJIT_ASSIGN_OR_RETURN(auto made, TraitOf<decltype(s)>::Create(twin, s));
+        return made.config().ToString();
+      },
+      op);
+}
+
+absl::StatusOr<BuildInfo> Build(const Runtime& rt, const OpSpec& op) {
+  return std::visit(
+      [&](const auto& s) -> absl::StatusOr<BuildInfo> {
+        KJIT_ASSIGN_OR_RETURN(auto made, TraitOf<decltype(s)>::Create(rt, s));
+        return made.Build();
+      },
+      op);
+}
+
+std::vector<TunedPass> TunedPasses(const OpSpec& op) {
+  return std::visit([](const auto& s) { return TraitOf<decltype(s)>::TunedPasses(s); }, op);
+}
+
+std::vector<std::pair<std::string, std::string>> SearchSpace(const OpSpec& op,
+                                                             const std::string& heuristic,
+                                                             int arch) {
+  return std::visit(
+      [&](const auto& s) {
+        using Trait = TraitOf<decltype(s)>;
+        std::vector<std::pair<std::string, std::string>> out;
+        const auto h = Trait::ParseConfig(heuristic);
+        if (!h.ok()) return out;
+        for (const auto& c : Trait::SearchSpace(s, *h, arch)) {
+          out.emplace_back(c.config.ToString(), c.pruned);
+        }
+        return out;
+      },
+      op);
+}
+
+std::vector<Pass> PassesToTime(const OpSpec& op, const std::string& config,
+                               const std::string& heuristic, Pass tuned) {
+  return std::visit(
+      [&](const auto& s) -> std::vector<Pass> {
+        using Trait = TraitOf<decltype(s)>;
+        const auto c = Trait::ParseConfig(config), h = Trait::ParseConfig(heuristic);
+        if (!c.ok() || !h.ok()) return {tuned};
+        return Trait::PassesToTime(*c, *h, tuned);
+      },
+      op);
+}
+
+std::optional<std::string> Combine(const OpSpec& op, const std::string& heuristic,
+                                   const std::string& fastest_forward,
+                                   const std::string& fastest_backward) {
+  return std::visit(
+      [&](const auto& s) -> std::optional<std::string> {
+        using Trait = TraitOf<decltype(s)>;
+        const auto h = Trait::ParseConfig(heuristic), f = Trait::ParseConfig(fastest_forward),
+                   b = Trait::ParseConfig(fastest_backward);
+        if (!h.ok() || !f.ok() || !b.ok()) return std::nullopt;
+        const auto combined = Trait::Combine(*h, *f, *b);
+        if (!combined) return std::nullopt;
+        return combined->ToString();
+      },
+      op);
+}
+
+absl::StatusOr<std::unique_ptr<AnyTrial>> MakeTrial(const Runtime& rt, const OpSpec& op,
+                                                    int64_t rows) {
+  return std::visit(
+      [&](const auto& s) -> absl::StatusOr<std::unique_ptr<AnyTrial>> {
+        using Spec = std::decay_t<decltype(s)>;
+        KJIT_ASSIGN_OR_RETURN(auto trial, OpTrait<Spec>::Trial::Create(rt, s, rows));
+        return std::unique_ptr<AnyTrial>(new TrialOf<Spec>(rt, s, rows, std::move(trial)));
+      },
+      op);
+}
+
+absl::StatusOr<OpSpec> BenchSpec(std::string_view name, int64_t size, DType dtype) {
+  absl::StatusOr<OpSpec> out = UnknownOp(name);
+  ForOpNamed(name, [&](auto trait, auto) { out = OpSpec(decltype(trait)::BenchSpec(size, dtype)); });
+  return out;
+}
+
+std::string BenchSizeName(std::string_view name) {
+  std::string out;
+  ForOpNamed(name, [&](auto trait, auto) { out = decltype(trait)::kSizeName; });
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> BenchShapes(std::string_view name) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  ForOpNamed(name, [&](auto trait, auto) { out = decltype(trait)::BenchShapes(); });
+  return out;
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,92 @@
+#include "ops/rms_norm/config.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "ops/common/config_text.h"
+
+namespace kjit {
+
+std::string RmsNormConfig::ToString() const {
+  return fmt::format("vec={} fwd={}x{} bwd={}x{}", vec, forward.threads_per_row,
+                     forward.rows_per_block, backward.threads_per_row, backward.rows_per_block);
+}
+
+namespace ops {
+
+int MaxVecForHidden(int64_t hidden, int elem_bytes) {
+  int vec = 16 / elem_bytes;
+  while (vec > 1 && hidden % vec != 0) vec /= 2;
+  return vec;
+}
+
+namespace {
+
+// "256x1": threads per row x rows per block.
+absl::StatusOr<RowShape> ParseRowShape(const ConfigText& t, std::string_view name) {
+  const std::string_view v = t.Value(name);
+  const size_t x = v.find('x');
+  const std::optional<int> threads = ParseInt(v.substr(0, x));
+  const std::optional<int> rows =
+      x == std::string_view::npos ? std::nullopt : ParseInt(v.substr(x + 1));
+  if (!threads || !rows) return t.Invalid(name, "<threads per row>x<rows per block>, e.g. 256x1");
+  const bool sub_warp = IsPowerOfTwo(*threads) && *threads <= 32;
+  const bool whole_warps = *threads > 0 && *threads <= 1024 && *threads % 32 == 0;
+  if (!sub_warp && !whole_warps) {
+    return t.Invalid(name, "threads per row a power of two <= 32 or a multiple of 32 <= 1024");
+  }
+  if (*rows < 1) return t.Invalid(name, "at least 1 row per block");
+  if (*threads > 32 && *rows != 1) {
+    return t.Invalid(name, "1 row per block when more than 32 threads share a row");
+  }
+  // In 64 bits: rows can be any int here.
+  if (int64_t{*threads} * *rows > 1024) return t.Invalid(name, "at most 1024 threads per block");
+  return RowShape{*threads, *rows};
+}
+
+// Threads per row so that each thread handles about `per_thread` vectors: sub-warp groups packed
+// into 128-thread blocks for short rows, one block per row for long ones.
+RowShape ShapeFor(int64_t hidden, int vec, int per_thread) {
+  const int64_t vectors = (hidden + vec - 1) / vec;
+  const int64_t wanted = (vectors + per_thread - 1) / per_thread;
+  RowShape s;
+  if (wanted <= 32) {
+    int t = 1;
+    while (t < wanted) t *= 2;
+    s.threads_per_row = t;
+    s.rows_per_block = 128 / t;
+  } else {
+    s.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (wanted + 31) / 32 * 32));
+    s.rows_per_block = 1;
+  }
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text) {
+  KJIT_ASSIGN_OR_RETURN(ConfigText t,
+                        ConfigText::Split("RMSNorm config", text, {"vec", "fwd", "bwd"}));
+  RmsNormConfig c;
+  KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
+  if (!IsPowerOfTwo(c.vec) || c.vec > 16) return t.Invalid("vec", "a power of two from 1 to 16");
+  KJIT_ASSIGN_OR_RETURN(c.forward, ParseRowShape(t, "fwd"));
+  KJIT_ASSIGN_OR_RETURN(c.backward, ParseRowShape(t, "bwd"));
+  return c;
+}
+
+RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec) {
+  RmsNormConfig c;
+  c.vec = vec;
+  // Two vectors per thread in the forward: the fastest shape an H200 sweep found at hidden 1024
+  // and 4096 (bench/NOTES.md).
+  c.forward = ShapeFor(hidden, vec, 2);
+  // One vector per thread in the backward: wider blocks, fewer row groups, smaller dw partials.
+  c.backward = ShapeFor(hidden, vec, 1);
+  return c;
+}
+
+}  // namespace ops
+}  // namespace kjit

@@ -1,0 +1,33 @@
+// RMSNorm launch configs (kjit/rms_norm.h): their text form and the heuristic that picks one
+// without tuning.
+//
+// A config fixes the vector width (elements per access, chosen by alignment), how many threads share
+// one row and how many rows a block holds, separately for forward and backward: the backward wants
+// fewer, wider blocks because each row group writes a partial weight-gradient row.
+//
+//   RmsNormConfig c = DefaultRmsNormConfig(/*hidden=*/4096, /*max_vec=*/8);
+//   // c.ToString() == "vec=8 fwd=256x1 bwd=512x1"
+//   // ParseRmsNormConfig(c.ToString()) == c
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kjit/rms_norm.h"
+
+namespace kjit::ops {
+
+// The inverse of ToString(), for configs read back from the tuning database: all three fields, in
+// any order; vec a power of two up to 16, and each row shape as RowShape states with at most 1024
+// threads per block. Whether vec divides a hidden size is not checked here. InvalidArgument naming
+// the field and the text.
+absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text);
+
+// The widest vector (<= 16 bytes) that divides hidden; alignment of the actual pointers may lower it.
+int MaxVecForHidden(int64_t hidden, int elem_bytes);
+
+// A sound default for a hidden size and vector width.
+RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec);
+
+}  // namespace kjit::ops

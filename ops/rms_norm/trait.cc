@@ -1,0 +1,74 @@
+#include "ops/rms_norm/trait.h"
+
+#include <fmt/format.h>
+
+#include "ops/rms_norm/search_space.h"
+
+namespace kjit::ops {
+
+using Trait = OpTrait<RmsNormSpec>;
+
+std::string Trait::TuningOp(const Spec& s) {
+  return s.fused_residual ? "rms_norm+residual" : "rms_norm";
+}
+
+std::string Trait::TuningShape(const Spec& s) {
+  std::string shape = fmt::format("hidden={}", s.hidden);
+  if (s.casting == RmsNormCasting::kGemma) shape += " gemma";
+  if (s.weight_dtype && *s.weight_dtype != s.dtype) {
+    shape += fmt::format(" weight={}", Name(*s.weight_dtype));
+  }
+  return shape;
+}
+
+nlohmann::json Trait::ToJson(const Spec& s) {
+  nlohmann::json j = {{"op", kName},
+                      {"hidden", s.hidden},
+                      {"dtype", Name(s.dtype)},
+                      {"eps", s.eps},
+                      {"weight_offset", s.weight_offset},
+                      {"gemma_casting", s.casting == RmsNormCasting::kGemma},
+                      {"fused_residual", s.fused_residual}};
+  if (s.weight_dtype) j["weight_dtype"] = Name(*s.weight_dtype);
+  return j;
+}
+
+absl::StatusOr<RmsNormSpec> Trait::FromJson(const nlohmann::json& j) {
+  Spec s{.hidden = j.at("hidden").get<int64_t>(),
+         .eps = j.at("eps").get<float>(),
+         .weight_offset = j.at("weight_offset").get<float>(),
+         .casting = j.at("gemma_casting").get<bool>() ? RmsNormCasting::kGemma
+                                                     : RmsNormCasting::kLlama,
+         .fused_residual = j.at("fused_residual").get<bool>()};
+  KJIT_ASSIGN_OR_RETURN(s.dtype, ParseDType(j.at("dtype").get<std::string>()));
+  if (j.contains("weight_dtype")) {
+    KJIT_ASSIGN_OR_RETURN(s.weight_dtype, ParseDType(j.at("weight_dtype").get<std::string>()));
+  }
+  KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(s));
+  return s;
+}
+
+std::vector<TunedPass> Trait::TunedPasses(const Spec& s) {
+  return {{Pass::kForwardBackward, TuningOp(s)}};
+}
+
+std::vector<Candidate<RmsNormConfig>> Trait::SearchSpace(const Spec& s, const Config& heuristic,
+                                                         int /*arch*/) {
+  return RmsNormSearchSpace(s.hidden, heuristic.vec);
+}
+
+std::vector<Pass> Trait::PassesToTime(const Config& c, const Config& heuristic, Pass /*tuned*/) {
+  if (c == heuristic) return {Pass::kForward, Pass::kBackward};
+  return {c.forward == heuristic.forward ? Pass::kBackward : Pass::kForward};
+}
+
+std::optional<RmsNormConfig> Trait::Combine(const Config& heuristic,
+                                            const Config& fastest_forward,
+                                            const Config& fastest_backward) {
+  Config best = heuristic;
+  best.forward = fastest_forward.forward;
+  best.backward = fastest_backward.backward;
+  return best;
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,66 @@
+// RMSNorm as the tuner, `kjit compile`, `kjit bench` and doctor see it (ops/op_trait.h).
+//
+//   using T = OpTrait<RmsNormSpec>;
+//   T::TuningShape({.hidden = 3584, .casting = RmsNormCasting::kGemma});   // "hidden=3584 gemma"
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kjit/rms_norm.h"
+#include "ops/common/search_space.h"
+#include "ops/op_trait.h"
+#include "ops/rms_norm/config.h"
+#include "ops/rms_norm/trial.h"
+
+namespace kjit::ops {
+
+template <>
+struct OpTrait<RmsNormSpec> {
+  using Spec = RmsNormSpec;
+  using Config = RmsNormConfig;
+  using Op = RmsNorm;
+  using Trial = RmsNormTrial;
+  static constexpr std::string_view kName = "rms_norm";
+
+  // "rms_norm" or "rms_norm+residual"; "hidden=4096", plus " gemma" and " weight=<dtype>".
+  static std::string TuningOp(const Spec& s);
+  static std::string TuningShape(const Spec& s);
+  static nlohmann::json ToJson(const Spec& s);
+  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
+  static absl::StatusOr<Config> ParseConfig(std::string_view text) {
+    return ParseRmsNormConfig(text);
+  }
+  static absl::StatusOr<Op> Create(const Runtime& rt, const Spec& s) { return rt.RmsNorm(s); }
+
+  // Forward and backward are separate kernels, searched apart: each forward shape with the
+  // heuristic's backward, timed forward, and each backward shape with its forward, timed backward;
+  // the fastest of each then make one config, timed forward + backward.
+  static std::vector<TunedPass> TunedPasses(const Spec& s);
+  static std::vector<Candidate<Config>> SearchSpace(const Spec& s, const Config& heuristic,
+                                                    int arch);
+  static std::vector<Pass> PassesToTime(const Config& c, const Config& heuristic, Pass tuned);
+  static std::optional<Config> Combine(const Config& heuristic, const Config& fastest_forward,
+                                       const Config& fastest_backward);
+  static Config ConfigUsed(const Op& op, int64_t rows, Pass) { return op.ConfigFor(rows); }
+
+  static constexpr std::string_view kSizeName = "hidden";  // the size BenchSpec takes
+  static std::vector<Pass> BenchPasses() {
+    return {Pass::kForward, Pass::kBackward, Pass::kForwardBackward};
+  }
+  static Spec BenchSpec(int64_t hidden, DType dtype) { return {.hidden = hidden, .dtype = dtype}; }
+  static std::vector<std::pair<int64_t, int64_t>> BenchShapes() {
+    return {{4096, 16384}, {1024, 16384}, {4096, 256}, {8192, 16384}};
+  }
+  static nlohmann::json BenchFields(const Spec& s, const Trial&, int64_t rows) {
+    return {{"hidden", s.hidden}, {"rows", rows}};
+  }
+};
+
+}  // namespace kjit::ops

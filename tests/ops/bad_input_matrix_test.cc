@@ -1,0 +1,359 @@
+// The bad-input matrix for the public API: every TensorView / IndexView / workspace argument of
+// RmsNorm::Forward/Backward, CrossEntropy::Forward/ForwardBackward/Backward and
+// ShardedCrossEntropy::ComputeStats/Finish, each made null,
+// zero-sized, negative, huge (over int32), misaligned, of the wrong dtype, strided shorter than
+// its row, and overlapping an argument it must not overlap. Each must be InvalidArgument whose
+// message starts with the argument's name; the checks run before the compile-only error, so
+// nothing is launched and the fake (never dereferenced) addresses are never touched.
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kjit/cross_entropy.h"
+#include "kjit/rms_norm.h"
+#include "kjit/runtime.h"
+#include "kjit/sharded_cross_entropy.h"
+#include "tests/temp_dir.h"
+
+namespace kjit {
+namespace {
+
+constexpr int64_t kRows = 8;
+constexpr int64_t kCols = 256;  // hidden / vocab
+constexpr int64_t kHuge = int64_t{1} << 40;
+
+void* Addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+void* Offset(void* p, intptr_t bytes) {
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) + bytes);
+}
+// Distinct, 1 MiB apart, far from anything real: views here are a few KiB.
+void* Slot(int i) { return Addr((uintptr_t{1} << 32) + (static_cast<uintptr_t>(i) << 20)); }
+
+DType OtherDType(DType t) { return t == DType::kF32 ? DType::kBF16 : DType::kF32; }
+
+// One mutation of one argument: what was done, and the name the error must start with.
+template <typename Args>
+struct Case {
+  std::string what;
+  std::string name;
+  std::function<void(Args&)> mutate;
+};
+
+template <typename Args>
+void AddTensorCases(std::vector<Case<Args>>& cases, const std::string& name, TensorView Args::*m,
+                    bool optional, bool vector = false) {
+  auto add = [&](std::string what, std::function<void(TensorView&)> f) {
+    cases.push_back({name + " " + what, name, [m, f](Args& a) { f(a.*m); }});
+  };
+  if (!optional) add("null", [](TensorView& t) { t.data = nullptr; });
+  add("zero rows", [](TensorView& t) { t.rows = 0; });
+  add("zero cols", [](TensorView& t) { t.cols = 0; });
+  add("negative rows", [](TensorView& t) { t.rows = -1; });
+  add("negative cols", [](TensorView& t) { t.cols = -1; });
+  add("negative row_stride", [](TensorView& t) { t.row_stride = -1; });
+  add("huge rows", [](TensorView& t) { t.rows = kHuge; });
+  add("huge cols", [](TensorView& t) { t.cols = kHuge; t.row_stride = kHuge; });
+  add("int32-overflowing rows", [](TensorView& t) { t.rows = int64_t{1} << 31; });
+  // (rows - 1) * row_stride overflows int64 (a one-row view's stride is never used: not bad).
+  if (!vector) add("huge row_stride", [](TensorView& t) { t.row_stride = int64_t{1} << 62; });
+  add("misaligned", [](TensorView& t) { t.data = Offset(t.data, 1); });
+  add("wrong dtype", [](TensorView& t) { t.dtype = OtherDType(t.dtype); });
+  add("row_stride shorter than the row", [](TensorView& t) { t.row_stride = t.cols - 1; });
+}
+
+template <typename Args>
+void AddIndexCases(std::vector<Case<Args>>& cases, const std::string& name, IndexView Args::*m) {
+  auto add = [&](std::string what, std::function<void(IndexView&)> f) {
+    cases.push_back({name + " " + what, name, [m, f](Args& a) { f(a.*m); }});
+  };
+  add("null", [](IndexView& v) { v.data = nullptr; });
+  add("zero size", [](IndexView& v) { v.size = 0; });
+  add("negative size", [](IndexView& v) { v.size = -1; });
+  add("huge size", [](IndexView& v) { v.size = kHuge; });
+  add("misaligned", [](IndexView& v) { v.data = Offset(v.data, 2); });
+  add("wrong type", [](IndexView& v) {
+    v.type = v.type == IndexType::kInt64 ? IndexType::kInt32 : IndexType::kInt64;
+  });
+}
+
+template <typename Args>
+void AddWorkspaceCases(std::vector<Case<Args>>& cases) {
+  cases.push_back({"workspace null", "workspace", [](Args& a) { a.workspace = nullptr; }});
+  cases.push_back({"workspace misaligned", "workspace",
+                   [](Args& a) { a.workspace = Offset(a.workspace, 8); }});
+  cases.push_back({"workspace_bytes zero", "workspace_bytes", [](Args& a) { a.workspace_bytes = 0; }});
+  cases.push_back(
+      {"workspace_bytes negative", "workspace_bytes", [](Args& a) { a.workspace_bytes = -1; }});
+}
+
+// `out` placed onto `in`: exactly (when aliasing is not allowed) and shifted by 16 bytes (a partial
+// overlap, never allowed). The error names `out`.
+template <typename Args>
+void AddOverlapCases(std::vector<Case<Args>>& cases, const std::string& out_name,
+                     TensorView Args::*out, const std::string& in_name, TensorView Args::*in,
+                     bool alias_allowed) {
+  if (!alias_allowed) {
+    cases.push_back({out_name + " aliases " + in_name, out_name,
+                     [out, in](Args& a) { (a.*out).data = (a.*in).data; }});
+  }
+  cases.push_back({out_name + " partially overlaps " + in_name, out_name,
+                   [out, in](Args& a) { (a.*out).data = Offset((a.*in).data, 16); }});
+}
+
+template <typename Args>
+void RunMatrix(const std::vector<Case<Args>>& cases, const std::function<Args()>& good,
+               const std::function<absl::Status(const Args&)>& call) {
+  {
+    absl::Status s = call(good());
+    ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition)
+        << "the good arguments must reach the compile-only error: " << s;
+  }
+  for (const Case<Args>& c : cases) {
+    Args a = good();
+    c.mutate(a);
+    absl::Status s = call(a);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+    EXPECT_EQ(ToStd(s.message()).rfind(c.name + ":", 0), 0u)
+        << c.what << ": expected the message to start with '" << c.name << ":': " << s;
+  }
+}
+
+class BadInputMatrixTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
+    auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
+                               .cache_dir = dir_ + "/cache"});
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    rt_.emplace(std::move(*rt));
+  }
+
+  testing::TempDir tmp_{"kjit_bad_input"};
+  std::string dir_;
+  std::optional<Runtime> rt_;
+};
+
+// --- RMSNorm -------------------------------------------------------------------------------------
+
+RmsNormForwardArgs GoodRmsForward(bool fused) {
+  RmsNormForwardArgs a{.x = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+                       .weight = TensorView::Vector(Slot(2), DType::kF32, kCols),
+                       .y = TensorView::Matrix(Slot(3), DType::kBF16, kRows, kCols),
+                       .rstd = TensorView::Vector(Slot(4), DType::kF32, kRows)};
+  if (fused) {
+    a.residual = TensorView::Matrix(Slot(5), DType::kBF16, kRows, kCols);
+    a.residual_out = TensorView::Matrix(Slot(6), DType::kBF16, kRows, kCols);
+  }
+  return a;
+}
+
+TEST_F(BadInputMatrixTest, RmsNormForward) {
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused_residual" : "plain");
+    auto norm = rt_->RmsNorm({.hidden = kCols, .dtype = DType::kBF16, .weight_dtype = DType::kF32,
+                              .fused_residual = fused});
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    using A = RmsNormForwardArgs;
+    std::vector<Case<A>> cases;
+    AddTensorCases<A>(cases, "x", &A::x, false);
+    AddTensorCases<A>(cases, "weight", &A::weight, false, /*vector=*/true);
+    AddTensorCases<A>(cases, "y", &A::y, false);
+    AddTensorCases<A>(cases, "rstd", &A::rstd, true, /*vector=*/true);
+    // y may be x (in place); every other output/input pair must be disjoint.
+    AddOverlapCases<A>(cases, "y", &A::y, "x", &A::x, /*alias_allowed=*/true);
+    AddOverlapCases<A>(cases, "y", &A::y, "weight", &A::weight, false);
+    AddOverlapCases<A>(cases, "rstd", &A::rstd, "y", &A::y, false);
+    AddOverlapCases<A>(cases, "rstd", &A::rstd, "x", &A::x, false);
+    AddOverlapCases<A>(cases, "rstd", &A::rstd, "weight", &A::weight, false);
+    if (fused) {
+      AddTensorCases<A>(cases, "residual", &A::residual, false);
+      AddTensorCases<A>(cases, "residual_out", &A::residual_out, false);
+      AddOverlapCases<A>(cases, "residual_out", &A::residual_out, "residual", &A::residual, true);
+      AddOverlapCases<A>(cases, "residual_out", &A::residual_out, "x", &A::x, false);
+      AddOverlapCases<A>(cases, "residual_out", &A::residual_out, "weight", &A::weight, false);
+      AddOverlapCases<A>(cases, "y", &A::y, "residual_out", &A::residual_out, false);
+      AddOverlapCases<A>(cases, "y", &A::y, "residual", &A::residual, false);
+      AddOverlapCases<A>(cases, "rstd", &A::rstd, "residual", &A::residual, false);
+      AddOverlapCases<A>(cases, "rstd", &A::rstd, "residual_out", &A::residual_out, false);
+    }
+    RunMatrix<A>(cases, [fused] { return GoodRmsForward(fused); },
+                 [&](const A& a) { return norm->Forward(nullptr, a); });
+  }
+}
+
+TEST_F(BadInputMatrixTest, RmsNormBackward) {
+  auto norm = rt_->RmsNorm({.hidden = kCols, .dtype = DType::kBF16, .weight_dtype = DType::kF32});
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  using A = RmsNormBackwardArgs;
+  auto good = [] {
+    return A{.dy = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+             .x = TensorView::Matrix(Slot(2), DType::kBF16, kRows, kCols),
+             .weight = TensorView::Vector(Slot(3), DType::kF32, kCols),
+             .rstd = TensorView::Vector(Slot(4), DType::kF32, kRows),
+             .dx = TensorView::Matrix(Slot(5), DType::kBF16, kRows, kCols),
+             .dw = TensorView::Vector(Slot(6), DType::kF32, kCols),
+             .dresidual = TensorView::Matrix(Slot(7), DType::kBF16, kRows, kCols),
+             .workspace = Slot(8),
+             .workspace_bytes = 1 << 20};
+  };
+  std::vector<Case<A>> cases;
+  AddTensorCases<A>(cases, "dy", &A::dy, false);
+  AddTensorCases<A>(cases, "x", &A::x, false);
+  AddTensorCases<A>(cases, "weight", &A::weight, false, /*vector=*/true);
+  AddTensorCases<A>(cases, "rstd", &A::rstd, false, /*vector=*/true);
+  AddTensorCases<A>(cases, "dx", &A::dx, false);
+  AddTensorCases<A>(cases, "dw", &A::dw, false, /*vector=*/true);
+  AddTensorCases<A>(cases, "dresidual", &A::dresidual, true);
+  cases.push_back({"workspace null", "workspace", [](A& a) { a.workspace = nullptr; }});
+  cases.push_back({"workspace misaligned", "workspace", [](A& a) { a.workspace = Offset(a.workspace, 8); }});
+  // The fp32 partial sums must not land on any argument.
+  cases.push_back({"workspace overlaps dy", "workspace", [](A& a) { a.workspace = a.dy.data; }});
+  cases.push_back({"workspace overlaps x", "workspace", [](A& a) { a.workspace = a.x.data; }});
+  cases.push_back({"workspace overlaps weight", "workspace", [](A& a) { a.workspace = a.weight.data; }});
+  cases.push_back({"workspace overlaps rstd", "workspace", [](A& a) { a.workspace = a.rstd.data; }});
+  cases.push_back({"workspace overlaps dx", "workspace", [](A& a) { a.workspace = a.dx.data; }});
+  cases.push_back({"workspace overlaps dw", "workspace", [](A& a) { a.workspace = a.dw.data; }});
+  cases.push_back({"workspace overlaps dresidual", "workspace",
+                   [](A& a) { a.workspace = a.dresidual.data; }});
+  // dx may be dy or dresidual (in place); the other pairs must be disjoint.
+  AddOverlapCases<A>(cases, "dx", &A::dx, "dy", &A::dy, true);
+  AddOverlapCases<A>(cases, "dx", &A::dx, "dresidual", &A::dresidual, true);
+  AddOverlapCases<A>(cases, "dx", &A::dx, "x", &A::x, false);
+  AddOverlapCases<A>(cases, "dx", &A::dx, "weight", &A::weight, false);
+  AddOverlapCases<A>(cases, "dx", &A::dx, "rstd", &A::rstd, false);
+  AddOverlapCases<A>(cases, "dw", &A::dw, "dx", &A::dx, false);
+  AddOverlapCases<A>(cases, "dw", &A::dw, "dy", &A::dy, false);
+  AddOverlapCases<A>(cases, "dw", &A::dw, "x", &A::x, false);
+  AddOverlapCases<A>(cases, "dw", &A::dw, "weight", &A::weight, false);
+  AddOverlapCases<A>(cases, "dw", &A::dw, "rstd", &A::rstd, false);
+  AddOverlapCases<A>(cases, "dw", &A::dw, "dresidual", &A::dresidual, false);
+  RunMatrix<A>(cases, good, [&](const A& a) { return norm->Backward(nullptr, a); });
+}
+
+// --- Cross-entropy -------------------------------------------------------------------------------
+
+CrossEntropyArgs GoodCe(bool gradient, const CrossEntropy& ce) {
+  CrossEntropyArgs a{.logits = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+                     .targets = IndexView::Of(Slot(2), IndexType::kInt64, kRows),
+                     .loss = TensorView::Vector(Slot(3), DType::kF32, kRows),
+                     .lse = TensorView::Vector(Slot(4), DType::kF32, kRows),
+                     .argmax = IndexView::Of(Slot(5), IndexType::kInt64, kRows),
+                     .workspace = Slot(8),
+                     .workspace_bytes = ce.WorkspaceBytes(kRows)};
+  if (gradient) {
+    a.grad = TensorView::Matrix(Slot(6), DType::kBF16, kRows, kCols);
+    a.grad_output = TensorView::Vector(Slot(7), DType::kF32, kRows);
+  }
+  return a;
+}
+
+TEST_F(BadInputMatrixTest, CrossEntropyForwardAndForwardBackward) {
+  auto ce = rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16,
+                               .reduction = Reduction::kNone, .argmax = true});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  using A = CrossEntropyArgs;
+  for (bool gradient : {false, true}) {
+    SCOPED_TRACE(gradient ? "ForwardBackward" : "Forward");
+    std::vector<Case<A>> cases;
+    AddTensorCases<A>(cases, "logits", &A::logits, false);
+    AddIndexCases<A>(cases, "targets", &A::targets);
+    AddTensorCases<A>(cases, "loss", &A::loss, false, /*vector=*/true);
+    AddTensorCases<A>(cases, "lse", &A::lse, true, /*vector=*/true);
+    AddIndexCases<A>(cases, "argmax", &A::argmax);
+    AddWorkspaceCases<A>(cases);
+    AddOverlapCases<A>(cases, "loss", &A::loss, "logits", &A::logits, false);
+    AddOverlapCases<A>(cases, "lse", &A::lse, "logits", &A::logits, false);
+    if (gradient) {
+      AddTensorCases<A>(cases, "grad", &A::grad, false);
+      AddTensorCases<A>(cases, "grad_output", &A::grad_output, true, /*vector=*/true);
+      AddOverlapCases<A>(cases, "grad", &A::grad, "logits", &A::logits, /*alias_allowed=*/true);
+      cases.push_back({"grad aliases logits with another stride", "grad", [](A& a) {
+                         a.grad.data = a.logits.data;
+                         a.grad.row_stride = a.logits.row_stride + 8;
+                       }});
+    } else {
+      cases.push_back({"grad given to Forward", "grad", [](A& a) {
+                         a.grad = TensorView::Matrix(Slot(6), DType::kBF16, kRows, kCols);
+                       }});
+    }
+    RunMatrix<A>(cases, [&] { return GoodCe(gradient, *ce); },
+                 [&](const A& a) {
+                   return gradient ? ce->ForwardBackward(nullptr, a) : ce->Forward(nullptr, a);
+                 });
+  }
+}
+
+TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
+  auto ce = rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  using A = CrossEntropyBackwardArgs;
+  auto good = [&] {
+    return A{.logits = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+             .targets = IndexView::Of(Slot(2), IndexType::kInt64, kRows),
+             .lse = TensorView::Vector(Slot(3), DType::kF32, kRows),
+             .grad_output = TensorView::Vector(Slot(4), DType::kF32, kRows),
+             .grad = TensorView::Matrix(Slot(5), DType::kBF16, kRows, kCols),
+             .workspace = Slot(8),
+             .workspace_bytes = ce->WorkspaceBytes(kRows)};
+  };
+  std::vector<Case<A>> cases;
+  AddTensorCases<A>(cases, "logits", &A::logits, false);
+  AddIndexCases<A>(cases, "targets", &A::targets);
+  AddTensorCases<A>(cases, "lse", &A::lse, false, /*vector=*/true);
+  AddTensorCases<A>(cases, "grad_output", &A::grad_output, true, /*vector=*/true);
+  AddTensorCases<A>(cases, "grad", &A::grad, false);
+  AddWorkspaceCases<A>(cases);
+  AddOverlapCases<A>(cases, "grad", &A::grad, "logits", &A::logits, /*alias_allowed=*/true);
+  AddOverlapCases<A>(cases, "grad", &A::grad, "lse", &A::lse, false);
+  AddOverlapCases<A>(cases, "grad", &A::grad, "grad_output", &A::grad_output, false);
+  RunMatrix<A>(cases, good, [&](const A& a) { return ce->Backward(nullptr, a); });
+}
+
+// --- vocab-parallel cross-entropy ----------------------------------------------------------------
+
+TEST_F(BadInputMatrixTest, ShardedCrossEntropyComputeStatsAndFinish) {
+  // The shard [64, 64 + kCols) of a vocab of 4 * kCols.
+  auto op = rt_->ShardedCrossEntropy({.vocab = 4 * kCols, .shard_start = 64,
+                                      .shard_end = 64 + kCols, .dtype = DType::kBF16,
+                                      .reduction = Reduction::kNone});
+  ASSERT_TRUE(op.ok()) << op.status();
+  using A = ShardedCrossEntropyArgs;
+  for (bool finish : {false, true}) {
+    SCOPED_TRACE(finish ? "Finish" : "ComputeStats");
+    auto good = [&] {
+      return A{.logits = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+               .targets = IndexView::Of(Slot(2), IndexType::kInt64, kRows),
+               .loss = TensorView::Vector(Slot(3), DType::kF32, kRows),
+               .lse = TensorView::Vector(Slot(4), DType::kF32, kRows),
+               .grad = TensorView::Matrix(Slot(5), DType::kBF16, kRows, kCols),
+               .grad_output = TensorView::Vector(Slot(6), DType::kF32, kRows),
+               .workspace = Slot(8),
+               .workspace_bytes = op->WorkspaceBytes(kRows)};
+    };
+    std::vector<Case<A>> cases;
+    AddTensorCases<A>(cases, "logits", &A::logits, false);
+    AddIndexCases<A>(cases, "targets", &A::targets);
+    AddWorkspaceCases<A>(cases);
+    if (finish) {
+      AddTensorCases<A>(cases, "loss", &A::loss, false, /*vector=*/true);
+      AddTensorCases<A>(cases, "lse", &A::lse, true, /*vector=*/true);
+      AddTensorCases<A>(cases, "grad", &A::grad, true);
+      AddTensorCases<A>(cases, "grad_output", &A::grad_output, true, /*vector=*/true);
+      AddOverlapCases<A>(cases, "loss", &A::loss, "logits", &A::logits, false);
+      AddOverlapCases<A>(cases, "grad", &A::grad, "logits", &A::logits, /*alias_allowed=*/true);
+      AddOverlapCases<A>(cases, "grad", &A::grad, "grad_output", &A::grad_output, false);
+    }
+    RunMatrix<A>(cases, good, [&](const A& a) {
+      return finish ? op->Finish(nullptr, a) : op->ComputeStats(nullptr, a);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace kjit

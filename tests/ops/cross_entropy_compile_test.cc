@@ -1,0 +1,188 @@
+// NVRTC compiles of the cross-entropy template on the CPU: every dtype x arch x a few vocab sizes
+// (odd ones included), every option, narrow vectors for misaligned views, and `kjit compile --op
+// cross_entropy` end to end.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "jit/compiler.h"
+#include "jit/embedded_templates.h"
+#include "kjit/cross_entropy.h"
+#include "tests/temp_dir.h"
+#include "ops/cross_entropy/program.h"
+#include "ops/cross_entropy/config.h"
+
+namespace kjit {
+namespace {
+
+const jit::Nvrtc& GetNvrtc() {
+  auto n = jit::Nvrtc::Get();
+  EXPECT_TRUE(n.ok()) << n.status();  // NVRTC is part of the CI machine's toolkit
+  return **n;
+}
+
+void ExpectCompiles(const CrossEntropySpec& spec, const CrossEntropyConfig& config,
+                    const char* arch) {
+  auto src = ops::RenderCrossEntropy(spec, config);
+  ASSERT_TRUE(src.ok()) << src.status();
+  const jit::Target target = *jit::ParseTarget(arch);
+  auto bin = jit::Compile(GetNvrtc(), *src, target);
+  ASSERT_TRUE(bin.ok()) << arch << " " << jit::FormatParams(src->params) << ": " << bin.status();
+  EXPECT_EQ(bin->target, target);
+  ASSERT_GE(bin->code.size(), 4u);
+  EXPECT_EQ(bin->code.substr(0, 4), "\x7f" "ELF") << "CUBIN is an ELF image";
+  ASSERT_EQ(bin->lowered_names.size(), src->name_expressions.size());
+  for (const auto& [expr, lowered] : bin->lowered_names) {
+    EXPECT_EQ(lowered.rfind("_Z", 0), 0u) << expr << " -> " << lowered;
+  }
+}
+
+TEST(CrossEntropyCompileTest, TemplatesAreEmbeddedAndUseNoToolkitHeader) {
+  for (const char* name : {"cross_entropy.cuh", "cross_entropy_params.h"}) {
+    const std::string* text = jit::FindEmbeddedTemplate(name);
+    ASSERT_NE(text, nullptr) << name;
+    EXPECT_EQ(text->find("#include <"), std::string::npos) << name << " includes a system header";
+    EXPECT_EQ(text->find("#include \"cuda"), std::string::npos) << name << " includes a toolkit header";
+  }
+}
+
+TEST(CrossEntropyCompileTest, EveryDtypeArchAndVocab) {
+  int compiled = 0;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100", "sm_120"}) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (int64_t vocab : {2, 3, 50257, 128256}) {
+        const CrossEntropySpec spec{.vocab = vocab, .dtype = t};
+        const int vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(t)));
+        const int cc = std::stoi(std::string(arch).substr(3));
+        ExpectCompiles(spec, ops::DefaultCrossEntropyConfig(vocab, vec, cc, static_cast<int>(SizeOf(t))), arch);
+        if (::testing::Test::HasFatalFailure()) return;
+        ++compiled;
+      }
+    }
+  }
+  EXPECT_EQ(compiled, 4 * 3 * 4);
+}
+
+// Options are template flags: cover each alone and together, both index types, every reduction,
+// and the narrow vectors misaligned views fall back to.
+TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
+  for (int bits = 0; bits < 16; ++bits) {
+    CrossEntropySpec spec{.vocab = 1000, .dtype = DType::kBF16};
+    if (bits & 1) spec.label_smoothing = 0.1f;
+    if (bits & 2) spec.lse_square_scale = 1e-4f;
+    if (bits & 4) spec.softcap = 30.0f;
+    spec.argmax = (bits & 8) != 0;
+    // Index type and reduction vary along with the flags: each value meets options on and off.
+    spec.target_type = __builtin_popcount(bits) % 2 ? IndexType::kInt32 : IndexType::kInt64;
+    spec.reduction = static_cast<Reduction>(bits % 3);
+    SCOPED_TRACE(bits);
+    ExpectCompiles(spec, ops::DefaultCrossEntropyConfig(1000, 8, 90, 2), "sm_90");
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  for (const CrossEntropyConfig& c :
+       {CrossEntropyConfig{.vec = 1, .threads = 32, .unroll = 8},
+        CrossEntropyConfig{.vec = 2, .threads = 96, .unroll = 1},
+        CrossEntropyConfig{.vec = 4, .threads = 1024, .unroll = 2},
+        CrossEntropyConfig{.vec = 8, .threads = 1024, .unroll = 4, .cluster = 8},
+        CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 8},
+        CrossEntropyConfig{.vec = 8, .threads = 128, .unroll = 4, .cluster = 3, .staged = 1}}) {
+    ExpectCompiles({.vocab = 262144, .dtype = DType::kF16, .argmax = true}, c, "sm_100");
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // Staged with a vocab that is not a multiple of the vector: the last block's scalar tail.
+  ExpectCompiles({.vocab = 50257, .dtype = DType::kBF16, .label_smoothing = 0.1f, .softcap = 30.0f},
+                 CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2,
+                                              .staged = 1},
+                 "sm_90");
+  ExpectCompiles({.vocab = 1 << 20, .dtype = DType::kF32},
+                 ops::DefaultCrossEntropyConfig(1 << 20, 4, 120, 4), "sm_120");
+}
+
+// A cluster compiled for a GPU without clusters is refused by the template, with a reason.
+TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
+  auto src = ops::RenderCrossEntropy(
+      {.vocab = 128256}, CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4});
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
+  ASSERT_FALSE(bin.ok());
+  EXPECT_NE(std::string(bin.status().message()).find("needs sm_90 or newer"), std::string::npos)
+      << bin.status();
+}
+
+TEST(CrossEntropyCompileTest, StagedBeforeSm90FailsWithTheReason) {
+  auto src = ops::RenderCrossEntropy(
+      {.vocab = 32000},
+      CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1});
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
+  ASSERT_FALSE(bin.ok());
+  EXPECT_NE(std::string(bin.status().message()).find("need sm_90 or newer"), std::string::npos)
+      << bin.status();
+}
+
+// `kjit compile --op cross_entropy` without a GPU; the size flag is checked per op.
+class CrossEntropyCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
+  }
+
+  struct Result {
+    int exit_code = -1;
+    std::string output;  // stdout and stderr
+  };
+  Result Run(const std::string& args) const {
+    const std::string cmd = fmt::format("KJIT_CACHE_DIR={}/cache {} {} 2>&1", dir_, KJIT_CLI_PATH, args);
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+  testing::TempDir tmp_{"kjit_ce_cli"};
+  std::string dir_;
+};
+
+TEST_F(CrossEntropyCliTest, CompilesEveryDtypeForAnExplicitArch) {
+  for (const char* dtype : {"bf16", "fp16", "fp32"}) {
+    const Result r = Run(fmt::format(
+        "compile --op cross_entropy --vocab 128256 --dtype {} --arch sm_100 --json", dtype));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("\"target\": \"sm_100\""), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("\"vocab\": \"128256\""), std::string::npos) << r.output;
+  }
+  const Result options = Run(
+      "compile --op cross_entropy --vocab 50257 --target-type int32 --reduction none "
+      "--label-smoothing 0.1 --z-loss 1e-4 --softcap 30 --argmax --arch sm_90");
+  EXPECT_EQ(options.exit_code, 0) << options.output;
+  EXPECT_NE(options.output.find("softcap=30"), std::string::npos) << options.output;
+}
+
+TEST_F(CrossEntropyCliTest, SizeFlagsAreCheckedPerOp) {
+  Result r = Run("compile --op cross_entropy --arch sm_90");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--vocab is required"), std::string::npos) << r.output;
+  r = Run("compile --op rms_norm --arch sm_90");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--hidden is required"), std::string::npos) << r.output;
+  r = Run("compile --op cross_entropy --vocab 1000 --hidden 64 --arch sm_90");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--hidden does not apply"), std::string::npos) << r.output;
+  r = Run("compile --op cross_entropy --vocab 1 --arch sm_90");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--vocab"), std::string::npos) << r.output;
+  r = Run("compile --op cross_entropy --vocab 1000 --label-smoothing 1.5 --arch sm_90");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("label_smoothing"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kjit

@@ -1,0 +1,403 @@
+// CrossEntropy without a GPU: spec and config validation, the launch heuristic, rendering, and
+// argument checks through a compile-only runtime (each bad argument is named, and nothing reaches a
+// launch).
+#include "kjit/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <functional>
+#include <set>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "kjit/runtime.h"
+#include "tests/expect_status.h"
+#include "tests/temp_dir.h"
+#include "ops/cross_entropy/program.h"
+#include "ops/cross_entropy/config.h"
+#include "templates/cross_entropy_params.h"
+
+namespace kjit {
+namespace {
+
+using testing::ExpectInvalid;
+
+TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 0}), "vocab:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 1}), "vocab:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = (1 << 20) + 1}), "vocab:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = -0.1f}), "label_smoothing:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = 1.0f}), "label_smoothing:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = NAN}), "label_smoothing:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = -1e-4f}), "lse_square_scale:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = INFINITY}), "lse_square_scale:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = -30.0f}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = NAN}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = INFINITY}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .target_type = IndexType::kInt32,
+                                          .ignore_index = int64_t{1} << 40}),
+                "ignore_index:");
+  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 2}).ok());
+  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 1 << 20}).ok());
+  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 8, .target_type = IndexType::kInt64,
+                                        .ignore_index = int64_t{1} << 40})
+                  .ok());
+  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 50257, .ignore_index = 3,  // a class may be ignored
+                                        .label_smoothing = 0.999f, .lse_square_scale = 1e-4f,
+                                        .softcap = 30.0f})
+                  .ok());
+  // The Runtime refuses the same specs before compiling anything.
+  auto rt = Runtime::Create({.target = "sm_90", .compile_only = true});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto ce = rt->CrossEntropy({.vocab = 1});
+  ASSERT_FALSE(ce.ok());
+  ExpectInvalid(ce.status(), "vocab:");
+}
+
+TEST(CrossEntropySpecTest, RejectsBadConfigs) {
+  CrossEntropySpec s{.vocab = 32000};
+  s.config = ops::DefaultCrossEntropyConfig(32000, 8, 90, 2);
+  EXPECT_TRUE(ValidateCrossEntropySpec(s).ok());
+  s.config->vec = 3;
+  ExpectInvalid(ValidateCrossEntropySpec(s), "config.vec:");
+  s.config->vec = 16;  // 32 bytes of bf16
+  ExpectInvalid(ValidateCrossEntropySpec(s), "config.vec:");
+  s.config = ops::DefaultCrossEntropyConfig(32000, 8, 90, 2);
+  for (int threads : {0, 16, 48, 2048}) {
+    s.config->threads = threads;
+    ExpectInvalid(ValidateCrossEntropySpec(s), "config.threads:");
+  }
+  s.config = ops::DefaultCrossEntropyConfig(32000, 8, 90, 2);
+  s.config->unroll = 3;
+  ExpectInvalid(ValidateCrossEntropySpec(s), "config.unroll:");
+  s.config = ops::DefaultCrossEntropyConfig(32000, 8, 90, 2);
+  for (int cluster : {-1, 9}) {
+    s.config->cluster = cluster;
+    ExpectInvalid(ValidateCrossEntropySpec(s), "config.cluster:");
+  }
+  // 4000 vectors over 64 threads: 63 each would not fit in registers; streaming is fine.
+  s.config = CrossEntropyConfig{.vec = 8, .threads = 64, .unroll = 4, .cluster = 1};
+  ExpectInvalid(ValidateCrossEntropySpec(s), "config.cluster:");
+  s.config->cluster = 0;
+  EXPECT_TRUE(ValidateCrossEntropySpec(s).ok());
+}
+
+TEST(CrossEntropySpecTest, ClustersNeedSm90) {
+  auto rt = Runtime::Create({.target = "sm_80", .compile_only = true});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto ce = rt->CrossEntropy(
+      {.vocab = 128256, .config = CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4}});
+  ASSERT_FALSE(ce.ok());
+  ExpectInvalid(ce.status(), "config.cluster:");
+  // The row staged by bulk copies needs sm_90 even in one block.
+  auto staged = rt->CrossEntropy(
+      {.vocab = 32000,
+       .config = CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1}});
+  ASSERT_FALSE(staged.ok());
+  ExpectInvalid(staged.status(), "config.staged: bulk copies need sm_90");
+  // Without a config, sm_80 gets a streaming default and sm_90 a cluster staging the row.
+  auto old_gpu = rt->CrossEntropy({.vocab = 128256});
+  ASSERT_TRUE(old_gpu.ok()) << old_gpu.status();
+  EXPECT_EQ(old_gpu->config().cluster, 0);
+  auto hopper = Runtime::Create({.target = "sm_90", .compile_only = true});
+  ASSERT_TRUE(hopper.ok()) << hopper.status();
+  auto ce90 = hopper->CrossEntropy({.vocab = 128256});
+  ASSERT_TRUE(ce90.ok()) << ce90.status();
+  EXPECT_EQ(ce90->config().cluster, 6);
+  EXPECT_EQ(ce90->config().staged, 1);
+}
+
+TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
+  for (int arch : {80, 90}) {
+    for (int64_t vocab = 2; vocab <= (1 << 20); vocab = vocab * 3 / 2 + 1) {
+      for (int vec : {1, 2, 4, 8}) {
+        const auto c = ops::DefaultCrossEntropyConfig(vocab, vec, arch, 2);
+        SCOPED_TRACE(fmt::format("vocab {} arch {}: {}", vocab, arch, c.ToString()));
+        EXPECT_EQ(c.vec, vec);
+        EXPECT_EQ(c.threads % 32, 0);
+        EXPECT_GE(c.threads, 32);
+        EXPECT_LE(c.threads, 512);
+        EXPECT_TRUE(c.unroll == 1 || c.unroll == 2 || c.unroll == 4);
+        const int64_t vectors = (vocab + vec - 1) / vec;
+        const int64_t per_thread = (vectors + c.threads - 1) / c.threads;
+        EXPECT_LE(c.unroll, std::max<int64_t>(per_thread, 1));
+        if (arch < 90) {
+          EXPECT_LE(c.cluster, 1);
+        }
+        if (c.staged) {
+          // Staged: 16-byte vectors, a share that leaves room for three blocks per SM.
+          EXPECT_EQ(ops::StagedUnfit(c, vocab, 2, arch), "");
+          EXPECT_LE(3 * (ops::StagedSharedBytes(c, vocab, 2) + 1024), ops::MaxSharedBytesPerBlock(arch));
+        } else if (c.cluster > 0) {
+          // Resident: at most 8 vectors per thread.
+          EXPECT_LE(ops::ResidentVectors(c, vocab), 8);
+        } else {
+          // Streaming: about 32 vectors per thread while 512 threads suffice for that; chosen only
+          // when the row does not fit the registers of 8 blocks (or 1 block without clusters).
+          EXPECT_GT(vectors, (arch < 90 ? 1 : 8) * 512 * 8);
+          if (vectors <= 32 * 512) {
+            EXPECT_LE(per_thread, 32);
+          }
+        }
+        EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok());
+      }
+    }
+  }
+  // Five blocks' shares an SM where a cluster allows it (bf16), else three (fp32 in 7 blocks of
+  // 73 KB; sm_120's smaller shared memory).
+  EXPECT_EQ(ops::DefaultCrossEntropyConfig(128256, 8, 90, 2).ToString(),
+            "vec=8 threads=256 unroll=4 cluster=6 staged=1");
+  EXPECT_EQ(ops::DefaultCrossEntropyConfig(128256, 4, 90, 4).ToString(),
+            "vec=4 threads=256 unroll=4 cluster=7 staged=1");
+  EXPECT_EQ(ops::DefaultCrossEntropyConfig(128256, 8, 120, 2).ToString(),
+            "vec=8 threads=256 unroll=4 cluster=8 staged=1");
+  EXPECT_EQ(ops::DefaultCrossEntropyConfig(128256, 8, 80, 2).ToString(),
+            "vec=8 threads=512 unroll=4 cluster=0 staged=0");
+  EXPECT_EQ(ops::DefaultCrossEntropyConfig(2, 8, 90, 2).ToString(),
+            "vec=8 threads=32 unroll=1 cluster=1 staged=0");
+  EXPECT_EQ(ops::MaxVecForCrossEntropy(2), 8);
+  EXPECT_EQ(ops::MaxVecForCrossEntropy(4), 4);
+}
+
+TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
+  auto src = ops::RenderCrossEntropy({.vocab = 50257, .dtype = DType::kF16,
+                                 .target_type = IndexType::kInt32, .reduction = Reduction::kSum,
+                                 .label_smoothing = 0.1f, .softcap = 30.0f, .argmax = true},
+                                {.vec = 1, .threads = 256, .unroll = 2});
+  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_EQ(src->name_expressions.size(), 5u);
+  EXPECT_EQ(src->name_expressions[0], "kjit::cross_entropy_count<int, 50257, 1024>");
+  EXPECT_EQ(src->name_expressions[1],
+            "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
+            "false, true, true, false>");
+  EXPECT_EQ(src->name_expressions[2],
+            "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
+            "false, true, true, true>");
+  EXPECT_EQ(src->name_expressions[3],
+            "kjit::cross_entropy_backward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
+            "false, true>");
+  EXPECT_EQ(src->name_expressions[4], "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>");
+  EXPECT_NE(src->text.find("#include \"cross_entropy.cuh\""), std::string::npos);
+  EXPECT_EQ(src->text.find("#define"), std::string::npos) << "no -D style specialization";
+  EXPECT_EQ(src->params.at("vocab"), "50257");
+  EXPECT_EQ(src->params.at("reduction"), "sum");
+  EXPECT_EQ(src->params.at("softcap"), "30");
+  EXPECT_EQ(src->headers.size(), 3u);
+
+  // Reduction none keeps the losses per row: no reduce kernel.
+  auto none = ops::RenderCrossEntropy({.vocab = 8, .reduction = Reduction::kNone},
+                                 ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->name_expressions.size(), 4u);
+  // Different options give different programs (and so different cache keys).
+  auto plain = ops::RenderCrossEntropy({.vocab = 8}, ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  auto z = ops::RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f},
+                              ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  ASSERT_TRUE(plain.ok() && z.ok());
+  EXPECT_NE(plain->text, z->text);
+}
+
+class CompileOnlyCrossEntropyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
+    auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
+                               .cache_dir = dir_ + "/cache"});
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    rt_.emplace(std::move(*rt));
+    auto ce = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .argmax = true});
+    ASSERT_TRUE(ce.ok()) << ce.status();
+    ce_.emplace(std::move(*ce));
+  }
+
+  // Fake, well-aligned device addresses: compile-only never dereferences them.
+  static void* Addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+  CrossEntropyArgs Good() const {
+    return {.logits = TensorView::Matrix(Addr(0x1000000), DType::kBF16, R, V),
+            .targets = IndexView::Of(Addr(0x2000000), IndexType::kInt64, R),
+            .loss = TensorView::Vector(Addr(0x3000000), DType::kF32, 1),
+            .lse = TensorView::Vector(Addr(0x4000000), DType::kF32, R),
+            .argmax = IndexView::Of(Addr(0x5000000), IndexType::kInt64, R),
+            .workspace = Addr(0x6000000),
+            .workspace_bytes = ce_->WorkspaceBytes(R)};
+  }
+  CrossEntropyArgs GoodWithGrad() const {
+    CrossEntropyArgs a = Good();
+    a.grad = TensorView::Matrix(Addr(0x7000000), DType::kBF16, R, V);
+    a.grad_output = TensorView::Vector(Addr(0x8000000), DType::kF32, 1);
+    return a;
+  }
+  CrossEntropyBackwardArgs GoodBackward() const {
+    return {.logits = TensorView::Matrix(Addr(0x1000000), DType::kBF16, R, V),
+            .targets = IndexView::Of(Addr(0x2000000), IndexType::kInt64, R),
+            .lse = TensorView::Vector(Addr(0x4000000), DType::kF32, R),
+            .grad = TensorView::Matrix(Addr(0x7000000), DType::kBF16, R, V),
+            .workspace = Addr(0x6000000),
+            .workspace_bytes = ce_->WorkspaceBytes(R)};
+  }
+  static void ExpectReachesDevice(const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(ToStd(s.message()).find("compile-only"), std::string_view::npos) << s;
+  }
+  static constexpr int64_t V = 1000, R = 8;
+  testing::TempDir tmp_{"kjit_ce_spec"};
+  std::string dir_;
+  std::optional<Runtime> rt_;
+  std::optional<CrossEntropy> ce_;
+};
+
+TEST_F(CompileOnlyCrossEntropyTest, ValidArgumentsReachTheCompileOnlyError) {
+  ExpectReachesDevice(ce_->Forward(nullptr, Good()));
+  ExpectReachesDevice(ce_->ForwardBackward(nullptr, GoodWithGrad()));
+  auto in_place = GoodWithGrad();
+  in_place.grad = in_place.logits;
+  ExpectReachesDevice(ce_->ForwardBackward(nullptr, in_place));
+  auto padded = GoodWithGrad();  // a view with a row stride, gradient into the same view
+  padded.logits.row_stride = V + 24;
+  padded.grad = padded.logits;
+  ExpectReachesDevice(ce_->ForwardBackward(nullptr, padded));
+  auto no_options = Good();  // lse and grad_output are optional
+  no_options.lse = {};
+  ExpectReachesDevice(ce_->Forward(nullptr, no_options));
+  ExpectReachesDevice(ce_->Backward(nullptr, GoodBackward()));
+  auto built = ce_->Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->target, "sm_90");
+  EXPECT_EQ(built->kernels.size(), 5u);
+}
+
+TEST_F(CompileOnlyCrossEntropyTest, ForwardNamesEveryBadArgument) {
+  struct Bad {
+    std::function<void(CrossEntropyArgs&)> edit;
+    std::string prefix;
+  };
+  const std::vector<Bad> cases = {
+      {[](auto& a) { a.logits.data = nullptr; }, "logits: null"},
+      {[](auto& a) { a.logits.dtype = DType::kF16; }, "logits: dtype"},
+      {[](auto& a) { a.logits.cols = V + 1; }, "logits: cols"},
+      {[](auto& a) { a.logits.rows = 0; }, "logits: rows"},
+      {[](auto& a) { a.logits.row_stride = V - 1; }, "logits: row_stride"},
+      {[](auto& a) { a.logits.data = Addr(0x1000001); }, "logits: pointer"},
+      {[](auto& a) { a.targets.data = nullptr; }, "targets: null"},
+      {[](auto& a) { a.targets.type = IndexType::kInt32; }, "targets: type"},
+      {[](auto& a) { a.targets.size = R - 1; }, "targets: size"},
+      {[](auto& a) { a.targets.data = Addr(0x2000004); }, "targets: pointer"},
+      {[](auto& a) { a.loss.data = nullptr; }, "loss: null"},
+      {[](auto& a) { a.loss.dtype = DType::kBF16; }, "loss: dtype"},
+      {[](auto& a) { a.loss = TensorView::Vector(a.loss.data, DType::kF32, R); }, "loss: cols"},
+      {[](auto& a) { a.lse.cols = R + 1; }, "lse: cols"},
+      {[](auto& a) { a.lse.dtype = DType::kBF16; }, "lse: dtype"},
+      {[](auto& a) { a.argmax = {}; }, "argmax: null"},
+      {[](auto& a) { a.argmax.type = IndexType::kInt32; }, "argmax: type"},
+      {[](auto& a) { a.argmax.size = 1; }, "argmax: size"},
+      {[](auto& a) { a.grad = a.logits; }, "grad: given to Forward"},
+      {[](auto& a) { a.grad_output = TensorView::Vector(Addr(0x8000000), DType::kF32, 1); },
+       "grad_output: given to Forward"},
+      {[](auto& a) { a.workspace = nullptr; }, "workspace: null"},
+      {[](auto& a) { a.workspace = Addr(0x6000004); }, "workspace: must be 16-byte aligned"},
+      {[](auto& a) { a.workspace_bytes = 16; }, "workspace_bytes:"},
+      {[](auto& a) { a.lse.data = Addr(0x3000000); }, "lse: overlaps loss"},
+      {[](auto& a) { a.loss.data = Addr(0x1000000 + 64); }, "loss: overlaps logits"},
+      {[](auto& a) { a.argmax.data = Addr(0x2000000 + 8); }, "argmax: overlaps targets"},
+      {[](auto& a) { a.workspace = Addr(0x4000000); }, "workspace: overlaps lse"},
+  };
+  for (const Bad& c : cases) {
+    CrossEntropyArgs a = Good();
+    c.edit(a);
+    SCOPED_TRACE(c.prefix);
+    ExpectInvalid(ce_->Forward(nullptr, a), c.prefix);
+  }
+}
+
+TEST_F(CompileOnlyCrossEntropyTest, ForwardBackwardNamesEveryBadArgument) {
+  struct Bad {
+    std::function<void(CrossEntropyArgs&)> edit;
+    std::string prefix;
+  };
+  const std::vector<Bad> cases = {
+      {[](auto& a) { a.grad = {}; }, "grad: null"},
+      {[](auto& a) { a.grad.dtype = DType::kF32; }, "grad: dtype"},
+      {[](auto& a) { a.grad.rows = R - 1; }, "grad: rows"},
+      {[](auto& a) { a.grad.row_stride = V - 8; }, "grad: row_stride"},
+      {[](auto& a) {
+         a.grad = a.logits;
+         a.grad.row_stride = V + 8;
+       },
+       "grad: aliases logits with row_stride"},
+      {[](auto& a) { a.grad.data = static_cast<char*>(a.logits.data) + 2 * 10; },
+       "grad: overlaps logits"},
+      {[](auto& a) { a.grad.data = Addr(0x2000000); }, "grad: overlaps targets"},
+      {[](auto& a) { a.lse.data = Addr(0x7000000 + 64); }, "grad: overlaps lse"},
+      {[](auto& a) { a.grad_output = TensorView::Vector(a.grad_output.data, DType::kF32, R); },
+       "grad_output: cols"},
+      {[](auto& a) { a.grad_output.dtype = DType::kBF16; }, "grad_output: dtype"},
+      {[](auto& a) { a.loss.data = Addr(0x8000000); }, "loss: overlaps grad_output"},
+  };
+  for (const Bad& c : cases) {
+    CrossEntropyArgs a = GoodWithGrad();
+    c.edit(a);
+    SCOPED_TRACE(c.prefix);
+    ExpectInvalid(ce_->ForwardBackward(nullptr, a), c.prefix);
+  }
+}
+
+TEST_F(CompileOnlyCrossEntropyTest, BackwardNamesEveryBadArgument) {
+  auto a = GoodBackward();
+  a.lse = {};
+  ExpectInvalid(ce_->Backward(nullptr, a), "lse: null");
+  a = GoodBackward();
+  a.lse.cols = R - 1;
+  ExpectInvalid(ce_->Backward(nullptr, a), "lse: cols");
+  a = GoodBackward();
+  a.grad = {};
+  ExpectInvalid(ce_->Backward(nullptr, a), "grad: null");
+  a = GoodBackward();
+  a.grad.data = static_cast<char*>(a.logits.data) + 2;
+  ExpectInvalid(ce_->Backward(nullptr, a), "grad: overlaps logits");
+  a = GoodBackward();
+  a.targets.type = IndexType::kInt32;
+  ExpectInvalid(ce_->Backward(nullptr, a), "targets: type");
+  a = GoodBackward();
+  a.workspace = nullptr;
+  ExpectInvalid(ce_->Backward(nullptr, a), "workspace: null");
+  a = GoodBackward();
+  a.workspace = Addr(0x4000000);
+  ExpectInvalid(ce_->Backward(nullptr, a), "workspace: overlaps lse");
+  a = GoodBackward();
+  a.grad = a.logits;  // in place
+  ExpectReachesDevice(ce_->Backward(nullptr, a));
+}
+
+TEST_F(CompileOnlyCrossEntropyTest, ReductionNoneTakesPerRowLossAndUpstream) {
+  auto none = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  ASSERT_TRUE(none.ok()) << none.status();
+  CrossEntropyArgs a = GoodWithGrad();
+  a.argmax = {};
+  a.workspace_bytes = none->WorkspaceBytes(R);
+  ExpectInvalid(none->ForwardBackward(nullptr, a), "loss: cols");
+  a.loss = TensorView::Vector(a.loss.data, DType::kF32, R);
+  ExpectInvalid(none->ForwardBackward(nullptr, a), "grad_output: cols");
+  a.grad_output = TensorView::Vector(a.grad_output.data, DType::kF32, R);
+  ExpectReachesDevice(none->ForwardBackward(nullptr, a));
+  a.argmax = IndexView::Of(Addr(0x5000000), IndexType::kInt64, R);
+  ExpectInvalid(none->ForwardBackward(nullptr, a), "argmax: given");
+}
+
+TEST_F(CompileOnlyCrossEntropyTest, WorkspaceIsCountersPlusOneFloatPerRow) {
+  EXPECT_EQ(ce_->WorkspaceBytes(1), 32);
+  EXPECT_EQ(ce_->WorkspaceBytes(4096), 16 + 4 * 4096);
+  EXPECT_LT(ce_->WorkspaceBytes(4096), 1 << 20) << "O(rows), never O(rows x vocab)";
+  EXPECT_EQ(ce_->WorkspaceBytes(7) % 16, 0);
+  auto none = rt_->CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->WorkspaceBytes(1 << 20), 16) << "only the counters";
+  EXPECT_EQ(sizeof(CrossEntropyCounters), 8u);
+  EXPECT_EQ(offsetof(CrossEntropyCounters, out_of_range_rows), 4u);
+}
+
+}  // namespace
+}  // namespace kjit

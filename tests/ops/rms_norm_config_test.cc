@@ -1,0 +1,47 @@
+#include "ops/rms_norm/config.h"
+
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+namespace kjit::ops {
+namespace {
+
+TEST(RmsNormConfigTest, MaxVecDividesHiddenWithin16Bytes) {
+  EXPECT_EQ(MaxVecForHidden(4096, 2), 8);
+  EXPECT_EQ(MaxVecForHidden(4096, 4), 4);
+  EXPECT_EQ(MaxVecForHidden(1000, 2), 8);
+  EXPECT_EQ(MaxVecForHidden(1002, 2), 2);
+  EXPECT_EQ(MaxVecForHidden(7, 2), 1);
+  EXPECT_EQ(MaxVecForHidden(1, 4), 1);
+}
+
+TEST(RmsNormConfigTest, DefaultShapesAreValidForEveryHidden) {
+  for (int64_t hidden = 1; hidden <= 65536; hidden = hidden * 3 / 2 + 1) {
+    for (int vec : {1, 2, 4, 8}) {
+      if (hidden % vec) continue;
+      const RmsNormConfig c = DefaultRmsNormConfig(hidden, vec);
+      for (const RowShape& s : {c.forward, c.backward}) {
+        const int t = s.threads_per_row;
+        const bool warp_group = t <= 32 && (t & (t - 1)) == 0;
+        EXPECT_TRUE(warp_group || (t % 32 == 0 && t <= 1024 && s.rows_per_block == 1))
+            << hidden << " " << c.ToString();
+        EXPECT_EQ(s.block_threads() % 32, 0) << hidden << " " << c.ToString();
+        EXPECT_LE(s.block_threads(), 1024);
+        // Enough threads that no thread walks more than 8 vectors of the row, while 1024 threads
+        // suffice for that.
+        if (hidden / vec <= 8192) {
+          EXPECT_LE((hidden / vec + t - 1) / t, 8) << hidden << " " << c.ToString();
+        }
+      }
+    }
+  }
+}
+
+TEST(RmsNormConfigTest, LlamaHiddenGetsWideVectorsAndOneRowPerBlock) {
+  const RmsNormConfig c = DefaultRmsNormConfig(4096, 8);
+  EXPECT_EQ(c.ToString(), "vec=8 fwd=256x1 bwd=512x1");
+}
+
+}  // namespace
+}  // namespace kjit::ops
