@@ -1,5 +1,6 @@
 #include "runtime/tensor_checks.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -100,6 +101,67 @@ absl::Status CheckNoOverlap(std::string_view a_name, const TensorView& a, std::s
     return absl::InvalidArgumentError(fmt::format("{}: must not alias {}", a_name, b_name));
   }
   return CheckNoPartialOverlap(a_name, a, b_name, b);
+}
+
+TensorView BytesOf(const IndexView& v) {
+  return v.empty() ? TensorView{} : BytesOf(v.data, v.size * static_cast<int64_t>(SizeOf(v.type)));
+}
+
+TensorView BytesOf(const void* data, int64_t bytes) {
+  // Whole fp32 elements: every buffer an op takes is a multiple of 4 bytes.
+  return TensorView::Vector(const_cast<void*>(data), DType::kF32, (bytes + 3) / 4);
+}
+
+absl::Status CheckDisjoint(std::initializer_list<NamedView> outputs,
+                           std::initializer_list<NamedView> inputs,
+                           std::initializer_list<std::pair<std::string_view, std::string_view>>
+                               in_place) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto earlier = outputs.begin(); earlier != out; ++earlier) {
+      KJIT_RETURN_IF_ERROR(CheckNoOverlap(out->name, out->view, earlier->name, earlier->view));
+    }
+    for (const NamedView& in : inputs) {
+      const bool may_alias =
+          std::find(in_place.begin(), in_place.end(), std::pair(out->name, in.name)) !=
+          in_place.end();
+      KJIT_RETURN_IF_ERROR(may_alias ? CheckNoPartialOverlap(out->name, out->view, in.name, in.view)
+                                     : CheckNoOverlap(out->name, out->view, in.name, in.view));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIndexVector(std::string_view name, const IndexView& v, IndexType type,
+                              int64_t size) {
+  if (v.data == nullptr) return absl::InvalidArgumentError(fmt::format("{}: null pointer", name));
+  if (v.type != type) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: type is {}, expected {}", name, Name(v.type), Name(type)));
+  }
+  if (reinterpret_cast<uintptr_t>(v.data) % SizeOf(type) != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: pointer {} is not aligned to its {}-byte elements", name, v.data, SizeOf(type)));
+  }
+  if (v.size != size) {
+    return absl::InvalidArgumentError(fmt::format("{}: size is {}, expected {}", name, v.size, size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWorkspace(const void* workspace, int64_t workspace_bytes, int64_t needed,
+                            std::string_view needed_expr) {
+  if (workspace == nullptr) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace: null; pass {} = {} bytes of device memory", needed_expr, needed));
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
+  }
+  if (workspace_bytes < needed) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace_bytes: {} is too small, need {} = {}", workspace_bytes, needed_expr, needed));
+  }
+  return absl::OkStatus();
 }
 
 int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views) {

@@ -242,85 +242,9 @@ absl::Status CheckRows(int64_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status CheckIndexVector(const char* name, const IndexView& v, IndexType type, int64_t size) {
-  if (v.data == nullptr) return absl::InvalidArgumentError(fmt::format("{}: null pointer", name));
-  if (v.type != type) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: type is {}, expected {}", name, Name(v.type), Name(type)));
-  }
-  if (reinterpret_cast<uintptr_t>(v.data) % SizeOf(type) != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{}: pointer {} is not aligned to its {}-byte elements", name, v.data, SizeOf(type)));
-  }
-  if (v.size != size) {
-    return absl::InvalidArgumentError(fmt::format("{}: size is {}, expected {}", name, v.size, size));
-  }
-  return absl::OkStatus();
-}
-
 // The loss, grad_output and lse shapes depend on the reduction: per row for none, else one value.
 int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
   return s.reduction == Reduction::kNone ? rows : 1;
-}
-
-absl::Status CheckWorkspace(void* workspace, int64_t bytes, int64_t needed) {
-  if (workspace == nullptr) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace: null; pass WorkspaceBytes(rows) = {} bytes of device memory", needed));
-  }
-  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
-  }
-  if (bytes < needed) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace_bytes: {} is too small, need WorkspaceBytes(rows) = {}", bytes, needed));
-  }
-  return absl::OkStatus();
-}
-
-// The bytes a buffer spans, for overlap checks between differently shaped arguments.
-struct Span {
-  const char* name;
-  uintptr_t begin = 0, end = 0;
-};
-Span SpanOf(const char* name, const TensorView& t) {
-  if (t.empty()) return {name};
-  const auto b = reinterpret_cast<uintptr_t>(t.data);
-  return {name, b, b + static_cast<uintptr_t>(((t.rows - 1) * t.row_stride + t.cols) * SizeOf(t.dtype))};
-}
-Span SpanOf(const char* name, const IndexView& v) {
-  if (v.empty()) return {name};
-  const auto b = reinterpret_cast<uintptr_t>(v.data);
-  return {name, b, b + static_cast<uintptr_t>(v.size * SizeOf(v.type))};
-}
-Span SpanOf(const char* name, void* p, int64_t bytes) {
-  const auto b = reinterpret_cast<uintptr_t>(p);
-  return {name, b, b + static_cast<uintptr_t>(bytes)};
-}
-
-// Outputs must not overlap each other or any input. The gradient and the logits are checked apart
-// (in place is allowed, and strided views may interleave): `grad` is skipped against `logits` here.
-absl::Status CheckDisjoint(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
-  auto clash = [](const Span& a, const Span& b) {
-    return a.begin != a.end && b.begin != b.end && a.begin < b.end && b.begin < a.end;
-  };
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (size_t j = i + 1; j < outputs.size(); ++j) {
-      if (clash(outputs[i], outputs[j])) {
-        return absl::InvalidArgumentError(
-            fmt::format("{}: overlaps {}", outputs[j].name, outputs[i].name));
-      }
-    }
-    for (const Span& in : inputs) {
-      if (std::string_view(outputs[i].name) == "grad" && std::string_view(in.name) == "logits") {
-        continue;
-      }
-      if (clash(outputs[i], in)) {
-        return absl::InvalidArgumentError(fmt::format("{}: overlaps {}", outputs[i].name, in.name));
-      }
-    }
-  }
-  return absl::OkStatus();
 }
 
 // The gradient is the logits themselves (same data and stride: in place) or shares no element.
@@ -402,11 +326,11 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
-  KJIT_RETURN_IF_ERROR(CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
   if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (s.argmax) {
-    KJIT_RETURN_IF_ERROR(CheckIndexVector("argmax", a.argmax, s.target_type, rows));
+    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.target_type, rows));
   } else if (!a.argmax.empty()) {
     return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
   }
@@ -422,12 +346,16 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
         "{}: given to Forward, which computes no gradient; use ForwardBackward",
         a.grad.empty() ? "grad_output" : "grad"));
   }
-  KJIT_RETURN_IF_ERROR(CheckWorkspace(a.workspace, a.workspace_bytes, WorkspaceBytes(rows)));
-  KJIT_RETURN_IF_ERROR(CheckDisjoint(
-      {SpanOf("loss", a.loss), SpanOf("lse", a.lse), SpanOf("argmax", a.argmax),
-       SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
-      {SpanOf("logits", a.logits), SpanOf("targets", a.targets),
-       SpanOf("grad_output", a.grad_output)}));
+  const int64_t ws_bytes = WorkspaceBytes(rows);
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
+  // grad against logits was checked above: in place is allowed, and strided views may interleave.
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"loss", a.loss}, {"lse", a.lse}, {"argmax", internal::BytesOf(a.argmax)}, {"grad", a.grad},
+       {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
+      {{"logits", a.logits}, {"targets", internal::BytesOf(a.targets)},
+       {"grad_output", a.grad_output}},
+      /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
@@ -458,7 +386,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
-  KJIT_RETURN_IF_ERROR(CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad_output.empty()) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
@@ -466,11 +394,14 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   }
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
   KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
-  KJIT_RETURN_IF_ERROR(CheckWorkspace(a.workspace, a.workspace_bytes, WorkspaceBytes(rows)));
-  KJIT_RETURN_IF_ERROR(CheckDisjoint(
-      {SpanOf("grad", a.grad), SpanOf("workspace", a.workspace, WorkspaceBytes(rows))},
-      {SpanOf("logits", a.logits), SpanOf("targets", a.targets), SpanOf("lse", a.lse),
-       SpanOf("grad_output", a.grad_output)}));
+  const int64_t ws_bytes = WorkspaceBytes(rows);
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"grad", a.grad}, {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
+      {{"logits", a.logits}, {"targets", internal::BytesOf(a.targets)}, {"lse", a.lse},
+       {"grad_output", a.grad_output}},
+      /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,

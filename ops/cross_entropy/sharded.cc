@@ -1,8 +1,6 @@
 #include "kjit/sharded_cross_entropy.h"
 
 #include <algorithm>
-#include <cstring>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -64,10 +62,6 @@ float* StatsIn(void* workspace) {
   return reinterpret_cast<float*>(static_cast<char*>(workspace) + kStatsOffset);
 }
 
-// A byte range as a view, for the overlap checks of arguments of different shapes.
-TensorView Bytes(const void* p, int64_t bytes) {
-  return TensorView::Vector(const_cast<void*>(p), DType::kF32, bytes / 4);
-}
 
 }  // namespace
 
@@ -171,6 +165,7 @@ absl::StatusOr<const internal::ShardedCrossEntropyKernels*> KernelsFor(
       });
 }
 
+// The statistics launches know only the pointers (the caller's all-reduce sits between).
 absl::Status CheckWorkspacePointer(const std::string& name, void* workspace) {
   if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return absl::InvalidArgumentError(fmt::format(
@@ -215,18 +210,7 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.width()));
   const int64_t rows = a.logits.rows;
   const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
-  if (a.targets.data == nullptr) return absl::InvalidArgumentError("targets: null pointer");
-  if (a.targets.type != s.target_type || a.targets.size != rows) {
-    return absl::InvalidArgumentError(fmt::format("targets: {} of {}, expected {} of {}",
-                                                  a.targets.size, Name(a.targets.type), rows,
-                                                  Name(s.target_type)));
-  }
-  if (reinterpret_cast<uintptr_t>(a.targets.data) % SizeOf(s.target_type) != 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("targets: pointer {} is not aligned to its {}-byte elements", a.targets.data,
-                    SizeOf(s.target_type)));
-  }
-  const TensorView targets = Bytes(a.targets.data, rows * SizeOf(s.target_type));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
   if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad.empty()) {
@@ -242,27 +226,15 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
         internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
   }
   const int64_t ws_bytes = WorkspaceBytes(rows);
-  KJIT_RETURN_IF_ERROR(CheckWorkspacePointer("workspace", a.workspace));
-  if (a.workspace_bytes < ws_bytes) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace_bytes: {} is too small, need WorkspaceBytes(rows) = {}", a.workspace_bytes,
-        ws_bytes));
-  }
-  // Outputs must not overlap each other or an input (grad against logits is checked above).
-  const std::pair<const char*, TensorView> outputs[] = {
-      {"loss", a.loss}, {"lse", a.lse}, {"grad", a.grad}, {"workspace", Bytes(a.workspace, ws_bytes)}};
-  const std::pair<const char*, TensorView> inputs[] = {
-      {"logits", a.logits}, {"targets", targets}, {"grad_output", a.grad_output}};
-  for (size_t i = 0; i < std::size(outputs); ++i) {
-    for (size_t j = i + 1; j < std::size(outputs); ++j) {
-      KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap(outputs[j].first, outputs[j].second,
-                                                    outputs[i].first, outputs[i].second));
-    }
-    for (const auto& [name, in] : inputs) {
-      if (std::strcmp(outputs[i].first, "grad") == 0 && std::strcmp(name, "logits") == 0) continue;
-      KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap(outputs[i].first, outputs[i].second, name, in));
-    }
-  }
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
+  // grad against logits was checked above: in place is allowed, and strided views may interleave.
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"loss", a.loss}, {"lse", a.lse}, {"grad", a.grad},
+       {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
+      {{"logits", a.logits}, {"targets", internal::BytesOf(a.targets)},
+       {"grad_output", a.grad_output}},
+      /*in_place=*/{{"grad", "logits"}}));
   return rt_->NeedsDevice();
 }
 

@@ -215,24 +215,14 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("residual", a.residual, s.dtype, rows, s.hidden));
     KJIT_RETURN_IF_ERROR(
         internal::CheckMatrix("residual_out", a.residual_out, s.dtype, rows, s.hidden));
-    KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("residual_out", a.residual_out, "residual", a.residual));
-    KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("residual_out", a.residual_out, "x", a.x));
-    KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "residual_out", a.residual_out));
   } else if (!a.residual.empty() || !a.residual_out.empty()) {
     return absl::InvalidArgumentError(
         "residual: given, but the op was created without fused_residual");
   }
-  KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("y", a.y, "x", a.x));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "weight", a.weight));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "y", a.y));
-  // The other output/input pairs must be disjoint too (only y = x and residual_out = residual are
-  // in place); empty views pass.
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "x", a.x));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "weight", a.weight));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "residual", a.residual));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("rstd", a.rstd, "residual_out", a.residual_out));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("residual_out", a.residual_out, "weight", a.weight));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("y", a.y, "residual", a.residual));
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"residual_out", a.residual_out}, {"y", a.y}, {"rstd", a.rstd}},
+      {{"x", a.x}, {"weight", a.weight}, {"residual", a.residual}},
+      /*in_place=*/{{"y", "x"}, {"residual_out", "residual"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec = internal::WidestAlignedVec(
@@ -267,37 +257,19 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dw", a.dw, WeightDType(s), 1, s.hidden));
   if (!a.dresidual.empty()) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("dresidual", a.dresidual, s.dtype, rows, s.hidden));
-    KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("dx", a.dx, "dresidual", a.dresidual));
   }
-  KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("dx", a.dx, "dy", a.dy));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "x", a.x));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dx", a.dx));
-  // The other output/input pairs must be disjoint too (only dx = dy and dx = dresidual are in
-  // place); an empty dresidual passes.
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "weight", a.weight));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dx", a.dx, "rstd", a.rstd));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dy", a.dy));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "x", a.x));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "weight", a.weight));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "rstd", a.rstd));
-  KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("dw", a.dw, "dresidual", a.dresidual));
-  if (a.workspace == nullptr) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace: null; pass BackwardWorkspaceBytes(rows) = {} bytes of device memory",
-        BackwardWorkspaceBytes(rows)));
-  }
-  if (reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
-    return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
-  }
-  // The kernel writes at most this much of the workspace: it must not alias any argument.
-  const TensorView workspace = TensorView::Vector(
-      a.workspace, DType::kF32,
-      std::max<int64_t>(0, std::min(a.workspace_bytes, BackwardWorkspaceBytes(rows))) / 4);
-  for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"dy", &a.dy},
-                                   {"x", &a.x}, {"weight", &a.weight}, {"rstd", &a.rstd},
-                                   {"dx", &a.dx}, {"dw", &a.dw}, {"dresidual", &a.dresidual}}) {
-    KJIT_RETURN_IF_ERROR(internal::CheckNoOverlap("workspace", workspace, name, *view));
-  }
+  // A workspace smaller than BackwardWorkspaceBytes still works (fewer, longer row groups): its
+  // size is checked below against one row group, and only the part written must be disjoint.
+  const int64_t needed = BackwardWorkspaceBytes(rows);
+  KJIT_RETURN_IF_ERROR(internal::CheckWorkspace(a.workspace, std::max(a.workspace_bytes, needed),
+                                                needed, "BackwardWorkspaceBytes(rows)"));
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"dx", a.dx}, {"dw", a.dw},
+       {"workspace", internal::BytesOf(a.workspace,
+                                       std::max<int64_t>(0, std::min(a.workspace_bytes, needed)))}},
+      {{"dy", a.dy}, {"x", a.x}, {"weight", a.weight}, {"rstd", a.rstd},
+       {"dresidual", a.dresidual}},
+      /*in_place=*/{{"dx", "dy"}, {"dx", "dresidual"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec =
@@ -312,7 +284,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   if (blocks < 1) {
     return absl::InvalidArgumentError(fmt::format(
         "workspace_bytes: {} is too small, need at least {} (BackwardWorkspaceBytes(rows) = {})",
-        a.workspace_bytes, per_group * rpb, BackwardWorkspaceBytes(rows)));
+        a.workspace_bytes, per_group * rpb, needed));
   }
   RmsNormBackwardParams p{};
   p.dy = a.dy.data;

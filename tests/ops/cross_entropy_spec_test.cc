@@ -300,10 +300,10 @@ TEST_F(CompileOnlyCrossEntropyTest, ForwardNamesEveryBadArgument) {
       {[](auto& a) { a.workspace = nullptr; }, "workspace: null"},
       {[](auto& a) { a.workspace = Addr(0x6000004); }, "workspace: must be 16-byte aligned"},
       {[](auto& a) { a.workspace_bytes = 16; }, "workspace_bytes:"},
-      {[](auto& a) { a.lse.data = Addr(0x3000000); }, "lse: overlaps loss"},
+      {[](auto& a) { a.lse.data = Addr(0x3000000); }, "lse: must not alias loss"},
       {[](auto& a) { a.loss.data = Addr(0x1000000 + 64); }, "loss: overlaps logits"},
       {[](auto& a) { a.argmax.data = Addr(0x2000000 + 8); }, "argmax: overlaps targets"},
-      {[](auto& a) { a.workspace = Addr(0x4000000); }, "workspace: overlaps lse"},
+      {[](auto& a) { a.workspace = Addr(0x4000000); }, "workspace: must not alias lse"},
   };
   for (const Bad& c : cases) {
     CrossEntropyArgs a = Good();
@@ -330,12 +330,12 @@ TEST_F(CompileOnlyCrossEntropyTest, ForwardBackwardNamesEveryBadArgument) {
        "grad: aliases logits with row_stride"},
       {[](auto& a) { a.grad.data = static_cast<char*>(a.logits.data) + 2 * 10; },
        "grad: overlaps logits"},
-      {[](auto& a) { a.grad.data = Addr(0x2000000); }, "grad: overlaps targets"},
+      {[](auto& a) { a.grad.data = Addr(0x2000000); }, "grad: must not alias targets"},
       {[](auto& a) { a.lse.data = Addr(0x7000000 + 64); }, "grad: overlaps lse"},
       {[](auto& a) { a.grad_output = TensorView::Vector(a.grad_output.data, DType::kF32, R); },
        "grad_output: cols"},
       {[](auto& a) { a.grad_output.dtype = DType::kBF16; }, "grad_output: dtype"},
-      {[](auto& a) { a.loss.data = Addr(0x8000000); }, "loss: overlaps grad_output"},
+      {[](auto& a) { a.loss.data = Addr(0x8000000); }, "loss: must not alias grad_output"},
   };
   for (const Bad& c : cases) {
     CrossEntropyArgs a = GoodWithGrad();
@@ -366,7 +366,7 @@ TEST_F(CompileOnlyCrossEntropyTest, BackwardNamesEveryBadArgument) {
   ExpectInvalid(ce_->Backward(nullptr, a), "workspace: null");
   a = GoodBackward();
   a.workspace = Addr(0x4000000);
-  ExpectInvalid(ce_->Backward(nullptr, a), "workspace: overlaps lse");
+  ExpectInvalid(ce_->Backward(nullptr, a), "workspace: must not alias lse");
   a = GoodBackward();
   a.grad = a.logits;  // in place
   ExpectReachesDevice(ce_->Backward(nullptr, a));

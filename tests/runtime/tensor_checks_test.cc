@@ -39,5 +39,33 @@ TEST(TensorChecksTest, CheckMatrixAcceptsAGoodView) {
                           kAnyRows, 5).ok());
 }
 
+// Every op reports a clash through CheckDisjoint, so one condition reads the same in every op.
+TEST(TensorChecksTest, CheckDisjointNamesTheLaterOutputAndAllowsOnlyListedInPlacePairs) {
+  const TensorView x = TensorView::Matrix(At(0x10000), DType::kBF16, 4, 64);
+  const TensorView y = TensorView::Matrix(At(0x20000), DType::kBF16, 4, 64);
+  const TensorView rstd = TensorView::Vector(At(0x30000), DType::kF32, 4);
+  EXPECT_TRUE(CheckDisjoint({{"y", y}, {"rstd", rstd}}, {{"x", x}}).ok());
+  EXPECT_TRUE(CheckDisjoint({{"y", x}, {"rstd", rstd}}, {{"x", x}}, {{"y", "x"}}).ok());
+  EXPECT_EQ(ToStd(CheckDisjoint({{"y", x}}, {{"x", x}}).message()), "y: must not alias x");
+  const TensorView shifted = TensorView::Matrix(At(0x10000 + 16), DType::kBF16, 4, 64);
+  EXPECT_EQ(ToStd(CheckDisjoint({{"y", shifted}}, {{"x", x}}, {{"y", "x"}}).message()),
+            "y: overlaps x (only exact in-place aliasing is allowed)");
+  EXPECT_EQ(ToStd(CheckDisjoint({{"y", y}, {"rstd", BytesOf(At(0x20000), 16)}}, {}).message()),
+            "rstd: must not alias y");
+  const IndexView targets = IndexView::Of(At(0x30000 + 8), IndexType::kInt64, 4);
+  EXPECT_EQ(ToStd(CheckDisjoint({{"rstd", rstd}}, {{"targets", BytesOf(targets)}}).message()),
+            "rstd: overlaps targets (only exact in-place aliasing is allowed)");
+}
+
+TEST(TensorChecksTest, CheckWorkspaceSaysWhatIsNeeded) {
+  EXPECT_EQ(ToStd(CheckWorkspace(nullptr, 0, 64, "WorkspaceBytes(rows)").message()),
+            "workspace: null; pass WorkspaceBytes(rows) = 64 bytes of device memory");
+  EXPECT_EQ(ToStd(CheckWorkspace(At(0x1008), 64, 64, "X").message()),
+            "workspace: must be 16-byte aligned");
+  EXPECT_EQ(ToStd(CheckWorkspace(At(0x1000), 32, 64, "X").message()),
+            "workspace_bytes: 32 is too small, need X = 64");
+  EXPECT_TRUE(CheckWorkspace(At(0x1000), 64, 64, "X").ok());
+}
+
 }  // namespace
 }  // namespace kjit::internal
