@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
+#include <absl/strings/str_join.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -540,32 +542,163 @@ void DiagnoseCacheFix(const DoctorFacts& f, std::vector<Finding>& out) {
   out.push_back({"cache.fix", Status::kOk, removed, ""});
 }
 
-void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {
+// --- tuning --------------------------------------------------------------------------------------
+
+// What the runtime does with a database it cannot use (LoadTuningDb in runtime.cc).
+const char* kTuningIgnored =
+    "the runtime ignores it with a warning and ops use their heuristic launch configs";
+const char* kTuneHint = "run `kjit-tune --model <name>` to tune them";
+
+// The database's path and why there, as TuningDb::DefaultPath() picks it.
+std::string TuningWhere(const DoctorFacts& f) {
   const TuningFacts& t = f.tuning;
-  if (!t.supported || !t.present) {
-    out.push_back({"tuning", Status::kOk,
-                   "no tuning database: kernels use the built-in heuristic launch configs", ""});
+  auto env = f.env.kjit_vars.find("KJIT_TUNING_DB");
+  std::string where = t.path;
+  if (env == f.env.kjit_vars.end()) {
+    where += " (tuning.json in the cache directory)";
+  } else if (env->second.empty()) {
+    where += " (KJIT_TUNING_DB is set but empty, which counts as unset: tuning.json in the cache "
+             "directory)";
+  } else {
+    where += " (from KJIT_TUNING_DB)";
+  }
+  if (!t.path.starts_with('/')) {
+    // Every process (each rank, kjit-tune) reads its own copy: worth saying where this one is.
+    where += fmt::format(", relative, so each process reads it from its own working directory "
+                         "(here {})",
+                         t.absolute);
+  }
+  return where;
+}
+
+// The arch the runtime keys a GPU's records by: its target's (TuningKeyFor in runtime.cc), which
+// is the PTX fallback's when NVRTC cannot build CUBIN for the GPU.
+int TuningArch(const DoctorFacts& f, const GpuFacts& g) {
+  if (f.nvrtc.loaded) {
+    auto target = jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(),
+                                             f.driver.version);
+    if (target.ok()) return target->arch;
+  }
+  return g.cc();
+}
+
+// "NVIDIA H200 sm_90 (driver CUDA 13.0, NVRTC 13.0)": what a record was tuned under.
+std::string TunedUnder(const std::string& device, int arch, int driver, int nvrtc) {
+  return fmt::format("{} {} (driver CUDA {}, NVRTC {})", device, Sm(arch), CudaVersionText(driver),
+                     CudaVersionText(nvrtc));
+}
+
+// Nothing to tune with yet, which is fine: `what` says why.
+Finding Untuned(const std::string& what) {
+  return {"tuning", Status::kOk,
+          fmt::format("{}: ops use their heuristic launch configs; {}", what, kTuneHint), ""};
+}
+
+void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
+                           std::vector<Finding>& out) {
+  const std::vector<TuningRecordFacts>& records = f.tuning.records;
+  if (records.empty()) {
+    out.push_back(Untuned(fmt::format("the tuning database {} holds no records", where)));
     return;
   }
-  std::set<std::string> present;
-  for (const GpuFacts& g : f.driver.gpus) present.insert(g.name);
-  std::vector<std::string> untuned;
-  for (const std::string& name : present) {
-    if (std::find(t.devices.begin(), t.devices.end(), name) == t.devices.end()) {
-      untuned.push_back(name);
+  // Per GPU model present, the records that apply: device, arch, driver and NVRTC all match, as
+  // in the runtime's TuningKey. An unknown NVRTC (not loaded) rules out no record.
+  std::vector<std::string> parts;
+  std::vector<bool> applies(records.size(), false);
+  std::set<std::pair<std::string, int>> seen;
+  const std::vector<GpuFacts> no_gpus;
+  for (const GpuFacts& g : f.driver.ok() ? f.driver.gpus : no_gpus) {
+    const int arch = TuningArch(f, g);
+    if (!seen.insert({g.name, arch}).second) continue;  // GPUs of one model share their records
+    int count = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      const TuningRecordFacts& r = records[i];
+      if (r.device == g.name && r.arch == arch && r.driver == f.driver.version &&
+          (!f.nvrtc.loaded || r.nvrtc == f.nvrtc.version())) {
+        applies[i] = true;
+        ++count;
+      }
+    }
+    const std::string gpu = TunedUnder(g.name, arch, f.driver.version,
+                                       f.nvrtc.loaded ? f.nvrtc.version() : 0);
+    parts.push_back(count > 0 ? fmt::format("{} apply to {}", count, gpu)
+                              : fmt::format("none apply to {}, whose ops use their heuristic "
+                                            "launch configs ({} here)",
+                                            gpu, kTuneHint));
+  }
+  // The others, grouped by what they were tuned under: the runtime never reads them here.
+  std::map<std::tuple<std::string, int, int, int>, int> others;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const TuningRecordFacts& r = records[i];
+    if (!applies[i]) ++others[{r.device, r.arch, r.driver, r.nvrtc}];
+  }
+  constexpr size_t kListed = 4;
+  std::vector<std::string> groups;
+  size_t ignored = 0;
+  for (const auto& [key, count] : others) {
+    ignored += count;
+    if (groups.size() < kListed) {
+      const auto& [device, arch, driver, nvrtc] = key;
+      groups.push_back(fmt::format("{} for {}", count, TunedUnder(device, arch, driver, nvrtc)));
     }
   }
-  if (!untuned.empty()) {
-    out.push_back({"tuning", Status::kWarn,
-                   fmt::format("the tuning database {} has no results for {} (it has {}); those "
-                               "GPUs use the heuristic configs",
-                               t.path, untuned[0], t.devices.size()),
-                   "Run `kjit-tune` on this machine to tune for its GPUs."});
-    return;
+  if (others.size() > kListed) groups.push_back(fmt::format("{} more", others.size() - kListed));
+  if (parts.empty()) {
+    parts.push_back("no GPU here to match them against: " + absl::StrJoin(groups, ", "));
+  } else if (ignored > 0) {
+    parts.push_back(fmt::format("the runtime ignores the other {}, tuned for other GPUs, drivers "
+                                "or NVRTC versions: {}",
+                                ignored, absl::StrJoin(groups, ", ")));
   }
   out.push_back({"tuning", Status::kOk,
-                 fmt::format("tuning database {} covers {} device(s)", t.path, t.devices.size()),
+                 fmt::format("the tuning database {} holds {} record{}; {}", where,
+                             records.size(), records.size() == 1 ? "" : "s",
+                             absl::StrJoin(parts, "; ")),
                  ""});
+}
+
+void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {
+  const TuningFacts& t = f.tuning;
+  const std::string where = TuningWhere(f);
+  switch (t.state) {
+    case TuningFacts::State::kNoPath:
+      out.push_back({"tuning", Status::kWarn,
+                     "no tuning database path: KJIT_TUNING_DB is unset and there is no cache "
+                     "directory (see cache.dir), so the runtime neither reads nor tunes launch "
+                     "configs",
+                     "Set KJIT_TUNING_DB to a file, or KJIT_CACHE_DIR to a directory of your "
+                     "own."});
+      return;
+    case TuningFacts::State::kMissing:
+      out.push_back(Untuned(fmt::format("no tuning database yet at {}", where)));
+      return;
+    case TuningFacts::State::kLoaded:
+      DiagnoseTuningRecords(f, where, out);
+      return;
+    case TuningFacts::State::kCorrupt:
+      out.push_back({"tuning", Status::kWarn,
+                     fmt::format("the tuning database {} is corrupt ({}): {}", where,
+                                 OneLine(t.error), kTuningIgnored),
+                     fmt::format("Run `kjit-tune --model <name>`, which sets the corrupt file "
+                                 "aside as {}.corrupt-<time> and builds a new one, or delete it.",
+                                 t.path)});
+      return;
+    case TuningFacts::State::kNotAFile:
+      out.push_back({"tuning", Status::kWarn,
+                     fmt::format("{} is {}, not a tuning database file: {}, and kjit-tune cannot "
+                                 "save its results there",
+                                 where, t.what, kTuningIgnored),
+                     "Remove it, or point KJIT_TUNING_DB at a file."});
+      return;
+    case TuningFacts::State::kUnreadable:
+      out.push_back({"tuning", Status::kWarn,
+                     fmt::format("the tuning database {} cannot be read ({}): {}", where,
+                                 OneLine(t.error), kTuningIgnored),
+                     "Make it readable by this user (kjit-tune writes it mode 0600 for whoever "
+                     "ran it, so one written under sudo needs a chown), or point KJIT_TUNING_DB "
+                     "at a file of your own."});
+      return;
+  }
 }
 
 void DiagnoseEnv(const DoctorFacts& f, std::vector<Finding>& out) {

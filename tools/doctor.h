@@ -1,6 +1,6 @@
 // `kjit doctor`: finds the known ways a GPU set-up fails (no driver in the container, the toolkit's
-// stub driver, an NVRTC too old for the GPU, a driver older than NVRTC, an unsafe or stale cache)
-// and says what to do about each.
+// stub driver, an NVRTC too old for the GPU, a driver older than NVRTC, an unsafe or stale cache, a
+// tuning database the runtime cannot read) and says what to do about each.
 //
 // Two halves with plain data between them:
 //   - the probe (doctor_probe.h) gathers DoctorFacts from the real machine: loads the driver and
@@ -137,11 +137,32 @@ struct CacheFacts {
   CacheFixFacts fix;
 };
 
+// What decides whether a tuning record applies on a machine (the rest of its TuningKey, op, dtype,
+// shape and rows bucket, only picks among the records that do).
+struct TuningRecordFacts {
+  std::string device;  // "NVIDIA H200"
+  int arch = 0;        // the arch of the target it was tuned with: 90
+  int driver = 0;      // cuDriverGetVersion: 13000
+  int nvrtc = 0;       // NVRTC major*1000 + minor*10: 13000
+};
+
+// The tuning database as a runtime created now would read it: TuningDb::DefaultPath() and
+// TuningDb::Load().
 struct TuningFacts {
-  bool supported = false;     // this kjit has a tuning database at all (issue 4)
-  bool present = false;
-  std::string path;
-  std::vector<std::string> devices;  // device names it has results for
+  enum class State {
+    kNoPath,      // neither KJIT_TUNING_DB nor a cache directory: the runtime tunes nothing
+    kMissing,     // no file yet
+    kLoaded,      // read; `records` has one entry per record
+    kCorrupt,     // Load said DataLoss: not a valid tuning database
+    kNotAFile,    // a directory, FIFO, ...; `what` says which
+    kUnreadable,  // cannot be opened or read (permissions, a path through a file); see `error`
+  };
+  State state = State::kNoPath;
+  std::string path;      // as the runtime uses it (relative when KJIT_TUNING_DB or the cache is)
+  std::string absolute;  // `path` resolved against doctor's working directory
+  std::string what;      // kNotAFile: "a directory", "a FIFO", ...
+  std::string error;     // kCorrupt, kUnreadable: what Load said, one line, without path or fix
+  std::vector<TuningRecordFacts> records;
 };
 
 struct EnvFacts {

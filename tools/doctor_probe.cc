@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include "ops/rms_norm/program.h"
 #include "ops/rms_norm/reference.h"
 #include "runtime/runtime_state.h"
+#include "runtime/tuning_db.h"
 #include "jit/cache_entry.h"
 #include "jit/compiler.h"
 #include "jit/disk_cache.h"
@@ -430,6 +432,64 @@ CacheFacts ProbeCache(const std::string& dir_override) {
   return c;
 }
 
+namespace {
+
+// "a directory", "a FIFO", ...: what stands where a file should.
+std::string FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+// What Load said, for a finding that names the path and has a fix of its own: the first line
+// without its "tuning db PATH: " prefix and "; fix: ..." tail. Only presentation: if Load words it
+// otherwise, more of its text shows.
+std::string LoadProblem(const absl::Status& status, const std::string& path) {
+  std::string m = Msg(status);
+  if (const size_t fix = m.find("; fix: "); fix != std::string::npos) m.resize(fix);
+  for (const std::string& prefix : {"tuning db " + path + ": ", std::string("tuning db: ")}) {
+    if (m.starts_with(prefix)) return m.substr(prefix.size());
+  }
+  return m;
+}
+
+}  // namespace
+
+TuningFacts ProbeTuning() {
+  TuningFacts t;
+  t.path = internal::TuningDb::DefaultPath();
+  if (t.path.empty()) return t;  // kNoPath
+  std::error_code ec;
+  t.absolute = std::filesystem::absolute(t.path, ec).string();
+  if (ec) t.absolute = t.path;
+  // The runtime's own Load, so that doctor warns exactly where a runtime would.
+  absl::StatusOr<internal::TuningDb> db = internal::TuningDb::Load(t.path);
+  struct stat st {};
+  const bool exists = ::stat(t.path.c_str(), &st) == 0;
+  if (db.ok()) {
+    // Load reads a missing file as an empty database.
+    t.state = exists || !db->records().empty() ? TuningFacts::State::kLoaded
+                                               : TuningFacts::State::kMissing;
+    for (const internal::TuningRecord& r : db->records()) {
+      t.records.push_back({.device = r.key.device, .arch = r.key.arch, .driver = r.key.driver,
+                           .nvrtc = r.key.nvrtc});
+    }
+    return t;
+  }
+  t.error = LoadProblem(db.status(), t.path);
+  if (db.status().code() == absl::StatusCode::kDataLoss) {
+    t.state = TuningFacts::State::kCorrupt;
+  } else if (exists && !S_ISREG(st.st_mode)) {
+    t.state = TuningFacts::State::kNotAFile;
+    t.what = FileKind(st.st_mode);
+  } else {
+    t.state = TuningFacts::State::kUnreadable;
+  }
+  return t;
+}
+
 void FixCache(DoctorFacts& facts) {
   CacheFixFacts fix;
   fix.ran = true;
@@ -512,6 +572,7 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
 
   f.cache = ProbeCache();
   if (options.fix_cache) FixCache(f);
+  f.tuning = ProbeTuning();
   return f;
 }
 

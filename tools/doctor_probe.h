@@ -33,6 +33,9 @@ DriverFacts ProbeDriver(const std::vector<std::string>& candidates);
 NvrtcFacts ProbeNvrtc(const std::vector<std::string>& candidates);
 // Inspects `dir` (empty: where kjit's cache is, from the environment) without creating it.
 CacheFacts ProbeCache(const std::string& dir = "");
+// Reads the tuning database a runtime created now would read (TuningDb::DefaultPath(), which
+// follows KJIT_TUNING_DB and the cache directory), without creating anything.
+TuningFacts ProbeTuning();
 // Removes the entries JudgeCacheEntry calls stale or corrupt from facts.cache, records what it did
 // in facts.cache.fix and re-reads the cache. An unsafe or read-only cache is not touched.
 void FixCache(DoctorFacts& facts);

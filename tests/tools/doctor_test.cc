@@ -26,6 +26,7 @@
 
 #include "jit/cache_key.h"
 #include "jit/disk_cache.h"
+#include "runtime/tuning_db.h"
 #include "tests/test_support.h"
 #include "tools/doctor_probe.h"
 #include "tests/temp_dir.h"
@@ -112,6 +113,8 @@ DoctorFacts HealthyH200() {
              .mode = 0700, .owner_uid = 1000, .euid = 1000, .writable = true, .listed = true};
   f.cache.entries = {{.key = std::string(32, 'a'), .bytes = 32000, .valid = true,
                       .target = "sm_90", .nvrtc_version = "13.0"}};
+  f.tuning = {.state = TuningFacts::State::kMissing, .path = "/home/u/.cache/kjit/tuning.json",
+              .absolute = "/home/u/.cache/kjit/tuning.json"};
   f.env.in_container = true;
   f.env.container_hint = "/.dockerenv";
   f.env.dev_nvidia = {"nvidia0", "nvidiactl", "nvidia-uvm"};
@@ -660,6 +663,240 @@ TEST(DoctorProbe, StaleAndCorruptEntriesAreFoundAndFixed) {
   EXPECT_EQ(ExitCodeFor(findings), 0);
 }
 
+// --- the tuning database -------------------------------------------------------------------------
+
+// `count` valid records tuned under device, arch, driver and NVRTC, one per rows bucket.
+std::vector<internal::TuningRecord> TunedRecords(const std::string& device, int arch, int count,
+                                                 int driver = 13000, int nvrtc = 13000) {
+  std::vector<internal::TuningRecord> out;
+  for (int i = 0; i < count; ++i) {
+    internal::TuningRecord r;
+    r.key = {.device = device, .arch = arch, .driver = driver, .nvrtc = nvrtc, .op = "rms_norm",
+             .dtype = "bf16", .shape = "hidden=4096", .rows_bucket = int64_t{1} << i};
+    r.config = "vec=8 threads=512";
+    r.median_us = r.p10_us = r.p90_us = 10;
+    r.candidates = 4;
+    r.tuned_at = "2026-12-02T21:04:05Z";
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void WriteTuningDb(const std::string& path, const std::vector<internal::TuningRecord>& records) {
+  auto written = internal::TuningDb::Upsert(path, records);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->written, static_cast<int>(records.size()));
+}
+
+// The healthy H200 with the tuning database the probe finds where KJIT_TUNING_DB points, as a
+// user would set it.
+DoctorFacts H200WithTuningDbAt(const std::string& path) {
+  testing::ScopedEnv env("KJIT_TUNING_DB", path.c_str());
+  DoctorFacts f = HealthyH200();
+  f.env.kjit_vars["KJIT_TUNING_DB"] = path;
+  f.tuning = ProbeTuning();
+  return f;
+}
+
+// The `tuning` finding, with the given status; every finding well-formed.
+Finding TuningFinding(const DoctorFacts& f, Status status) {
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  return Expect(findings, "tuning", status);
+}
+
+int Occurrences(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(DoctorTuning, RecordsForTheGpuPresentApplyAndTheOthersAreNamed) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/tuning.json";
+  auto records = TunedRecords("NVIDIA H200", 90, 3);
+  for (auto more : {TunedRecords("NVIDIA B200", 100, 2),
+                    TunedRecords("NVIDIA H200", 90, 1, /*driver=*/12080, /*nvrtc=*/12080)}) {
+    records.insert(records.end(), more.begin(), more.end());
+  }
+  WriteTuningDb(path, records);
+
+  DoctorFacts f = H200WithTuningDbAt(path);
+  f.driver.gpus = {H200(0), H200(1)};  // one model, counted once
+  EXPECT_EQ(f.tuning.state, TuningFacts::State::kLoaded) << f.tuning.error;
+  EXPECT_EQ(f.tuning.path, path);
+  ASSERT_EQ(f.tuning.records.size(), 6u);
+  const Finding t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(t.message.starts_with("the tuning database " + path + " (from KJIT_TUNING_DB) holds "
+                                    "6 records; "))
+      << t.message;
+  EXPECT_TRUE(Contains(t.message, "3 apply to NVIDIA H200 sm_90 (driver CUDA 13.0, NVRTC 13.0)"))
+      << t.message;
+  EXPECT_EQ(Occurrences(t.message, "apply to"), 1) << t.message;
+  EXPECT_TRUE(Contains(t.message, "the runtime ignores the other 3")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "2 for NVIDIA B200 sm_100 (driver CUDA 13.0, NVRTC 13.0)"))
+      << t.message;
+  EXPECT_TRUE(Contains(t.message, "1 for NVIDIA H200 sm_90 (driver CUDA 12.8, NVRTC 12.8)"))
+      << t.message;
+}
+
+TEST(DoctorTuning, RecordsOnlyForAnotherGpuDoNotApply) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/tuning.json";
+  WriteTuningDb(path, TunedRecords("NVIDIA B200", 100, 2));
+  const Finding t = TuningFinding(H200WithTuningDbAt(path), Status::kOk);
+  EXPECT_TRUE(Contains(t.message, "holds 2 records; none apply to NVIDIA H200 sm_90")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "heuristic launch configs")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "kjit-tune --model")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "ignores the other 2, tuned for other GPUs, drivers or NVRTC "
+                                  "versions: 2 for NVIDIA B200 sm_100"))
+      << t.message;
+}
+
+TEST(DoctorTuning, RecordsOfThePtxFallbackTargetApply) {
+  // NVRTC 12.6 cannot build sm_100: the runtime runs compute_90 and keys its records by arch 90.
+  DoctorFacts f = B200WithNvrtc126(12080);
+  f.tuning.state = TuningFacts::State::kLoaded;
+  f.tuning.records = {{.device = "NVIDIA B200", .arch = 90, .driver = 12080, .nvrtc = 12060},
+                      {.device = "NVIDIA B200", .arch = 100, .driver = 12080, .nvrtc = 12060}};
+  const Finding t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(Contains(t.message, "1 apply to NVIDIA B200 sm_90 (driver CUDA 12.8, NVRTC 12.6)"))
+      << t.message;
+  EXPECT_TRUE(Contains(t.message, "1 for NVIDIA B200 sm_100")) << t.message;
+}
+
+TEST(DoctorTuning, WithoutAGpuRecordsAreListedByDevice) {
+  DoctorFacts f = NoGpu(DriverFacts::Error::kMissing);
+  f.tuning.state = TuningFacts::State::kLoaded;
+  f.tuning.records = {{.device = "NVIDIA H200", .arch = 90, .driver = 13000, .nvrtc = 13000},
+                      {.device = "NVIDIA H200", .arch = 90, .driver = 13000, .nvrtc = 13000},
+                      {.device = "NVIDIA B200", .arch = 100, .driver = 13000, .nvrtc = 13000}};
+  const Finding t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(Contains(t.message, "holds 3 records; no GPU here to match them against: 1 for "
+                                  "NVIDIA B200 sm_100 (driver CUDA 13.0, NVRTC 13.0), 2 for "
+                                  "NVIDIA H200 sm_90"))
+      << t.message;
+}
+
+TEST(DoctorTuning, NoFileYetIsOkAndNothingIsCreated) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/not/yet/tuning.json";
+  const DoctorFacts f = H200WithTuningDbAt(path);
+  EXPECT_EQ(f.tuning.state, TuningFacts::State::kMissing) << f.tuning.error;
+  const Finding t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(t.message.starts_with("no tuning database yet at " + path +
+                                    " (from KJIT_TUNING_DB): ops use their heuristic launch "
+                                    "configs"))
+      << t.message;
+  EXPECT_TRUE(Contains(t.message, "run `kjit-tune --model <name>`")) << t.message;
+  EXPECT_FALSE(fs::exists(tmp.path() + "/not")) << "the probe must not create anything";
+}
+
+TEST(DoctorTuning, CorruptFileWarnsWithTheKjitTuneFix) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/tuning.json";
+  std::ofstream(path, std::ios::binary) << std::string("\x00\xff{garbage", 10);
+  DoctorFacts f = H200WithTuningDbAt(path);
+  EXPECT_EQ(f.tuning.state, TuningFacts::State::kCorrupt);
+  Finding t = TuningFinding(f, Status::kWarn);
+  EXPECT_TRUE(Contains(t.message, path + " (from KJIT_TUNING_DB) is corrupt (not valid JSON"))
+      << t.message;
+  EXPECT_TRUE(Contains(t.message, "the runtime ignores it with a warning")) << t.message;
+  EXPECT_FALSE(Contains(t.message, "fix:")) << "Load's own fix is left to the finding's\n"
+                                            << t.message;
+  EXPECT_TRUE(Contains(t.fix, "kjit-tune")) << t.fix;
+  EXPECT_TRUE(Contains(t.fix, path + ".corrupt-<time>")) << t.fix;
+  EXPECT_TRUE(Contains(t.fix, "delete it")) << t.fix;
+
+  // Valid JSON that is not a tuning database: the same, saying why.
+  std::ofstream(path, std::ios::binary) << R"({"format": "something else"})";
+  f = H200WithTuningDbAt(path);
+  t = TuningFinding(f, Status::kWarn);
+  EXPECT_TRUE(Contains(t.message, "is corrupt (not a kjit tuning database")) << t.message;
+}
+
+TEST(DoctorTuning, DirectoryAtThePathWarns) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/tuning.json";
+  ASSERT_EQ(::mkdir(path.c_str(), 0700), 0);
+  const DoctorFacts f = H200WithTuningDbAt(path);
+  EXPECT_EQ(f.tuning.state, TuningFacts::State::kNotAFile) << f.tuning.error;
+  const Finding t = TuningFinding(f, Status::kWarn);
+  EXPECT_TRUE(t.message.starts_with(path + " (from KJIT_TUNING_DB) is a directory, not a tuning "
+                                           "database file"))
+      << t.message;
+  EXPECT_TRUE(Contains(t.message, "kjit-tune cannot save")) << t.message;
+  EXPECT_TRUE(Contains(t.fix, "Remove it, or point KJIT_TUNING_DB at a file")) << t.fix;
+}
+
+TEST(DoctorTuning, UnreadableFileWarns) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads a file whatever its mode";
+  TempDir tmp;
+  const std::string path = tmp.path() + "/tuning.json";
+  WriteTuningDb(path, TunedRecords("NVIDIA H200", 90, 1));
+  ASSERT_EQ(::chmod(path.c_str(), 0), 0);
+  const DoctorFacts f = H200WithTuningDbAt(path);
+  EXPECT_EQ(f.tuning.state, TuningFacts::State::kUnreadable);
+  const Finding t = TuningFinding(f, Status::kWarn);
+  EXPECT_TRUE(Contains(t.message, "(from KJIT_TUNING_DB) cannot be read (")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "Permission denied")) << t.message;
+  EXPECT_TRUE(Contains(t.fix, "readable by this user")) << t.fix;
+}
+
+TEST(DoctorTuning, PathThroughAFileIsUnreadable) {
+  // Unlike permissions, this holds for root too.
+  TempDir tmp;
+  std::ofstream(tmp.path() + "/file") << "x";
+  const std::string path = tmp.path() + "/file/tuning.json";
+  const DoctorFacts f = H200WithTuningDbAt(path);
+  EXPECT_EQ(f.tuning.state, TuningFacts::State::kUnreadable);
+  const Finding t = TuningFinding(f, Status::kWarn);
+  EXPECT_TRUE(Contains(t.message, path + " (from KJIT_TUNING_DB) cannot be read (")) << t.message;
+  EXPECT_TRUE(Contains(t.message, "Not a directory")) << t.message;
+  EXPECT_TRUE(Contains(t.fix, "readable by this user")) << t.fix;
+}
+
+TEST(DoctorTuning, EmptyOrRelativeKjitTuningDbIsReadAsTheRuntimeReadsIt) {
+  TempDir tmp;
+  const std::string cache = tmp.path() + "/cache";
+  testing::ScopedEnv cache_dir("KJIT_CACHE_DIR", cache.c_str());
+  // Set but empty counts as unset: the cache directory's tuning.json.
+  DoctorFacts f = H200WithTuningDbAt("");
+  EXPECT_EQ(f.tuning.path, cache + "/tuning.json");
+  Finding t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(Contains(t.message, cache + "/tuning.json (KJIT_TUNING_DB is set but empty, which "
+                                          "counts as unset"))
+      << t.message;
+
+  // Relative: each process resolves it against its working directory.
+  f = H200WithTuningDbAt("rel/tuning.json");
+  EXPECT_EQ(f.tuning.path, "rel/tuning.json");
+  EXPECT_EQ(f.tuning.absolute, (fs::current_path() / "rel/tuning.json").string());
+  t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(Contains(t.message, "rel/tuning.json (from KJIT_TUNING_DB), relative, so each "
+                                  "process reads it from its own working directory (here " +
+                                      f.tuning.absolute + ")"))
+      << t.message;
+
+  // Unset: the cache directory's, said so.
+  f.env.kjit_vars.erase("KJIT_TUNING_DB");
+  f.tuning.path = f.tuning.absolute = cache + "/tuning.json";
+  t = TuningFinding(f, Status::kOk);
+  EXPECT_TRUE(Contains(t.message, cache + "/tuning.json (tuning.json in the cache directory)"))
+      << t.message;
+}
+
+TEST(DoctorTuning, NoPathWarns) {
+  DoctorFacts f = HealthyH200();
+  f.tuning = {};
+  const Finding t = TuningFinding(f, Status::kWarn);
+  EXPECT_TRUE(Contains(t.message, "no tuning database path")) << t.message;
+  EXPECT_TRUE(Contains(t.fix, "KJIT_TUNING_DB")) << t.fix;
+}
+
 // --- the real binary ---------------------------------------------------------------------------------
 
 class DoctorCliTest : public ::testing::Test {
@@ -791,6 +1028,47 @@ TEST_F(DoctorCliTest, FixCacheRemovesEntriesForOtherTargets) {
   int entries = 0;
   for (const auto& e : fs::directory_iterator(cache_)) entries += e.path().extension() == ".kjit";
   EXPECT_EQ(entries, 1);
+}
+
+TEST_F(DoctorCliTest, TuningReportsTheDatabaseKjitTuningDbNames) {
+  const std::string valid = tmp_.path() + "/valid.json";
+  WriteTuningDb(valid, TunedRecords("NVIDIA H200", 90, 2));
+  // Not UTF-8, like the bytes in it: --json must still print a document.
+  const std::string garbage = tmp_.path() + "/garbage-\xff.json";
+  std::ofstream(garbage, std::ios::binary) << std::string("\x00\xff{garbage", 10);
+  const std::string dir = tmp_.path() + "/a-directory";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  struct Case {
+    std::string db;  // KJIT_TUNING_DB; "" unsets it
+    std::string status, message, fix;
+  };
+  for (const Case& c : std::vector<Case>{
+           {valid, "OK",
+            valid + " (from KJIT_TUNING_DB) holds 2 records; no GPU here to match them against: 2 "
+                    "for NVIDIA H200 sm_90 (driver CUDA 13.0, NVRTC 13.0)",
+            ""},
+           {garbage, "WARN", "(from KJIT_TUNING_DB) is corrupt (not valid JSON", ".corrupt-<time>"},
+           {dir, "WARN", dir + " (from KJIT_TUNING_DB) is a directory, not a tuning database file",
+            "point KJIT_TUNING_DB at a file"},
+           {"", "OK", "no tuning database yet at " + cache_ + "/tuning.json (tuning.json in the "
+                      "cache directory)", ""}}) {
+    SCOPED_TRACE(c.db);
+    env_["KJIT_TUNING_DB"] = c.db;
+    CliResult r = Run({"doctor", "--json", "--no-launch"});
+    EXPECT_EQ(r.signal, 0) << r.Describe();
+    nlohmann::json doc = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(doc.is_discarded()) << r.Describe();
+    int found = 0;
+    for (const nlohmann::json& f : doc["findings"]) {
+      if (f["check"] != "tuning") continue;
+      ++found;
+      EXPECT_EQ(f["status"], c.status) << f.dump();
+      EXPECT_TRUE(Contains(f["message"], c.message)) << f.dump();
+      EXPECT_TRUE(c.fix.empty() ? f["fix"] == "" : Contains(f["fix"], c.fix)) << f.dump();
+    }
+    EXPECT_EQ(found, 1) << r.Describe();
+  }
+  EXPECT_FALSE(fs::exists(cache_)) << "doctor must not create the cache or the tuning database";
 }
 
 TEST_F(DoctorCliTest, OthersWritableCacheFails) {
