@@ -3,7 +3,8 @@
 // Holds the CUBIN or PTX bytes plus what loading and diagnosis need: the target, the lowered
 // (mangled) name of each kernel, the NVRTC version and options, the op's parameters.
 //
-//   KJIT_ASSIGN_OR_RETURN(Binary bin, Compile(source, ParseTarget("sm_90").value()));
+//   KJIT_ASSIGN_OR_RETURN(Target sm90, ParseTarget("sm_90"));
+//   KJIT_ASSIGN_OR_RETURN(Binary bin, Compile(*nvrtc, source, sm90));      // jit/compiler.h
 //   const std::string& mangled = bin.lowered_names.at(source.name_expressions[0]);
 #pragma once
 

@@ -1,12 +1,13 @@
-// Source: the rendered program, the first stage of the pipeline (OpSpec -> Source -> Binary).
+// Source: the rendered program, the first stage of the pipeline (op spec -> Source -> Binary).
 //
 // The kernels live in real .cuh templates; an op renders only a small stub that includes them and
 // names the instantiations it needs as NVRTC name expressions, every specialization a template
 // argument. The headers travel with the source, so the cache key covers their text.
 //
-//   Source src = RenderSource("rms_norm_forward", {"common.cuh", "rms_norm.cuh"},
-//                             {"kjit::rms_norm_forward<kjit::bf16, 4096, 256, 8>"},
-//                             {{"hidden", "4096"}, {"dtype", "bf16"}});
+//   KJIT_ASSIGN_OR_RETURN(Source src, RenderSource(
+//       "rms_norm", {"common.cuh", "rms_norm_params.h", "rms_norm.cuh"},
+//       {"kjit::rms_norm_forward<kjit::bf16, kjit::bf16, 4096, 256, 1, 8, false, false>"},
+//       {{"hidden", "4096"}, {"dtype", "bf16"}}));
 #pragma once
 
 #include <map>

@@ -1,6 +1,6 @@
 // Kernel arguments of the cross-entropy kernels and the layout of the caller's workspace, shared
-// verbatim by the host (runtime/cross_entropy.cc) and the device (cross_entropy.cuh) so that they
-// cannot drift. Plain C++ both compilers read. Strides are in elements.
+// verbatim by the host (ops/cross_entropy/cross_entropy.cc) and the device (cross_entropy.cuh) so
+// that they cannot drift. Plain C++ both compilers read. Strides are in elements.
 //
 //   kjit::CrossEntropyRowParams p{...};
 //   void* args[] = {&p};

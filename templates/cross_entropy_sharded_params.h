@@ -1,6 +1,6 @@
 // Kernel arguments of the vocab-parallel (sharded) cross-entropy kernels and the layout of the
 // per-row statistics the shards reduce, shared verbatim by the host
-// (runtime/sharded_cross_entropy.cc) and the device (cross_entropy_sharded.cuh). Plain C++ both
+// (ops/cross_entropy/sharded.cc) and the device (cross_entropy_sharded.cuh). Plain C++ both
 // compilers read.
 //
 //   kjit::ShardedCrossEntropyParams p{.row = {...}, .shard_start = 64128, .stats = stats};

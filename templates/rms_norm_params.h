@@ -1,6 +1,7 @@
-// Kernel arguments of the RMSNorm kernels, shared verbatim by the host (runtime/rms_norm.cc) and the
-// device (rms_norm.cuh) so that the layout cannot drift. Plain C: NVRTC and the host compiler both
-// read it. Strides are in elements; the host checks every pointer and stride before a launch.
+// Kernel arguments of the RMSNorm kernels, shared verbatim by the host (ops/rms_norm/rms_norm.cc)
+// and the device (rms_norm.cuh) so that the layout cannot drift. Plain C: NVRTC and the host
+// compiler both read it. Strides are in elements; the host checks every pointer and stride before
+// a launch.
 //
 //   kjit::RmsNormForwardParams p{...};
 //   void* args[] = {&p};

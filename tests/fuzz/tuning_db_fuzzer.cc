@@ -1,6 +1,6 @@
-// libFuzzer target for TuningDb::Parse (autotune/tuning_db.h), which every kjit process runs on
+// libFuzzer target for TuningDb::Parse (runtime/tuning_db.h), which every kjit process runs on
 // the tuning database any kjit-tune, hand edit or half-copied home directory may have written, and
-// for the op config parsers (autotune/*_config.h) that read the configs its records store.
+// for the op config parsers (ops/<op>/config.h) that read the configs its records store.
 //
 // Invariants: Parse succeeds or says DataLoss; an accepted database serializes to text that parses
 // back to the same records and serializes identically. The config parsers, on the whole input and
