@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,14 +15,13 @@
 #include <cstdlib>
 #include <ctime>
 #include <string_view>
-#include <system_error>
-#include <thread>
 #include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "jit/cache_entry.h"
+#include "jit/file_io.h"
 
 namespace kjit::jit {
 
@@ -31,12 +29,12 @@ namespace {
 
 constexpr std::string_view kEntrySuffix = ".kjit";
 constexpr std::string_view kLockSuffix = ".lock";
-// Temp files (in-flight writes and Open's write probe) start with this; Prune removes old ones.
+// Temp files (in-flight writes and Open's write probe: TempPathFor's names) start with this; Prune
+// removes old ones.
 constexpr std::string_view kTempPrefix = ".tmp-";
 // Older than this, a temp file's writer is dead (a write takes well under a second). So is one
 // dated this far in the future: written while the clock was ahead, before it was set back.
 constexpr int64_t kStaleTempSeconds = 3600;
-constexpr std::chrono::milliseconds kLockPoll{5};
 // Far above any real CUBIN; a bigger file is not ours and is not read (it could exhaust memory).
 constexpr uint64_t kMaxEntryBytes = uint64_t{1} << 30;
 
@@ -55,92 +53,6 @@ std::string_view KeyOfFile(std::string_view name, std::string_view suffix) {
   return IsValidKey(name) ? name : std::string_view{};
 }
 
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-absl::Status ErrnoStatus(int err, std::string_view what) {
-  std::string msg = fmt::format("{}: {}", what, ErrnoText(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:  // over RLIMIT_FSIZE or the filesystem's file size limit
-      return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      Close();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~UniqueFd() { Close(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  // close(2)'s result: a write error can surface only here on some filesystems (NFS).
-  int Close() { return fd_ >= 0 ? ::close(std::exchange(fd_, -1)) : 0; }
-
- private:
-  int fd_;
-};
-
-// Reads to EOF, or stops once more than `limit` bytes have been read.
-int ReadAll(int fd, std::string& out, uint64_t limit) {
-  char buf[1 << 16];
-  while (out.size() <= limit) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n == 0) return 0;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return 0;
-}
-
-int WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return 0;
-}
-
-// 16 hex digits from the kernel's CSPRNG: temp names nobody can predict and pre-plant.
-absl::StatusOr<std::string> RandomHex16() {
-  uint64_t v = 0;
-  auto* p = reinterpret_cast<unsigned char*>(&v);
-  size_t got = 0;
-  while (got < sizeof v) {
-    ssize_t n = ::getrandom(p + got, sizeof v - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "disk cache: getrandom");
-    }
-    got += static_cast<size_t>(n);
-  }
-  return fmt::format("{:016x}", v);
-}
-
 absl::StatusOr<std::vector<std::string>> ScanDir(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return ErrnoStatus(errno, fmt::format("disk cache: cannot list {}", dir));
@@ -156,10 +68,6 @@ absl::StatusOr<std::vector<std::string>> ScanDir(const std::string& dir) {
 
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
-}
-
-bool SameFile(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 // One entry file, read without following a symlink. DataLoss means "not a valid entry" (corrupt,
@@ -260,31 +168,6 @@ int Evict(const std::string& dir, uint64_t max_bytes, std::string_view keep) {
   return removed;
 }
 
-// mkdir -p, creating missing components 0700. Returns whether the last component was created.
-absl::StatusOr<bool> MakeDirs(const std::string& dir) {
-  bool created = false;
-  for (size_t end = 1; end <= dir.size(); ++end) {
-    if (end != dir.size() && dir[end] != '/') continue;
-    std::string prefix = dir.substr(0, end);
-    struct stat st {};
-    if (::stat(prefix.c_str(), &st) == 0) {
-      created = false;
-      continue;
-    }
-    if (errno != ENOENT) {
-      return ErrnoStatus(errno, fmt::format("disk cache: cannot create {}: {} is inaccessible",
-                                            dir, prefix));
-    }
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, fmt::format("disk cache: cannot create {} (set KJIT_CACHE_DIR to "
-                                            "a directory you can write)",
-                                            prefix));
-    }
-    created = true;
-  }
-  return created;
-}
-
 absl::StatusOr<uint64_t> ParseMaxBytes(std::string_view text) {
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -298,22 +181,6 @@ absl::StatusOr<uint64_t> ParseMaxBytes(std::string_view text) {
 }
 
 }  // namespace
-
-DiskCache::KeyLock::KeyLock(KeyLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-
-DiskCache::KeyLock& DiskCache::KeyLock::operator=(KeyLock&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-// Closing the descriptor releases the flock. The lock file stays: deleting it here would let a
-// waiter lock the deleted inode while a newcomer locks a fresh file.
-DiskCache::KeyLock::~KeyLock() {
-  if (fd_ >= 0) ::close(fd_);
-}
 
 std::string DiskCache::DefaultDirectory() {
   if (const char* v = std::getenv("KJIT_CACHE_DIR"); v != nullptr && *v != '\0') return v;
@@ -354,8 +221,12 @@ absl::StatusOr<DiskCache> DiskCache::Open(const Options& options) {
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
 
-  KJIT_ASSIGN_OR_RETURN(bool created, MakeDirs(dir));
-  if (created) ::chmod(dir.c_str(), 0700);  // mkdir's mode was masked by the umask
+  if (absl::Status made = MakePrivateDirs(dir); !made.ok()) {
+    return absl::Status(made.code(),
+                        fmt::format("disk cache: {}; fix: set KJIT_CACHE_DIR to a directory you "
+                                    "can write",
+                                    ToStd(made.message())));
+  }
 
   // stat, not lstat: a symlinked cache directory is fine when its target passes the checks.
   struct stat st {};
@@ -389,18 +260,15 @@ absl::StatusOr<DiskCache> DiskCache::Open(const Options& options) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     why = ErrnoText(errno);
   } else {
-    absl::StatusOr<std::string> suffix = RandomHex16();
-    if (!suffix.ok()) {
-      why = std::string(ToStd(suffix.status().message()));
+    absl::StatusOr<std::string> probe = TempPathFor(dir + "/probe");
+    if (!probe.ok()) {
+      why = std::string(ToStd(probe.status().message()));
+    } else if (UniqueFd fd(::open(probe->c_str(),
+                                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+               fd.get() < 0) {
+      why = ErrnoText(errno);
     } else {
-      std::string probe = fmt::format("{}/{}probe-{}", dir, kTempPrefix, *suffix);
-      int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (fd < 0) {
-        why = ErrnoText(errno);
-      } else {
-        ::close(fd);
-        ::unlink(probe.c_str());
-      }
+      ::unlink(probe->c_str());
     }
   }
   if (!why.empty()) {
@@ -449,29 +317,7 @@ absl::Status DiskCache::Store(const std::string& key, const Binary& binary) cons
         "disk cache: a {}-byte entry is over the {}-byte limit; it stays in memory", bytes.size(),
         kMaxEntryBytes));
   }
-  KJIT_ASSIGN_OR_RETURN(std::string suffix, RandomHex16());
-  const std::string tmp = fmt::format("{}/{}{}-{}", dir_, kTempPrefix, key, suffix);
-  const std::string path = EntryPath(key);
-
-  // O_EXCL|O_NOFOLLOW: never write through something already at the (unpredictable) name.
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() < 0) {
-    return ErrnoStatus(errno, fmt::format("disk cache: cannot create {}", tmp));
-  }
-  auto fail = [&](int err, std::string_view step) {
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(err, fmt::format("disk cache: cannot write {} ({})", path, step));
-  };
-  if (int err = WriteAll(fd.get(), bytes)) return fail(err, "write");
-  // Data on disk before the rename makes it visible, or a crash could leave a whole-looking
-  // name over missing blocks.
-  if (::fsync(fd.get()) != 0) return fail(errno, "fsync");
-  if (fd.Close() != 0) return fail(errno, "close");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(errno, "rename");
-  // Persist the rename itself. Best effort: some filesystems refuse fsync on a directory.
-  if (UniqueFd d(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d.get() >= 0) {
-    ::fsync(d.get());
-  }
+  KJIT_RETURN_IF_ERROR(Annotate(WriteFileAtomically(EntryPath(key), bytes, 0600), "disk cache"));
   if (max_bytes_ > 0) Evict(dir_, max_bytes_, key);
   return absl::OkStatus();
 }
@@ -487,36 +333,14 @@ absl::StatusOr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
         fmt::format("disk cache: {} is read-only, so it has no locks", dir_));
   }
   const std::string path = fmt::format("{}/{}{}", dir_, key, kLockSuffix);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (fd.get() < 0) {
-      return ErrnoStatus(errno, fmt::format("disk cache: cannot open lock {}", path));
-    }
-    // Polling rather than a blocking flock: a blocking call cannot time out without signals.
-    while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EINTR) continue;
-      if (errno != EWOULDBLOCK) {
-        return ErrnoStatus(errno, fmt::format("disk cache: cannot lock {}", path));
-      }
-      auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        return absl::DeadlineExceededError(fmt::format(
-            "disk cache: another process has held the lock on {} for over {} ms (probably "
-            "compiling the same kernel); compile without waiting",
-            path, timeout.count()));
-      }
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          kLockPoll, deadline - now));
-    }
-    // Prune may have removed the file between our open and flock; a lock on a deleted inode
-    // excludes nobody, so take the one now at the path instead.
-    struct stat held {}, current {};
-    if (::fstat(fd.get(), &held) == 0 && ::lstat(path.c_str(), &current) == 0 &&
-        SameFile(held, current)) {
-      return KeyLock(fd.release());
-    }
+  absl::StatusOr<FileLock> lock = LockFile(path, timeout);
+  if (absl::IsDeadlineExceeded(lock.status())) {
+    return absl::DeadlineExceededError(fmt::format(
+        "disk cache: {} (probably compiling the same kernel); compile without waiting",
+        ToStd(lock.status().message())));
   }
+  KJIT_RETURN_IF_ERROR(Annotate(lock.status(), "disk cache"));
+  return *std::move(lock);
 }
 
 std::vector<DiskCache::EntryInfo> DiskCache::List() const {

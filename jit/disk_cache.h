@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "jit/binary.h"
+#include "jit/file_io.h"
 #include "kjit/status.h"
 
 namespace kjit::jit {
@@ -46,19 +47,7 @@ class DiskCache {
   };
 
   // An exclusive lock on one key, released on destruction (or when the process dies).
-  class KeyLock {
-   public:
-    KeyLock(KeyLock&&) noexcept;
-    KeyLock& operator=(KeyLock&&) noexcept;
-    KeyLock(const KeyLock&) = delete;
-    KeyLock& operator=(const KeyLock&) = delete;
-    ~KeyLock();
-
-   private:
-    friend class DiskCache;
-    explicit KeyLock(int fd) : fd_(fd) {}
-    int fd_ = -1;
-  };
+  using KeyLock = FileLock;
 
   static std::string DefaultDirectory();
 

@@ -1,16 +1,22 @@
 #include "jit/trace.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <ctime>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <nvtx3/nvToolsExt.h>
+
+#include "jit/file_io.h"
 
 namespace kjit::jit {
 
@@ -32,6 +38,75 @@ size_t MaxEventsFromEnv() {
 }
 
 uint64_t ThreadId() { return static_cast<uint64_t>(pthread_self()) % 1000000; }
+
+// Blocks SIGPIPE on this thread while alive, and discards the one its writes raised: a reader that
+// quits early must cost the trace, not the traced program (SIGPIPE's default action ends it, and
+// the trace is written at exit, where a killed process loses its exit status).
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    // One already pending is someone else's, left for them.
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+  }
+  ~SigpipeBlocked() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      const timespec now{};
+      while (sigtimedwait(&pipe_, nullptr, &now) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false, blocked_ = false;
+};
+
+// Writes into a FIFO or a character device named as the trace (a FIFO that a viewer reads,
+// `--trace /dev/null`): renaming a file over it would replace it, and its reader would get nothing.
+absl::Status WriteInPlace(const std::string& path, bool fifo, std::string_view text) {
+  // O_NONBLOCK: opening a FIFO that nobody reads would wait for a reader forever, at exit.
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (fd.get() < 0 && errno == ENXIO && fifo) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{} is a FIFO with no reader, so the trace was not written; start its reader first",
+        path));
+  }
+  if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot open {}", path));
+  // Blocking writes from here on: a reader slower than us is waited for, not cut off.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoStatus(errno, fmt::format("cannot write {}", path));
+  }
+  SigpipeBlocked no_sigpipe;
+  if (int err = WriteAll(fd.get(), text)) {
+    return ErrnoStatus(err, fmt::format("cannot write {}", path));
+  }
+  if (fd.Close() != 0) return ErrnoStatus(errno, fmt::format("cannot write {}", path));
+  return absl::OkStatus();
+}
+
+absl::Status WriteTrace(const std::string& path, std::string_view text) {
+  // stat, not lstat: through a link to a device (/dev/stdout to a pipe) is still into the device.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {
+    // 0666 less the umask, as any file a program creates.
+    return WriteFileAtomically(path, text, 0666);
+  }
+  if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+    return WriteInPlace(path, S_ISFIFO(st.st_mode), text);
+  }
+  // A directory, a socket (open cannot write one) or a block device (a disk).
+  return absl::FailedPreconditionError(fmt::format(
+      "{} is not a regular file, a FIFO or a character device; name a file to write", path));
+}
 
 }  // namespace
 
@@ -101,20 +176,9 @@ absl::Status Tracer::Flush() {
       {"displayTimeUnit", "ms"},
       {"otherData", {{"producer", "kjit"}, {"max_events", max_events_}, {"dropped_events", dropped_}}}};
   events_.clear();
-  const std::string tmp = fmt::format("{}.tmp-{}", path_, pid);
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      return absl::InternalError(fmt::format("KJIT_TRACE: cannot write {}", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(fmt::format("KJIT_TRACE: cannot write {}", path_));
-  }
-  return absl::OkStatus();
+  const std::string text =
+      doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return Annotate(WriteTrace(path_, text), "KJIT_TRACE");
 }
 
 namespace {

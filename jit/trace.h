@@ -2,7 +2,8 @@
 // when asked, kernel launches) for Perfetto and chrome://tracing. KJIT_TRACE=file.json turns it on;
 // KJIT_TRACE_LAUNCHES=1 adds launches; KJIT_TRACE_MAX_EVENTS caps the events kept (default 100000;
 // the rest are counted as dropped in the file). The file is written once: at exit, or at the first
-// Flush(); later events are counted as dropped and no second write happens.
+// Flush(); later events are counted as dropped and no second write happens. KJIT_TRACE may name a
+// FIFO or a character device: it is written into, not replaced.
 //
 //   {
 //     kjit::jit::TraceSpan span("compile", "jit", {{"target", "sm_90"}});   // one "X" event
@@ -41,7 +42,9 @@ class Tracer {
                 TraceArgs args);
   // A point in time.
   void Instant(std::string_view name, std::string_view category, TraceArgs args);
-  // Writes the file (through a temporary and a rename); once only, later calls return OK.
+  // Writes the file, once only: later calls return OK. A regular file (or a new one) is replaced
+  // through a temporary and a rename; a FIFO or a character device is written into, and a FIFO
+  // that nobody reads yet is an error, not a wait.
   absl::Status Flush();
 
   static int64_t NowUs();

@@ -1,20 +1,17 @@
 #include "runtime/tuning_db.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
 #include <concepts>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
 #include <limits>
-#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -22,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/disk_cache.h"
+#include "jit/file_io.h"
 
 namespace kjit::internal {
 
@@ -36,7 +34,6 @@ constexpr int kVersion = 1;
 // A record is about 400 bytes, so real databases are far smaller; a bigger file is not ours and is
 // not read into memory.
 constexpr size_t kMaxFileBytes = size_t{64} << 20;
-constexpr std::chrono::milliseconds kLockPoll{5};
 // The largest power of two an int64_t holds.
 constexpr int64_t kMaxRowsBucket = int64_t{1} << 62;
 
@@ -246,114 +243,31 @@ absl::StatusOr<TuningDb> ParseText(std::string_view text, std::string_view sourc
 
 // ---- files ------------------------------------------------------------------------------------
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { Close(); }
-  int get() const { return fd_; }
-  // close(2)'s result: some filesystems (NFS) report a failed write only here.
-  int Close() { return fd_ >= 0 ? ::close(std::exchange(fd_, -1)) : 0; }
-
- private:
-  int fd_;
-};
-
-absl::Status ErrnoError(int err, std::string_view what) {
-  return absl::ErrnoToStatus(err, ToAbsl(what));
-}
-
-std::string DirOf(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path();
-  return dir.empty() ? "." : dir;
-}
-
-// mkdir -p; what it creates is 0700, as the database tells which GPUs and models a user runs.
-absl::Status MakeDirs(const std::string& dir) {
-  std::filesystem::path prefix;
-  for (const std::filesystem::path& part : std::filesystem::path(dir)) {
-    prefix /= part;
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
-      return ErrnoError(errno, fmt::format("tuning db: cannot create {}", prefix.string()));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // The database at path: empty when there is no file, DataLoss when its bytes are not one, another
 // error when it cannot be read.
 absl::StatusOr<TuningDb> ReadDb(const std::string& path) {
   // O_NONBLOCK: a FIFO at the path must not hang a training run; regular files ignore it.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  jit::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) {
     if (errno == ENOENT) return TuningDb();
-    return ErrnoError(errno, fmt::format("tuning db: cannot open {}", path));
+    return jit::ErrnoStatus(errno, fmt::format("tuning db: cannot open {}", path));
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, fmt::format("tuning db: {}", path));
+  if (::fstat(fd.get(), &st) != 0) {
+    return jit::ErrnoStatus(errno, fmt::format("tuning db: cannot stat {}", path));
+  }
   if (!S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(fmt::format("tuning db: {} is not a regular file", path));
   }
   std::string text;
-  char buf[1 << 16];
-  while (text.size() <= kMaxFileBytes) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n == 0) return ParseText(text, fmt::format("tuning db {}", path));
-    if (n < 0 && errno != EINTR) {
-      return ErrnoError(errno, fmt::format("tuning db: cannot read {}", path));
-    }
-    if (n > 0) text.append(buf, static_cast<size_t>(n));
+  if (int err = jit::ReadAll(fd.get(), text, kMaxFileBytes)) {
+    return jit::ErrnoStatus(err, fmt::format("tuning db: cannot read {}", path));
   }
-  return absl::DataLossError(fmt::format(
-      "tuning db {}: over {} bytes, more than a tuning database holds", path, kMaxFileBytes));
-}
-
-// Polls: a blocking flock cannot time out without signals.
-absl::Status LockWithin(int fd, const std::string& path, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) {
-      return ErrnoError(errno, fmt::format("tuning db: cannot lock {}", path));
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(fmt::format(
-          "tuning db: another process has held {} for over {} ms (another kjit-tune saving its "
-          "results?); try again when it is done",
-          path, timeout.count()));
-    }
-    std::this_thread::sleep_for(kLockPoll);
+  if (text.size() > kMaxFileBytes) {
+    return absl::DataLossError(fmt::format(
+        "tuning db {}: over {} bytes, more than a tuning database holds", path, kMaxFileBytes));
   }
-  return absl::OkStatus();
-}
-
-// Replaces path with bytes in one step: written to a temp file beside it and fsynced before the
-// rename, so that a crash cannot leave a whole-looking file over missing blocks. On error the temp
-// file is removed and path is as it was.
-absl::Status WriteAtomically(const std::string& path, std::string_view bytes) {
-  std::string tmp = path + ".tmp-XXXXXX";
-  Fd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-  if (fd.get() < 0) {
-    return ErrnoError(errno, fmt::format("tuning db: cannot create a temp file beside {}", path));
-  }
-  auto fail = [&](std::string_view step) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(err, fmt::format("tuning db: cannot write {} ({})", path, step));
-  };
-  while (!bytes.empty()) {
-    const ssize_t n = ::write(fd.get(), bytes.data(), bytes.size());
-    if (n < 0 && errno != EINTR) return fail("write");
-    if (n > 0) bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  if (::fsync(fd.get()) != 0) return fail("fsync");
-  if (fd.Close() != 0) return fail("close");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename");
-  // Persist the rename itself. Best effort: some filesystems refuse fsync on a directory.
-  if (Fd dir(::open(DirOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir.get() >= 0) {
-    ::fsync(dir.get());
-  }
-  return absl::OkStatus();
+  return ParseText(text, fmt::format("tuning db {}", path));
 }
 
 }  // namespace
@@ -444,11 +358,14 @@ absl::StatusOr<TuningDb::UpsertResult> TuningDb::Upsert(const std::string& path,
     KJIT_RETURN_IF_ERROR(Annotate(ValidateRecord(records[i]),
                                   fmt::format("tuning db {}: record {} to save", path, i)));
   }
-  KJIT_RETURN_IF_ERROR(MakeDirs(DirOf(path)));
-  const std::string lock_path = path + ".lock";
-  Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (lock.get() < 0) return ErrnoError(errno, fmt::format("tuning db: cannot open {}", lock_path));
-  KJIT_RETURN_IF_ERROR(LockWithin(lock.get(), lock_path, lock_timeout));
+  KJIT_RETURN_IF_ERROR(Annotate(jit::MakePrivateDirs(jit::ParentDir(path)), "tuning db"));
+  absl::StatusOr<jit::FileLock> lock = jit::LockFile(path + ".lock", lock_timeout);
+  if (absl::IsDeadlineExceeded(lock.status())) {
+    return absl::DeadlineExceededError(fmt::format(
+        "tuning db: {} (another kjit-tune saving its results?); try again when it is done",
+        ToStd(lock.status().message())));
+  }
+  KJIT_RETURN_IF_ERROR(Annotate(lock.status(), "tuning db"));
 
   // Under the lock, the file cannot change until we replace it.
   absl::StatusOr<TuningDb> db = ReadDb(path);
@@ -457,7 +374,7 @@ absl::StatusOr<TuningDb::UpsertResult> TuningDb::Upsert(const std::string& path,
   if (db.status().code() == absl::StatusCode::kDataLoss) {
     aside = fmt::format("{}.corrupt-{}", path, static_cast<int64_t>(std::time(nullptr)));
     if (::rename(path.c_str(), aside.c_str()) != 0) {
-      return ErrnoError(errno, fmt::format("tuning db: cannot move corrupt {} aside", path));
+      return jit::ErrnoStatus(errno, fmt::format("tuning db: cannot move corrupt {} aside", path));
     }
     result.warning = fmt::format("{}; moved it to {} and started {} afresh",
                                  ToStd(db.status().message()), aside, path);
@@ -465,7 +382,8 @@ absl::StatusOr<TuningDb::UpsertResult> TuningDb::Upsert(const std::string& path,
   }
   KJIT_RETURN_IF_ERROR(db.status());
   for (const TuningRecord& r : records) db->Put(r);
-  if (absl::Status s = WriteAtomically(path, db->Serialize()); !s.ok()) {
+  // 0600: the database tells which GPUs and models a user runs.
+  if (absl::Status s = jit::WriteFileAtomically(path, db->Serialize(), 0600); !s.ok()) {
     if (!aside.empty()) ::rename(aside.c_str(), path.c_str());  // as it was, corrupt or not
     return s;
   }

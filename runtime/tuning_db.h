@@ -1,6 +1,6 @@
 // The tuning database: the fastest launch config the autotuner measured for each op, shape and
 // GPU, kept in one JSON file that every process of a user shares, so that a run with a tuned shape
-// launches the measured config instead of the heuristic's (autotune/*_config.h).
+// launches the measured config instead of the heuristic's (ops/<op>/config.h).
 //
 // A record applies only where everything it was measured under matches (TuningKey): the device,
 // driver and NVRTC, the op, dtype and compile-time shape, and the row count rounded up to a power

@@ -170,7 +170,7 @@ absl::Status HostAllReduce(const Runtime& rt, const std::vector<ShardedCrossEntr
 }
 
 absl::StatusOr<Outputs> RunSharded(const Runtime& rt, const Case& c, const Inputs& in, Reduce how,
-                                   const Nccl* nccl = nullptr, NcclComm comm = nullptr) {
+                                   NcclComm comm = nullptr) {
   const int64_t R = c.rows, V = c.vocab;
   const size_t es = SizeOf(c.dtype);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_logits, UploadValues(rt, in.logits, c.dtype));
@@ -445,7 +445,7 @@ TEST(ShardedCrossEntropyGpu, NcclOneRankAllReduce) {
                              .reduction = Reduction::kNone, .z = 1e-4f, .upstream = true}}) {
     SCOPED_TRACE(c.Describe());
     const Inputs in = MakeInputs(c, 1234);
-    auto sharded = RunSharded(rt, c, in, Reduce::kNccl, *nccl, *comm);
+    auto sharded = RunSharded(rt, c, in, Reduce::kNccl, *comm);
     ASSERT_TRUE(sharded.ok()) << sharded.status();
     auto unsharded = RunUnsharded(rt, c, in);
     ASSERT_TRUE(unsharded.ok()) << unsharded.status();

@@ -55,7 +55,7 @@ absl::StatusOr<NcclUniqueId> ShareId(const Nccl& nccl, int rank, const std::stri
 
 // One shard of one problem, checked: the loss, and this rank's gradient columns (the other
 // columns are filled with the reference's own values, so the check covers the shard alone).
-absl::Status CheckShard(const Runtime& rt, const Nccl& nccl, NcclComm comm, int rank, int ranks,
+absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks,
                         int64_t vocab, float smoothing) {
   const int64_t per = (vocab + ranks - 1) / ranks;
   const int64_t start = rank * per, end = std::min(vocab, start + per);
@@ -111,8 +111,8 @@ int RunRank(int rank, int ranks, const std::string& dir) {
         kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx), "cuCtxSetCurrent"));
     KJIT_ASSIGN_OR_RETURN(NcclUniqueId id, ShareId(*nccl, rank, dir));
     KJIT_ASSIGN_OR_RETURN(NcclComm comm, nccl->CommInitRank(ranks, id, rank));
-    absl::Status checked = CheckShard(rt, *nccl, comm, rank, ranks, 128256, 0.0f);
-    if (checked.ok()) checked = CheckShard(rt, *nccl, comm, rank, ranks, 50257, 0.1f);
+    absl::Status checked = CheckShard(rt, comm, rank, ranks, 128256, 0.0f);
+    if (checked.ok()) checked = CheckShard(rt, comm, rank, ranks, 50257, 0.1f);
     (void)nccl->CommDestroy(comm);
     return checked;
   }();

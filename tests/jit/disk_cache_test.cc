@@ -440,7 +440,7 @@ TEST_F(DiskCacheTest, WriterKilledMidWriteNeverLeavesACorruptEntry) {
   absl::StatusOr<DiskCache> cache = Open();
   ASSERT_TRUE(cache.ok());
   const Binary big = MakeBinary(5, 64 << 20);
-  const std::string temp_prefix = ".tmp-" + Key(1) + "-";
+  const std::string temp_prefix = ".tmp-" + Key(1) + ".kjit-";
 
   // Kill the writer at different points after its temp file appears; the last attempt is allowed
   // to finish, so the exact-binary comparison below is exercised on a real hit.

@@ -52,10 +52,6 @@ class TempDir {
   std::string path_;
 };
 
-jit::Jit::Options JitOptions(const std::string& dir) {
-  return jit::Jit::Options{.cache = jit::DiskCache::Options{.dir = dir}};
-}
-
 // --- Driver -------------------------------------------------------------------------------------
 
 TEST(DriverTest, MissingLibraryIsFailedPreconditionWithTheFix) {

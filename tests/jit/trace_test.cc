@@ -1,13 +1,20 @@
 // The Chrome trace writer: a file Perfetto can open, written once, capped; and `kjit --trace`.
 #include "jit/trace.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,6 +26,50 @@ namespace kjit::jit {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Reads a FIFO on a thread until its writers are gone. It holds a write end of its own meanwhile:
+// so a writer opening the FIFO later finds a reader there, and the read waits for that writer
+// instead of ending at once. Finish() lets go of that end and returns what was read.
+class FifoReader {
+ public:
+  explicit FifoReader(const std::string& path)
+      : read_fd_(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)),
+        hold_fd_(::open(path.c_str(), O_WRONLY | O_CLOEXEC)) {
+    if (read_fd_ >= 0) ::fcntl(read_fd_, F_SETFL, 0);  // blocking reads
+    thread_ = std::thread([this] {
+      char buf[1 << 16];
+      for (;;) {
+        const ssize_t n = ::read(read_fd_, buf, sizeof buf);
+        if (n > 0) {
+          data_.append(buf, static_cast<size_t>(n));
+        } else if (n == 0 || errno != EINTR) {
+          return;
+        }
+      }
+    });
+  }
+  ~FifoReader() { Finish(); }
+  FifoReader(const FifoReader&) = delete;
+  FifoReader& operator=(const FifoReader&) = delete;
+
+  bool ok() const { return read_fd_ >= 0 && hold_fd_ >= 0; }
+  std::string Finish() {
+    if (hold_fd_ >= 0) ::close(std::exchange(hold_fd_, -1));
+    if (thread_.joinable()) thread_.join();
+    if (read_fd_ >= 0) ::close(std::exchange(read_fd_, -1));
+    return data_;
+  }
+
+ private:
+  int read_fd_, hold_fd_;
+  std::string data_;
+  std::thread thread_;
+};
+
+bool IsFifo(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+}
 
 class TraceTest : public ::testing::Test {
  protected:
@@ -51,7 +102,8 @@ TEST_F(TraceTest, WritesChromeTraceEvents) {
   EXPECT_EQ(x["args"]["target"], "sm_90");
   EXPECT_EQ(doc["traceEvents"][1]["ph"], "i");
   EXPECT_EQ(doc["otherData"]["dropped_events"], 0);
-  EXPECT_FALSE(fs::exists(path + ".tmp-" + std::to_string(::getpid())));
+  EXPECT_EQ(testing::NamesWithPrefix(dir_, ""), std::vector<std::string>{"trace.json"})
+      << "a temp file is left";
 }
 
 TEST_F(TraceTest, WrittenOnceLaterEventsAreDropped) {
@@ -90,7 +142,117 @@ TEST_F(TraceTest, OffRecordsNothingAndAnUnwritablePathIsAnError) {
   EXPECT_NE(std::string(s.message()).find("missing-dir"), std::string::npos) << s;
 }
 
+// Issue 18, defect 1: the trace was written to a temp file renamed over the path, which replaced a
+// FIFO (or a device) named as the trace with a regular file, and its reader got nothing.
+TEST_F(TraceTest, AFifoIsWrittenIntoNotReplaced) {
+  const std::string fifo = dir_ + "/trace.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  FifoReader reader(fifo);
+  ASSERT_TRUE(reader.ok()) << std::strerror(errno);
+  // Far more than a pipe holds (64 KiB): the writer must wait for the reader, not fail or drop.
+  Tracer t(fifo, false, /*max_events=*/100000);
+  for (int i = 0; i < 3000; ++i) t.Instant("event " + std::to_string(i), "jit", {});
+  const absl::Status s = t.Flush();
+  const std::string got = reader.Finish();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(IsFifo(fifo)) << "the FIFO was replaced";
+  EXPECT_GT(got.size(), size_t{1} << 16);
+  const nlohmann::json doc = nlohmann::json::parse(got, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(doc.is_object()) << "not JSON: " << got.substr(0, 200);
+  ASSERT_EQ(doc["traceEvents"].size(), 3000u);
+  EXPECT_EQ(doc["traceEvents"][2999]["name"], "event 2999");
+  EXPECT_EQ(testing::NamesWithPrefix(dir_, ".tmp-"), std::vector<std::string>{});
+}
+
+TEST_F(TraceTest, AFifoWithNoReaderIsAnErrorNotAWait) {
+  const std::string fifo = dir_ + "/trace.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  Tracer t(fifo, false, 100);
+  t.Instant("x", "jit", {});
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = t.Flush();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(fifo), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("no reader"), absl::string_view::npos) << s;
+  EXPECT_TRUE(IsFifo(fifo));
+  EXPECT_EQ(testing::NamesWithPrefix(dir_, ".tmp-"), std::vector<std::string>{});
+}
+
+// SIGPIPE would end the process: the trace is written at exit, and a killed program loses its exit
+// status over a trace.
+TEST_F(TraceTest, AReaderThatQuitsEarlyCostsTheTraceNotTheProcess) {
+  const std::string fifo = dir_ + "/trace.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const int read_fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(read_fd, 0) << std::strerror(errno);
+  Tracer t(fifo, false, 100000);
+  for (int i = 0; i < 3000; ++i) t.Instant("event " + std::to_string(i), "jit", {});
+  // The reader goes away once the writer has filled the pipe and waits for room.
+  std::thread quitter([&] {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int queued = 0;
+    while (::ioctl(read_fd, FIONREAD, &queued) == 0 && queued < 4096 &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ::close(read_fd);
+  });
+  const absl::Status s = t.Flush();
+  quitter.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(fifo), absl::string_view::npos) << s;
+  EXPECT_TRUE(IsFifo(fifo));
+}
+
+// A character device, as `kjit --trace /dev/null` names one. Reached through a link in the test's
+// directory: should the writer ever rename over the path again, the link is replaced, not (when
+// the test runs as root) the machine's /dev/null.
+TEST_F(TraceTest, ACharacterDeviceIsWrittenIntoNotReplaced) {
+  if (::access("/dev/null", W_OK) != 0) GTEST_SKIP() << "/dev/null is not writable here";
+  const std::string link = dir_ + "/null";
+  ASSERT_EQ(::symlink("/dev/null", link.c_str()), 0) << std::strerror(errno);
+  Tracer t(link, false, 100);
+  t.Instant("x", "jit", {});
+  const absl::Status s = t.Flush();
+  EXPECT_TRUE(s.ok()) << s;
+  struct stat st {};
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode)) << "the link to /dev/null was replaced";
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(testing::NamesWithPrefix(dir_, ""), std::vector<std::string>{"null"});
+}
+
+TEST_F(TraceTest, ADirectoryIsRefusedNotReplaced) {
+  const std::string path = dir_ + "/trace.json";
+  ASSERT_TRUE(fs::create_directory(path));
+  Tracer t(path, false, 100);
+  t.Instant("x", "jit", {});
+  const absl::Status s = t.Flush();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  EXPECT_TRUE(fs::is_directory(path));
+}
+
 #ifdef KJIT_CLI_PATH
+TEST_F(TraceTest, KjitTraceIntoAFifo) {
+  const std::string fifo = dir_ + "/trace.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  FifoReader reader(fifo);
+  ASSERT_TRUE(reader.ok()) << std::strerror(errno);
+  testing::CliResult r = testing::RunKjit(
+      {"--trace", fifo, "compile", "--op", "rms_norm", "--hidden", "512", "--arch", "sm_90"},
+      {{"KJIT_CACHE_DIR", dir_ + "/cache"}, {"KJIT_CACHE_MAX_BYTES", ""}}, dir_);
+  const std::string got = reader.Finish();
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.err.find("KJIT_TRACE"), std::string::npos) << r.err;
+  EXPECT_TRUE(IsFifo(fifo)) << "kjit --trace replaced the FIFO";
+  const nlohmann::json doc = nlohmann::json::parse(got, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(doc.is_object()) << "not JSON: " << got.substr(0, 200);
+  EXPECT_FALSE(doc["traceEvents"].empty()) << got;
+}
+
 TEST_F(TraceTest, KjitTraceRecordsCompilesAndCacheHits) {
   const std::map<std::string, std::string> env = {{"KJIT_CACHE_DIR", dir_ + "/cache"},
                                                   {"KJIT_CACHE_MAX_BYTES", ""}};

@@ -30,7 +30,9 @@ TEST(SearchSpace, CrossEntropyCandidatesAreValidAndPrunedOnesSayWhy) {
         EXPECT_TRUE(ValidateCrossEntropySpec(spec).ok())
             << vocab << " sm_" << arch << " " << c.config.ToString() << ": "
             << ValidateCrossEntropySpec(spec);
-        if (arch < kMinClusterArch) EXPECT_LE(c.config.cluster, 1) << c.config.ToString();
+        if (arch < kMinClusterArch) {
+          EXPECT_LE(c.config.cluster, 1) << c.config.ToString();
+        }
       }
       EXPECT_TRUE(heuristic_found) << vocab << " sm_" << arch;
       const auto unpruned = Unpruned(space);

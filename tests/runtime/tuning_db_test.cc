@@ -425,7 +425,7 @@ class TuningDbFileTest : public ::testing::Test {
     path_ = root_ + "/tuning.json";
   }
   // Temp files left beside the database (a failed or killed write).
-  std::vector<std::string> Temps() const { return NamesWithPrefix(root_, "tuning.json.tmp"); }
+  std::vector<std::string> Temps() const { return NamesWithPrefix(root_, ".tmp-tuning.json-"); }
 
   testing::TempDir tmp_{"kjit_tuning_db_test"};
   std::string root_;
@@ -484,7 +484,7 @@ TEST_F(TuningDbFileTest, UpsertCreatesPrivateDirectoriesAndMergesByKey) {
   EXPECT_EQ(db->Find(faster.key), faster);
   EXPECT_EQ(db->Find(Record("cross_entropy", 1024).key), Record("cross_entropy", 1024));
   EXPECT_EQ(ReadFile(path), db->Serialize());
-  EXPECT_TRUE(NamesWithPrefix(dir, "tuning.json.tmp").empty());
+  EXPECT_TRUE(NamesWithPrefix(dir, ".tmp-tuning.json-").empty());
 }
 
 TEST_F(TuningDbFileTest, UpsertRejectsAnInvalidRecordAndWritesNothing) {
