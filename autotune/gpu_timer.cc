@@ -21,13 +21,15 @@ absl::StatusOr<std::unique_ptr<GpuTimer>> GpuTimer::Create(const Runtime& runtim
   KJIT_RETURN_IF_ERROR(rt.MakeCurrent());
   const jit::Driver& cu = *rt.driver;
   std::unique_ptr<GpuTimer> t(new GpuTimer(cu));
-  KJIT_ASSIGN_OR_RETURN(jit::Source src, jit::RenderSource("l2_flush", {"common.cuh", "l2_flush.cuh"},
-                                                           {kFlushKernel}, {{"op", "l2_flush"}}));
+  KJIT_ASSIGN_OR_RETURN(
+      jit::Source src, jit::RenderSource("l2_flush", {"common.cuh", "l2_flush.cuh"}, {kFlushKernel},
+                                         {{"op", "l2_flush"}}));
   KJIT_ASSIGN_OR_RETURN(t->module_, rt.jit->Load(src, rt.target, cu, rt.ctx));
   KJIT_ASSIGN_OR_RETURN(t->flush_, t->module_->Function(kFlushKernel));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemAlloc(&t->buffer_, kFlushBytes), "cuMemAlloc"));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemAlloc(&t->sink_, 16), "cuMemAlloc"));
-  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemsetD8Async(t->buffer_, 1, kFlushBytes, nullptr), "cuMemsetD8Async"));
+  KJIT_RETURN_IF_ERROR(
+      cu.Check(cu.cuMemsetD8Async(t->buffer_, 1, kFlushBytes, nullptr), "cuMemsetD8Async"));
   t->vectors_ = kFlushBytes / 16;
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(&t->start_, CU_EVENT_DEFAULT), "cuEventCreate"));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(&t->stop_, CU_EVENT_DEFAULT), "cuEventCreate"));
@@ -65,7 +67,8 @@ absl::StatusOr<Timing> GpuTimer::Time(int repeats, const std::function<absl::Sta
     KJIT_RETURN_IF_ERROR(cu_.Check(cu_.cuEventRecord(stop_, nullptr), "cuEventRecord"));
     KJIT_RETURN_IF_ERROR(cu_.Check(cu_.cuEventSynchronize(stop_), "cuEventSynchronize"));
     float ms = 0;
-    KJIT_RETURN_IF_ERROR(cu_.Check(cu_.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime"));
+    KJIT_RETURN_IF_ERROR(
+        cu_.Check(cu_.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime"));
     us.push_back(ms * 1000.0);
   }
   std::sort(us.begin(), us.end());

@@ -19,8 +19,12 @@ const std::vector<ModelConfig>& Presets() {
       {.name = "llama-3.2-1b", .hidden_size = 2048, .vocab_size = 128256, .rms_norm_eps = 1e-5},
       {.name = "mistral-7b", .hidden_size = 4096, .vocab_size = 32768, .rms_norm_eps = 1e-5},
       {.name = "qwen2.5-7b", .hidden_size = 3584, .vocab_size = 152064, .rms_norm_eps = 1e-6},
-      {.name = "gemma-2-9b", .hidden_size = 3584, .vocab_size = 256000, .rms_norm_eps = 1e-6,
-       .gemma_norm = true, .final_logit_softcapping = 30.0},
+      {.name = "gemma-2-9b",
+       .hidden_size = 3584,
+       .vocab_size = 256000,
+       .rms_norm_eps = 1e-6,
+       .gemma_norm = true,
+       .final_logit_softcapping = 30.0},
       {.name = "phi-3-mini", .hidden_size = 3072, .vocab_size = 32064, .rms_norm_eps = 1e-5},
   };
   return *presets;
@@ -31,11 +35,13 @@ absl::Status Invalid(std::string_view source, const std::string& what) {
 }
 
 // A positive integer field, required.
-absl::StatusOr<int64_t> SizeField(const nlohmann::json& j, const char* key, std::string_view source) {
+absl::StatusOr<int64_t> SizeField(const nlohmann::json& j, const char* key,
+                                  std::string_view source) {
   auto it = j.find(key);
   if (it == j.end()) return Invalid(source, fmt::format("\"{}\" is missing", key));
   if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
-    return Invalid(source, fmt::format("\"{}\" must be a positive integer, got {}", key, it->dump()));
+    return Invalid(source,
+                   fmt::format("\"{}\" must be a positive integer, got {}", key, it->dump()));
   }
   return it->get<int64_t>();
 }
@@ -65,8 +71,8 @@ absl::StatusOr<ModelConfig> ModelPreset(std::string_view name) {
   }
   std::string known;
   for (const std::string& n : ModelPresetNames()) known += (known.empty() ? "" : ", ") + n;
-  return absl::NotFoundError(
-      fmt::format("model: no preset named '{}'; known: {} (or pass --config config.json)", name, known));
+  return absl::NotFoundError(fmt::format(
+      "model: no preset named '{}'; known: {} (or pass --config config.json)", name, known));
 }
 
 absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text, std::string_view source) {
@@ -77,7 +83,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text, std::strin
     j = j["text_config"];
   }
   ModelConfig m;
-  if (auto it = j.find("_name_or_path"); it != j.end() && it->is_string()) m.name = it->get<std::string>();
+  if (auto it = j.find("_name_or_path"); it != j.end() && it->is_string())
+    m.name = it->get<std::string>();
   if (m.name.empty()) m.name = std::string(source);
   KJIT_ASSIGN_OR_RETURN(m.hidden_size, SizeField(j, "hidden_size", source));
   KJIT_ASSIGN_OR_RETURN(m.vocab_size, SizeField(j, "vocab_size", source));

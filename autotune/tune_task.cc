@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-
 namespace kjit::autotune {
 
 namespace {
@@ -58,7 +57,8 @@ absl::StatusOr<TuneTask> TuneTask::FromJson(std::string_view text) {
       if (mode == Name(m)) t.mode = m, known = true;
     }
     if (!known) {
-      return absl::InvalidArgumentError(fmt::format("mode: \"{}\" is not compile, time or copy", mode));
+      return absl::InvalidArgumentError(
+          fmt::format("mode: \"{}\" is not compile, time or copy", mode));
     }
     if (t.mode != Mode::kCopy) {
       KJIT_ASSIGN_OR_RETURN(t.op, ops::SpecFromJson(j.at("spec").dump()));

@@ -37,15 +37,15 @@ struct TuneTask {
 
 // A worker's answer to one task.
 struct TuneAnswer {
-  std::string error;       // empty on success; a compile log or the check's mismatches otherwise
+  std::string error;  // empty on success; a compile log or the check's mismatches otherwise
   // kCompile
-  std::string key;         // the program's cache key
-  std::string origin;      // jit::OriginName: "compiled", "disk cache", ...
-  std::string path;        // the cache entry ("" when the cache is memory-only)
+  std::string key;     // the program's cache key
+  std::string origin;  // jit::OriginName: "compiled", "disk cache", ...
+  std::string path;    // the cache entry ("" when the cache is memory-only)
   double compile_ms = 0;
   // kTime
   Timing timing;
-  double bytes = 0;        // the fewest bytes the pass moves
+  double bytes = 0;  // the fewest bytes the pass moves
 
   std::string ToJson() const;
   static absl::StatusOr<TuneAnswer> FromJson(std::string_view text);

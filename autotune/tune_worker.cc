@@ -80,9 +80,9 @@ class Worker {
   absl::Status Compile(const TuneTask& task, TuneAnswer& a) {
     auto it = compile_only_.find(task.target);
     if (it == compile_only_.end()) {
-      KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.target = task.target,
-                                                         .compile_only = true,
-                                                         .tuning_db = "off"}));
+      KJIT_ASSIGN_OR_RETURN(
+          Runtime rt,
+          Runtime::Create({.target = task.target, .compile_only = true, .tuning_db = "off"}));
       it = compile_only_.emplace(task.target, std::move(rt)).first;
     }
     KJIT_ASSIGN_OR_RETURN(const OpSpec spec, ops::WithConfig(task.op, task.config));
@@ -106,9 +106,9 @@ class Worker {
   absl::Status Time(const TuneTask& task, TuneAnswer& a) {
     KJIT_RETURN_IF_ERROR(EnsureGpu());
     KJIT_ASSIGN_OR_RETURN(const OpSpec spec, ops::WithConfig(task.op, task.config));
-    const std::string problem = fmt::format("{} {} {} rows={}", ops::TuningOp(spec),
-                                            ops::TuningShape(spec), Name(ops::OpDType(spec)),
-                                            task.rows);
+    const std::string problem =
+        fmt::format("{} {} {} rows={}", ops::TuningOp(spec), ops::TuningShape(spec),
+                    Name(ops::OpDType(spec)), task.rows);
     if (problem != trial_problem_) {
       trial_.reset();  // free the previous inputs before allocating the next
       trial_problem_.clear();
@@ -149,7 +149,8 @@ int RunTuneWorker(std::istream& in, std::ostream& out, int device) {
     } else {
       if (task->mode != TuneTask::Mode::kCompile) {
         // The fault is injected in a live context, like a real one would happen.
-        if (absl::Status s = worker.EnsureGpu(); !s.ok()) answer.error = std::string(ToStd(s.message()));
+        if (absl::Status s = worker.EnsureGpu(); !s.ok())
+          answer.error = std::string(ToStd(s.message()));
       }
       if (answer.error.empty()) {
         MaybeInjectFault(worker.gpu(), *task);

@@ -1,6 +1,7 @@
 // The autotuner's worker process: the other end of RunInWorkers (autotune/worker_pool.h). It reads
 // {"tasks": [TuneTask...]} and, for each, prints {"begin": i}, compiles the candidate or checks and
-// times it on GPU `device`, and prints {"end": i, "result": TuneAnswer}. `kjit-tune --worker` runs it.
+// times it on GPU `device`, and prints {"end": i, "result": TuneAnswer}. `kjit-tune --worker` runs
+// it.
 //
 // Consecutive time tasks of one op, shape and row count share a trial (the inputs on the GPU), so
 // the tuner sends them in that order. After a task leaves the CUDA context unusable (a GPU fault is

@@ -8,21 +8,21 @@
 
 #include <fmt/format.h>
 
-#include "runtime/tuning_db.h"
 #include "autotune/worker_pool.h"
 #include "ops/registry.h"
+#include "runtime/tuning_db.h"
 
 namespace kjit::autotune {
 
 namespace {
 
-using nlohmann::json;
 using internal::TuningDb;
 using internal::TuningKey;
 using internal::TuningRecord;
-using ops::OpDType;
 using kjit::Name;
+using nlohmann::json;
 using ops::Name;
+using ops::OpDType;
 
 std::string Utc() {
   const std::time_t now = std::time(nullptr);
@@ -71,8 +71,11 @@ class Tuner {
   Tuner(const TunePlan& plan, const TuneProgress& progress) : p_(plan), progress_(progress) {}
 
   json Run() {
-    report_ = {{"ok", true},         {"timed", p_.gpu != nullptr}, {"kernels", json::array()},
-               {"pruned", json::array()}, {"failures", json::array()}};
+    report_ = {{"ok", true},
+               {"timed", p_.gpu != nullptr},
+               {"kernels", json::array()},
+               {"pruned", json::array()},
+               {"failures", json::array()}};
     if (p_.gpu) PlanProblems();
     CompileCandidates();
     if (p_.gpu && Untuned() > 0) {
@@ -87,7 +90,8 @@ class Tuner {
 
  private:
   size_t Untuned() const {
-    return std::count_if(problems_.begin(), problems_.end(), [](const Problem& q) { return !q.existing; });
+    return std::count_if(problems_.begin(), problems_.end(),
+                         [](const Problem& q) { return !q.existing; });
   }
 
   void Fail(json entry) {
@@ -109,7 +113,9 @@ class Tuner {
         if (!buckets.insert(internal::RowsBucket(rows)).second) continue;
         // Adjacent, so that the GPU worker makes the inputs of an op's passes once.
         for (const ops::TunedPass& tuned : ops::TunedPasses(p_.ops[i])) {
-          Problem q{.op = i, .rows = internal::RowsBucket(rows), .pass = tuned.pass,
+          Problem q{.op = i,
+                    .rows = internal::RowsBucket(rows),
+                    .pass = tuned.pass,
                     .heuristic = *heuristic};
           q.key = ops::TuningKeyFor(*p_.gpu, p_.ops[i], q.rows, tuned.record_op);
           if (db.ok() && !p_.retune) q.existing = db->Find(q.key);
@@ -160,20 +166,25 @@ class Tuner {
         const OpSpec& op = p_.ops[i];
         auto heuristic = ops::HeuristicConfig(*rt, op);
         if (!heuristic.ok()) {
-          Fail({{"op", OpName(op)}, {"shape", OpShape(op)}, {"target", target},
+          Fail({{"op", OpName(op)},
+                {"shape", OpShape(op)},
+                {"target", target},
                 {"error", std::string(ToStd(heuristic.status().message()))}});
           continue;
         }
-        const bool search = p_.all_candidates ||
-                            (rt == p_.gpu && std::any_of(problems_.begin(), problems_.end(), [&](const Problem& q) {
-                               return q.op == i && !q.existing;
-                             }));
+        const bool search =
+            p_.all_candidates ||
+            (rt == p_.gpu && std::any_of(problems_.begin(), problems_.end(), [&](const Problem& q) {
+               return q.op == i && !q.existing;
+             }));
         std::vector<std::string> configs = {*heuristic};
         if (search) {
           for (const auto& [config, pruned] : ops::SearchSpace(op, *heuristic, rt->arch())) {
             if (!pruned.empty()) {
-              report_["pruned"].push_back({{"op", OpName(op)}, {"shape", OpShape(op)},
-                                           {"target", target}, {"config", config},
+              report_["pruned"].push_back({{"op", OpName(op)},
+                                           {"shape", OpShape(op)},
+                                           {"target", target},
+                                           {"config", config},
                                            {"reason", pruned}});
             } else if (config != *heuristic) {
               configs.push_back(config);
@@ -199,7 +210,7 @@ class Tuner {
                   const std::string failure = FailureOf(o, &log);
                   if (!failure.empty()) {
                     json f = {{"op", OpName(op)}, {"shape", OpShape(op)}, {"target", target},
-                              {"config", config}, {"phase", "compile"}, {"error", failure}};
+                              {"config", config}, {"phase", "compile"},   {"error", failure}};
                     if (!log.empty()) f["log"] = log;
                     if (is_heuristic) {
                       Fail(std::move(f));
@@ -211,11 +222,16 @@ class Tuner {
                   if (rt == p_.gpu) compiled_.insert({OpName(op) + " " + OpShape(op), config});
                   if (!is_heuristic) return;
                   const TuneAnswer a = *Answer(o);
-                  report_["kernels"].push_back({{"op", OpName(op)}, {"shape", OpShape(op)},
-                                                {"dtype", Name(OpDType(op))}, {"target", target},
-                                                {"config", config}, {"heuristic", true},
-                                                {"tuned", false}, {"key", a.key},
-                                                {"origin", a.origin}, {"path", a.path},
+                  report_["kernels"].push_back({{"op", OpName(op)},
+                                                {"shape", OpShape(op)},
+                                                {"dtype", Name(OpDType(op))},
+                                                {"target", target},
+                                                {"config", config},
+                                                {"heuristic", true},
+                                                {"tuned", false},
+                                                {"key", a.key},
+                                                {"origin", a.origin},
+                                                {"path", a.path},
                                                 {"build_ms", a.compile_ms}});
                 });
         }
@@ -230,7 +246,11 @@ class Tuner {
 
   void AddTimeTask(Batch& b, Problem& q, const std::string& config, Pass pass) {
     const OpSpec& op = p_.ops[q.op];
-    b.Add({.mode = TuneTask::Mode::kTime, .op = op, .config = config, .rows = q.rows, .pass = pass,
+    b.Add({.mode = TuneTask::Mode::kTime,
+           .op = op,
+           .config = config,
+           .rows = q.rows,
+           .pass = pass,
            .repeats = p_.repeats},
           fmt::format("time {} rows={} [{}] {}", Describe(op), q.rows, config, Name(pass)),
           [this, &q, config, pass](const TaskOutcome& o) {
@@ -238,8 +258,8 @@ class Tuner {
             const std::string failure = FailureOf(o, &log);
             if (!failure.empty()) {
               ++q.failed;
-              json f = {{"op", q.key.op}, {"shape", q.key.shape}, {"rows", q.rows},
-                        {"config", config}, {"pass", Name(pass)}, {"phase", "time"},
+              json f = {{"op", q.key.op},   {"shape", q.key.shape}, {"rows", q.rows},
+                        {"config", config}, {"pass", Name(pass)},   {"phase", "time"},
                         {"error", failure}};
               if (!log.empty()) f["log"] = log;
               report_["failures"].push_back(std::move(f));
@@ -283,7 +303,8 @@ class Tuner {
   static std::pair<std::string, std::string> Fastest(const Problem& q, Pass pass) {
     std::vector<std::pair<double, std::string>> by_time;
     for (const auto& [config, passes] : q.timed) {
-      if (auto it = passes.find(pass); it != passes.end()) by_time.emplace_back(it->second.median_us, config);
+      if (auto it = passes.find(pass); it != passes.end())
+        by_time.emplace_back(it->second.median_us, config);
     }
     std::sort(by_time.begin(), by_time.end());
     return {by_time.empty() ? "" : by_time[0].second, by_time.size() < 2 ? "" : by_time[1].second};
@@ -301,14 +322,18 @@ class Tuner {
       const std::optional<std::string> best = ops::Combine(op, q.heuristic, f, b);
       if (!best) continue;
       const std::string combined = *best;
-      pass_margins_[&q] = {{"forward", Margin(q, Pass::kForward)}, {"backward", Margin(q, Pass::kBackward)}};
+      pass_margins_[&q] = {{"forward", Margin(q, Pass::kForward)},
+                           {"backward", Margin(q, Pass::kBackward)}};
       if (!Compiled(op, combined)) {
-        compile.Add({.mode = TuneTask::Mode::kCompile, .op = op, .config = combined,
+        compile.Add({.mode = TuneTask::Mode::kCompile,
+                     .op = op,
+                     .config = combined,
                      .target = p_.gpu->target()},
                     fmt::format("compile {} [{}]", Describe(op), combined),
                     [this, op, combined](const TaskOutcome& o) {
                       std::string log;
-                      if (FailureOf(o, &log).empty()) compiled_.insert({OpName(op) + " " + OpShape(op), combined});
+                      if (FailureOf(o, &log).empty())
+                        compiled_.insert({OpName(op) + " " + OpShape(op), combined});
                     });
       }
       combined_[&q] = combined;
@@ -341,13 +366,20 @@ class Tuner {
       if (q.existing) continue;
       const auto [best, second] = Fastest(q, q.pass);
       if (best.empty()) {
-        Fail({{"op", q.key.op}, {"shape", q.key.shape}, {"rows", q.rows}, {"phase", "time"},
+        Fail({{"op", q.key.op},
+              {"shape", q.key.shape},
+              {"rows", q.rows},
+              {"phase", "time"},
               {"error", "no candidate passed the check and timing"}});
         continue;
       }
       const Timing& t = q.timed.at(best).at(q.pass);
-      TuningRecord r{.key = q.key, .config = best, .median_us = t.median_us, .p10_us = t.p10_us,
-                     .p90_us = t.p90_us, .tuned_at = now};
+      TuningRecord r{.key = q.key,
+                     .config = best,
+                     .median_us = t.median_us,
+                     .p10_us = t.p10_us,
+                     .p90_us = t.p90_us,
+                     .tuned_at = now};
       if (auto h = q.timed.find(q.heuristic); h != q.timed.end() && h->second.count(q.pass)) {
         r.heuristic_us = h->second.at(q.pass).median_us;
       }
@@ -369,7 +401,8 @@ class Tuner {
     if (records.empty()) return;
     auto written = TuningDb::Upsert(p_.db_path, records);
     if (!written.ok()) {
-      Fail({{"phase", "database"}, {"path", p_.db_path},
+      Fail({{"phase", "database"},
+            {"path", p_.db_path},
             {"error", std::string(ToStd(written.status().message()))}});
       return;
     }
@@ -381,15 +414,25 @@ class Tuner {
     for (const Problem& q : problems_) {
       const std::optional<TuningRecord>& r = q.existing ? q.existing : q.result;
       if (!r) continue;
-      json e = {{"op", q.key.op},          {"shape", q.key.shape},
-                {"dtype", q.key.dtype},    {"target", p_.gpu->target()},
-                {"rows", q.rows},          {"config", r->config},
+      json e = {{"op", q.key.op},
+                {"shape", q.key.shape},
+                {"dtype", q.key.dtype},
+                {"target", p_.gpu->target()},
+                {"rows", q.rows},
+                {"config", r->config},
                 {"heuristic", r->config == q.heuristic},
-                {"tuned", true},           {"from_database", q.existing.has_value()},
-                {"median_us", r->median_us}, {"p10_us", r->p10_us}, {"p90_us", r->p90_us},
-                {"heuristic_config", q.heuristic}, {"heuristic_us", r->heuristic_us},
-                {"runner_up", r->runner_up}, {"runner_up_us", r->runner_up_us},
-                {"candidates", r->candidates}, {"failed", r->failed}, {"tuned_at", r->tuned_at}};
+                {"tuned", true},
+                {"from_database", q.existing.has_value()},
+                {"median_us", r->median_us},
+                {"p10_us", r->p10_us},
+                {"p90_us", r->p90_us},
+                {"heuristic_config", q.heuristic},
+                {"heuristic_us", r->heuristic_us},
+                {"runner_up", r->runner_up},
+                {"runner_up_us", r->runner_up_us},
+                {"candidates", r->candidates},
+                {"failed", r->failed},
+                {"tuned_at", r->tuned_at}};
       if (r->heuristic_us > 0) e["speedup_over_heuristic"] = r->heuristic_us / r->median_us;
       if (r->runner_up_us > 0) e["margin_over_runner_up"] = r->runner_up_us / r->median_us - 1;
       e["pass"] = Name(q.pass);
@@ -407,7 +450,8 @@ class Tuner {
   const TuneProgress& progress_;
   json report_;
   std::vector<Problem> problems_;
-  std::set<std::pair<std::string, std::string>> compiled_;  // (op and shape, config) on the GPU target
+  std::set<std::pair<std::string, std::string>>
+      compiled_;  // (op and shape, config) on the GPU target
   std::map<Problem*, std::string> combined_;
   std::map<const Problem*, json> pass_margins_;
   double copy_gbps_ = 0;
@@ -415,6 +459,8 @@ class Tuner {
 
 }  // namespace
 
-json Tune(const TunePlan& plan, const TuneProgress& progress) { return Tuner(plan, progress).Run(); }
+json Tune(const TunePlan& plan, const TuneProgress& progress) {
+  return Tuner(plan, progress).Run();
+}
 
 }  // namespace kjit::autotune

@@ -28,17 +28,17 @@
 namespace kjit::autotune {
 
 struct TunePlan {
-  std::vector<OpSpec> ops;          // their configs unset
-  std::vector<int64_t> tokens;      // row counts to tune at (on a GPU)
-  const Runtime* gpu = nullptr;     // time on it; null: compile only
+  std::vector<OpSpec> ops;              // their configs unset
+  std::vector<int64_t> tokens;          // row counts to tune at (on a GPU)
+  const Runtime* gpu = nullptr;         // time on it; null: compile only
   std::vector<const Runtime*> targets;  // compile for each (the GPU's runtime among them)
-  bool all_candidates = false;      // compile the whole search space even without timing
-  bool retune = false;              // tune keys the database already has
-  int jobs = 1;                     // compile workers at once
-  int repeats = 20;                 // timed repeats per candidate
+  bool all_candidates = false;          // compile the whole search space even without timing
+  bool retune = false;                  // tune keys the database already has
+  int jobs = 1;                         // compile workers at once
+  int repeats = 20;                     // timed repeats per candidate
   std::chrono::milliseconds task_timeout{std::chrono::seconds(120)};
   std::vector<std::string> worker_command;  // argv of a worker (RunTuneWorker)
-  std::string db_path;              // the tuning database to read and update
+  std::string db_path;                      // the tuning database to read and update
 };
 
 struct TuneProgress {

@@ -13,8 +13,8 @@
 #include <optional>
 #include <thread>
 
-#include <boost/process.hpp>
 #include <fmt/format.h>
+#include <boost/process.hpp>
 #include <nlohmann/json.hpp>
 
 namespace kjit::autotune {
@@ -52,12 +52,12 @@ std::string ExitDescription(int status) {
 // One child process and the batch of tasks it was given. Its stdout goes to a file the parent
 // reads as it grows: no pipe to fill up or to leak into other children.
 struct Worker {
-  std::vector<size_t> batch;       // task indices; position i is the worker's task i
-  std::vector<bool> finished;      // per position: answered or failed
-  std::optional<size_t> current;   // position begun and not ended
+  std::vector<size_t> batch;      // task indices; position i is the worker's task i
+  std::vector<bool> finished;     // per position: answered or failed
+  std::optional<size_t> current;  // position begun and not ended
   fs::path out_path, err_path;
   std::ifstream out;
-  std::string partial;             // an incomplete last line
+  std::string partial;  // an incomplete last line
   Clock::time_point last_heard;
   std::unique_ptr<bp::child> child;
 };
@@ -107,15 +107,17 @@ class Pool {
     w->err_path = dir_ / fmt::format("stderr-{}.log", id);
     nlohmann::json request = {{"tasks", nlohmann::json::array()}};
     for (size_t i : w->batch) {
-      request["tasks"].push_back(nlohmann::json::parse(tasks_[i], nullptr, /*allow_exceptions=*/false));
+      request["tasks"].push_back(
+          nlohmann::json::parse(tasks_[i], nullptr, /*allow_exceptions=*/false));
     }
     std::ofstream(in_path) << request.dump() << "\n";
     w->last_heard = Clock::now();
     try {
       std::vector<std::string> args(o_.command.begin() + 1, o_.command.end());
       w->child = std::make_unique<bp::child>(
-          bp::exe = o_.command.at(0), bp::args = args, bp::std_in < in_path.string(),
-          bp::std_out > w->out_path.string(), bp::std_err > w->err_path.string());
+          bp::exe = o_.command.at(0), bp::args = args,
+          bp::std_in<in_path.string(), bp::std_out> w->out_path.string(),
+          bp::std_err > w->err_path.string());
     } catch (const std::exception& e) {
       for (size_t i : w->batch) {
         Finish(i, {.failure = fmt::format("could not start the worker {}: {}", o_.command.at(0),
@@ -173,7 +175,8 @@ class Pool {
   // its first task, so that a worker that cannot start is not restarted forever.
   void Abandon(Worker& w, const std::string& why) {
     std::optional<size_t> blamed = w.current;
-    const bool answered_any = std::find(w.finished.begin(), w.finished.end(), true) != w.finished.end();
+    const bool answered_any =
+        std::find(w.finished.begin(), w.finished.end(), true) != w.finished.end();
     for (size_t p = 0; !blamed && !answered_any && p < w.batch.size(); ++p) {
       if (!w.finished[p]) blamed = p;
     }

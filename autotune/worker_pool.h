@@ -28,7 +28,7 @@ struct TaskOutcome {
   // Why there is no answer: "crashed: signal 11 (Segmentation fault)", "hung: no answer in 30 s",
   // "worker exited with status 3 before answering", "could not start the worker: ...".
   std::string failure;
-  std::string log;        // the tail of the worker's stderr, when it failed
+  std::string log;  // the tail of the worker's stderr, when it failed
 };
 
 struct WorkerPoolOptions {

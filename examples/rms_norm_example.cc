@@ -20,16 +20,20 @@ int main() {
     return 1;
   }
   std::vector<double> x(kRows * kHidden), w(kHidden, 1.0);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = kjit::RoundTo(std::sin(0.01 * i), kjit::DType::kBF16);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = kjit::RoundTo(std::sin(0.01 * i), kjit::DType::kBF16);
   const auto x_bytes = kjit::Encode(x, kjit::DType::kBF16);
   const auto w_bytes = kjit::Encode(w, kjit::DType::kBF16);
   auto dx = kjit::DeviceBuffer::Create(*rt, x_bytes.size());
   auto dw = kjit::DeviceBuffer::Create(*rt, w_bytes.size());
   auto dy = kjit::DeviceBuffer::Create(*rt, x_bytes.size());
   if (!dx.ok() || !dw.ok() || !dy.ok()) return 1;
-  if (!dx->Upload(x_bytes.data(), x_bytes.size()).ok() || !dw->Upload(w_bytes.data(), w_bytes.size()).ok()) return 1;
+  if (!dx->Upload(x_bytes.data(), x_bytes.size()).ok() ||
+      !dw->Upload(w_bytes.data(), w_bytes.size()).ok())
+    return 1;
 
-  absl::Status s = norm->Forward(/*stream=*/nullptr,
+  absl::Status s = norm->Forward(
+      /*stream=*/nullptr,
       {.x = kjit::TensorView::Matrix(dx->data(), kjit::DType::kBF16, kRows, kHidden),
        .weight = kjit::TensorView::Vector(dw->data(), kjit::DType::kBF16, kHidden),
        .y = kjit::TensorView::Matrix(dy->data(), kjit::DType::kBF16, kRows, kHidden)});

@@ -19,14 +19,14 @@ namespace kjit::jit {
 
 struct Binary {
   Target target;
-  std::string code;                                   // CUBIN (ELF) or PTX text
-  std::map<std::string, std::string> lowered_names;   // name expression -> mangled name
-  std::string nvrtc_version;                          // "13.0"
-  std::vector<std::string> options;                   // as passed to nvrtcCompileProgram
-  std::map<std::string, std::string> params;          // the op's parameters
+  std::string code;                                  // CUBIN (ELF) or PTX text
+  std::map<std::string, std::string> lowered_names;  // name expression -> mangled name
+  std::string nvrtc_version;                         // "13.0"
+  std::vector<std::string> options;                  // as passed to nvrtcCompileProgram
+  std::map<std::string, std::string> params;         // the op's parameters
   std::string program_name;
-  int64_t created_unix = 0;                           // when it was compiled (seconds)
-  std::string log;                                    // NVRTC's log (warnings), may be empty
+  int64_t created_unix = 0;  // when it was compiled (seconds)
+  std::string log;           // NVRTC's log (warnings), may be empty
 };
 
 }  // namespace kjit::jit

@@ -127,8 +127,8 @@ absl::StatusOr<Binary> Decode(std::string_view bytes) {
   }
   uint32_t version = GetU32(bytes, 8);
   if (version != static_cast<uint32_t>(kCacheFormatVersion)) {
-    return Corrupt(fmt::format("format version {}, this kjit reads version {}", version,
-                               kCacheFormatVersion));
+    return Corrupt(
+        fmt::format("format version {}, this kjit reads version {}", version, kCacheFormatVersion));
   }
   if (uint32_t reserved = GetU32(bytes, 12); reserved != 0) {
     return Corrupt(fmt::format("reserved header field is {:#x}, expected 0", reserved));
@@ -147,14 +147,14 @@ absl::StatusOr<Binary> Decode(std::string_view bytes) {
   std::string_view payload = bytes.substr(kCacheEntryHeaderSize);
   const uint64_t checksum = GetU64(bytes, 24);
   if (uint64_t actual = XXH3_64bits(payload.data(), payload.size()); actual != checksum) {
-    return Corrupt(fmt::format("checksum mismatch (header {:016x}, payload {:016x})", checksum,
-                               actual));
+    return Corrupt(
+        fmt::format("checksum mismatch (header {:016x}, payload {:016x})", checksum, actual));
   }
   if (payload.size() < 8) return Corrupt("payload is shorter than its metadata length field");
   const uint64_t meta_size = GetU64(payload, 0);
   if (meta_size > payload.size() - 8) {
-    return Corrupt(fmt::format("metadata length {} exceeds the {}-byte payload", meta_size,
-                               payload.size()));
+    return Corrupt(
+        fmt::format("metadata length {} exceeds the {}-byte payload", meta_size, payload.size()));
   }
   KJIT_ASSIGN_OR_RETURN(Binary b, DecodeMetadata(payload.substr(8, meta_size)));
   std::string_view code = payload.substr(8 + meta_size);
@@ -193,8 +193,8 @@ std::string EncodeEntry(const Binary& binary) {
   out += meta_text;
   out += binary.code;
   std::string checksum;
-  PutU64(checksum, XXH3_64bits(out.data() + kCacheEntryHeaderSize,
-                               out.size() - kCacheEntryHeaderSize));
+  PutU64(checksum,
+         XXH3_64bits(out.data() + kCacheEntryHeaderSize, out.size() - kCacheEntryHeaderSize));
   out.replace(24, 8, checksum);
   return out;
 }

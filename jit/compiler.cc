@@ -71,8 +71,8 @@ absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const T
     KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize"));
     // NVRTC reports success with size 0 when the target was virtual; never cache an empty CUBIN.
     if (size == 0) {
-      return absl::InternalError(
-          fmt::format("NVRTC produced an empty CUBIN for {} ('{}')", target.ToString(), source.name));
+      return absl::InternalError(fmt::format("NVRTC produced an empty CUBIN for {} ('{}')",
+                                             target.ToString(), source.name));
     }
     bin.code.resize(size);
     KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetCUBIN(prog, bin.code.data()), "nvrtcGetCUBIN"));
@@ -87,8 +87,8 @@ absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const T
   }
   for (const std::string& expr : source.name_expressions) {
     const char* lowered = nullptr;
-    KJIT_RETURN_IF_ERROR(
-        nvrtc.Check(nvrtc.nvrtcGetLoweredName(prog, expr.c_str(), &lowered), "nvrtcGetLoweredName"));
+    KJIT_RETURN_IF_ERROR(nvrtc.Check(nvrtc.nvrtcGetLoweredName(prog, expr.c_str(), &lowered),
+                                     "nvrtcGetLoweredName"));
     bin.lowered_names[expr] = lowered;
   }
   bin.nvrtc_version = nvrtc.version().ToString();

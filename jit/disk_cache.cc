@@ -97,8 +97,8 @@ EntryFile ReadEntryFile(const std::string& path) {
     return e;
   }
   if (static_cast<uint64_t>(e.st.st_size) > kMaxEntryBytes) {
-    e.binary = absl::DataLossError(fmt::format("{} bytes, more than an entry can have ({})",
-                                               e.st.st_size, kMaxEntryBytes));
+    e.binary = absl::DataLossError(
+        fmt::format("{} bytes, more than an entry can have ({})", e.st.st_size, kMaxEntryBytes));
     return e;
   }
   std::string bytes;
@@ -313,9 +313,9 @@ absl::Status DiskCache::Store(const std::string& key, const Binary& binary) cons
   }
   const std::string bytes = EncodeEntry(binary);
   if (bytes.size() > kMaxEntryBytes) {
-    return absl::InvalidArgumentError(fmt::format(
-        "disk cache: a {}-byte entry is over the {}-byte limit; it stays in memory", bytes.size(),
-        kMaxEntryBytes));
+    return absl::InvalidArgumentError(
+        fmt::format("disk cache: a {}-byte entry is over the {}-byte limit; it stays in memory",
+                    bytes.size(), kMaxEntryBytes));
   }
   KJIT_RETURN_IF_ERROR(Annotate(WriteFileAtomically(EntryPath(key), bytes, 0600), "disk cache"));
   if (max_bytes_ > 0) Evict(dir_, max_bytes_, key);
@@ -335,9 +335,9 @@ absl::StatusOr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
   const std::string path = fmt::format("{}/{}{}", dir_, key, kLockSuffix);
   absl::StatusOr<FileLock> lock = LockFile(path, timeout);
   if (absl::IsDeadlineExceeded(lock.status())) {
-    return absl::DeadlineExceededError(fmt::format(
-        "disk cache: {} (probably compiling the same kernel); compile without waiting",
-        ToStd(lock.status().message())));
+    return absl::DeadlineExceededError(
+        fmt::format("disk cache: {} (probably compiling the same kernel); compile without waiting",
+                    ToStd(lock.status().message())));
   }
   KJIT_RETURN_IF_ERROR(Annotate(lock.status(), "disk cache"));
   return *std::move(lock);
@@ -413,7 +413,8 @@ absl::StatusOr<int> DiskCache::Prune() const {
       // that a LockKey owns. Only the holder of a lock file's flock unlinks it, so the check
       // stays true until our unlink. Not counted: lock files are bookkeeping.
       UniqueFd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-      struct stat held {}, current {};
+      struct stat held {
+      }, current{};
       if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 &&
           ::fstat(fd.get(), &held) == 0 && ::lstat(path.c_str(), &current) == 0 &&
           SameFile(held, current)) {

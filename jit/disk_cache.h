@@ -41,8 +41,8 @@ class DiskCache {
     std::string key;
     uint64_t size_bytes = 0;
     int64_t mtime_unix = 0;
-    bool valid = false;     // header, checksum and metadata all check out
-    std::string problem;    // why not, when !valid
+    bool valid = false;            // header, checksum and metadata all check out
+    std::string problem;           // why not, when !valid
     std::optional<Binary> binary;  // metadata and code when valid
   };
 
@@ -51,8 +51,8 @@ class DiskCache {
 
   static std::string DefaultDirectory();
 
-  // Creates the directory (0700) if missing. PermissionDenied when it is writable by group/others or
-  // owned by another user (the message names the path and the chmod/chown fix). A directory that
+  // Creates the directory (0700) if missing. PermissionDenied when it is writable by group/others
+  // or owned by another user (the message names the path and the chmod/chown fix). A directory that
   // exists but cannot be written opens read-only with warning() set.
   static absl::StatusOr<DiskCache> Open(const Options& options);
 

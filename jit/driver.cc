@@ -28,8 +28,8 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   }
   Driver d(std::move(*lib));
   std::string missing;
-#define KJIT_CU_LOAD(name)                                                     \
-  d.name = reinterpret_cast<decltype(d.name)>(d.lib_.Symbol(KJIT_STR(name)));  \
+#define KJIT_CU_LOAD(name)                                                    \
+  d.name = reinterpret_cast<decltype(d.name)>(d.lib_.Symbol(KJIT_STR(name))); \
   if (d.name == nullptr) missing += " " KJIT_STR(name)
   KJIT_CU_LOAD(cuGetErrorName);
   KJIT_CU_LOAD(cuGetErrorString);
@@ -141,8 +141,8 @@ absl::StatusOr<DeviceInfo> QueryDevice(const Driver& cu, int ordinal) {
   KJIT_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &info.cc_major));
   KJIT_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &info.cc_minor));
   KJIT_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &info.sm_count));
-  KJIT_RETURN_IF_ERROR(
-      attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &info.max_shared_per_block_optin));
+  KJIT_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                            &info.max_shared_per_block_optin));
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuDeviceTotalMem(&info.total_memory, dev), "cuDeviceTotalMem"));
   return info;
 }

@@ -41,18 +41,15 @@ std::string ErrnoText(int err) { return std::error_code(err, std::generic_catego
 absl::Status ErrnoStatus(int err, std::string_view what) {
   std::string msg = fmt::format("{}: {}", what, ErrnoText(err));
   switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
+    case ENOENT: return absl::NotFoundError(msg);
     case EACCES:
     case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(msg);
+    case EROFS: return absl::PermissionDeniedError(msg);
     case ENOSPC:
     case EDQUOT:
     case EFBIG:  // over RLIMIT_FSIZE or the filesystem's file size limit
       return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::InternalError(msg);
+    default: return absl::InternalError(msg);
   }
 }
 
@@ -130,7 +127,8 @@ absl::StatusOr<FileLock> LockFile(const std::string& path, std::chrono::millisec
     }
     // The file may have been deleted between our open and flock; a lock on a deleted inode
     // excludes nobody, so take the one now at the path instead.
-    struct stat held {}, current {};
+    struct stat held {
+    }, current{};
     if (::fstat(fd.get(), &held) == 0 && ::lstat(path.c_str(), &current) == 0 &&
         SameFile(held, current)) {
       return FileLock(std::move(fd));

@@ -14,10 +14,10 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,8 +58,8 @@ class Jit {
   // waited for rather than compiled twice.
   absl::StatusOr<Built> Build(const Source& source, const Target& target);
   absl::StatusOr<std::shared_ptr<const LoadedModule>> Load(const Source& source,
-                                                           const Target& target,
-                                                           const Driver& cu, CUcontext ctx);
+                                                           const Target& target, const Driver& cu,
+                                                           CUcontext ctx);
 
   // nullptr when the disk cache is off.
   const DiskCache* disk_cache() const { return disk_ ? &*disk_ : nullptr; }
@@ -70,8 +70,8 @@ class Jit {
   explicit Jit(const Options& options) : options_(options) {}
   void Warn(std::string_view message) const;
   // The disk cache, else NVRTC (storing the result); called with `key` marked as building.
-  absl::StatusOr<Built> BuildUncached(const Source& source, const Target& target, const Nvrtc& nvrtc,
-                                      Built built);
+  absl::StatusOr<Built> BuildUncached(const Source& source, const Target& target,
+                                      const Nvrtc& nvrtc, Built built);
 
   Options options_;
   std::optional<DiskCache> disk_;

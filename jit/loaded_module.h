@@ -32,7 +32,8 @@ class LoadedModule {
   CUcontext context() const { return ctx_; }
 
  private:
-  LoadedModule(const Driver& cu, CUmodule module, CUcontext ctx) : cu_(cu), module_(module), ctx_(ctx) {}
+  LoadedModule(const Driver& cu, CUmodule module, CUcontext ctx)
+      : cu_(cu), module_(module), ctx_(ctx) {}
   const Driver& cu_;
   CUmodule module_;
   CUcontext ctx_;

@@ -29,8 +29,8 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
   }
   Nvrtc n(std::move(*lib));
   std::string missing;
-#define KJIT_NVRTC_LOAD(name)                                                   \
-  n.name = reinterpret_cast<decltype(n.name)>(n.lib_.Symbol(#name));            \
+#define KJIT_NVRTC_LOAD(name)                                        \
+  n.name = reinterpret_cast<decltype(n.name)>(n.lib_.Symbol(#name)); \
   if (n.name == nullptr) missing += " " #name
   KJIT_NVRTC_LOAD(nvrtcGetErrorString);
   KJIT_NVRTC_LOAD(nvrtcVersion);
@@ -54,12 +54,14 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
         "newer CUDA toolkit or set KJIT_NVRTC_PATH",
         n.path(), missing));
   }
-  KJIT_RETURN_IF_ERROR(n.Check(n.nvrtcVersion(&n.version_.major, &n.version_.minor), "nvrtcVersion"));
+  KJIT_RETURN_IF_ERROR(
+      n.Check(n.nvrtcVersion(&n.version_.major, &n.version_.minor), "nvrtcVersion"));
   int count = 0;
   KJIT_RETURN_IF_ERROR(n.Check(n.nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs"));
   n.archs_.resize(count);
   if (count > 0) {
-    KJIT_RETURN_IF_ERROR(n.Check(n.nvrtcGetSupportedArchs(n.archs_.data()), "nvrtcGetSupportedArchs"));
+    KJIT_RETURN_IF_ERROR(
+        n.Check(n.nvrtcGetSupportedArchs(n.archs_.data()), "nvrtcGetSupportedArchs"));
   }
   return n;
 }

@@ -20,11 +20,11 @@
 namespace kjit::jit {
 
 struct Source {
-  std::string name;                                          // program name, e.g. "rms_norm_forward"
-  std::string text;                                          // the stub NVRTC compiles
+  std::string name;  // program name, e.g. "rms_norm_forward"
+  std::string text;  // the stub NVRTC compiles
   std::vector<std::pair<std::string, std::string>> headers;  // (include name, text)
   std::vector<std::string> name_expressions;                 // kernels to instantiate and look up
-  std::map<std::string, std::string> params;                 // the op's parameters, for errors/metadata
+  std::map<std::string, std::string> params;  // the op's parameters, for errors/metadata
 };
 
 // Builds a Source from embedded templates: the stub includes the last header and takes the address

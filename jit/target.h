@@ -22,8 +22,8 @@ namespace kjit::jit {
 struct Target {
   enum class Kind { kCubin, kPtx };
   Kind kind = Kind::kCubin;
-  int arch = 0;                 // compute capability as major*10+minor, e.g. 90, 100, 120
-  bool arch_specific = false;   // the "a" suffix: sm_90a, sm_100a
+  int arch = 0;                // compute capability as major*10+minor, e.g. 90, 100, 120
+  bool arch_specific = false;  // the "a" suffix: sm_90a, sm_100a
 
   std::string ToString() const;  // "sm_90", "sm_90a", "compute_90"
   // NVRTC's --gpu-architecture value; the same spelling.

@@ -13,8 +13,8 @@
 #include <ctime>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <nvtx3/nvToolsExt.h>
+#include <nlohmann/json.hpp>
 
 #include "jit/file_io.h"
 
@@ -30,8 +30,9 @@ size_t MaxEventsFromEnv() {
   char* end = nullptr;
   const unsigned long long n = std::strtoull(v, &end, 10);
   if (*end != '\0' || n == 0) {
-    fmt::print(stderr, "kjit: warning: KJIT_TRACE_MAX_EVENTS={} is not a positive integer; using {}\n",
-               v, kDefaultMaxEvents);
+    fmt::print(stderr,
+               "kjit: warning: KJIT_TRACE_MAX_EVENTS={} is not a positive integer; using {}\n", v,
+               kDefaultMaxEvents);
     return kDefaultMaxEvents;
   }
   return static_cast<size_t>(n);
@@ -76,8 +77,7 @@ absl::Status WriteInPlace(const std::string& path, bool fifo, std::string_view t
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (fd.get() < 0 && errno == ENXIO && fifo) {
     return absl::FailedPreconditionError(fmt::format(
-        "{} is a FIFO with no reader, so the trace was not written; start its reader first",
-        path));
+        "{} is a FIFO with no reader, so the trace was not written; start its reader first", path));
   }
   if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot open {}", path));
   // Blocking writes from here on: a reader slower than us is waited for, not cut off.
@@ -114,8 +114,9 @@ Tracer& Tracer::Global() {
   static Tracer* tracer = [] {
     const char* path = std::getenv("KJIT_TRACE");
     const char* launches = std::getenv("KJIT_TRACE_LAUNCHES");
-    auto* t = new Tracer(path != nullptr ? path : "",
-                         launches != nullptr && std::string_view(launches) == "1", MaxEventsFromEnv());
+    auto* t =
+        new Tracer(path != nullptr ? path : "",
+                   launches != nullptr && std::string_view(launches) == "1", MaxEventsFromEnv());
     if (t->enabled()) {
       std::atexit([] {
         absl::Status s = Global().Flush();
@@ -148,7 +149,8 @@ void Tracer::Add(Event e) {
 void Tracer::Complete(std::string_view name, std::string_view category, int64_t start_us,
                       int64_t dur_us, TraceArgs args) {
   if (!enabled()) return;
-  Add({std::string(name), std::string(category), 'X', start_us, dur_us, ThreadId(), std::move(args)});
+  Add({std::string(name), std::string(category), 'X', start_us, dur_us, ThreadId(),
+       std::move(args)});
 }
 
 void Tracer::Instant(std::string_view name, std::string_view category, TraceArgs args) {
@@ -166,7 +168,8 @@ absl::Status Tracer::Flush() {
     nlohmann::json args = nlohmann::json::object();
     for (const auto& [k, v] : e.args) args[k] = v;
     nlohmann::json j = {{"name", e.name}, {"cat", e.category}, {"ph", std::string(1, e.phase)},
-                        {"ts", e.ts_us}, {"pid", pid}, {"tid", e.tid}, {"args", args}};
+                        {"ts", e.ts_us},  {"pid", pid},        {"tid", e.tid},
+                        {"args", args}};
     if (e.phase == 'X') j["dur"] = e.dur_us;
     if (e.phase == 'i') j["s"] = "t";
     events.push_back(std::move(j));
@@ -174,7 +177,8 @@ absl::Status Tracer::Flush() {
   const nlohmann::json doc = {
       {"traceEvents", events},
       {"displayTimeUnit", "ms"},
-      {"otherData", {{"producer", "kjit"}, {"max_events", max_events_}, {"dropped_events", dropped_}}}};
+      {"otherData",
+       {{"producer", "kjit"}, {"max_events", max_events_}, {"dropped_events", dropped_}}}};
   events_.clear();
   const std::string text =
       doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

@@ -63,9 +63,7 @@ class TrialOf : public AnyTrial {
   std::string OpConfig() const override { return op_ ? op_->config().ToString() : ""; }
   double Bytes(Pass pass) const override { return trial_->Bytes(pass); }
   std::vector<Pass> BenchPasses() const override { return Trait::BenchPasses(); }
-  nlohmann::json BenchFields() const override {
-    return Trait::BenchFields(spec_, *trial_, rows_);
-  }
+  nlohmann::json BenchFields() const override { return Trait::BenchFields(spec_, *trial_, rows_); }
 
  private:
   const Runtime& rt_;
@@ -81,7 +79,8 @@ std::vector<std::string> OpNames() {
   return []<size_t... I>(std::index_sequence<I...>) {
     return std::vector<std::string>{
         std::string(OpTrait<std::variant_alternative_t<I, OpSpec>>::kName)...};
-  }(std::make_index_sequence<std::variant_size_v<OpSpec>>{});
+  }
+  (std::make_index_sequence<std::variant_size_v<OpSpec>>{});
 }
 
 std::string OpName(const OpSpec& op) {
@@ -133,9 +132,9 @@ absl::StatusOr<OpSpec> WithConfig(const OpSpec& op, const std::string& config) {
 
 absl::StatusOr<std::string> HeuristicConfig(const Runtime& rt, const OpSpec& op) {
   // Asked of a compile-only twin: an op on a GPU runtime would load its kernels.
-  KJIT_ASSIGN_OR_RETURN(const Runtime twin, Runtime::Create({.target = rt.target(),
-                                                             .compile_only = true,
-                                                             .tuning_db = "off"}));
+  KJIT_ASSIGN_OR_RETURN(
+      const Runtime twin,
+      Runtime::Create({.target = rt.target(), .compile_only = true, .tuning_db = "off"}));
   return std::visit(
       [&](auto s) -> absl::StatusOr<std::string> {
         s.config.reset();
@@ -216,7 +215,8 @@ absl::StatusOr<std::unique_ptr<AnyTrial>> MakeTrial(const Runtime& rt, const OpS
 
 absl::StatusOr<OpSpec> BenchSpec(std::string_view name, int64_t size, DType dtype) {
   absl::StatusOr<OpSpec> out = UnknownOp(name);
-  ForOpNamed(name, [&](auto trait, auto) { out = OpSpec(decltype(trait)::BenchSpec(size, dtype)); });
+  ForOpNamed(name,
+             [&](auto trait, auto) { out = OpSpec(decltype(trait)::BenchSpec(size, dtype)); });
   return out;
 }
 

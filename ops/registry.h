@@ -22,9 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kjit/kjit.h"
-#include "runtime/tuning_db.h"
 #include "ops/cross_entropy/trait.h"
 #include "ops/rms_norm/trait.h"
+#include "runtime/tuning_db.h"
 
 namespace kjit::ops {
 

@@ -11,13 +11,15 @@ namespace kjit {
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(const Runtime& runtime, size_t bytes) {
   std::shared_ptr<const internal::RuntimeState> rt = internal::RuntimeAccess::Shared(runtime);
-  if (rt->compile_only) return absl::FailedPreconditionError("DeviceBuffer: runtime is compile-only");
+  if (rt->compile_only)
+    return absl::FailedPreconditionError("DeviceBuffer: runtime is compile-only");
   KJIT_RETURN_IF_ERROR(rt->MakeCurrent());
   const jit::Driver& cu = *rt->driver;
   CUdeviceptr ptr = 0;
   CUresult r = cu.cuMemAlloc(&ptr, bytes == 0 ? 1 : bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    return absl::ResourceExhaustedError(fmt::format("out of device memory allocating {} bytes", bytes));
+    return absl::ResourceExhaustedError(
+        fmt::format("out of device memory allocating {} bytes", bytes));
   }
   KJIT_RETURN_IF_ERROR(cu.Check(r, "cuMemAlloc"));
   return DeviceBuffer(std::move(rt), static_cast<uintptr_t>(ptr), bytes);
@@ -57,7 +59,8 @@ absl::Status DeviceBuffer::Download(void* host, size_t bytes, size_t offset) con
 
 absl::Status DeviceBuffer::Fill(unsigned char value) const {
   const jit::Driver& cu = *rt_->driver;
-  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemsetD8Async(ptr_, value, bytes_, nullptr), "cuMemsetD8Async"));
+  KJIT_RETURN_IF_ERROR(
+      cu.Check(cu.cuMemsetD8Async(ptr_, value, bytes_, nullptr), "cuMemsetD8Async"));
   return cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
 }
 

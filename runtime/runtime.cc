@@ -57,7 +57,8 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
   if (jit::Tracer::Global().launches()) {
     jit::Tracer::Global().Instant("launch", "launch",
                                   {{"function", fmt::format("{}", static_cast<void*>(fn))},
-                                   {"grid", std::to_string(grid)}, {"block", std::to_string(block)},
+                                   {"grid", std::to_string(grid)},
+                                   {"block", std::to_string(block)},
                                    {"cluster", std::to_string(cluster)}});
   }
   void* args[] = {params};
@@ -158,8 +159,9 @@ int RunChild(const std::vector<std::string>& args) {
 void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows) const {
   const std::string bin = TuneBinary();
   if (bin.empty()) {
-    Warn("KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in KJIT_TUNE_BIN); launching "
-         "untuned");
+    Warn(
+        "KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in KJIT_TUNE_BIN); launching "
+        "untuned");
     return;
   }
   fmt::print(stderr, "kjit: tuning {} at {} rows with {} (KJIT_AUTOTUNE)\n", spec_json, rows, bin);
@@ -175,7 +177,8 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   auto state = std::make_shared<internal::RuntimeState>();
   state->warnings = options.warnings ? options.warnings : internal::WarnOnceToStderr;
   jit::Jit::Options jit_options{.use_disk_cache = options.disk_cache, .warn = state->warnings};
-  if (!options.cache_dir.empty()) jit_options.cache = jit::DiskCache::Options{.dir = options.cache_dir};
+  if (!options.cache_dir.empty())
+    jit_options.cache = jit::DiskCache::Options{.dir = options.cache_dir};
   KJIT_ASSIGN_OR_RETURN(state->jit, jit::Jit::Create(jit_options));
   state->compile_only = options.compile_only;
   if (options.compile_only) {
@@ -196,10 +199,10 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   if (options.target.empty()) {
     KJIT_ASSIGN_OR_RETURN(const jit::Nvrtc* nvrtc, jit::Nvrtc::Get());
     const int nvrtc_version = nvrtc->version().major * 1000 + nvrtc->version().minor * 10;
-    KJIT_ASSIGN_OR_RETURN(state->target,
-                          jit::SelectTargetForDevice(state->device.compute_capability(),
-                                                     nvrtc->supported_archs(), nvrtc_version,
-                                                     cu.version()));
+    KJIT_ASSIGN_OR_RETURN(
+        state->target,
+        jit::SelectTargetForDevice(state->device.compute_capability(), nvrtc->supported_archs(),
+                                   nvrtc_version, cu.version()));
   } else {
     KJIT_ASSIGN_OR_RETURN(state->target, jit::ParseTarget(options.target));
   }
@@ -227,7 +230,7 @@ void internal::WarnOnceToStderr(std::string_view message) {
 }
 
 absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState& rt,
-                                                             const jit::Source& source) {
+                                                              const jit::Source& source) {
   LoadedProgram p;
   KJIT_ASSIGN_OR_RETURN(p.module, rt.jit->Load(source, rt.target, *rt.driver, rt.ctx));
   for (const std::string& expr : source.name_expressions) {
@@ -260,7 +263,8 @@ BuildInfo internal::ToBuildInfo(const jit::Jit::Built& built) {
           .params = built.binary->params,
           .kernels = [&] {
             std::vector<std::string> names;
-            for (const auto& [expr, lowered] : built.binary->lowered_names) names.push_back(lowered);
+            for (const auto& [expr, lowered] : built.binary->lowered_names)
+              names.push_back(lowered);
             return names;
           }()};
 }

@@ -25,11 +25,11 @@ struct RuntimeState {
   bool compile_only = false;
   const jit::Driver* driver = nullptr;  // null when compile-only
   CUdevice cu_device = 0;
-  CUcontext ctx = nullptr;              // the device's primary context, retained
+  CUcontext ctx = nullptr;  // the device's primary context, retained
   DeviceInfo device;
   std::string tuning_path;  // "" when the database is off
   bool autotune = false;
-  WarningSink warnings;     // never null
+  WarningSink warnings;  // never null
   mutable std::mutex tuning_mu;
   mutable std::shared_ptr<const TuningDb> tuning;  // null: none (yet); under tuning_mu
 

@@ -112,18 +112,16 @@ TensorView BytesOf(const void* data, int64_t bytes) {
   return TensorView::Vector(const_cast<void*>(data), DType::kF32, (bytes + 3) / 4);
 }
 
-absl::Status CheckDisjoint(std::initializer_list<NamedView> outputs,
-                           std::initializer_list<NamedView> inputs,
-                           std::initializer_list<std::pair<std::string_view, std::string_view>>
-                               in_place) {
+absl::Status CheckDisjoint(
+    std::initializer_list<NamedView> outputs, std::initializer_list<NamedView> inputs,
+    std::initializer_list<std::pair<std::string_view, std::string_view>> in_place) {
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     for (auto earlier = outputs.begin(); earlier != out; ++earlier) {
       KJIT_RETURN_IF_ERROR(CheckNoOverlap(out->name, out->view, earlier->name, earlier->view));
     }
     for (const NamedView& in : inputs) {
-      const bool may_alias =
-          std::find(in_place.begin(), in_place.end(), std::pair(out->name, in.name)) !=
-          in_place.end();
+      const bool may_alias = std::find(in_place.begin(), in_place.end(),
+                                       std::pair(out->name, in.name)) != in_place.end();
       KJIT_RETURN_IF_ERROR(may_alias ? CheckNoPartialOverlap(out->name, out->view, in.name, in.view)
                                      : CheckNoOverlap(out->name, out->view, in.name, in.view));
     }
@@ -143,7 +141,8 @@ absl::Status CheckIndexVector(std::string_view name, const IndexView& v, IndexTy
         "{}: pointer {} is not aligned to its {}-byte elements", name, v.data, SizeOf(type)));
   }
   if (v.size != size) {
-    return absl::InvalidArgumentError(fmt::format("{}: size is {}, expected {}", name, v.size, size));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: size is {}, expected {}", name, v.size, size));
   }
   return absl::OkStatus();
 }
@@ -151,15 +150,15 @@ absl::Status CheckIndexVector(std::string_view name, const IndexView& v, IndexTy
 absl::Status CheckWorkspace(const void* workspace, int64_t workspace_bytes, int64_t needed,
                             std::string_view needed_expr) {
   if (workspace == nullptr) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace: null; pass {} = {} bytes of device memory", needed_expr, needed));
+    return absl::InvalidArgumentError(
+        fmt::format("workspace: null; pass {} = {} bytes of device memory", needed_expr, needed));
   }
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return absl::InvalidArgumentError("workspace: must be 16-byte aligned");
   }
   if (workspace_bytes < needed) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace_bytes: {} is too small, need {} = {}", workspace_bytes, needed_expr, needed));
+    return absl::InvalidArgumentError(fmt::format("workspace_bytes: {} is too small, need {} = {}",
+                                                  workspace_bytes, needed_expr, needed));
   }
   return absl::OkStatus();
 }
@@ -169,8 +168,8 @@ int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views
   for (const TensorView* t : views) {
     if (t == nullptr || t->data == nullptr) continue;
     const auto addr = reinterpret_cast<uintptr_t>(t->data);
-    while (vec > 1 && (addr % (vec * SizeOf(t->dtype)) != 0 ||
-                       (t->rows > 1 && t->row_stride % vec != 0))) {
+    while (vec > 1 &&
+           (addr % (vec * SizeOf(t->dtype)) != 0 || (t->rows > 1 && t->row_stride % vec != 0))) {
       vec /= 2;
     }
   }

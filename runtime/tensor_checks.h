@@ -49,10 +49,9 @@ TensorView BytesOf(const void* data, int64_t bytes);
 // not alias <other>" for the same address. Between two outputs the later one is named. The
 // (output, input) pairs in `in_place` may alias exactly (the same view: in place) but not overlap
 // partially.
-absl::Status CheckDisjoint(std::initializer_list<NamedView> outputs,
-                           std::initializer_list<NamedView> inputs,
-                           std::initializer_list<std::pair<std::string_view, std::string_view>>
-                               in_place = {});
+absl::Status CheckDisjoint(
+    std::initializer_list<NamedView> outputs, std::initializer_list<NamedView> inputs,
+    std::initializer_list<std::pair<std::string_view, std::string_view>> in_place = {});
 
 // An index vector: non-null, of `type`, aligned to its elements, `size` long.
 absl::Status CheckIndexVector(std::string_view name, const IndexView& v, IndexType type,

@@ -36,8 +36,13 @@ class TunedConfigs {
   // the op as `kjit-tune --spec` takes it, for KJIT_AUTOTUNE.
   TunedConfigs(const RuntimeState& rt, std::string op, std::string shape, DType dtype,
                std::string spec_json, Parse parse, Validate validate)
-      : rt_(rt), op_(std::move(op)), shape_(std::move(shape)), dtype_(dtype),
-        spec_json_(std::move(spec_json)), parse_(std::move(parse)), validate_(std::move(validate)) {}
+      : rt_(rt),
+        op_(std::move(op)),
+        shape_(std::move(shape)),
+        dtype_(dtype),
+        spec_json_(std::move(spec_json)),
+        parse_(std::move(parse)),
+        validate_(std::move(validate)) {}
 
   // Not thread-safe: the op calls it under its own lock. With KJIT_AUTOTUNE and may_tune (the
   // stream is not capturing), a bucket without a record is tuned first, once.

@@ -87,8 +87,8 @@ TEST(Layering, NoFolderIncludesOneAboveIt) {
   for (const auto& [folder, allowed] : Allowed()) {
     for (const Include& inc : QuotedIncludes(root, folder)) {
       ++checked;
-      EXPECT_EQ(Violation(folder, inc.included), "") << inc.file << ": #include \"" << inc.included
-                                                     << "\"";
+      EXPECT_EQ(Violation(folder, inc.included), "")
+          << inc.file << ": #include \"" << inc.included << "\"";
     }
   }
   EXPECT_GT(checked, 200) << "the scan found too few includes under " << root;

@@ -37,7 +37,8 @@ class TempDir {
     std::error_code ec;
     for (auto it = fs::recursive_directory_iterator(path_, ec); !ec && it != fs::end(it);
          it.increment(ec)) {
-      if (it->is_directory(ec)) fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
+      if (it->is_directory(ec))
+        fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
     }
     fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
     fs::remove_all(path_, ec);

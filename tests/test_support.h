@@ -94,8 +94,9 @@ struct CliResult {
   std::string all() const { return out + err; }
   // For failure messages.
   std::string Describe() const {
-    return "exit " + std::to_string(exit_code) + (signal ? " signal " + std::to_string(signal) : "") +
-           "\n--- stdout ---\n" + out + "--- stderr ---\n" + err;
+    return "exit " + std::to_string(exit_code) +
+           (signal ? " signal " + std::to_string(signal) : "") + "\n--- stdout ---\n" + out +
+           "--- stderr ---\n" + err;
   }
 };
 

@@ -16,8 +16,8 @@ namespace kjit::tools {
 struct BenchCase {
   std::string op, pass, shape, config;
   DType dtype = DType::kBF16;
-  bool heuristic = true;  // the config is the built-in heuristic's
-  double bytes = 0;       // the fewest bytes the pass must move
+  bool heuristic = true;                            // the config is the built-in heuristic's
+  double bytes = 0;                                 // the fewest bytes the pass must move
   nlohmann::json extra = nlohmann::json::object();  // op-specific fields (hidden, vocab, rows...)
 };
 nlohmann::json BenchEntry(const BenchCase& c, const autotune::Timing& t, double copy_gbps);

@@ -58,12 +58,16 @@ absl::StatusOr<nlohmann::json> BenchProblem(const Runtime& rt, GpuTimer& timer,
       const bool tuned = config.empty() && used != trial->OpConfig();
       nlohmann::json extra = trial->BenchFields();
       extra["tuned"] = tuned;
-      entries.push_back(BenchEntry(
-          {.op = ops::OpName(spec), .pass = ops::Name(pass),
-           .shape = fmt::format("{} rows={}", ops::TuningShape(spec), rows), .config = used,
-           .dtype = ops::OpDType(spec), .heuristic = config.empty() && !tuned,
-           .bytes = trial->Bytes(pass), .extra = std::move(extra)},
-          t, copy_gbps));
+      entries.push_back(
+          BenchEntry({.op = ops::OpName(spec),
+                      .pass = ops::Name(pass),
+                      .shape = fmt::format("{} rows={}", ops::TuningShape(spec), rows),
+                      .config = used,
+                      .dtype = ops::OpDType(spec),
+                      .heuristic = config.empty() && !tuned,
+                      .bytes = trial->Bytes(pass),
+                      .extra = std::move(extra)},
+                     t, copy_gbps));
     }
   }
   return entries;
@@ -77,7 +81,8 @@ absl::StatusOr<std::vector<std::string>> ConfigsFor(const Runtime& rt, const ops
   for (const std::string& c : f.configs) {
     auto with = ops::WithConfig(spec, c);
     if (!with.ok()) {
-      return absl::InvalidArgumentError(fmt::format("--config: {}", ToStd(with.status().message())));
+      return absl::InvalidArgumentError(
+          fmt::format("--config: {}", ToStd(with.status().message())));
     }
     out.push_back(c);
   }
@@ -97,7 +102,8 @@ int RunBench(const BenchFlags& f) {
   const int64_t size = ops::BenchSizeName(f.op) == "hidden" ? f.hidden : f.vocab;
   std::vector<std::pair<int64_t, int64_t>> shapes = ops::BenchShapes(f.op);  // (size, rows)
   if (size > 0 || f.rows > 0) {
-    shapes = {{size > 0 ? size : shapes.front().first, f.rows > 0 ? f.rows : shapes.front().second}};
+    shapes = {
+        {size > 0 ? size : shapes.front().first, f.rows > 0 ? f.rows : shapes.front().second}};
   }
   // Flags are checked before any GPU work: a bad --config is a usage error with or without one.
   for (const auto& [s, rows] : shapes) {
@@ -141,8 +147,8 @@ int RunBench(const BenchFlags& f) {
     fmt::print("{}\n", report.dump(2));
   } else {
     fmt::print("{} ({}), copy {:.0f} GB/s\n", rt->device().name, rt->target(), copy_gbps);
-    fmt::print("{:<13} {:<17} {:<26} {:>10} {:>10} {:>8}  {}\n", "op", "pass", "shape",
-               "median_us", "GB/s", "of copy", "config");
+    fmt::print("{:<13} {:<17} {:<26} {:>10} {:>10} {:>8}  {}\n", "op", "pass", "shape", "median_us",
+               "GB/s", "of copy", "config");
     for (const auto& e : results) {
       fmt::print("{:<13} {:<17} {:<26} {:>10.2f} {:>10.0f} {:>7.1f}%  {}\n",
                  e["op"].get<std::string>(), e["pass"].get<std::string>(),
@@ -163,11 +169,14 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_option("--op", f->op, "The op")
       ->check(CLI::IsMember(ops::OpNames()))
       ->capture_default_str();
-  cmd->add_option("--hidden", f->hidden, "Hidden size, rms_norm (default: a standard set of shapes)")
+  cmd->add_option("--hidden", f->hidden,
+                  "Hidden size, rms_norm (default: a standard set of shapes)")
       ->check(CLI::Range(1, 65536));
-  cmd->add_option("--vocab", f->vocab, "Vocab size, cross_entropy (default: 128256 at 3 row counts)")
+  cmd->add_option("--vocab", f->vocab,
+                  "Vocab size, cross_entropy (default: 128256 at 3 row counts)")
       ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--rows", f->rows, "Rows (tokens)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  cmd->add_option("--rows", f->rows, "Rows (tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
   cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
       ->check(CLI::Range(3, 100000))
@@ -179,9 +188,10 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_flag("--sweep", f->sweep,
                 "Also time every candidate launch config (rms_norm: forward and backward shapes "
                 "separately; cross_entropy: threads, unroll, cluster and staged)");
-  cmd->add_option("--config", f->configs,
-                  "Time these launch configs instead of the op's own choice, as kjit-tune prints "
-                  "them (repeatable), e.g. --config 'vec=8 threads=256 unroll=4 cluster=8 staged=1'")
+  cmd->add_option(
+         "--config", f->configs,
+         "Time these launch configs instead of the op's own choice, as kjit-tune prints "
+         "them (repeatable), e.g. --config 'vec=8 threads=256 unroll=4 cluster=8 staged=1'")
       ->excludes(cmd->get_option("--sweep"));
   cmd->add_option("--output", f->output, "Also write the JSON report to this file");
   return [f] { return RunBench(*f); };

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
-#include "ops/cross_entropy/reference.h"
 #include "kjit/host_convert.h"
+#include "ops/cross_entropy/reference.h"
 #include "tools/bench.h"
 
 namespace kjit::tools {
@@ -34,8 +34,8 @@ constexpr DType kDtype = DType::kBF16;
 
 struct Problem {
   int64_t vocab, rows;
-  std::vector<double> logits;     // [kDistinctRows, vocab]
-  std::vector<int64_t> targets;   // [rows]
+  std::vector<double> logits;    // [kDistinctRows, vocab]
+  std::vector<int64_t> targets;  // [rows]
 };
 
 // A [rows, end - start] device buffer of columns [start, end) of the problem's logits.
@@ -55,27 +55,29 @@ absl::StatusOr<DeviceBuffer> UploadColumns(const Runtime& rt, const Problem& p, 
   return b;
 }
 
-
 // The first kCheckedRows rows of a gradient (the columns [start, end)) against the reference.
-absl::Status CheckRows(const Problem& p, const std::vector<std::pair<const DeviceBuffer*, int64_t>>& parts,
+absl::Status CheckRows(const Problem& p,
+                       const std::vector<std::pair<const DeviceBuffer*, int64_t>>& parts,
                        const char* what) {
   std::vector<double> grad(kCheckedRows * p.vocab);
   int64_t start = 0;
   for (const auto& [buf, width] : parts) {
-    KJIT_ASSIGN_OR_RETURN(std::vector<double> g, DownloadValues(*buf, kDtype, 0, kCheckedRows * width * 2));
+    KJIT_ASSIGN_OR_RETURN(std::vector<double> g,
+                          DownloadValues(*buf, kDtype, 0, kCheckedRows * width * 2));
     for (int64_t r = 0; r < kCheckedRows; ++r) {
       std::copy_n(&g[r * width], width, &grad[r * p.vocab + start]);
     }
     start += width;
   }
-  const ops::CrossEntropyMath math{.vocab = p.vocab, .dtype = kDtype,
-                                        .reduction = Reduction::kNone};
+  const ops::CrossEntropyMath math{
+      .vocab = p.vocab, .dtype = kDtype, .reduction = Reduction::kNone};
   const std::vector<double> scale(kCheckedRows, 1.0 / p.rows);  // mean over all-valid rows
   const std::vector<double> logits(p.logits.begin(), p.logits.begin() + kCheckedRows * p.vocab);
   const std::vector<int64_t> targets(p.targets.begin(), p.targets.begin() + kCheckedRows);
   const auto ref = ops::CrossEntropyReference(math, kCheckedRows, logits, targets, &scale, true);
   for (const auto& [name, r] : ops::CheckCrossEntropy(math, {.grad = &grad}, ref)) {
-    if (!r.ok) return absl::InternalError(fmt::format("{}: wrong gradient: {}", what, r.Describe(name)));
+    if (!r.ok)
+      return absl::InternalError(fmt::format("{}: wrong gradient: {}", what, r.Describe(name)));
   }
   return absl::OkStatus();
 }
@@ -107,16 +109,23 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
     KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy({.vocab = vocab, .dtype = kDtype}));
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(rows)));
     const TensorView all = TensorView::Matrix(work.data(), kDtype, rows, vocab);
-    const CrossEntropyArgs full{.logits = all, .targets = targets, .loss = loss, .grad = all,
-                                .workspace = ws.data(), .workspace_bytes = ce.WorkspaceBytes(rows)};
+    const CrossEntropyArgs full{.logits = all,
+                                .targets = targets,
+                                .loss = loss,
+                                .grad = all,
+                                .workspace = ws.data(),
+                                .workspace_bytes = ce.WorkspaceBytes(rows)};
     KJIT_RETURN_IF_ERROR(work.CopyFrom(pristine));
     KJIT_RETURN_IF_ERROR(ce.ForwardBackward(nullptr, full));
     KJIT_RETURN_IF_ERROR(CheckRows(p, {{&work, vocab}}, "unsharded"));
-    KJIT_ASSIGN_OR_RETURN(
-        t_full, timer->Time(repeats, [&] { return ce.ForwardBackward(nullptr, full); },
-                            [&] { return work.CopyFrom(pristine); }));
-    entries.push_back(BenchEntry({.op = "cross_entropy", .pass = "forward_backward", .shape = shape,
-                                  .config = ce.config().ToString(), .dtype = kDtype,
+    KJIT_ASSIGN_OR_RETURN(t_full, timer->Time(
+                                      repeats, [&] { return ce.ForwardBackward(nullptr, full); },
+                                      [&] { return work.CopyFrom(pristine); }));
+    entries.push_back(BenchEntry({.op = "cross_entropy",
+                                  .pass = "forward_backward",
+                                  .shape = shape,
+                                  .config = ce.config().ToString(),
+                                  .dtype = kDtype,
                                   .bytes = 2.0 * rows * vocab * 2,
                                   .extra = {{"vocab", vocab}, {"rows", rows}, {"ways", 1}}},
                                  t_full, copy_gbps));
@@ -129,14 +138,19 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
     std::vector<std::pair<const DeviceBuffer*, int64_t>> parts;
     for (int i = 0; i < n; ++i) {
       const int64_t start = vocab * i / n, end = vocab * (i + 1) / n;
-      KJIT_ASSIGN_OR_RETURN(ShardedCrossEntropy op,
-                            rt.ShardedCrossEntropy({.vocab = vocab, .shard_start = start,
-                                                    .shard_end = end, .dtype = kDtype}));
+      KJIT_ASSIGN_OR_RETURN(
+          ShardedCrossEntropy op,
+          rt.ShardedCrossEntropy(
+              {.vocab = vocab, .shard_start = start, .shard_end = end, .dtype = kDtype}));
       KJIT_ASSIGN_OR_RETURN(DeviceBuffer l, UploadColumns(rt, p, start, end));
       KJIT_ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Create(rt, op.WorkspaceBytes(rows)));
       const TensorView x = TensorView::Matrix(l.data(), kDtype, rows, end - start);
-      args.push_back({.logits = x, .targets = targets, .loss = loss, .grad = x,
-                      .workspace = w.data(), .workspace_bytes = op.WorkspaceBytes(rows)});
+      args.push_back({.logits = x,
+                      .targets = targets,
+                      .loss = loss,
+                      .grad = x,
+                      .workspace = w.data(),
+                      .workspace_bytes = op.WorkspaceBytes(rows)});
       ops.push_back(std::move(op));
       logits.push_back(std::move(l));
       workspaces.push_back(std::move(w));
@@ -166,19 +180,27 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
             [&] { return logits[0].CopyFrom(shard0); }));
     const int64_t width = ops[0].spec().width();
     nlohmann::json e = BenchEntry(
-        {.op = "sharded_cross_entropy", .pass = "forward_backward", .shape = shape,
-         .config = ops[0].config().ToString(), .dtype = kDtype, .bytes = 3.0 * rows * width * 2,
-         .extra = {{"vocab", vocab}, {"rows", rows}, {"ways", n}, {"shard_width", width},
+        {.op = "sharded_cross_entropy",
+         .pass = "forward_backward",
+         .shape = shape,
+         .config = ops[0].config().ToString(),
+         .dtype = kDtype,
+         .bytes = 3.0 * rows * width * 2,
+         .extra = {{"vocab", vocab},
+                   {"rows", rows},
+                   {"ways", n},
+                   {"shard_width", width},
                    {"reduction_timed", "device combine of the split's shards (NCCL not timed)"}}},
         t, copy_gbps);
     e["min_bytes"] = 2.0 * rows * width * 2;
-    e["ratio_to_copy_of_min_bytes"] = e["min_bytes"].get<double>() / (t.median_us * 1e3) / copy_gbps;
+    e["ratio_to_copy_of_min_bytes"] =
+        e["min_bytes"].get<double>() / (t.median_us * 1e3) / copy_gbps;
     e["speedup_vs_unsharded"] = t_full.median_us / t.median_us;
     e["ideal_speedup"] = n;
     entries.push_back(e);
   }
-  return nlohmann::json{{"device", rt.device().name}, {"copy_gbps", copy_gbps},
-                        {"entries", entries}};
+  return nlohmann::json{
+      {"device", rt.device().name}, {"copy_gbps", copy_gbps}, {"entries", entries}};
 }
 
 }  // namespace
@@ -189,15 +211,23 @@ int main(int argc, char** argv) {
   int repeats = 30;
   std::vector<int> ways = {2, 4};
   std::string output;
-  CLI::App app{"kjit-bench-sharded: bandwidth per GPU of the vocab-parallel cross-entropy (one "
-               "shard's work, checked first) against the unsharded op, as JSON",
-               "kjit-bench-sharded"};
-  app.add_option("--vocab", vocab, "The whole vocab")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  CLI::App app{
+      "kjit-bench-sharded: bandwidth per GPU of the vocab-parallel cross-entropy (one "
+      "shard's work, checked first) against the unsharded op, as JSON",
+      "kjit-bench-sharded"};
+  app.add_option("--vocab", vocab, "The whole vocab")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
   app.add_option("--rows", rows, "Rows (tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
       ->capture_default_str();
-  app.add_option("--ways", ways, "Splits to time")->delimiter(',')->check(CLI::Range(2, 32))->capture_default_str();
-  app.add_option("--repeats", repeats, "Timed repeats")->check(CLI::Range(3, 100000))->capture_default_str();
+  app.add_option("--ways", ways, "Splits to time")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 32))
+      ->capture_default_str();
+  app.add_option("--repeats", repeats, "Timed repeats")
+      ->check(CLI::Range(3, 100000))
+      ->capture_default_str();
   app.add_option("--output", output, "Also write the report to this file")->type_name("FILE");
   try {
     app.parse(argc, argv);

@@ -40,8 +40,8 @@ int RunCache(const CacheFlags& f) {
   for (const auto& e : entries) {
     bytes += e.size_bytes;
     if (!e.valid) ++invalid;
-    nlohmann::json j = {{"key", e.key}, {"bytes", e.size_bytes}, {"mtime", e.mtime_unix},
-                        {"valid", e.valid}};
+    nlohmann::json j = {
+        {"key", e.key}, {"bytes", e.size_bytes}, {"mtime", e.mtime_unix}, {"valid", e.valid}};
     if (!e.valid) j["problem"] = e.problem;
     if (e.binary) {
       j["target"] = e.binary->target.ToString();
@@ -57,8 +57,11 @@ int RunCache(const CacheFlags& f) {
     }
   }
   if (f.json) {
-    fmt::print("{}\n", nlohmann::json{{"dir", cache->dir()}, {"read_only", cache->read_only()},
-                                      {"entries", list}, {"bytes", bytes}, {"invalid", invalid}}
+    fmt::print("{}\n", nlohmann::json{{"dir", cache->dir()},
+                                      {"read_only", cache->read_only()},
+                                      {"entries", list},
+                                      {"bytes", bytes},
+                                      {"invalid", invalid}}
                            .dump(2));
   } else {
     fmt::print("{}: {} entries, {} bytes, {} invalid{}\n", cache->dir(), entries.size(), bytes,
@@ -72,10 +75,12 @@ int RunCache(const CacheFlags& f) {
 Command AddCacheCommand(CLI::App& app) {
   auto f = std::make_shared<CacheFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "cache", "Inspect the kernel cache ($KJIT_CACHE_DIR, else $XDG_CACHE_HOME/kjit, else ~/.cache/kjit)");
-  cmd->add_option("action", f->action, "ls: list entries; verify: check every entry (exit 1 if any is "
-                                       "corrupt); clear: remove all; prune: remove corrupt, stale "
-                                       "temporary and over-cap entries")
+      "cache",
+      "Inspect the kernel cache ($KJIT_CACHE_DIR, else $XDG_CACHE_HOME/kjit, else ~/.cache/kjit)");
+  cmd->add_option("action", f->action,
+                  "ls: list entries; verify: check every entry (exit 1 if any is "
+                  "corrupt); clear: remove all; prune: remove corrupt, stale "
+                  "temporary and over-cap entries")
       ->required()
       ->check(CLI::IsMember({"ls", "verify", "clear", "prune"}));
   cmd->add_flag("--json", f->json, "Print JSON");

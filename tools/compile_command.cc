@@ -56,7 +56,7 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
   if (f.op == "cross_entropy") {
     CrossEntropySpec spec{.vocab = f.vocab, .dtype = dtype};
     spec.target_type = f.target_type == "int32" ? IndexType::kInt32 : IndexType::kInt64;
-    spec.reduction = f.reduction == "none" ? Reduction::kNone
+    spec.reduction = f.reduction == "none"  ? Reduction::kNone
                      : f.reduction == "sum" ? Reduction::kSum
                                             : Reduction::kMean;
     spec.label_smoothing = f.label_smoothing;
@@ -89,10 +89,9 @@ int RunCompile(const CompileFlags& f) {
     auto built = ops::Build(rt, *spec);
     if (!built.ok()) {
       ++failures;
-      fmt::print(stderr, "kjit compile: {}: {}\n", rt.target(),
-                 ToStd(built.status().message()));
-      report.push_back({{"target", rt.target()},
-                        {"error", std::string(ToStd(built.status().message()))}});
+      fmt::print(stderr, "kjit compile: {}: {}\n", rt.target(), ToStd(built.status().message()));
+      report.push_back(
+          {{"target", rt.target()}, {"error", std::string(ToStd(built.status().message()))}});
       continue;
     }
     const std::string config = built->params.count("config") ? built->params.at("config") : "";
@@ -107,9 +106,11 @@ int RunCompile(const CompileFlags& f) {
                         {"params", built->params},
                         {"nvrtc", built->nvrtc}});
     } else {
-      fmt::print("{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} bytes\n",
-                 f.op, jit::FormatParams(built->params), built->target, built->key, config,
-                 built->origin, built->path.empty() ? "(memory only)" : built->path, built->bytes);
+      fmt::print(
+          "{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} "
+          "bytes\n",
+          f.op, jit::FormatParams(built->params), built->target, built->key, config, built->origin,
+          built->path.empty() ? "(memory only)" : built->path, built->bytes);
     }
   }
   if (f.json) fmt::print("{}\n", report.dump(2));
@@ -122,10 +123,9 @@ Command AddCompileCommand(CLI::App& app) {
   auto f = std::make_shared<CompileFlags>();
   CLI::App* cmd = app.add_subcommand(
       "compile", "Render and compile one op's kernels (or find them in the cache); no GPU needed");
-  cmd->add_option("--op", f->op, "The op")
-      ->required()
-      ->check(CLI::IsMember(ops::OpNames()));
-  cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm; required)")->check(CLI::Range(1, 65536));
+  cmd->add_option("--op", f->op, "The op")->required()->check(CLI::IsMember(ops::OpNames()));
+  cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm; required)")
+      ->check(CLI::Range(1, 65536));
   cmd->add_option("--vocab", f->vocab, "Vocab size (cross_entropy; required)")
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
@@ -140,12 +140,15 @@ Command AddCompileCommand(CLI::App& app) {
   cmd->add_option("--reduction", f->reduction, "none, sum or mean (cross_entropy)")
       ->check(CLI::IsMember({"none", "sum", "mean"}))
       ->capture_default_str();
-  cmd->add_option("--label-smoothing", f->label_smoothing, "Label smoothing in [0, 1) (cross_entropy)");
-  cmd->add_option("--z-loss", f->z_loss, "lse_square_scale, the z-loss coefficient (cross_entropy)");
+  cmd->add_option("--label-smoothing", f->label_smoothing,
+                  "Label smoothing in [0, 1) (cross_entropy)");
+  cmd->add_option("--z-loss", f->z_loss,
+                  "lse_square_scale, the z-loss coefficient (cross_entropy)");
   cmd->add_option("--softcap", f->softcap, "Logit soft-cap, 0 = off (cross_entropy)");
   cmd->add_flag("--argmax", f->argmax, "Also write the predicted token per row (cross_entropy)");
-  cmd->add_option("--arch", f->arch,
-                  "auto (the GPU present, else sm_90 and sm_100) or a list: sm_90,sm_100,compute_90")
+  cmd->add_option(
+         "--arch", f->arch,
+         "auto (the GPU present, else sm_90 and sm_100) or a list: sm_90,sm_100,compute_90")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print a JSON report");
   return [f] { return RunCompile(*f); };

@@ -76,7 +76,8 @@ const char* kInstallNvrtc =
     "e.g. apt install cuda-nvrtc-13-0, or pip install nvidia-cuda-nvrtc, then point "
     "KJIT_NVRTC_PATH at its libnvrtc.so if it is not on the loader's path";
 
-// --- driver -----------------------------------------------------------------------------------------
+// --- driver
+// -----------------------------------------------------------------------------------------
 
 void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
   const DriverFacts& d = f.driver;
@@ -84,9 +85,10 @@ void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
   auto libcuda_override = [&]() -> std::string {
     auto it = env.kjit_vars.find("KJIT_LIBCUDA_PATH");
     if (it == env.kjit_vars.end() || it->second.empty()) return "";
-    return fmt::format("KJIT_LIBCUDA_PATH={} is set: unset it or point it at the driver's "
-                       "libcuda.so.1. ",
-                       it->second);
+    return fmt::format(
+        "KJIT_LIBCUDA_PATH={} is set: unset it or point it at the driver's "
+        "libcuda.so.1. ",
+        it->second);
   };
   const std::string no_driver_is_ok =
       " (Compiling for explicit targets, `kjit doctor --arch sm_90,sm_100` or `kjit compile "
@@ -99,11 +101,11 @@ void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
                                  release, CudaVersionText(d.version), d.gpus.size()),
                      ""});
       for (const GpuFacts& g : d.gpus) {
-        out.push_back({fmt::format("gpu.{}", g.ordinal), Status::kOk,
-                       fmt::format("{}: compute capability {}.{} ({}), {}, {} SMs", g.name,
-                                   g.cc_major, g.cc_minor, Sm(g.cc()), Gib(g.total_memory),
-                                   g.sm_count),
-                       ""});
+        out.push_back(
+            {fmt::format("gpu.{}", g.ordinal), Status::kOk,
+             fmt::format("{}: compute capability {}.{} ({}), {}, {} SMs", g.name, g.cc_major,
+                         g.cc_minor, Sm(g.cc()), Gib(g.total_memory), g.sm_count),
+             ""});
       }
       return;
     }
@@ -143,35 +145,37 @@ void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
           env.cuda_visible_devices ? "'" + *env.cuda_visible_devices + "'" : "unset";
       std::string fix;
       if (env.cuda_visible_devices) {
-        fix = fmt::format("CUDA_VISIBLE_DEVICES={} hides every GPU: unset it, or set it to "
-                          "indices or UUIDs that exist (`nvidia-smi -L` lists them).",
-                          visible);
+        fix = fmt::format(
+            "CUDA_VISIBLE_DEVICES={} hides every GPU: unset it, or set it to "
+            "indices or UUIDs that exist (`nvidia-smi -L` lists them).",
+            visible);
       } else if (env.in_container && env.dev_nvidia.empty()) {
-        fix = "Start the container with GPU access: `docker run --gpus all ...` with the NVIDIA "
-              "Container Toolkit on the host (Kubernetes: request nvidia.com/gpu).";
+        fix =
+            "Start the container with GPU access: `docker run --gpus all ...` with the NVIDIA "
+            "Container Toolkit on the host (Kubernetes: request nvidia.com/gpu).";
       } else {
-        fix = "Check `nvidia-smi`: the GPU may be absent, or its kernel module not loaded "
-              "(reinstall the driver or reboot after installing it).";
+        fix =
+            "Check `nvidia-smi`: the GPU may be absent, or its kernel module not loaded "
+            "(reinstall the driver or reboot after installing it).";
       }
       out.push_back(
           {"driver", Status::kFail,
            fmt::format("the CUDA driver ({}{}) sees no GPU (CUDA_ERROR_NO_DEVICE); "
                        "CUDA_VISIBLE_DEVICES {}.{}",
-                       d.path,
-                       d.version ? ", CUDA " + CudaVersionText(d.version) : std::string(),
+                       d.path, d.version ? ", CUDA " + CudaVersionText(d.version) : std::string(),
                        visible, ContainerHint(env)),
            fix + no_driver_is_ok});
       return;
     }
     case DriverFacts::Error::kOther:
-      out.push_back({"driver", Status::kFail,
-                     fmt::format("the CUDA driver{} could not be used: {}",
-                                 d.path.empty() ? "" : " (" + d.path + ")",
-                                 OneLine(FirstLine(d.message))),
-                     libcuda_override() +
-                         "Install (or reinstall) an NVIDIA driver for CUDA 12.0 or newer and "
-                         "check `nvidia-smi`." +
-                         no_driver_is_ok});
+      out.push_back(
+          {"driver", Status::kFail,
+           fmt::format("the CUDA driver{} could not be used: {}",
+                       d.path.empty() ? "" : " (" + d.path + ")", OneLine(FirstLine(d.message))),
+           libcuda_override() +
+               "Install (or reinstall) an NVIDIA driver for CUDA 12.0 or newer and "
+               "check `nvidia-smi`." +
+               no_driver_is_ok});
       return;
   }
 }
@@ -206,9 +210,8 @@ void DiagnoseTargets(const DoctorFacts& f, std::vector<Finding>& out) {
                      ""});
       continue;
     }
-    const std::string lacks =
-        fmt::format("NVRTC {} cannot build CUBIN for {} ({}; it stops at {})", n.VersionString(),
-                    g.name, Sm(cc), Sm(MaxArch(n.archs)));
+    const std::string lacks = fmt::format("NVRTC {} cannot build CUBIN for {} ({}; it stops at {})",
+                                          n.VersionString(), g.name, Sm(cc), Sm(MaxArch(n.archs)));
     const std::string install = fmt::format("Install {} ({}).", NvrtcForArch(cc), kInstallNvrtc);
     auto target = jit::SelectTargetForDevice(cc, n.archs, n.version(), d.version);
     if (target.ok()) {
@@ -225,12 +228,12 @@ void DiagnoseTargets(const DoctorFacts& f, std::vector<Finding>& out) {
       if (a < cc) lower = std::max(lower, a);
     }
     if (lower == 0) {
-      out.push_back({id, Status::kFail,
-                     fmt::format("{}, nor PTX for any lower arch: kjit cannot run on this GPU",
-                                 lacks),
-                     fmt::format("Install an NVRTC that supports {} (an older CUDA toolkit for "
-                                 "an older GPU), and point KJIT_NVRTC_PATH at it.",
-                                 Sm(cc))});
+      out.push_back(
+          {id, Status::kFail,
+           fmt::format("{}, nor PTX for any lower arch: kjit cannot run on this GPU", lacks),
+           fmt::format("Install an NVRTC that supports {} (an older CUDA toolkit for "
+                       "an older GPU), and point KJIT_NVRTC_PATH at it.",
+                       Sm(cc))});
       continue;
     }
     out.push_back(
@@ -263,12 +266,12 @@ void DiagnoseCompat(const DoctorFacts& f, std::vector<Finding>& out) {
                      "{}.x NVRTC through KJIT_NVRTC_PATH.",
                      min_driver.empty() ? "?" : min_driver, n.major, driver_major)});
   } else {
-    out.push_back({"compat.min_driver", Status::kOk,
-                   fmt::format("the driver supports CUDA {}, enough for NVRTC {} (CUDA {}.x "
-                               "needs a driver for {}.0{})",
-                               CudaVersionText(d.version), n.VersionString(), n.major, n.major,
-                               min_text),
-                   ""});
+    out.push_back(
+        {"compat.min_driver", Status::kOk,
+         fmt::format("the driver supports CUDA {}, enough for NVRTC {} (CUDA {}.x "
+                     "needs a driver for {}.0{})",
+                     CudaVersionText(d.version), n.VersionString(), n.major, n.major, min_text),
+         ""});
   }
   if (d.version < n.version()) {
     // Which GPUs would need PTX (the CUBIN-less ones) is target.gpu.N's business; here the
@@ -292,7 +295,8 @@ void DiagnoseCompat(const DoctorFacts& f, std::vector<Finding>& out) {
   }
 }
 
-// --- compile and launch ---------------------------------------------------------------------------
+// --- compile and launch
+// ---------------------------------------------------------------------------
 
 void DiagnoseCompiles(const DoctorFacts& f, std::vector<Finding>& out) {
   if (!f.nvrtc.loaded) return;
@@ -308,17 +312,19 @@ void DiagnoseCompiles(const DoctorFacts& f, std::vector<Finding>& out) {
     std::string fix;
     auto parsed = jit::ParseTarget(c.target);
     if (parsed.ok() && !HasArch(f.nvrtc.archs, parsed->arch)) {
-      fix = fmt::format("This NVRTC does not support {}: install {} ({}), or drop {} from "
-                        "--arch.",
-                        Sm(parsed->arch), NvrtcForArch(parsed->arch), kInstallNvrtc, c.target);
+      fix = fmt::format(
+          "This NVRTC does not support {}: install {} ({}), or drop {} from "
+          "--arch.",
+          Sm(parsed->arch), NvrtcForArch(parsed->arch), kInstallNvrtc, c.target);
     } else {
-      fix = "NVRTC itself failed on a kjit kernel: check that KJIT_NVRTC_PATH / the libnvrtc "
-            "found matches its libnvrtc-builtins (same toolkit), then report it with the output "
-            "of `kjit doctor --json`.";
+      fix =
+          "NVRTC itself failed on a kjit kernel: check that KJIT_NVRTC_PATH / the libnvrtc "
+          "found matches its libnvrtc-builtins (same toolkit), then report it with the output "
+          "of `kjit doctor --json`.";
     }
     out.push_back({id, Status::kFail,
-                   fmt::format("RMSNorm (hidden 4096, bf16) failed to compile for {}: {}",
-                               c.target, OneLine(FirstLine(c.error))),
+                   fmt::format("RMSNorm (hidden 4096, bf16) failed to compile for {}: {}", c.target,
+                               OneLine(FirstLine(c.error))),
                    fix});
   }
 }
@@ -342,28 +348,32 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
       case LaunchFacts::State::kError: {
         std::string fix;
         if (l.detail.find("CUDA_ERROR_UNSUPPORTED_PTX_VERSION") != std::string::npos) {
-          fix = fmt::format("The driver is older than NVRTC {}: upgrade the driver (R{}+), or "
-                            "install an NVRTC that builds CUBIN for this GPU.",
-                            f.nvrtc.VersionString(), MinimumDriverForCudaMajor(f.nvrtc.major));
+          fix = fmt::format(
+              "The driver is older than NVRTC {}: upgrade the driver (R{}+), or "
+              "install an NVRTC that builds CUBIN for this GPU.",
+              f.nvrtc.VersionString(), MinimumDriverForCudaMajor(f.nvrtc.major));
         } else if (l.detail.find("wrong result") != std::string::npos) {
-          fix = "The kernel ran but computed wrong values: report it with the output of `kjit "
-                "doctor --json` and `nvidia-smi -q`.";
+          fix =
+              "The kernel ran but computed wrong values: report it with the output of `kjit "
+              "doctor --json` and `nvidia-smi -q`.";
         } else {
-          fix = "Check `nvidia-smi` (a GPU in a bad state, out of memory or under MIG limits); "
-                "if it persists, report it with the output of `kjit doctor --json`.";
+          fix =
+              "Check `nvidia-smi` (a GPU in a bad state, out of memory or under MIG limits); "
+              "if it persists, report it with the output of `kjit doctor --json`.";
         }
-        out.push_back({id, Status::kFail,
-                       fmt::format("the test launch on GPU {} ({}) failed: {}", l.ordinal,
-                                   l.target.empty() ? "no target" : l.target,
-                                   OneLine(FirstLine(l.detail))),
-                       fix});
+        out.push_back(
+            {id, Status::kFail,
+             fmt::format("the test launch on GPU {} ({}) failed: {}", l.ordinal,
+                         l.target.empty() ? "no target" : l.target, OneLine(FirstLine(l.detail))),
+             fix});
         break;
       }
     }
   }
 }
 
-// --- cache -----------------------------------------------------------------------------------------
+// --- cache
+// -----------------------------------------------------------------------------------------
 
 void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
   const CacheFacts& c = f.cache;
@@ -409,8 +419,8 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
   std::string size = c.listed ? fmt::format("{} entries, {}", c.entries.size(), Bytes(bytes))
                               : std::string("entries not read");
   if (c.max_bytes > 0) size += fmt::format(" (cap {})", Bytes(c.max_bytes));
-  out.push_back({"cache.dir", Status::kOk, fmt::format("{} (from {}): {}", c.dir, c.dir_source, size),
-                 ""});
+  out.push_back(
+      {"cache.dir", Status::kOk, fmt::format("{} (from {}): {}", c.dir, c.dir_source, size), ""});
 
   // Permissions: the same rules DiskCache::Open enforces, so doctor fails exactly where kjit would.
   bool safe = true;
@@ -425,13 +435,12 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
                                c.euid, q)});
   } else if ((c.mode & 022) != 0) {
     safe = false;
-    out.push_back({"cache.permissions", Status::kFail,
-                   fmt::format("{} is writable by {} (mode {:04o}): kjit refuses it, since they "
-                               "could plant kernels that run on the GPU",
-                               c.dir, (c.mode & 002) != 0 ? "other users" : "its group",
-                               c.mode & 07777),
-                   fmt::format("chmod 700 {}, or set KJIT_CACHE_DIR to a directory of your own.",
-                               q)});
+    out.push_back(
+        {"cache.permissions", Status::kFail,
+         fmt::format("{} is writable by {} (mode {:04o}): kjit refuses it, since they "
+                     "could plant kernels that run on the GPU",
+                     c.dir, (c.mode & 002) != 0 ? "other users" : "its group", c.mode & 07777),
+         fmt::format("chmod 700 {}, or set KJIT_CACHE_DIR to a directory of your own.", q)});
   } else if (!c.writable) {
     out.push_back({"cache.permissions", Status::kWarn,
                    fmt::format("{} is not writable ({}): kjit uses it read-only, so kernels "
@@ -443,10 +452,10 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
                                "it holds the kernels you need).",
                                q)});
   } else {
-    out.push_back({"cache.permissions", Status::kOk,
-                   fmt::format("mode {:04o}, owned by this user (uid {}), writable",
-                               c.mode & 07777, c.euid),
-                   ""});
+    out.push_back(
+        {"cache.permissions", Status::kOk,
+         fmt::format("mode {:04o}, owned by this user (uid {}), writable", c.mode & 07777, c.euid),
+         ""});
   }
   if (!c.listed) return;
 
@@ -457,8 +466,14 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
   for (const CacheEntryFacts& e : c.entries) {
     switch (JudgeCacheEntry(e, f)) {
       case EntryVerdict::kUsable: break;
-      case EntryVerdict::kStaleTarget: ++stale; ++by_target[e.target]; break;
-      case EntryVerdict::kStaleNvrtc: ++stale; ++by_nvrtc[e.nvrtc_version]; break;
+      case EntryVerdict::kStaleTarget:
+        ++stale;
+        ++by_target[e.target];
+        break;
+      case EntryVerdict::kStaleNvrtc:
+        ++stale;
+        ++by_nvrtc[e.nvrtc_version];
+        break;
       case EntryVerdict::kCorrupt: corrupt.push_back(&e); break;
     }
   }
@@ -489,9 +504,10 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
         std::string all;
         for (const std::string& t : TargetsInUse(f)) all += (all.empty() ? "" : ",") + t;
         for (const auto& [t, count] : by_target) all += "," + t;
-        keep = fix_cmd + fmt::format("; to keep entries prebuilt for other GPUs, name their "
-                                     "targets: `kjit doctor --arch {} --fix-cache`.",
-                                     all);
+        keep = fix_cmd + fmt::format(
+                             "; to keep entries prebuilt for other GPUs, name their "
+                             "targets: `kjit doctor --arch {} --fix-cache`.",
+                             all);
       }
       out.push_back(
           {"cache.stale", Status::kWarn,
@@ -503,10 +519,10 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
   if (c.entries.empty()) {
     out.push_back({"cache.corrupt", Status::kOk, "no entries to check", ""});
   } else if (corrupt.empty()) {
-    out.push_back({"cache.corrupt", Status::kOk,
-                   fmt::format("all {} entries pass their checksum and metadata checks",
-                               c.entries.size()),
-                   ""});
+    out.push_back(
+        {"cache.corrupt", Status::kOk,
+         fmt::format("all {} entries pass their checksum and metadata checks", c.entries.size()),
+         ""});
   } else {
     out.push_back({"cache.corrupt", Status::kWarn,
                    fmt::format("{} entries fail their checks (e.g. {}: {}); kjit never loads "
@@ -557,16 +573,18 @@ std::string TuningWhere(const DoctorFacts& f) {
   if (env == f.env.kjit_vars.end()) {
     where += " (tuning.json in the cache directory)";
   } else if (env->second.empty()) {
-    where += " (KJIT_TUNING_DB is set but empty, which counts as unset: tuning.json in the cache "
-             "directory)";
+    where +=
+        " (KJIT_TUNING_DB is set but empty, which counts as unset: tuning.json in the cache "
+        "directory)";
   } else {
     where += " (from KJIT_TUNING_DB)";
   }
   if (!t.path.starts_with('/')) {
     // Every process (each rank, kjit-tune) reads its own copy: worth saying where this one is.
-    where += fmt::format(", relative, so each process reads it from its own working directory "
-                         "(here {})",
-                         t.absolute);
+    where += fmt::format(
+        ", relative, so each process reads it from its own working directory "
+        "(here {})",
+        t.absolute);
   }
   return where;
 }
@@ -575,8 +593,8 @@ std::string TuningWhere(const DoctorFacts& f) {
 // is the PTX fallback's when NVRTC cannot build CUBIN for the GPU.
 int TuningArch(const DoctorFacts& f, const GpuFacts& g) {
   if (f.nvrtc.loaded) {
-    auto target = jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(),
-                                             f.driver.version);
+    auto target =
+        jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(), f.driver.version);
     if (target.ok()) return target->arch;
   }
   return g.cc();
@@ -619,8 +637,8 @@ void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
         ++count;
       }
     }
-    const std::string gpu = TunedUnder(g.name, arch, f.driver.version,
-                                       f.nvrtc.loaded ? f.nvrtc.version() : 0);
+    const std::string gpu =
+        TunedUnder(g.name, arch, f.driver.version, f.nvrtc.loaded ? f.nvrtc.version() : 0);
     parts.push_back(count > 0 ? fmt::format("{} apply to {}", count, gpu)
                               : fmt::format("none apply to {}, whose ops use their heuristic "
                                             "launch configs ({} here)",
@@ -646,14 +664,14 @@ void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
   if (parts.empty()) {
     parts.push_back("no GPU here to match them against: " + absl::StrJoin(groups, ", "));
   } else if (ignored > 0) {
-    parts.push_back(fmt::format("the runtime ignores the other {}, tuned for other GPUs, drivers "
-                                "or NVRTC versions: {}",
-                                ignored, absl::StrJoin(groups, ", ")));
+    parts.push_back(
+        fmt::format("the runtime ignores the other {}, tuned for other GPUs, drivers "
+                    "or NVRTC versions: {}",
+                    ignored, absl::StrJoin(groups, ", ")));
   }
   out.push_back({"tuning", Status::kOk,
-                 fmt::format("the tuning database {} holds {} record{}; {}", where,
-                             records.size(), records.size() == 1 ? "" : "s",
-                             absl::StrJoin(parts, "; ")),
+                 fmt::format("the tuning database {} holds {} record{}; {}", where, records.size(),
+                             records.size() == 1 ? "" : "s", absl::StrJoin(parts, "; ")),
                  ""});
 }
 
@@ -672,9 +690,7 @@ void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {
     case TuningFacts::State::kMissing:
       out.push_back(Untuned(fmt::format("no tuning database yet at {}", where)));
       return;
-    case TuningFacts::State::kLoaded:
-      DiagnoseTuningRecords(f, where, out);
-      return;
+    case TuningFacts::State::kLoaded: DiagnoseTuningRecords(f, where, out); return;
     case TuningFacts::State::kCorrupt:
       out.push_back({"tuning", Status::kWarn,
                      fmt::format("the tuning database {} is corrupt ({}): {}", where,
@@ -704,7 +720,8 @@ void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {
 void DiagnoseEnv(const DoctorFacts& f, std::vector<Finding>& out) {
   const EnvFacts& e = f.env;
   std::string vars;
-  for (const auto& [k, v] : e.kjit_vars) vars += fmt::format("{}{}={}", vars.empty() ? "" : " ", k, v);
+  for (const auto& [k, v] : e.kjit_vars)
+    vars += fmt::format("{}{}={}", vars.empty() ? "" : " ", k, v);
   std::string msg = vars.empty() ? "no KJIT_* variables set" : vars;
   msg += e.cuda_visible_devices ? "; CUDA_VISIBLE_DEVICES='" + *e.cuda_visible_devices + "'"
                                 : "; CUDA_VISIBLE_DEVICES unset";
@@ -721,7 +738,8 @@ void DiagnoseEnv(const DoctorFacts& f, std::vector<Finding>& out) {
 
 }  // namespace
 
-// --- public ------------------------------------------------------------------------------------------
+// --- public
+// ------------------------------------------------------------------------------------------
 
 std::string NvrtcFacts::VersionString() const { return fmt::format("{}.{}", major, minor); }
 
@@ -750,10 +768,10 @@ std::string MinimumDriverForCudaMajor(int major) {
 
 std::string FirstCudaForArch(int cc) {
   static const std::map<int, const char*> kFirst = {
-      {50, "6.0"},  {52, "6.5"},  {53, "6.5"},  {60, "8.0"},  {61, "8.0"},  {62, "8.0"},
-      {70, "9.0"},  {72, "10.0"}, {75, "10.0"}, {80, "11.0"}, {86, "11.1"}, {87, "11.4"},
-      {89, "11.8"}, {90, "11.8"}, {100, "12.8"}, {101, "12.8"}, {103, "12.9"}, {110, "13.0"},
-      {120, "12.8"}, {121, "12.9"}};
+      {50, "6.0"},   {52, "6.5"},   {53, "6.5"},   {60, "8.0"},   {61, "8.0"},
+      {62, "8.0"},   {70, "9.0"},   {72, "10.0"},  {75, "10.0"},  {80, "11.0"},
+      {86, "11.1"},  {87, "11.4"},  {89, "11.8"},  {90, "11.8"},  {100, "12.8"},
+      {101, "12.8"}, {103, "12.9"}, {110, "13.0"}, {120, "12.8"}, {121, "12.9"}};
   auto it = kFirst.find(cc);
   return it == kFirst.end() ? "" : it->second;
 }
@@ -765,8 +783,8 @@ std::vector<std::string> TargetsInUse(const DoctorFacts& f) {
   };
   if (f.nvrtc.loaded && f.driver.ok()) {
     for (const GpuFacts& g : f.driver.gpus) {
-      auto t = jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(),
-                                          f.driver.version);
+      auto t =
+          jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(), f.driver.version);
       if (t.ok()) add(t->ToString());
     }
   }
@@ -821,7 +839,9 @@ std::string FormatText(const std::vector<Finding>& findings) {
   int counts[3] = {0, 0, 0};
   for (const Finding& f : findings) {
     ++counts[static_cast<int>(f.status)];
-    const char* tag = f.status == Status::kOk ? "[ OK ]" : f.status == Status::kWarn ? "[WARN]" : "[FAIL]";
+    const char* tag = f.status == Status::kOk     ? "[ OK ]"
+                      : f.status == Status::kWarn ? "[WARN]"
+                                                  : "[FAIL]";
     out += fmt::format("{} {}: {}\n", tag, f.check, f.message);
     if (!f.fix.empty()) out += fmt::format("       fix: {}\n", f.fix);
   }
@@ -836,15 +856,16 @@ std::string FormatJson(const std::vector<Finding>& findings, const std::string& 
   for (const Finding& f : findings) {
     ++counts[static_cast<int>(f.status)];
     list.push_back(nlohmann::ordered_json{{"check", f.check},
-                    {"status", StatusName(f.status)},
-                    {"message", f.message},
-                    {"fix", f.fix}});
+                                          {"status", StatusName(f.status)},
+                                          {"message", f.message},
+                                          {"fix", f.fix}});
   }
-  nlohmann::ordered_json doc = {{"schema", 1},
-                        {"kjit", kjit_version},
-                        {"findings", std::move(list)},
-                        {"summary", {{"ok", counts[0]}, {"warn", counts[1]}, {"fail", counts[2]}}},
-                        {"exit_code", ExitCodeFor(findings)}};
+  nlohmann::ordered_json doc = {
+      {"schema", 1},
+      {"kjit", kjit_version},
+      {"findings", std::move(list)},
+      {"summary", {{"ok", counts[0]}, {"warn", counts[1]}, {"fail", counts[2]}}},
+      {"exit_code", ExitCodeFor(findings)}};
   // Invalid UTF-8 (a device or path name) is replaced rather than throwing.
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }

@@ -43,7 +43,8 @@
 
 namespace kjit::tools {
 
-// --- facts ----------------------------------------------------------------------------------------
+// --- facts
+// ----------------------------------------------------------------------------------------
 
 struct GpuFacts {
   int ordinal = 0;
@@ -64,18 +65,18 @@ struct DriverFacts {
     kOther,     // anything else (too old, cuInit failed otherwise); see message
   };
   Error error = Error::kNone;
-  std::string message;                 // the loader's first line when error != kNone
-  std::vector<std::string> candidates; // what was tried
-  std::string path;                    // the library opened (also for kStub / kNoDevice)
-  int version = 0;                     // cuDriverGetVersion: 13000 = CUDA 13.0; 0 unknown
-  std::string release;                 // the kernel module's version ("580.65.06"), "" unknown
+  std::string message;                  // the loader's first line when error != kNone
+  std::vector<std::string> candidates;  // what was tried
+  std::string path;                     // the library opened (also for kStub / kNoDevice)
+  int version = 0;                      // cuDriverGetVersion: 13000 = CUDA 13.0; 0 unknown
+  std::string release;                  // the kernel module's version ("580.65.06"), "" unknown
   std::vector<GpuFacts> gpus;
   bool ok() const { return error == Error::kNone; }
 };
 
 struct NvrtcFacts {
   bool loaded = false;
-  std::string error;      // first line of the load error when !loaded
+  std::string error;  // first line of the load error when !loaded
   std::string path;
   int major = 0;
   int minor = 0;
@@ -88,7 +89,7 @@ struct NvrtcFacts {
 struct CompileFacts {
   std::string target;  // "sm_90", "compute_90"
   bool ok = false;
-  std::string error;   // first line when !ok
+  std::string error;  // first line when !ok
   uint64_t code_bytes = 0;
   double seconds = 0;
 };
@@ -112,27 +113,27 @@ struct CacheEntryFacts {
 };
 
 struct CacheFixFacts {
-  bool ran = false;             // --fix-cache was given
-  std::string refused;          // why nothing was attempted (unsafe or read-only cache), or ""
+  bool ran = false;     // --fix-cache was given
+  std::string refused;  // why nothing was attempted (unsafe or read-only cache), or ""
   int removed_stale = 0;
   int removed_corrupt = 0;
   std::vector<std::string> errors;  // "key: why" per entry that could not be removed
 };
 
 struct CacheFacts {
-  std::string dir;            // "" when none can be determined
-  std::string dir_source;     // "KJIT_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "passwd"
-  std::string config_error;   // e.g. a bad KJIT_CACHE_MAX_BYTES; "" when fine
-  uint64_t max_bytes = 0;     // KJIT_CACHE_MAX_BYTES, 0 = no cap
+  std::string dir;           // "" when none can be determined
+  std::string dir_source;    // "KJIT_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "passwd"
+  std::string config_error;  // e.g. a bad KJIT_CACHE_MAX_BYTES; "" when fine
+  uint64_t max_bytes = 0;    // KJIT_CACHE_MAX_BYTES, 0 = no cap
   bool exists = false;
   bool is_dir = false;
-  std::string create_error;   // when !exists: why it cannot be created, "" when it can
-  uint32_t mode = 0;          // permission bits
+  std::string create_error;  // when !exists: why it cannot be created, "" when it can
+  uint32_t mode = 0;         // permission bits
   uint32_t owner_uid = 0;
   uint32_t euid = 0;
   bool writable = false;
   std::string not_writable_reason;
-  bool listed = false;        // entries were read
+  bool listed = false;  // entries were read
   std::vector<CacheEntryFacts> entries;
   CacheFixFacts fix;
 };
@@ -166,16 +167,16 @@ struct TuningFacts {
 };
 
 struct EnvFacts {
-  std::map<std::string, std::string> kjit_vars;      // every KJIT_* variable set
-  std::optional<std::string> cuda_visible_devices;   // nullopt: unset
+  std::map<std::string, std::string> kjit_vars;     // every KJIT_* variable set
+  std::optional<std::string> cuda_visible_devices;  // nullopt: unset
   std::string ld_library_path;
   bool in_container = false;
-  std::string container_hint;                        // "/.dockerenv", "cgroup: docker", ...
-  std::vector<std::string> dev_nvidia;               // /dev/nvidia* present ("nvidia0", ...)
+  std::string container_hint;           // "/.dockerenv", "cgroup: docker", ...
+  std::vector<std::string> dev_nvidia;  // /dev/nvidia* present ("nvidia0", ...)
 };
 
 struct DoctorFacts {
-  std::string kjit_version;               // "0.1.0"
+  std::string kjit_version;  // "0.1.0"
   DriverFacts driver;
   NvrtcFacts nvrtc;
   std::vector<std::string> arch_targets;  // --arch, already validated
@@ -186,7 +187,8 @@ struct DoctorFacts {
   EnvFacts env;
 };
 
-// --- findings -------------------------------------------------------------------------------------
+// --- findings
+// -------------------------------------------------------------------------------------
 
 enum class Status { kOk, kWarn, kFail };
 const char* StatusName(Status s);  // "OK", "WARN", "FAIL"
@@ -208,7 +210,8 @@ std::string FormatText(const std::vector<Finding>& findings);
 // The JSON document described at the top of this file.
 std::string FormatJson(const std::vector<Finding>& findings, const std::string& kjit_version);
 
-// --- shared by the probe and Diagnose ----------------------------------------------------------------
+// --- shared by the probe and Diagnose
+// ----------------------------------------------------------------
 
 // "13.0" for 13000 (the driver's version encoding).
 std::string CudaVersionText(int version);

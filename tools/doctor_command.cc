@@ -57,9 +57,10 @@ Command AddDoctorCommand(CLI::App& app) {
       "doctor",
       "Diagnose the CUDA driver, NVRTC, GPU targets, the kernel cache and the environment; each "
       "finding is OK, WARN or FAIL with the fix. Exit code 1 when anything fails");
-  cmd->add_flag("--json", f->json,
-                "Print JSON: {\"schema\": 1, \"kjit\", \"findings\": [{\"check\", \"status\", "
-                "\"message\", \"fix\"}], \"summary\": {\"ok\", \"warn\", \"fail\"}, \"exit_code\"}");
+  cmd->add_flag(
+      "--json", f->json,
+      "Print JSON: {\"schema\": 1, \"kjit\", \"findings\": [{\"check\", \"status\", "
+      "\"message\", \"fix\"}], \"summary\": {\"ok\", \"warn\", \"fail\"}, \"exit_code\"}");
   cmd->add_flag("--fix-cache", f->fix_cache,
                 "Remove cache entries that cannot be used here (other targets or NVRTC versions) "
                 "and corrupt ones, and report how many");

@@ -21,12 +21,6 @@
 
 #include <fmt/format.h>
 
-#include "kjit/host_convert.h"
-#include "ops/rms_norm/config.h"
-#include "ops/rms_norm/program.h"
-#include "ops/rms_norm/reference.h"
-#include "runtime/runtime_state.h"
-#include "runtime/tuning_db.h"
 #include "jit/cache_entry.h"
 #include "jit/compiler.h"
 #include "jit/disk_cache.h"
@@ -35,9 +29,15 @@
 #include "jit/nvrtc.h"
 #include "jit/target.h"
 #include "kjit/device_buffer.h"
+#include "kjit/host_convert.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/version.h"
+#include "ops/rms_norm/config.h"
+#include "ops/rms_norm/program.h"
+#include "ops/rms_norm/reference.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tuning_db.h"
 
 extern char** environ;
 
@@ -78,7 +78,8 @@ std::string ReadSmallFile(const std::string& path) {
   return ss.str();
 }
 
-// The kernel module's release from /proc/driver/nvidia/version ("... Kernel Module  580.65.06 ...").
+// The kernel module's release from /proc/driver/nvidia/version ("... Kernel Module  580.65.06
+// ...").
 std::string DriverRelease() {
   const std::string text = FirstLine(ReadSmallFile("/proc/driver/nvidia/version"));
   std::smatch m;
@@ -123,8 +124,7 @@ CompileFacts TestCompile(const jit::Nvrtc& nvrtc, const std::string& target_text
 // random bf16 input, against the fp64 reference. Returns the target it ran and a one-line result;
 // wrong values are an error whose message starts "wrong result".
 absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
-  KJIT_ASSIGN_OR_RETURN(
-      Runtime rt, Runtime::Create({.device = ordinal, .disk_cache = false}));
+  KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.device = ordinal, .disk_cache = false}));
   const std::string target = rt.target();
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kTestHidden, .dtype = kTestDType}));
 
@@ -154,8 +154,8 @@ absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
   const auto ref = ops::RmsNormForwardReference(math, kTestRows, x, nullptr, w);
   std::string problems;
   double worst = 0;
-  for (const auto& [name, r] : ops::CheckRmsNorm(math, kTestRows, kTestDType,
-                                                      {.y = &y, .rstd = &rstd}, ref, nullptr)) {
+  for (const auto& [name, r] :
+       ops::CheckRmsNorm(math, kTestRows, kTestDType, {.y = &y, .rstd = &rstd}, ref, nullptr)) {
     worst = std::max(worst, r.worst_ratio);
     if (!r.ok) problems += (problems.empty() ? "" : "; ") + OneLineOf(r.Describe(name));
   }
@@ -269,7 +269,8 @@ EnvFacts ProbeEnv() {
   e.in_container = !e.container_hint.empty();
   if (DIR* d = ::opendir("/dev")) {
     while (dirent* ent = ::readdir(d)) {
-      if (std::string_view(ent->d_name).starts_with("nvidia")) e.dev_nvidia.emplace_back(ent->d_name);
+      if (std::string_view(ent->d_name).starts_with("nvidia"))
+        e.dev_nvidia.emplace_back(ent->d_name);
     }
     ::closedir(d);
     std::sort(e.dev_nvidia.begin(), e.dev_nvidia.end());
@@ -412,7 +413,9 @@ CacheFacts ProbeCache(const std::string& dir_override) {
       c.not_writable_reason = cache->warning();
       c.listed = true;
       for (const jit::DiskCache::EntryInfo& info : cache->List()) {
-        CacheEntryFacts e{.key = info.key, .bytes = info.size_bytes, .valid = info.valid,
+        CacheEntryFacts e{.key = info.key,
+                          .bytes = info.size_bytes,
+                          .valid = info.valid,
                           .problem = FirstLine(info.problem)};
         if (info.binary) {
           e.target = info.binary->target.ToString();
@@ -473,7 +476,9 @@ TuningFacts ProbeTuning() {
     t.state = exists || !db->records().empty() ? TuningFacts::State::kLoaded
                                                : TuningFacts::State::kMissing;
     for (const internal::TuningRecord& r : db->records()) {
-      t.records.push_back({.device = r.key.device, .arch = r.key.arch, .driver = r.key.driver,
+      t.records.push_back({.device = r.key.device,
+                           .arch = r.key.arch,
+                           .driver = r.key.driver,
                            .nvrtc = r.key.nvrtc});
     }
     return t;
@@ -499,7 +504,8 @@ void FixCache(DoctorFacts& facts) {
   } else if (c.exists && !c.is_dir) {
     fix.refused = fmt::format("{} is not a directory", c.dir);
   } else if (c.exists && (c.owner_uid != c.euid || (c.mode & 022) != 0)) {
-    fix.refused = fmt::format("{} is not safe (see cache.permissions), so it is not touched", c.dir);
+    fix.refused =
+        fmt::format("{} is not safe (see cache.permissions), so it is not touched", c.dir);
   } else if (c.exists && !c.writable) {
     fix.refused = fmt::format("{} is read-only ({})", c.dir, FirstLine(c.not_writable_reason));
   } else if (c.exists) {
@@ -530,7 +536,8 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
   f.nvrtc = FactsOf(loaded);
   if (loaded.ok()) {
     const jit::Nvrtc* nvrtc = KeepLoaded(std::move(*loaded));
-    for (const std::string& target : TargetsInUse(f)) f.compiles.push_back(TestCompile(*nvrtc, target));
+    for (const std::string& target : TargetsInUse(f))
+      f.compiles.push_back(TestCompile(*nvrtc, target));
   }
 
   for (const GpuFacts& g : f.driver.gpus) {
@@ -543,8 +550,8 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
     } else if (!options.launch) {
       l.detail = "skipped (--no-launch)";
     } else {
-      auto target = jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(),
-                                               f.driver.version);
+      auto target =
+          jit::SelectTargetForDevice(g.cc(), f.nvrtc.archs, f.nvrtc.version(), f.driver.version);
       const CompileFacts* compiled = nullptr;
       for (const CompileFacts& c : f.compiles) {
         if (target.ok() && c.target == target->ToString()) compiled = &c;

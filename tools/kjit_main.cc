@@ -13,8 +13,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
   app.require_subcommand(1);
   std::string trace;
-  app.add_option("--trace", trace,
-                 "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
+  app.add_option(
+         "--trace", trace,
+         "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
       ->type_name("FILE");
   kjit::tools::Command compile = kjit::tools::AddCompileCommand(app);
   kjit::tools::Command cache = kjit::tools::AddCacheCommand(app);

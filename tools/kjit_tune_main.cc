@@ -11,8 +11,8 @@
 
 #include <atomic>
 #include <charconv>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "autotune/model_config.h"
@@ -81,13 +81,16 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
 std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
   std::vector<ops::OpSpec> ops;
   for (bool residual : {false, true}) {
-    ops.push_back(RmsNormSpec{.hidden = m.hidden_size, .dtype = dtype,
-                              .eps = static_cast<float>(m.rms_norm_eps),
-                              .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
-                              .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
-                              .fused_residual = residual});
+    ops.push_back(
+        RmsNormSpec{.hidden = m.hidden_size,
+                    .dtype = dtype,
+                    .eps = static_cast<float>(m.rms_norm_eps),
+                    .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
+                    .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
+                    .fused_residual = residual});
   }
-  ops.push_back(CrossEntropySpec{.vocab = m.vocab_size, .dtype = dtype,
+  ops.push_back(CrossEntropySpec{.vocab = m.vocab_size,
+                                 .dtype = dtype,
                                  .softcap = static_cast<float>(m.final_logit_softcapping)});
   return ops;
 }
@@ -97,12 +100,13 @@ class Progress {
  public:
   Progress() : tty_(isatty(STDERR_FILENO) == 1) {}
   autotune::TuneProgress Callbacks() {
-    return {.phase = [this](const std::string& phase, size_t tasks) {
-              std::lock_guard<std::mutex> lock(mu_);
-              phase_ = phase;
-              total_ = tasks;
-              done_ = 0;
-            },
+    return {.phase =
+                [this](const std::string& phase, size_t tasks) {
+                  std::lock_guard<std::mutex> lock(mu_);
+                  phase_ = phase;
+                  total_ = tasks;
+                  done_ = 0;
+                },
             .step = [this](const std::string& what, bool failed) { Step(what, failed); }};
   }
   int failed() const { return failed_; }
@@ -112,7 +116,8 @@ class Progress {
     std::lock_guard<std::mutex> lock(mu_);
     ++done_;
     failed_ += failed;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const std::string line = fmt::format("[{} {}/{}] {}{} ({:.1f} s, {} failed)", phase_, done_,
                                          total_, what, failed ? ": FAILED" : "", s, failed_);
     if (tty_) {
@@ -161,7 +166,8 @@ int RunTune(const TuneFlags& f) {
   auto dtype = ParseDType(f.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
   if (f.device && (f.compile_only || f.arch != "auto")) {
-    fmt::print(stderr, "kjit-tune: --device {}: picks the GPU to tune on, so it cannot go with {}\n",
+    fmt::print(stderr,
+               "kjit-tune: --device {}: picks the GPU to tune on, so it cannot go with {}\n",
                *f.device, f.compile_only ? "--compile-only" : "--arch " + f.arch);
     return 2;
   }
@@ -232,7 +238,8 @@ int main(int argc, char** argv) {
     int device = -1;
     if (argc == 4 && std::string(argv[2]) == "--device") {
       const std::string_view n = argv[3];
-      if (std::from_chars(n.data(), n.data() + n.size(), device).ptr != n.data() + n.size()) device = -1;
+      if (std::from_chars(n.data(), n.data() + n.size(), device).ptr != n.data() + n.size())
+        device = -1;
     }
     if (device < 0) {
       fmt::print(stderr, "kjit-tune: --worker takes exactly --device N (a GPU ordinal)\n");
@@ -243,16 +250,20 @@ int main(int argc, char** argv) {
   using kjit::tools::TuneFlags;
   TuneFlags f;
   std::string presets;
-  for (const std::string& n : kjit::autotune::ModelPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
-  CLI::App app{"kjit-tune: tune (on a GPU) and prebuild the kernels a model needs, into the kernel "
-               "cache and the tuning database",
-               "kjit-tune"};
+  for (const std::string& n : kjit::autotune::ModelPresetNames())
+    presets += (presets.empty() ? "" : ", ") + n;
+  CLI::App app{
+      "kjit-tune: tune (on a GPU) and prebuild the kernels a model needs, into the kernel "
+      "cache and the tuning database",
+      "kjit-tune"};
   app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
   app.add_option("--model", f.model, "A built-in model (default llama-3.1-8b): " + presets);
-  app.add_option("--config", f.config, "A Hugging Face config.json (hidden_size, vocab_size, "
-                                       "rms_norm_eps, final_logit_softcapping, model_type)");
-  app.add_option("--spec", f.spec, "One op spec as JSON instead of a model's ops (what a runtime "
-                                   "with KJIT_AUTOTUNE=1 passes)")
+  app.add_option("--config", f.config,
+                 "A Hugging Face config.json (hidden_size, vocab_size, "
+                 "rms_norm_eps, final_logit_softcapping, model_type)");
+  app.add_option("--spec", f.spec,
+                 "One op spec as JSON instead of a model's ops (what a runtime "
+                 "with KJIT_AUTOTUNE=1 passes)")
       ->type_name("JSON");
   app.add_option("--vocab", f.vocab, "Vocab size (with --hidden, instead of a model)")
       ->check(CLI::Range(2, 1 << 20));
@@ -260,35 +271,43 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", f.dtype, "fp32, fp16 or bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
       ->capture_default_str();
-  app.add_option("--tokens", f.tokens, "Token counts (rows) to tune at, each rounded up to a "
-                                       "power of two")
+  app.add_option("--tokens", f.tokens,
+                 "Token counts (rows) to tune at, each rounded up to a "
+                 "power of two")
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
       ->capture_default_str();
-  app.add_option("--arch", f.arch, "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")
+  app.add_option("--arch", f.arch,
+                 "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")
       ->capture_default_str();
-  app.add_option("--device", f.device, "The GPU to tune on, by CUDA ordinal (default: GPU 0 if "
-                                       "there is one, else compile only); an error if it is absent")
+  app.add_option("--device", f.device,
+                 "The GPU to tune on, by CUDA ordinal (default: GPU 0 if "
+                 "there is one, else compile only); an error if it is absent")
       ->check(CLI::Range(0, 4095));
   app.add_flag("--compile-only", f.compile_only, "Do not use a GPU even if one is present");
   app.add_flag("--all-candidates", f.all_candidates,
                "Compile every candidate config of the search space, not only the heuristic's "
                "(without a GPU; with one every candidate is compiled anyway)");
   app.add_flag("--retune", f.retune, "Tune again what the tuning database already has");
-  app.add_option("--jobs", f.jobs, "Compile workers at once")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--jobs", f.jobs, "Compile workers at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Timed repeats per candidate")
       ->check(CLI::Range(3, 10000))
       ->capture_default_str();
-  app.add_option("--timeout", f.timeout_s, "Seconds a worker may go without answering before it "
-                                           "is killed and its candidate fails")
+  app.add_option("--timeout", f.timeout_s,
+                 "Seconds a worker may go without answering before it "
+                 "is killed and its candidate fails")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
-  app.add_option("--db", f.db, "The tuning database (default $KJIT_TUNING_DB, else tuning.json in "
-                               "the cache directory)")
+  app.add_option("--db", f.db,
+                 "The tuning database (default $KJIT_TUNING_DB, else tuning.json in "
+                 "the cache directory)")
       ->type_name("FILE");
   app.add_flag("--json", f.json, "Print a JSON report of every kernel on stdout");
-  app.add_option("--trace", f.trace,
-                 "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
+  app.add_option(
+         "--trace", f.trace,
+         "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
       ->type_name("FILE");
   try {
     app.parse(argc, argv);

@@ -26,13 +26,15 @@ absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bo
                  targets);
     }
     for (const jit::Target& t : jit::DefaultPrebuildTargets()) {
-      KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.target = t.ToString(), .compile_only = true}));
+      KJIT_ASSIGN_OR_RETURN(Runtime rt,
+                            Runtime::Create({.target = t.ToString(), .compile_only = true}));
       out.push_back(std::move(rt));
     }
     return out;
   }
   for (absl::string_view piece : absl::StrSplit(arch, ',', absl::SkipEmpty())) {
-    KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.target = std::string(piece), .compile_only = true}));
+    KJIT_ASSIGN_OR_RETURN(Runtime rt,
+                          Runtime::Create({.target = std::string(piece), .compile_only = true}));
     out.push_back(std::move(rt));
   }
   if (out.empty()) return absl::InvalidArgumentError("--arch: empty list");

@@ -333,8 +333,12 @@ absl::StatusOr<kjit::jit::Source> EagerKernelsSource(int vec) {
 
 absl::StatusOr<EagerKernels> EagerKernels::Create(const kjit::Runtime& rt, int vec) {
   KJIT_ASSIGN_OR_RETURN(kjit::jit::Source src, EagerKernelsSource(vec));
-  KJIT_ASSIGN_OR_RETURN(auto module, kjit::internal::StateOf(rt).jit->Load(src, kjit::internal::StateOf(rt).target, *kjit::internal::StateOf(rt).driver, kjit::internal::StateOf(rt).ctx));
-  return EagerKernels(*kjit::internal::StateOf(rt).driver, std::move(module), vec, rt.device().sm_count);
+  KJIT_ASSIGN_OR_RETURN(
+      auto module, kjit::internal::StateOf(rt).jit->Load(src, kjit::internal::StateOf(rt).target,
+                                                         *kjit::internal::StateOf(rt).driver,
+                                                         kjit::internal::StateOf(rt).ctx));
+  return EagerKernels(*kjit::internal::StateOf(rt).driver, std::move(module), vec,
+                      rt.device().sm_count);
 }
 
 absl::Status EagerKernels::Launch(const std::string& kernel, int64_t grid, int block,

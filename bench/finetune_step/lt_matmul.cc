@@ -125,8 +125,15 @@ absl::Status LtMatmul::Run(const kjit::TensorView& a, bool transpose_a, const kj
     return absl::InvalidArgumentError(
         fmt::format("out: is {}x{}, op(a) op(b) is {}x{}", out.rows, out.cols, m, n));
   }
-  const Key key{transpose_a, transpose_b, m, n, k, a.row_stride, b.row_stride,
-                out.row_stride, CommonAlignment({a.data, b.data, out.data})};
+  const Key key{transpose_a,
+                transpose_b,
+                m,
+                n,
+                k,
+                a.row_stride,
+                b.row_stride,
+                out.row_stride,
+                CommonAlignment({a.data, b.data, out.data})};
   KJIT_ASSIGN_OR_RETURN(const Plan* plan, PlanFor(key));
   const float alpha = 1.0f;
   return LtCheck(cublasLtMatmul(handle_, plan->desc, &alpha, b.data, plan->first, a.data,

@@ -25,11 +25,11 @@
 #include <string>
 #include <vector>
 
-#include "ops/common/compare.h"
 #include "autotune/gpu_timer.h"
 #include "autotune/model_config.h"
 #include "bench/finetune_step/step.h"
 #include "jit/trace.h"
+#include "ops/common/compare.h"
 
 namespace finetune {
 namespace {
@@ -313,8 +313,7 @@ int Run(const Flags& f, const Problem& p) {
   const bool aligned = p.hidden % 4 == 0 && p.vocab % 4 == 0;
   auto kernels = EagerKernels::Create(*rt, aligned ? 4 : 1);
   if (!kernels.ok()) return fail(kernels.status());
-  auto timer =
-      kjit::autotune::GpuTimer::Create(*rt);
+  auto timer = kjit::autotune::GpuTimer::Create(*rt);
   if (!timer.ok()) return fail(timer.status());
 
   DevicePool shared_pool(*rt, "shared inputs");

@@ -6,17 +6,19 @@
 //   lse  = log sum_j exp(x_j)
 //   loss = (1 - eps)(lse - x_t) + eps (lse - mean_j x_j) + z lse^2
 //   grad = scale * (softmax(x) (1 + 2 z lse) - eps / V - (1 - eps) onehot(t)) [* (1 - tanh^2)]
-// with scale the upstream gradient (grad_output; 1 when absent), divided by the number of valid rows
-// for the mean. Everything is computed in fp32; the gradient is rounded once, to the logits' dtype.
+// with scale the upstream gradient (grad_output; 1 when absent), divided by the number of valid
+// rows for the mean. Everything is computed in fp32; the gradient is rounded once, to the logits'
+// dtype.
 //
 // Rows whose target is ignore_index get loss 0 and a zero gradient (which is written), and do not
-// count for the mean. A target outside [0, vocab) that is not ignore_index is never used as an index:
-// its row is treated as ignored and counted in CrossEntropyCounters::out_of_range_rows at the start
-// of the workspace (read it with a copy after the op; a non-zero count means bad labels). The mean
-// over no valid rows is NaN with a zero gradient, as PyTorch gives. lse and argmax (the first index
-// of the largest raw logit, a NaN counting as largest, like torch.argmax) are written for every row,
-// ignored ones included. NaN or +Inf in a row makes that row's loss, lse and gradient NaN (so the
-// summed loss too) and leaves other rows alone; -Inf logits (masked classes) get probability 0.
+// count for the mean. A target outside [0, vocab) that is not ignore_index is never used as an
+// index: its row is treated as ignored and counted in CrossEntropyCounters::out_of_range_rows at
+// the start of the workspace (read it with a copy after the op; a non-zero count means bad labels).
+// The mean over no valid rows is NaN with a zero gradient, as PyTorch gives. lse and argmax (the
+// first index of the largest raw logit, a NaN counting as largest, like torch.argmax) are written
+// for every row, ignored ones included. NaN or +Inf in a row makes that row's loss, lse and
+// gradient NaN (so the summed loss too) and leaves other rows alone; -Inf logits (masked classes)
+// get probability 0.
 //
 // A launch sequence is a count kernel (targets only), the row kernel and, for sum and mean, a
 // reduce kernel that adds the per-row losses in a fixed order: no host synchronization, no
@@ -71,10 +73,10 @@ struct CrossEntropySpec {
   IndexType target_type = IndexType::kInt64;  // targets (and argmax)
   int64_t ignore_index = -100;
   Reduction reduction = Reduction::kMean;
-  float label_smoothing = 0;                  // eps, in [0, 1)
-  float lse_square_scale = 0;                 // z-loss coefficient, >= 0
-  float softcap = 0;                          // 0: off; else > 0, logits become cap * tanh(x / cap)
-  bool argmax = false;                        // forward writes the predicted token per row
+  float label_smoothing = 0;   // eps, in [0, 1)
+  float lse_square_scale = 0;  // z-loss coefficient, >= 0
+  float softcap = 0;           // 0: off; else > 0, logits become cap * tanh(x / cap)
+  bool argmax = false;         // forward writes the predicted token per row
   // Overrides the heuristic (e.g. a tuned config); its vec is an upper bound lowered by alignment.
   std::optional<CrossEntropyConfig> config;
 };

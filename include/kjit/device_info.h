@@ -1,6 +1,7 @@
 // DeviceInfo: the facts about a GPU that kjit uses, as Runtime::device() reports them.
 //
-//   const kjit::DeviceInfo& d = rt.device();   // d.name == "NVIDIA H200", d.compute_capability() == 90
+//   const kjit::DeviceInfo& d = rt.device();   // d.name == "NVIDIA H200", d.compute_capability()
+//   == 90
 #pragma once
 
 #include <cstddef>

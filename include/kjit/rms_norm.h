@@ -11,7 +11,8 @@
 //   KJIT_RETURN_IF_ERROR(norm.Forward(stream, {.x = x, .weight = w, .y = y, .rstd = rstd}));
 //   KJIT_RETURN_IF_ERROR(norm.Backward(stream, {.dy = dy, .x = x, .weight = w, .rstd = rstd,
 //                                               .dx = dx, .dw = dw, .workspace = ws,
-//                                               .workspace_bytes = norm.BackwardWorkspaceBytes(rows)}));
+//                                               .workspace_bytes =
+//                                               norm.BackwardWorkspaceBytes(rows)}));
 #pragma once
 
 #include <cstdint>
@@ -47,11 +48,11 @@ struct RmsNormConfig {
 };
 
 struct RmsNormSpec {
-  int64_t hidden = 0;                      // 1 .. 65536
-  DType dtype = DType::kBF16;              // x, y, residual, dy, dx
-  std::optional<DType> weight_dtype;       // default: dtype
+  int64_t hidden = 0;                 // 1 .. 65536
+  DType dtype = DType::kBF16;         // x, y, residual, dy, dx
+  std::optional<DType> weight_dtype;  // default: dtype
   float eps = 1e-6f;
-  float weight_offset = 0.0f;              // 1 for Gemma's (1 + w)
+  float weight_offset = 0.0f;  // 1 for Gemma's (1 + w)
   RmsNormCasting casting = RmsNormCasting::kLlama;
   bool fused_residual = false;
   // Overrides the heuristic (e.g. a tuned config); its vec is an upper bound lowered by alignment.

@@ -8,11 +8,14 @@
 //   1. ComputeStats: per row, the shard's statistics into the workspace (and the valid-row count).
 //   2. the reduction across shards, one of
 //        AllReduceStats   NCCL over a communicator the caller made (ncclAllReduce max, a rescale,
-//                         ncclAllReduce sum of 3 floats a row), through libnccl, opened with dlopen;
-//        your own         all-reduce StatsOf(ws).max with max, RescaleStats, all-reduce .sums with sum;
-//        CombineStats     the shards of one process (one GPU, shards in turn): a device kernel that
+//                         ncclAllReduce sum of 3 floats a row), through libnccl, opened with
+//                         dlopen;
+//        your own         all-reduce StatsOf(ws).max with max, RescaleStats, all-reduce .sums with
+//        sum; CombineStats     the shards of one process (one GPU, shards in turn): a device kernel
+//        that
 //                         does what the two all-reduces do.
-//   3. Finish: lse, loss (the same on every rank) and, when args.grad is given, the shard's gradient.
+//   3. Finish: lse, loss (the same on every rank) and, when args.grad is given, the shard's
+//   gradient.
 // Run() does 1 to 3 with NCCL.
 //
 // Options as CrossEntropySpec: ignore_index, every reduction, label smoothing (over the whole
@@ -114,8 +117,7 @@ class ShardedCrossEntropy {
   };
   // The reduction for shards that tile [0, vocab) in order (at most 32): afterwards each shard's
   // Finish gives what it would after the all-reduces. Launched with shards[0]'s program.
-  static absl::Status CombineStats(CUstream stream, const std::vector<Shard>& shards,
-                                   int64_t rows);
+  static absl::Status CombineStats(CUstream stream, const std::vector<Shard>& shards, int64_t rows);
 
   // Compiles (or finds in the caches) the program for the widest config; works compile-only.
   absl::StatusOr<BuildInfo> Build() const;

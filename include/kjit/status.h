@@ -33,9 +33,9 @@ inline absl::Status Annotate(const absl::Status& s, std::string_view context) {
 #define KJIT_CONCAT_INNER(a, b) a##b
 #define KJIT_CONCAT(a, b) KJIT_CONCAT_INNER(a, b)
 
-#define KJIT_RETURN_IF_ERROR(expr)              \
-  do {                                          \
-    ::absl::Status kjit_status_ = (expr);       \
+#define KJIT_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status kjit_status_ = (expr);        \
     if (!kjit_status_.ok()) return kjit_status_; \
   } while (0)
 

@@ -7,10 +7,13 @@
 namespace kjit::ops {
 
 std::string CompareResult::Describe(const std::string& name) const {
-  if (ok) return fmt::format("{}: {} elements ok (worst {:.3g} of tolerance)", name, checked, worst_ratio);
-  return fmt::format("{}: {} of {} elements out of tolerance; first at {}: got {} expected {}; "
-                     "worst {:.3g}x tolerance",
-                     name, mismatches, checked, first_bad, out_at_first, ref_at_first, worst_ratio);
+  if (ok)
+    return fmt::format("{}: {} elements ok (worst {:.3g} of tolerance)", name, checked,
+                       worst_ratio);
+  return fmt::format(
+      "{}: {} of {} elements out of tolerance; first at {}: got {} expected {}; "
+      "worst {:.3g}x tolerance",
+      name, mismatches, checked, first_bad, out_at_first, ref_at_first, worst_ratio);
 }
 
 CompareResult Compare(const std::vector<double>& out, const std::vector<double>& ref,

@@ -44,8 +44,8 @@ absl::Status LaunchAndSync(const internal::RuntimeState& rt, CUfunction fn, void
 
 }  // namespace
 
-absl::Status RandomFill(const Runtime& runtime, void* data, DType dtype, int64_t rows,
-                        int64_t cols, int64_t row_stride, uint64_t seed, float lo, float hi) {
+absl::Status RandomFill(const Runtime& runtime, void* data, DType dtype, int64_t rows, int64_t cols,
+                        int64_t row_stride, uint64_t seed, float lo, float hi) {
   const internal::RuntimeState& rt = internal::StateOf(runtime);
   KJIT_RETURN_IF_ERROR(rt.NeedsDevice());
   KJIT_ASSIGN_OR_RETURN(
@@ -61,9 +61,8 @@ absl::Status RandomTargets(const Runtime& runtime, void* data, IndexType type, i
   const internal::RuntimeState& rt = internal::StateOf(runtime);
   KJIT_RETURN_IF_ERROR(rt.NeedsDevice());
   KJIT_ASSIGN_OR_RETURN(
-      CUfunction fn,
-      FillKernel(rt, fmt::format("kjit::random_targets<{}>",
-                                 type == IndexType::kInt32 ? "int" : "long long")));
+      CUfunction fn, FillKernel(rt, fmt::format("kjit::random_targets<{}>",
+                                                type == IndexType::kInt32 ? "int" : "long long")));
   long long n = rows, m = modulus;
   unsigned long long s = seed;
   void* args[] = {&data, &n, &s, &m};
@@ -84,7 +83,8 @@ absl::StatusOr<std::vector<double>> SampledRows(const DeviceBuffer& b, DType dty
   const size_t row_bytes = width * SizeOf(dtype);
   std::vector<double> out;
   for (int64_t r : sample) {
-    KJIT_ASSIGN_OR_RETURN(std::vector<double> row, DownloadValues(b, dtype, r * row_bytes, row_bytes));
+    KJIT_ASSIGN_OR_RETURN(std::vector<double> row,
+                          DownloadValues(b, dtype, r * row_bytes, row_bytes));
     out.insert(out.end(), row.begin(), row.end());
   }
   return out;

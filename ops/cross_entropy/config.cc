@@ -25,9 +25,9 @@ std::string CrossEntropyConfig::ToString() const {
 namespace ops {
 
 absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text) {
-  KJIT_ASSIGN_OR_RETURN(ConfigText t, ConfigText::Split("cross-entropy config", text,
-                                                        {"vec", "threads", "unroll", "cluster",
-                                                         "staged"}));
+  KJIT_ASSIGN_OR_RETURN(ConfigText t,
+                        ConfigText::Split("cross-entropy config", text,
+                                          {"vec", "threads", "unroll", "cluster", "staged"}));
   CrossEntropyConfig c;
   KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
   KJIT_ASSIGN_OR_RETURN(c.threads, t.Int("threads"));
@@ -69,14 +69,19 @@ constexpr int kStagedBlocksPerSm[] = {5, 3};
 
 int MaxSharedBytesPerBlock(int arch) {
   switch (arch) {
-    case 90: case 100: case 103: case 110: return 227 * 1024;
-    case 120: case 121: return 99 * 1024;
+    case 90:
+    case 100:
+    case 103:
+    case 110: return 227 * 1024;
+    case 120:
+    case 121: return 99 * 1024;
     default: return 48 * 1024;  // what every GPU gives without opting in
   }
 }
 
 int64_t StagedChunk(const CrossEntropyConfig& c, int64_t vocab) {
-  return CeilDiv(Vectors(vocab, c.vec), std::max(1, c.cluster)) * c.vec;  // as CeStageLayout::kChunk
+  return CeilDiv(Vectors(vocab, c.vec), std::max(1, c.cluster)) *
+         c.vec;  // as CeStageLayout::kChunk
 }
 
 int64_t StagedSharedBytes(const CrossEntropyConfig& c, int64_t vocab, int elem_bytes) {
@@ -94,14 +99,17 @@ std::string StagedUnfit(const CrossEntropyConfig& c, int64_t vocab, int elem_byt
                        vec * elem_bytes);
   }
   if (vocab - (cluster - 1) * StagedChunk(c, vocab) < vec) {
-    return fmt::format("{} blocks of {} columns leave the last less than a vector of the {}-column "
-                       "row", cluster, StagedChunk(c, vocab), vocab);
+    return fmt::format(
+        "{} blocks of {} columns leave the last less than a vector of the {}-column "
+        "row",
+        cluster, StagedChunk(c, vocab), vocab);
   }
   const int64_t bytes = StagedSharedBytes(c, vocab, elem_bytes) + kStagedStaticBytes;
   if (bytes > MaxSharedBytesPerBlock(arch)) {
-    return fmt::format("{} columns need {} bytes of shared memory, over the {} a block has on "
-                       "sm_{}", StagedChunk(c, vocab), bytes,
-                       MaxSharedBytesPerBlock(arch), arch);
+    return fmt::format(
+        "{} columns need {} bytes of shared memory, over the {} a block has on "
+        "sm_{}",
+        StagedChunk(c, vocab), bytes, MaxSharedBytesPerBlock(arch), arch);
   }
   return "";
 }

@@ -50,8 +50,7 @@ std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
                      ReductionDeviceName(s.reduction), Bool(s.label_smoothing > 0),
                      Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
 }
-std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c,
-                        bool gradient) {
+std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
   return fmt::format("kjit::cross_entropy_forward<{}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
                      Bool(gradient));
 }
@@ -61,8 +60,8 @@ std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
   return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
                      DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
                      c.vec, c.cluster, ReductionDeviceName(s.reduction),
-                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
-                     Bool(s.softcap > 0), Bool(s.argmax));
+                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0), Bool(s.softcap > 0),
+                     Bool(s.argmax));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
@@ -128,8 +127,8 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
   }
   if (spec.target_type == IndexType::kInt32 &&
       (spec.ignore_index < INT32_MIN || spec.ignore_index > INT32_MAX)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "ignore_index: {} does not fit the int32 targets", spec.ignore_index));
+    return absl::InvalidArgumentError(
+        fmt::format("ignore_index: {} does not fit the int32 targets", spec.ignore_index));
   }
   if (!std::isfinite(spec.label_smoothing) || spec.label_smoothing < 0 ||
       spec.label_smoothing >= 1) {
@@ -137,8 +136,8 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
         fmt::format("label_smoothing: {} must be in [0, 1)", spec.label_smoothing));
   }
   if (!std::isfinite(spec.lse_square_scale) || spec.lse_square_scale < 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "lse_square_scale: {} must be finite and not negative", spec.lse_square_scale));
+    return absl::InvalidArgumentError(
+        fmt::format("lse_square_scale: {} must be finite and not negative", spec.lse_square_scale));
   }
   if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
     return absl::InvalidArgumentError(
@@ -165,10 +164,8 @@ absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec
       {"config", config.ToString()},
   };
   // Order matters: CrossEntropyKernels::Kernel reads them back by position.
-  std::vector<std::string> kernels = {
-      CountExpr(spec), ForwardExpr(spec, config, false),
-      FusedExpr(spec, config),
-      BackwardExpr(spec, config)};
+  std::vector<std::string> kernels = {CountExpr(spec), ForwardExpr(spec, config, false),
+                                      FusedExpr(spec, config), BackwardExpr(spec, config)};
   if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
   return jit::RenderSource("cross_entropy",
                            {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh"},
@@ -188,7 +185,7 @@ struct CrossEntropyKernels {
 
 struct CrossEntropyState {
   CrossEntropySpec spec;
-  int arch = 0;                         // the compute capability compiled for
+  int arch = 0;               // the compute capability compiled for
   CrossEntropyConfig config;  // the spec's or the heuristic's, for the widest vector
   // Unless the spec has a config: the fused forward+backward's, and the streaming launches'
   // (forward only, backward from lse), tuned apart.
@@ -264,8 +261,8 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
     const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace,
     bool fused) {
   const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k, KernelsFor(rt, op, logits.rows, vec,
-                                                                      !rt.Capturing(stream), fused));
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
+                        KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), fused));
   CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index,
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch((*k)[k->kCount], 1, kCountThreads, stream, &c));
@@ -323,12 +320,14 @@ absl::Status CrossEntropy::ForwardBackward(CUstream stream, const CrossEntropyAr
 
 absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool gradient) const {
   const CrossEntropySpec& s = op_->spec;
-  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
   KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
-  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (!a.lse.empty())
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (s.argmax) {
     KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.target_type, rows));
   } else if (!a.argmax.empty()) {
@@ -342,28 +341,33 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
                                                  PerRowOrOne(s, rows)));
     }
   } else if (!a.grad.empty() || !a.grad_output.empty()) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{}: given to Forward, which computes no gradient; use ForwardBackward",
-        a.grad.empty() ? "grad_output" : "grad"));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: given to Forward, which computes no gradient; use ForwardBackward",
+                    a.grad.empty() ? "grad_output" : "grad"));
   }
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
   // grad against logits was checked above: in place is allowed, and strided views may interleave.
-  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
-      {{"loss", a.loss}, {"lse", a.lse}, {"argmax", internal::BytesOf(a.argmax)}, {"grad", a.grad},
-       {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
-      {{"logits", a.logits}, {"targets", internal::BytesOf(a.targets)},
-       {"grad_output", a.grad_output}},
-      /*in_place=*/{{"grad", "logits"}}));
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckDisjoint({{"loss", a.loss},
+                               {"lse", a.lse},
+                               {"argmax", internal::BytesOf(a.argmax)},
+                               {"grad", a.grad},
+                               {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
+                              {{"logits", a.logits},
+                               {"targets", internal::BytesOf(a.targets)},
+                               {"grad_output", a.grad_output}},
+                              /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
                         StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
                                       /*fused=*/gradient));
-  float* row_loss = s.reduction == Reduction::kNone
-                        ? static_cast<float*>(a.loss.data)
-                        : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
+  float* row_loss =
+      s.reduction == Reduction::kNone
+          ? static_cast<float*>(a.loss.data)
+          : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
   CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
   p.row_loss = row_loss;
   p.lse = static_cast<float*>(a.lse.data);
@@ -383,14 +387,15 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
 
 absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardArgs& a) const {
   const CrossEntropySpec& s = op_->spec;
-  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
   KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad_output.empty()) {
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
-                                               PerRowOrOne(s, rows)));
+    KJIT_RETURN_IF_ERROR(
+        internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, PerRowOrOne(s, rows)));
   }
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
   KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
@@ -399,7 +404,9 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
   KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
       {{"grad", a.grad}, {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
-      {{"logits", a.logits}, {"targets", internal::BytesOf(a.targets)}, {"lse", a.lse},
+      {{"logits", a.logits},
+       {"targets", internal::BytesOf(a.targets)},
+       {"lse", a.lse},
        {"grad_output", a.grad_output}},
       /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
@@ -423,7 +430,8 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
         "target is {}",
         spec.config->cluster, ops::kMinClusterArch, state_->target.ToString()));
   }
-  if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, op->arch));
+  if (spec.config)
+    KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, op->arch));
   const int max_vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
   op->config = spec.config.value_or(ops::DefaultCrossEntropyConfig(
       spec.vocab, max_vec, op->arch, static_cast<int>(SizeOf(spec.dtype))));
@@ -442,8 +450,9 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
   if (!state_->compile_only) {
     // Build and load the common case now so that errors surface here, not in the first launch.
     KJIT_RETURN_IF_ERROR(
-        op->kernels.Get([&] { return op->config; },
-                        [&](const CrossEntropyConfig& c) { return Load(*state_, spec, c); })
+        op->kernels
+            .Get([&] { return op->config; },
+                 [&](const CrossEntropyConfig& c) { return Load(*state_, spec, c); })
             .status());
   }
   return ce;

@@ -63,10 +63,10 @@ absl::StatusOr<const Nccl*> Nccl::Get() {
 absl::Status Nccl::Check(Result r, const char* call, NcclComm comm) const {
   if (r == 0) return absl::OkStatus();
   const char* last = get_last_error_ != nullptr ? get_last_error_(comm) : nullptr;
-  return absl::InternalError(fmt::format(
-      "{} failed: {} (NCCL error {}){}{}; NCCL_DEBUG=WARN prints NCCL's own log", call,
-      get_error_string_ != nullptr ? get_error_string_(r) : "?", r,
-      last != nullptr && *last != '\0' ? ": " : "", last != nullptr ? last : ""));
+  return absl::InternalError(
+      fmt::format("{} failed: {} (NCCL error {}){}{}; NCCL_DEBUG=WARN prints NCCL's own log", call,
+                  get_error_string_ != nullptr ? get_error_string_(r) : "?", r,
+                  last != nullptr && *last != '\0' ? ": " : "", last != nullptr ? last : ""));
 }
 
 absl::StatusOr<NcclUniqueId> Nccl::GetUniqueId() const {

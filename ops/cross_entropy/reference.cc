@@ -53,8 +53,10 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
 
   int64_t valid = 0, bad = 0;
   for (int64_t i = 0; i < rows; ++i) {
-    if (IsValid(m, targets[i])) ++valid;
-    else if (targets[i] != m.ignore_index) ++bad;
+    if (IsValid(m, targets[i]))
+      ++valid;
+    else if (targets[i] != m.ignore_index)
+      ++bad;
   }
   r.counters = {static_cast<double>(valid), static_cast<double>(bad)};
   auto capped = [&](double x) { return cap > 0 ? cap * std::tanh(x / cap) : x; };
@@ -75,7 +77,10 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     double mx = -std::numeric_limits<double>::infinity(), sum_x = 0, sum_abs_x = 0;
     for (int64_t j = 0; j < V; ++j) {
       const double c = capped(x[j]);
-      if (std::isnan(c)) nan = true; else mx = std::max(mx, c);
+      if (std::isnan(c))
+        nan = true;
+      else
+        mx = std::max(mx, c);
       sum_x += c;
       sum_abs_x += std::fabs(c);
     }
@@ -170,9 +175,8 @@ std::vector<double> CrossEntropyGradAtol(const CrossEntropyMath& m, const CrossE
   return atol;
 }
 
-std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(const CrossEntropyMath& m,
-                                                                     const CrossEntropyOutputs& out,
-                                                                     const CrossEntropyResult& ref) {
+std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(
+    const CrossEntropyMath& m, const CrossEntropyOutputs& out, const CrossEntropyResult& ref) {
   const CrossEntropyTolerances tol = CrossEntropyTolerancesFor(m.dtype);
   std::vector<std::pair<std::string, CompareResult>> results;
   if (out.loss) {
@@ -184,7 +188,8 @@ std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(const Cross
   if (out.argmax) results.emplace_back("argmax", Compare(*out.argmax, ref.argmax, {0, 0}));
   if (out.counters) results.emplace_back("counters", Compare(*out.counters, ref.counters, {0, 0}));
   if (out.grad) {
-    results.emplace_back("grad", Compare(*out.grad, ref.grad, tol.grad, CrossEntropyGradAtol(m, ref, tol)));
+    results.emplace_back("grad",
+                         Compare(*out.grad, ref.grad, tol.grad, CrossEntropyGradAtol(m, ref, tol)));
   }
   return results;
 }

@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "jit/dtype.h"
 #include "ops/common/compare.h"
 #include "ops/cross_entropy/config.h"
-#include "jit/dtype.h"
 
 namespace kjit::ops {
 

@@ -80,7 +80,8 @@ std::vector<Candidate<CrossEntropyConfig>> CrossEntropySearchSpace(int64_t vocab
       out.push_back({staged, StagedPruned(staged, vocab, elem_bytes, arch)});
     }
   }
-  auto it = std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.config == heuristic; });
+  auto it =
+      std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.config == heuristic; });
   if (it == out.end()) {
     out.push_back({heuristic, ""});
   } else {

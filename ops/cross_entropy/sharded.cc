@@ -48,20 +48,26 @@ std::string OptionArgs(const ShardedCrossEntropySpec& s) {
 }
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
-  return {.vocab = s.vocab, .dtype = s.dtype, .target_type = s.target_type,
-          .ignore_index = s.ignore_index, .reduction = s.reduction,
-          .label_smoothing = s.label_smoothing, .lse_square_scale = s.lse_square_scale,
-          .softcap = s.softcap, .config = s.config};
+  return {.vocab = s.vocab,
+          .dtype = s.dtype,
+          .target_type = s.target_type,
+          .ignore_index = s.ignore_index,
+          .reduction = s.reduction,
+          .label_smoothing = s.label_smoothing,
+          .lse_square_scale = s.lse_square_scale,
+          .softcap = s.softcap,
+          .config = s.config};
 }
 
 int64_t RowLossBytes(const ShardedCrossEntropySpec& s, int64_t rows) {
   return s.reduction == Reduction::kNone ? 0 : rows * static_cast<int64_t>(sizeof(float));
 }
-int64_t StatsBytes(int64_t rows) { return kShardStatCount * rows * static_cast<int64_t>(sizeof(float)); }
+int64_t StatsBytes(int64_t rows) {
+  return kShardStatCount * rows * static_cast<int64_t>(sizeof(float));
+}
 float* StatsIn(void* workspace) {
   return reinterpret_cast<float*>(static_cast<char*>(workspace) + kStatsOffset);
 }
-
 
 }  // namespace
 
@@ -69,7 +75,7 @@ CrossEntropyConfig ops::DefaultShardedCrossEntropyConfig(int64_t width, int vec)
   // Arch 0 has no clusters, so for a wide shard the heuristic picks its streaming config; a narrow
   // shard gets the resident one's threads, a thread each 8 vectors, which stream as well.
   CrossEntropyConfig c = ops::DefaultCrossEntropyConfig(width, vec, /*arch=*/0,
-                                                                        /*elem_bytes=*/16 / vec);
+                                                        /*elem_bytes=*/16 / vec);
   c.cluster = 0;
   return c;
 }
@@ -77,8 +83,9 @@ CrossEntropyConfig ops::DefaultShardedCrossEntropyConfig(int64_t width, int vec)
 absl::Status ValidateShardedCrossEntropySpec(const ShardedCrossEntropySpec& spec) {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(UnshardedSpec(spec)));
   if (spec.shard_start < 0 || spec.shard_start >= spec.vocab) {
-    return absl::InvalidArgumentError(fmt::format(
-        "shard_start: {} is outside the vocab, expected 0 to {}", spec.shard_start, spec.vocab - 1));
+    return absl::InvalidArgumentError(
+        fmt::format("shard_start: {} is outside the vocab, expected 0 to {}", spec.shard_start,
+                    spec.vocab - 1));
   }
   if (spec.shard_end <= spec.shard_start || spec.shard_end > spec.vocab) {
     return absl::InvalidArgumentError(fmt::format(
@@ -118,9 +125,11 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
       fmt::format("kjit::sharded_cross_entropy_stats<{}, {}>", shape, options),
       fmt::format("kjit::sharded_cross_entropy_rescale<{}>", kStatsThreads),
       fmt::format("kjit::sharded_cross_entropy_combine<{}>", kStatsThreads),
-      finish(false), finish(true)};
+      finish(false),
+      finish(true)};
   if (spec.reduction != Reduction::kNone) {
-    kernels.push_back(fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads, reduction));
+    kernels.push_back(
+        fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads, reduction));
   }
   // The shard's start is a kernel argument, not a template one (nor a param): the ranks of an even
   // split share one program and one cache entry.
@@ -140,7 +149,7 @@ struct ShardedCrossEntropyKernels {
 
 struct ShardedCrossEntropyState {
   ShardedCrossEntropySpec spec;
-  CrossEntropyConfig config;  // for the widest vector
+  CrossEntropyConfig config;                                          // for the widest vector
   OpKernels<CrossEntropyConfig, ShardedCrossEntropyKernels> kernels;  // narrower for misaligned
 
   CrossEntropyConfig ConfigForVec(int vec) const {
@@ -168,9 +177,9 @@ absl::StatusOr<const internal::ShardedCrossEntropyKernels*> KernelsFor(
 // The statistics launches know only the pointers (the caller's all-reduce sits between).
 absl::Status CheckWorkspacePointer(const std::string& name, void* workspace) {
   if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{}: {} is not 16-byte aligned device memory of WorkspaceBytes(rows) bytes", name,
-        workspace));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {} is not 16-byte aligned device memory of WorkspaceBytes(rows) bytes",
+                    name, workspace));
   }
   return absl::OkStatus();
 }
@@ -212,7 +221,8 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
   const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
   KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
-  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (!a.lse.empty())
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad.empty()) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.width()));
     if (a.grad.data == a.logits.data && a.grad.row_stride != a.logits.row_stride) {
@@ -229,12 +239,15 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
   // grad against logits was checked above: in place is allowed, and strided views may interleave.
-  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
-      {{"loss", a.loss}, {"lse", a.lse}, {"grad", a.grad},
-       {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
-      {{"logits", a.logits}, {"targets", internal::BytesOf(a.targets)},
-       {"grad_output", a.grad_output}},
-      /*in_place=*/{{"grad", "logits"}}));
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckDisjoint({{"loss", a.loss},
+                               {"lse", a.lse},
+                               {"grad", a.grad},
+                               {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
+                              {{"logits", a.logits},
+                               {"targets", internal::BytesOf(a.targets)},
+                               {"grad_output", a.grad_output}},
+                              /*in_place=*/{{"grad", "logits"}}));
   return rt_->NeedsDevice();
 }
 
@@ -280,9 +293,8 @@ absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntr
   const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   const int64_t rows = a.logits.rows;
-  float* row_loss = s.reduction == Reduction::kNone
-                        ? static_cast<float*>(a.loss.data)
-                        : StatsIn(a.workspace) + kShardStatCount * rows;
+  float* row_loss = s.reduction == Reduction::kNone ? static_cast<float*>(a.loss.data)
+                                                    : StatsIn(a.workspace) + kShardStatCount * rows;
   ShardedCrossEntropyParams p = PhaseParams(s, a);
   p.row.row_loss = row_loss;
   p.row.grad_output = static_cast<const float*>(a.grad_output.data);
@@ -309,8 +321,8 @@ absl::Status ShardedCrossEntropy::LaunchOnStats(CUstream stream, int which,
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k,
                         KernelsFor(*rt_, *op_, op_->config.vec));
-  return rt_->Launch((*k)[which], (rows + kStatsThreads - 1) / kStatsThreads, kStatsThreads,
-                     stream, &p);
+  return rt_->Launch((*k)[which], (rows + kStatsThreads - 1) / kStatsThreads, kStatsThreads, stream,
+                     &p);
 }
 
 absl::Status ShardedCrossEntropy::RescaleStats(CUstream stream, void* workspace,
@@ -339,8 +351,8 @@ absl::Status ShardedCrossEntropy::Run(CUstream stream, const ShardedCrossEntropy
 absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vector<Shard>& shards,
                                                int64_t rows) {
   if (shards.empty() || shards.size() > kMaxCombinedShards) {
-    return absl::InvalidArgumentError(fmt::format("shards: {} given, expected 1 to {}",
-                                                  shards.size(), kMaxCombinedShards));
+    return absl::InvalidArgumentError(
+        fmt::format("shards: {} given, expected 1 to {}", shards.size(), kMaxCombinedShards));
   }
   std::vector<void*> workspaces;
   int64_t next = 0;
@@ -360,9 +372,9 @@ absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vecto
     workspaces.push_back(shards[i].workspace);
   }
   if (next != shards[0].op->spec().vocab) {
-    return absl::InvalidArgumentError(fmt::format(
-        "shards: cover classes [0, {}) of {}; the last shard must end at the vocab", next,
-        shards[0].op->spec().vocab));
+    return absl::InvalidArgumentError(
+        fmt::format("shards: cover classes [0, {}) of {}; the last shard must end at the vocab",
+                    next, shards[0].op->spec().vocab));
   }
   return shards[0].op->LaunchOnStats(stream, kCombine, workspaces, rows);
 }

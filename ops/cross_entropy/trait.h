@@ -62,14 +62,18 @@ struct OpTrait<CrossEntropySpec> {
   // The fused loss and gradient (mean, gradient in place) and the forward alone.
   static std::vector<Pass> BenchPasses() { return {Pass::kForwardBackward, Pass::kForward}; }
   static Spec BenchSpec(int64_t vocab, DType dtype) {
-    return {.vocab = vocab, .dtype = dtype, .target_type = IndexType::kInt64,
+    return {.vocab = vocab,
+            .dtype = dtype,
+            .target_type = IndexType::kInt64,
             .reduction = Reduction::kMean};
   }
   static std::vector<std::pair<int64_t, int64_t>> BenchShapes() {
     return {{128256, 16384}, {128256, 4096}, {128256, 256}};
   }
   static nlohmann::json BenchFields(const Spec& s, const Trial& t, int64_t rows) {
-    return {{"vocab", s.vocab}, {"rows", rows}, {"extra_device_bytes", t.workspace_bytes()},
+    return {{"vocab", s.vocab},
+            {"rows", rows},
+            {"extra_device_bytes", t.workspace_bytes()},
             {"checked_rows", t.checked_rows()}};
   }
 };

@@ -4,7 +4,6 @@
 
 namespace kjit::ops {
 
-
 absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
     const Runtime& rt, const CrossEntropySpec& spec, int64_t rows) {
   CrossEntropySpec heuristic_spec = spec;
@@ -27,8 +26,8 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   t->rows_ = rows;
   t->workspace_bytes_ = workspace_bytes;
   // Logits spread over [-8, 8): a softmax neither flat nor one-hot.
-  KJIT_RETURN_IF_ERROR(RandomFill(rt, t->pristine_.data(), spec.dtype, rows, spec.vocab,
-                                  spec.vocab, 0x5eed, -8.0f, 8.0f));
+  KJIT_RETURN_IF_ERROR(RandomFill(rt, t->pristine_.data(), spec.dtype, rows, spec.vocab, spec.vocab,
+                                  0x5eed, -8.0f, 8.0f));
   KJIT_RETURN_IF_ERROR(
       RandomTargets(rt, t->targets_.data(), spec.target_type, rows, 0x5eed, spec.vocab));
 
@@ -46,9 +45,13 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   }
   // The sampled rows are checked as a problem of their own with reduction none and each row's
   // share of the real reduction as its upstream scale (1 / rows for the mean: every target valid).
-  t->math_ = {.vocab = spec.vocab, .dtype = spec.dtype, .ignore_index = spec.ignore_index,
-              .reduction = Reduction::kNone, .label_smoothing = spec.label_smoothing,
-              .lse_square_scale = spec.lse_square_scale, .softcap = spec.softcap};
+  t->math_ = {.vocab = spec.vocab,
+              .dtype = spec.dtype,
+              .ignore_index = spec.ignore_index,
+              .reduction = Reduction::kNone,
+              .label_smoothing = spec.label_smoothing,
+              .lse_square_scale = spec.lse_square_scale,
+              .softcap = spec.softcap};
   const std::vector<double> scale(t->sample_.size(),
                                   spec.reduction == Reduction::kMean ? 1.0 / rows : 1.0);
   t->ref_ = CrossEntropyReference(t->math_, t->checked_rows(), logits, sample_targets, &scale,

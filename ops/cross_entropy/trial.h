@@ -19,8 +19,8 @@ namespace kjit::ops {
 class CrossEntropyTrial {
  public:
   static absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> Create(const Runtime& rt,
-                                                                    const CrossEntropySpec& spec,
-                                                                    int64_t rows);
+                                                                   const CrossEntropySpec& spec,
+                                                                   int64_t rows);
   // Runs the fused forward+backward and compares lse, loss and the sampled gradient rows.
   absl::Status Check(const CrossEntropy& op);
   // kForwardBackward restores the logits (untimed) before every launch; kForward reads them.
@@ -35,8 +35,12 @@ class CrossEntropyTrial {
   CrossEntropyTrial(const Runtime& rt, DeviceBuffer pristine, DeviceBuffer work,
                     DeviceBuffer targets, DeviceBuffer loss, DeviceBuffer lse,
                     DeviceBuffer workspace)
-      : rt_(rt), pristine_(std::move(pristine)), work_(std::move(work)),
-        targets_(std::move(targets)), loss_(std::move(loss)), lse_(std::move(lse)),
+      : rt_(rt),
+        pristine_(std::move(pristine)),
+        work_(std::move(work)),
+        targets_(std::move(targets)),
+        loss_(std::move(loss)),
+        lse_(std::move(lse)),
         workspace_(std::move(workspace)) {}
   absl::Status Restore() const;
   CrossEntropyArgs Args(bool gradient) const;

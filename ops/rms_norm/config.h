@@ -1,9 +1,9 @@
 // RMSNorm launch configs (kjit/rms_norm.h): their text form and the heuristic that picks one
 // without tuning.
 //
-// A config fixes the vector width (elements per access, chosen by alignment), how many threads share
-// one row and how many rows a block holds, separately for forward and backward: the backward wants
-// fewer, wider blocks because each row group writes a partial weight-gradient row.
+// A config fixes the vector width (elements per access, chosen by alignment), how many threads
+// share one row and how many rows a block holds, separately for forward and backward: the backward
+// wants fewer, wider blocks because each row group writes a partial weight-gradient row.
 //
 //   RmsNormConfig c = DefaultRmsNormConfig(/*hidden=*/4096, /*max_vec=*/8);
 //   // c.ToString() == "vec=8 fwd=256x1 bwd=512x1"
@@ -24,7 +24,8 @@ namespace kjit::ops {
 // the field and the text.
 absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text);
 
-// The widest vector (<= 16 bytes) that divides hidden; alignment of the actual pointers may lower it.
+// The widest vector (<= 16 bytes) that divides hidden; alignment of the actual pointers may lower
+// it.
 int MaxVecForHidden(int64_t hidden, int elem_bytes);
 
 // A sound default for a hidden size and vector width.

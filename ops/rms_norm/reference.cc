@@ -80,7 +80,6 @@ RmsNormBackwardResult RmsNormBackwardReference(const RmsNormMath& m, int64_t row
   return r;
 }
 
-
 RmsNormTolerances RmsNormTolerancesFor(DType dtype, DType weight_dtype, bool gemma_cast) {
   const double r = RoundingRtol(dtype), a = RoundingAtol(dtype);
   RmsNormTolerances t;
@@ -92,8 +91,8 @@ RmsNormTolerances RmsNormTolerancesFor(DType dtype, DType weight_dtype, bool gem
   return t;
 }
 
-std::vector<double> RmsNormYAtol(const RmsNormMath& m, int64_t rows, const std::vector<double>& y_ref,
-                                 const RmsNormTolerances& tol) {
+std::vector<double> RmsNormYAtol(const RmsNormMath& m, int64_t rows,
+                                 const std::vector<double>& y_ref, const RmsNormTolerances& tol) {
   const int64_t H = m.hidden;
   std::vector<double> atol(y_ref.size());
   for (int64_t i = 0; i < rows; ++i) {
@@ -107,15 +106,19 @@ std::vector<double> RmsNormYAtol(const RmsNormMath& m, int64_t rows, const std::
   return atol;
 }
 
-std::vector<std::pair<std::string, CompareResult>> CheckRmsNorm(
-    const RmsNormMath& m, int64_t rows, DType weight_dtype, const RmsNormOutputs& out,
-    const RmsNormForwardResult& fwd, const RmsNormBackwardResult* bwd) {
+std::vector<std::pair<std::string, CompareResult>> CheckRmsNorm(const RmsNormMath& m, int64_t rows,
+                                                                DType weight_dtype,
+                                                                const RmsNormOutputs& out,
+                                                                const RmsNormForwardResult& fwd,
+                                                                const RmsNormBackwardResult* bwd) {
   const RmsNormTolerances tol = RmsNormTolerancesFor(m.dtype, weight_dtype, m.gemma_cast);
   std::vector<std::pair<std::string, CompareResult>> results;
-  if (out.y) results.emplace_back("y", Compare(*out.y, fwd.y, tol.y, RmsNormYAtol(m, rows, fwd.y, tol)));
+  if (out.y)
+    results.emplace_back("y", Compare(*out.y, fwd.y, tol.y, RmsNormYAtol(m, rows, fwd.y, tol)));
   if (out.rstd) results.emplace_back("rstd", Compare(*out.rstd, fwd.rstd, tol.rstd));
   if (out.residual_out) {
-    results.emplace_back("residual_out", Compare(*out.residual_out, fwd.residual_out, tol.residual_out));
+    results.emplace_back("residual_out",
+                         Compare(*out.residual_out, fwd.residual_out, tol.residual_out));
   }
   if (bwd != nullptr && out.dx) {
     std::vector<double> atol(bwd->dx_scale.size());

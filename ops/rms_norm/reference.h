@@ -15,8 +15,8 @@
 #include <string>
 #include <utility>
 
-#include "ops/common/compare.h"
 #include "jit/dtype.h"
+#include "ops/common/compare.h"
 
 namespace kjit::ops {
 
@@ -57,9 +57,9 @@ RmsNormBackwardResult RmsNormBackwardReference(const RmsNormMath& m, int64_t row
                                                const std::vector<double>& w,
                                                const std::vector<double>* dresidual);
 
-// What a kernel's outputs may differ from the reference by, per output. y: half an ulp at the store,
-// plus (llama casting) one ulp of the normalized value when fp32 and fp64 round a tie apart; dx and
-// dw: fp32 arithmetic relative to the terms they sum, plus the store.
+// What a kernel's outputs may differ from the reference by, per output. y: half an ulp at the
+// store, plus (llama casting) one ulp of the normalized value when fp32 and fp64 round a tie apart;
+// dx and dw: fp32 arithmetic relative to the terms they sum, plus the store.
 struct RmsNormTolerances {
   Tolerance y, rstd, residual_out, dx, dw;
   double y_atol_per_row_max = 1e-6;  // atol = this * max |y| of the row
@@ -78,12 +78,14 @@ struct RmsNormOutputs {
 };
 
 // Compares every given output with the references; one (name, result) per output checked.
-std::vector<std::pair<std::string, CompareResult>> CheckRmsNorm(
-    const RmsNormMath& m, int64_t rows, DType weight_dtype, const RmsNormOutputs& out,
-    const RmsNormForwardResult& fwd, const RmsNormBackwardResult* bwd);
+std::vector<std::pair<std::string, CompareResult>> CheckRmsNorm(const RmsNormMath& m, int64_t rows,
+                                                                DType weight_dtype,
+                                                                const RmsNormOutputs& out,
+                                                                const RmsNormForwardResult& fwd,
+                                                                const RmsNormBackwardResult* bwd);
 
 // The per-element atol CheckRmsNorm uses for y.
-std::vector<double> RmsNormYAtol(const RmsNormMath& m, int64_t rows, const std::vector<double>& y_ref,
-                                 const RmsNormTolerances& tol);
+std::vector<double> RmsNormYAtol(const RmsNormMath& m, int64_t rows,
+                                 const std::vector<double>& y_ref, const RmsNormTolerances& tol);
 
 }  // namespace kjit::ops

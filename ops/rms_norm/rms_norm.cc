@@ -29,9 +29,9 @@ constexpr int kReduceSlices = 32;
 DType WeightDType(const RmsNormSpec& spec) { return spec.weight_dtype.value_or(spec.dtype); }
 
 std::string ForwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
-  return fmt::format("kjit::rms_norm_forward<{}, {}, {}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
-                     DeviceTypeName(WeightDType(s)), s.hidden, c.forward.threads_per_row,
-                     c.forward.rows_per_block, c.vec,
+  return fmt::format("kjit::rms_norm_forward<{}, {}, {}, {}, {}, {}, {}, {}>",
+                     DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
+                     c.forward.threads_per_row, c.forward.rows_per_block, c.vec,
                      s.casting == RmsNormCasting::kGemma ? "true" : "false",
                      s.fused_residual ? "true" : "false");
 }
@@ -53,8 +53,7 @@ constexpr int kMaxThreadsPerSm = 2048;
 
 // Row groups the backward runs with: as many blocks as are resident at once, so the GPU is filled
 // exactly once and each block walks its rows without a tail wave.
-int64_t BackwardGroups(const RmsNormConfig& c, int64_t rows, int sm_count,
-                       int blocks_per_sm) {
+int64_t BackwardGroups(const RmsNormConfig& c, int64_t rows, int sm_count, int blocks_per_sm) {
   const int64_t blocks = std::min<int64_t>(CeilDiv(rows, c.backward.rows_per_block),
                                            int64_t{sm_count} * std::max(1, blocks_per_sm));
   return blocks * c.backward.rows_per_block;
@@ -119,16 +118,16 @@ absl::StatusOr<jit::Source> ops::RenderRmsNorm(const RmsNormSpec& spec,
       {"fused_residual", spec.fused_residual ? "true" : "false"},
       {"config", config.ToString()},
   };
-  return jit::RenderSource("rms_norm", {"common.cuh", "rms_norm_params.h", "rms_norm.cuh"},
-                           {ForwardExpr(spec, config), BackwardExpr(spec, config), ReduceExpr(spec)},
-                           std::move(params));
+  return jit::RenderSource(
+      "rms_norm", {"common.cuh", "rms_norm_params.h", "rms_norm.cuh"},
+      {ForwardExpr(spec, config), BackwardExpr(spec, config), ReduceExpr(spec)}, std::move(params));
 }
 
 namespace internal {
 
 struct RmsNormKernels {
   RmsNormConfig config;
-  LoadedProgram program;  // forward, backward, dw reduce
+  LoadedProgram program;           // forward, backward, dw reduce
   int backward_blocks_per_sm = 1;  // from the occupancy calculator: registers decide it
   CUfunction forward() const { return program.functions[0]; }
   CUfunction backward() const { return program.functions[1]; }
@@ -155,7 +154,8 @@ struct RmsNormState {
 namespace {
 
 absl::StatusOr<internal::RmsNormKernels> Load(const internal::RuntimeState& rt,
-                                              const RmsNormSpec& spec, const RmsNormConfig& config) {
+                                              const RmsNormSpec& spec,
+                                              const RmsNormConfig& config) {
   internal::RmsNormKernels k{.config = config};
   KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderRmsNorm(spec, config));
   KJIT_ASSIGN_OR_RETURN(k.program, internal::LoadProgram(rt, src));
@@ -169,8 +169,8 @@ absl::StatusOr<internal::RmsNormKernels> Load(const internal::RuntimeState& rt,
 // The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements;
 // may_tune lets KJIT_AUTOTUNE tune a new bucket first.
 absl::StatusOr<const internal::RmsNormKernels*> KernelsFor(const internal::RuntimeState& rt,
-                                                           internal::RmsNormState& op,
-                                                           int64_t rows, int vec, bool may_tune) {
+                                                           internal::RmsNormState& op, int64_t rows,
+                                                           int vec, bool may_tune) {
   return op.kernels.Get([&] { return op.ConfigFor(rows, vec, may_tune); },
                         [&](const RmsNormConfig& c) { return Load(rt, op.spec, c); });
 }
@@ -181,7 +181,8 @@ const RmsNormSpec& RmsNorm::spec() const { return op_->spec; }
 const RmsNormConfig& RmsNorm::config() const { return op_->config; }
 
 RmsNormConfig RmsNorm::ConfigFor(int64_t rows) const {
-  return op_->kernels.Locked([&] { return op_->ConfigFor(rows, op_->config.vec, /*may_tune=*/false); });
+  return op_->kernels.Locked(
+      [&] { return op_->ConfigFor(rows, op_->config.vec, /*may_tune=*/false); });
 }
 
 absl::StatusOr<BuildInfo> RmsNorm::Build() const {
@@ -210,7 +211,8 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
   const int64_t rows = a.x.rows;
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("weight", a.weight, WeightDType(s), 1, s.hidden));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("y", a.y, s.dtype, rows, s.hidden));
-  if (!a.rstd.empty()) KJIT_RETURN_IF_ERROR(internal::CheckMatrix("rstd", a.rstd, DType::kF32, 1, rows));
+  if (!a.rstd.empty())
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("rstd", a.rstd, DType::kF32, 1, rows));
   if (s.fused_residual) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("residual", a.residual, s.dtype, rows, s.hidden));
     KJIT_RETURN_IF_ERROR(
@@ -219,15 +221,16 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
     return absl::InvalidArgumentError(
         "residual: given, but the op was created without fused_residual");
   }
-  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
-      {{"residual_out", a.residual_out}, {"y", a.y}, {"rstd", a.rstd}},
-      {{"x", a.x}, {"weight", a.weight}, {"residual", a.residual}},
-      /*in_place=*/{{"y", "x"}, {"residual_out", "residual"}}));
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckDisjoint({{"residual_out", a.residual_out}, {"y", a.y}, {"rstd", a.rstd}},
+                              {{"x", a.x}, {"weight", a.weight}, {"residual", a.residual}},
+                              /*in_place=*/{{"y", "x"}, {"residual_out", "residual"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
-  const int vec = internal::WidestAlignedVec(
-      op_->config.vec, {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
-  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec, !rt_->Capturing(stream)));
+  const int vec = internal::WidestAlignedVec(op_->config.vec,
+                                             {&a.x, &a.y, &a.weight, &a.residual, &a.residual_out});
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k,
+                        KernelsFor(*rt_, *op_, rows, vec, !rt_->Capturing(stream)));
   RmsNormForwardParams p{};
   p.x = a.x.data;
   p.x_stride = a.x.row_stride;
@@ -243,7 +246,7 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
   p.eps = s.eps;
   p.weight_offset = s.weight_offset;
   return rt_->Launch(k->forward(), CeilDiv(rows, k->config.forward.rows_per_block),
-                k->config.forward.block_threads(), stream, &p);
+                     k->config.forward.block_threads(), stream, &p);
 }
 
 absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) const {
@@ -264,23 +267,28 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   KJIT_RETURN_IF_ERROR(internal::CheckWorkspace(a.workspace, std::max(a.workspace_bytes, needed),
                                                 needed, "BackwardWorkspaceBytes(rows)"));
   KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
-      {{"dx", a.dx}, {"dw", a.dw},
-       {"workspace", internal::BytesOf(a.workspace,
-                                       std::max<int64_t>(0, std::min(a.workspace_bytes, needed)))}},
-      {{"dy", a.dy}, {"x", a.x}, {"weight", a.weight}, {"rstd", a.rstd},
+      {{"dx", a.dx},
+       {"dw", a.dw},
+       {"workspace",
+        internal::BytesOf(a.workspace, std::max<int64_t>(0, std::min(a.workspace_bytes, needed)))}},
+      {{"dy", a.dy},
+       {"x", a.x},
+       {"weight", a.weight},
+       {"rstd", a.rstd},
        {"dresidual", a.dresidual}},
       /*in_place=*/{{"dx", "dy"}, {"dx", "dresidual"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   const int vec =
       internal::WidestAlignedVec(op_->config.vec, {&a.dy, &a.x, &a.weight, &a.dx, &a.dresidual});
-  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k, KernelsFor(*rt_, *op_, rows, vec, !rt_->Capturing(stream)));
+  KJIT_ASSIGN_OR_RETURN(const internal::RmsNormKernels* k,
+                        KernelsFor(*rt_, *op_, rows, vec, !rt_->Capturing(stream)));
   const int rpb = k->config.backward.rows_per_block;
   const int64_t per_group = s.hidden * static_cast<int64_t>(sizeof(float));
   // A smaller workspace than asked for still works, with fewer (longer) row groups.
-  const int64_t blocks = std::min(BackwardGroups(k->config, rows, rt_->device.sm_count,
-                                                 k->backward_blocks_per_sm) / rpb,
-                                  a.workspace_bytes / per_group / rpb);
+  const int64_t blocks = std::min(
+      BackwardGroups(k->config, rows, rt_->device.sm_count, k->backward_blocks_per_sm) / rpb,
+      a.workspace_bytes / per_group / rpb);
   if (blocks < 1) {
     return absl::InvalidArgumentError(fmt::format(
         "workspace_bytes: {} is too small, need at least {} (BackwardWorkspaceBytes(rows) = {})",
@@ -307,7 +315,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   r.partial_rows = blocks * rpb;
   r.dw = a.dw.data;
   return rt_->Launch(k->reduce(), CeilDiv(s.hidden, kReduceColumns), kReduceColumns * kReduceSlices,
-                stream, &r);
+                     stream, &r);
 }
 
 absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
@@ -319,17 +327,18 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
   op->config = spec.config.value_or(ops::DefaultRmsNormConfig(spec.hidden, max_vec));
   if (!spec.config) {
     using Trait = ops::OpTrait<RmsNormSpec>;
-    op->tuned.emplace(*state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
-                      Trait::ToJson(spec).dump(), ops::ParseRmsNormConfig,
-                      [spec](const RmsNormConfig& c) { return ops::ValidateRmsNormConfig(spec, c); });
+    op->tuned.emplace(
+        *state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
+        Trait::ToJson(spec).dump(), ops::ParseRmsNormConfig,
+        [spec](const RmsNormConfig& c) { return ops::ValidateRmsNormConfig(spec, c); });
   }
   kjit::RmsNorm norm(state_, op);
   if (!state_->compile_only) {
     // Build and load the common case now so that errors surface here, not in the first launch.
-    KJIT_RETURN_IF_ERROR(
-        op->kernels.Get([&] { return op->config; },
-                        [&](const RmsNormConfig& c) { return Load(*state_, spec, c); })
-            .status());
+    KJIT_RETURN_IF_ERROR(op->kernels
+                             .Get([&] { return op->config; },
+                                  [&](const RmsNormConfig& c) { return Load(*state_, spec, c); })
+                             .status());
   }
   return norm;
 }

@@ -37,8 +37,8 @@ absl::StatusOr<RmsNormSpec> Trait::FromJson(const nlohmann::json& j) {
   Spec s{.hidden = j.at("hidden").get<int64_t>(),
          .eps = j.at("eps").get<float>(),
          .weight_offset = j.at("weight_offset").get<float>(),
-         .casting = j.at("gemma_casting").get<bool>() ? RmsNormCasting::kGemma
-                                                     : RmsNormCasting::kLlama,
+         .casting =
+             j.at("gemma_casting").get<bool>() ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
          .fused_residual = j.at("fused_residual").get<bool>()};
   KJIT_ASSIGN_OR_RETURN(s.dtype, ParseDType(j.at("dtype").get<std::string>()));
   if (j.contains("weight_dtype")) {
@@ -62,8 +62,7 @@ std::vector<Pass> Trait::PassesToTime(const Config& c, const Config& heuristic, 
   return {c.forward == heuristic.forward ? Pass::kBackward : Pass::kForward};
 }
 
-std::optional<RmsNormConfig> Trait::Combine(const Config& heuristic,
-                                            const Config& fastest_forward,
+std::optional<RmsNormConfig> Trait::Combine(const Config& heuristic, const Config& fastest_forward,
                                             const Config& fastest_backward) {
   Config best = heuristic;
   best.forward = fastest_forward.forward;

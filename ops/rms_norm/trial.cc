@@ -6,7 +6,6 @@
 
 namespace kjit::ops {
 
-
 struct RmsNormTrial::Buffers {
   DeviceBuffer x, w, dy, residual, y, residual_out, rstd, dx, dw;
   std::optional<DeviceBuffer> workspace;
@@ -19,15 +18,16 @@ template <typename T>
 std::vector<T> Rows(const std::vector<T>& v, int64_t width, const std::vector<int64_t>& sample) {
   std::vector<T> out;
   if (v.empty()) return out;
-  for (int64_t r : sample) out.insert(out.end(), v.begin() + r * width, v.begin() + (r + 1) * width);
+  for (int64_t r : sample)
+    out.insert(out.end(), v.begin() + r * width, v.begin() + (r + 1) * width);
   return out;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime& rt,
-                                                                    const RmsNormSpec& spec,
-                                                                    int64_t rows) {
+                                                                   const RmsNormSpec& spec,
+                                                                   int64_t rows) {
   std::unique_ptr<RmsNormTrial> t(new RmsNormTrial(rt));
   t->spec_ = spec;
   t->spec_.config.reset();
@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
   KJIT_RETURN_IF_ERROR(RandomFill(rt, w.data(), wdtype, 1, hidden, hidden, 2, 0.8f, 1.2f));
   KJIT_RETURN_IF_ERROR(RandomFill(rt, dy.data(), dtype, rows, hidden, hidden, 3, -1.0f, 1.0f));
   if (spec.fused_residual) {
-    KJIT_RETURN_IF_ERROR(RandomFill(rt, residual.data(), dtype, rows, hidden, hidden, 4, -2.0f, 2.0f));
+    KJIT_RETURN_IF_ERROR(
+        RandomFill(rt, residual.data(), dtype, rows, hidden, hidden, 4, -2.0f, 2.0f));
   }
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> hx, DownloadValues(x, dtype));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> hw, DownloadValues(w, wdtype));
@@ -63,14 +64,16 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
                           std::move(y), std::move(residual_out), std::move(rstd), std::move(dx),
                           std::move(dw), std::nullopt});
 
-  t->math_ = {.hidden = hidden, .dtype = dtype, .eps = spec.eps,
+  t->math_ = {.hidden = hidden,
+              .dtype = dtype,
+              .eps = spec.eps,
               .weight_offset = spec.weight_offset,
               .gemma_cast = spec.casting == RmsNormCasting::kGemma};
   RmsNormForwardResult f =
       RmsNormForwardReference(t->math_, rows, hx, spec.fused_residual ? &hres : nullptr, hw);
   // The backward normalizes what the forward did: residual_out when fused.
-  RmsNormBackwardResult b =
-      RmsNormBackwardReference(t->math_, rows, hdy, spec.fused_residual ? f.residual_out : hx, hw, nullptr);
+  RmsNormBackwardResult b = RmsNormBackwardReference(
+      t->math_, rows, hdy, spec.fused_residual ? f.residual_out : hx, hw, nullptr);
   t->sample_ = SampleRows(rows);
   t->ref_f_ = {Rows(f.y, hidden, t->sample_), Rows(f.rstd, 1, t->sample_),
                Rows(f.residual_out, hidden, t->sample_)};
@@ -110,8 +113,8 @@ absl::StatusOr<RmsNormBackwardArgs> RmsNormTrial::BackwardArgs(const RmsNorm& op
       .weight = f.weight,
       .rstd = f.rstd,
       .dx = TensorView::Matrix(b_->dx.data(), spec_.dtype, rows_, spec_.hidden),
-      .dw = TensorView::Vector(b_->dw.data(), spec_.weight_dtype.value_or(spec_.dtype),
-                               spec_.hidden),
+      .dw =
+          TensorView::Vector(b_->dw.data(), spec_.weight_dtype.value_or(spec_.dtype), spec_.hidden),
       .workspace = b_->workspace->data(),
       .workspace_bytes = static_cast<int64_t>(b_->workspace->size())};
 }
@@ -140,9 +143,11 @@ absl::Status RmsNormTrial::Check(const RmsNorm& op) {
   return Mismatches(
       fmt::format("rms_norm hidden={} rows={} {}", hidden, rows_, op.config().ToString()),
       CheckRmsNorm(math_, static_cast<int64_t>(sample_.size()), wdtype,
-                   {.y = &y, .rstd = &rstd,
+                   {.y = &y,
+                    .rstd = &rstd,
                     .residual_out = spec_.fused_residual ? &residual_out : nullptr,
-                    .dx = &dx, .dw = &dw},
+                    .dx = &dx,
+                    .dw = &dw},
                    ref_f_, &ref_b_));
 }
 

@@ -33,7 +33,8 @@ TEST(ModelConfigTest, UnknownPresetNamesTheKnownOnes) {
   auto m = ModelPreset("llama-9");
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(std::string(m.status().message()).find("llama-3.1-8b"), std::string::npos) << m.status();
+  EXPECT_NE(std::string(m.status().message()).find("llama-3.1-8b"), std::string::npos)
+      << m.status();
 }
 
 TEST(ModelConfigTest, ParsesAHuggingFaceConfig) {
@@ -51,12 +52,14 @@ TEST(ModelConfigTest, ParsesAHuggingFaceConfig) {
 
   // Optional fields absent or null; a multimodal checkpoint's text_config.
   auto plain = ParseHfConfig(R"({"model_type": "llama", "hidden_size": 2048, "vocab_size": 128256,
-                                 "final_logit_softcapping": null})", "a.json");
+                                 "final_logit_softcapping": null})",
+                             "a.json");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->gemma_norm);
   EXPECT_EQ(plain->final_logit_softcapping, 0);
   EXPECT_EQ(plain->name, "a.json");
-  auto nested = ParseHfConfig(R"({"text_config": {"hidden_size": 5120, "vocab_size": 131072}})", "b");
+  auto nested =
+      ParseHfConfig(R"({"text_config": {"hidden_size": 5120, "vocab_size": 131072}})", "b");
   ASSERT_TRUE(nested.ok()) << nested.status();
   EXPECT_EQ(nested->hidden_size, 5120);
 }
@@ -72,9 +75,12 @@ TEST(ModelConfigTest, MalformedConfigsSayWhatIsWrong) {
            {"[1, 2]", "JSON object"},
            {R"({"vocab_size": 32000})", "\"hidden_size\" is missing"},
            {R"({"hidden_size": 4096})", "\"vocab_size\" is missing"},
-           {R"({"hidden_size": "4096", "vocab_size": 32000})", "\"hidden_size\" must be a positive integer"},
-           {R"({"hidden_size": -1, "vocab_size": 32000})", "\"hidden_size\" must be a positive integer"},
-           {R"({"hidden_size": 4.5, "vocab_size": 32000})", "\"hidden_size\" must be a positive integer"},
+           {R"({"hidden_size": "4096", "vocab_size": 32000})",
+            "\"hidden_size\" must be a positive integer"},
+           {R"({"hidden_size": -1, "vocab_size": 32000})",
+            "\"hidden_size\" must be a positive integer"},
+           {R"({"hidden_size": 4.5, "vocab_size": 32000})",
+            "\"hidden_size\" must be a positive integer"},
            {R"({"hidden_size": 4096, "vocab_size": 32000, "rms_norm_eps": "small"})",
             "\"rms_norm_eps\" must be a number"},
            {R"({"hidden_size": 4096, "vocab_size": 32000, "final_logit_softcapping": -3})",

@@ -20,9 +20,11 @@ TEST(WorkerPool, AnswersEveryTaskInOrder) {
       "while [ $i -lt $n ]; do echo \"{\\\"begin\\\":$i}\"; "
       "echo \"{\\\"end\\\":$i,\\\"result\\\":{\\\"pos\\\":$i}}\"; i=$((i+1)); done";
   int done = 0;
-  const auto out = RunInWorkers({"1", "2", "3", "4", "5"},
-                                {.command = Sh(script), .jobs = 2, .batch = 2,
-                                 .on_done = [&](size_t, const TaskOutcome&) { ++done; }});
+  const auto out = RunInWorkers(
+      {"1", "2", "3", "4", "5"},
+      {.command = Sh(script), .jobs = 2, .batch = 2, .on_done = [&](size_t, const TaskOutcome&) {
+         ++done;
+       }});
   ASSERT_EQ(out.size(), 5u);
   EXPECT_EQ(done, 5);
   // Batches {0,1}, {2,3}, {4}: positions 0, 1, 0, 1, 0.
@@ -39,7 +41,8 @@ TEST(WorkerPool, ACrashFailsTheTaskInProgressAndTheRestRunElsewhere) {
   const std::string script =
       "echo '{\"begin\":0}'; echo '{\"end\":0,\"result\":\"fine\"}'; echo '{\"begin\":1}'; "
       "echo 'dying now' >&2; kill -SEGV $$";
-  const auto out = RunInWorkers({"\"a\"", "\"b\"", "\"c\""}, {.command = Sh(script), .jobs = 1, .batch = 3});
+  const auto out =
+      RunInWorkers({"\"a\"", "\"b\"", "\"c\""}, {.command = Sh(script), .jobs = 1, .batch = 3});
   ASSERT_EQ(out.size(), 3u);
   EXPECT_TRUE(out[0].answered);
   EXPECT_EQ(out[0].result, "\"fine\"");
@@ -63,9 +66,10 @@ TEST(WorkerPool, AWorkerThatQuitsBetweenTasksFailsNoneOfThem) {
 
 TEST(WorkerPool, AHangIsKilledAfterTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
-  const auto out = RunInWorkers({"\"a\"", "\"b\""}, {.command = Sh("echo '{\"begin\":0}'; exec sleep 30"),
-                                             .jobs = 2,
-                                             .task_timeout = std::chrono::milliseconds(300)});
+  const auto out =
+      RunInWorkers({"\"a\"", "\"b\""}, {.command = Sh("echo '{\"begin\":0}'; exec sleep 30"),
+                                        .jobs = 2,
+                                        .task_timeout = std::chrono::milliseconds(300)});
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   for (const TaskOutcome& o : out) {
     EXPECT_FALSE(o.answered);
@@ -75,8 +79,8 @@ TEST(WorkerPool, AHangIsKilledAfterTheTimeout) {
 
 TEST(WorkerPool, AWorkerThatExitsBeforeAnsweringFailsOneTaskAtATime) {
   // Every worker reads its request, prints it to stderr and exits 3 without beginning anything.
-  const auto out = RunInWorkers({"\"x\"", "\"y\""},
-                                {.command = Sh("cat >&2; exit 3"), .jobs = 1, .batch = 2});
+  const auto out =
+      RunInWorkers({"\"x\"", "\"y\""}, {.command = Sh("cat >&2; exit 3"), .jobs = 1, .batch = 2});
   ASSERT_EQ(out.size(), 2u);
   for (const TaskOutcome& o : out) {
     EXPECT_FALSE(o.answered);

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench/finetune_step/eager_kernels.h"
-#include "tests/test_support.h"
 #include "runtime/runtime_state.h"
+#include "tests/test_support.h"
 
 #ifndef KJIT_FINETUNE_STEP_PATH
 #error "KJIT_FINETUNE_STEP_PATH must name the built finetune_step binary"
@@ -106,13 +106,13 @@ TEST_F(FinetuneStepTest, HelpListsTheFlags) {
 // H200's sm_90 and for sm_100.
 TEST_F(FinetuneStepTest, BaselineKernelsCompileWithNvrtc) {
   for (const char* target : {"sm_90", "sm_100"}) {
-    auto rt = kjit::Runtime::Create(
-        {.target = target, .compile_only = true, .disk_cache = false});
+    auto rt = kjit::Runtime::Create({.target = target, .compile_only = true, .disk_cache = false});
     ASSERT_TRUE(rt.ok()) << rt.status();
     for (int vec : {1, 4}) {
       auto src = EagerKernelsSource(vec);
       ASSERT_TRUE(src.ok()) << src.status();
-      auto built = kjit::internal::StateOf(*rt).jit->Build(*src, kjit::internal::StateOf(*rt).target);
+      auto built =
+          kjit::internal::StateOf(*rt).jit->Build(*src, kjit::internal::StateOf(*rt).target);
       ASSERT_TRUE(built.ok()) << target << " vec " << vec << ": " << built.status();
       EXPECT_EQ(built->binary->lowered_names.size(), src->name_expressions.size());
     }

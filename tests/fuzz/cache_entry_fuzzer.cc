@@ -44,7 +44,8 @@ bool Same(const Binary& a, const Binary& b) {
 void Check(std::string_view bytes) {
   absl::StatusOr<Binary> b = kjit::jit::DecodeEntry(bytes);
   if (!b.ok()) {
-    if (b.status().code() != absl::StatusCode::kDataLoss) std::abort();  // only DataLoss is documented
+    if (b.status().code() != absl::StatusCode::kDataLoss)
+      std::abort();  // only DataLoss is documented
     return;
   }
   if (b->code.empty()) std::abort();

@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A fixed directory, so FromEnvironment never consults $HOME or the password database.
   setenv("KJIT_CACHE_DIR", "/nonexistent/kjit-fuzz", 1);
   setenv("KJIT_CACHE_MAX_BYTES", value.c_str(), 1);
-  absl::StatusOr<kjit::jit::DiskCache::Options> o = kjit::jit::DiskCache::Options::FromEnvironment();
+  absl::StatusOr<kjit::jit::DiskCache::Options> o =
+      kjit::jit::DiskCache::Options::FromEnvironment();
 
   bool digits = !value.empty();
   for (char c : value) digits = digits && c >= '0' && c <= '9';

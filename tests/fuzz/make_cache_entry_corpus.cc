@@ -28,7 +28,11 @@ int main(int argc, char** argv) {
 
   Binary cubin;
   cubin.target = Target{Target::Kind::kCubin, 90, true};
-  cubin.code = std::string("\x7f" "ELF\x02\x01\x01\x33", 8) + std::string(24, '\0');
+  cubin.code = std::string(
+                   "\x7f"
+                   "ELF\x02\x01\x01\x33",
+                   8) +
+               std::string(24, '\0');
   cubin.lowered_names = {{"kjit::rms_norm_forward<kjit::bf16, 4096>", "_Z12rms_norm_fwdv"}};
   cubin.nvrtc_version = "13.0";
   cubin.options = {"--gpu-architecture=sm_90a", "--std=c++17"};

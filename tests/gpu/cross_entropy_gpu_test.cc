@@ -19,14 +19,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "ops/common/compare.h"
-#include "ops/cross_entropy/reference.h"
-#include "kjit/host_convert.h"
 #include "kjit/device_buffer.h"
-#include "tests/gpu/gpu_test_env.h"
-#include "runtime/runtime_state.h"
+#include "kjit/host_convert.h"
+#include "ops/common/compare.h"
 #include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/reference.h"
+#include "runtime/runtime_state.h"
 #include "templates/cross_entropy_params.h"
+#include "tests/gpu/gpu_test_env.h"
 
 namespace kjit {
 namespace {
@@ -52,7 +52,7 @@ struct Case {
   Reduction reduction = Reduction::kMean;
   float smoothing = 0, z = 0, softcap = 0;
   bool argmax = false;
-  bool lse = true;        // ask for lse (Backward always saves it)
+  bool lse = true;  // ask for lse (Backward always saves it)
   Mode mode = Mode::kForwardBackward;
   bool in_place = false;  // gradient into the logits
   bool upstream = false;  // a grad_output other than the implicit 1
@@ -64,9 +64,16 @@ struct Case {
   std::optional<CrossEntropyConfig> config;
 
   CrossEntropySpec Spec() const {
-    return {.vocab = vocab, .dtype = dtype, .target_type = target_type,
-            .ignore_index = ignore_index, .reduction = reduction, .label_smoothing = smoothing,
-            .lse_square_scale = z, .softcap = softcap, .argmax = argmax, .config = config};
+    return {.vocab = vocab,
+            .dtype = dtype,
+            .target_type = target_type,
+            .ignore_index = ignore_index,
+            .reduction = reduction,
+            .label_smoothing = smoothing,
+            .lse_square_scale = z,
+            .softcap = softcap,
+            .argmax = argmax,
+            .config = config};
   }
   std::string Describe() const {
     return fmt::format(
@@ -113,11 +120,13 @@ struct Layout {
     std::vector<unsigned char> image(bytes(), 0xFF);
     const std::vector<unsigned char> enc = Encode(values, dtype);
     const size_t row_bytes = cols * SizeOf(dtype);
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(&image[offset(r)], &enc[r * row_bytes], row_bytes);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(&image[offset(r)], &enc[r * row_bytes], row_bytes);
     return image;
   }
   // The view's elements; *outside_untouched says whether every other byte is still 0xFF.
-  std::vector<double> Values(const std::vector<unsigned char>& image, bool* outside_untouched) const {
+  std::vector<double> Values(const std::vector<unsigned char>& image,
+                             bool* outside_untouched) const {
     const size_t row_bytes = cols * SizeOf(dtype);
     std::vector<unsigned char> packed(rows * row_bytes);
     *outside_untouched = true;
@@ -132,8 +141,8 @@ struct Layout {
     return Decode(packed, dtype);
   }
   TensorView View(void* base) const {
-    return TensorView::Matrix(static_cast<char*>(base) + misalign * SizeOf(dtype), dtype, rows, cols,
-                              stride);
+    return TensorView::Matrix(static_cast<char*>(base) + misalign * SizeOf(dtype), dtype, rows,
+                              cols, stride);
   }
 };
 
@@ -193,13 +202,14 @@ std::vector<int64_t> BoundaryColumns(int64_t vocab, const CrossEntropyConfig& c)
 // The config the op launches for a case: its own (or the default) at the widest vector the
 // views' alignment allows (device buffers start 256-byte aligned), as CrossEntropy picks it.
 CrossEntropyConfig ConfigOf(const Case& c) {
-  const int widest = c.config ? c.config->vec
-                              : ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(c.dtype)));
+  const int widest =
+      c.config ? c.config->vec : ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(c.dtype)));
   int vec = widest;
-  while (vec > 1 && (c.misalign % vec != 0 || (c.rows > 1 && (c.vocab + c.pad) % vec != 0))) vec /= 2;
+  while (vec > 1 && (c.misalign % vec != 0 || (c.rows > 1 && (c.vocab + c.pad) % vec != 0)))
+    vec /= 2;
   if (c.config && vec == c.config->vec) return *c.config;
   return ops::DefaultCrossEntropyConfig(c.vocab, vec, testing::GpuRuntime()->arch(),
-                                             static_cast<int>(SizeOf(c.dtype)));
+                                        static_cast<int>(SizeOf(c.dtype)));
 }
 
 std::vector<int64_t> MakeTargets(const Case& c, std::mt19937_64& gen) {
@@ -210,7 +220,8 @@ std::vector<int64_t> MakeTargets(const Case& c, std::mt19937_64& gen) {
   // Out of range, and for int64 a value whose low 32 bits are a valid class (no truncation).
   const std::vector<int64_t> bad =
       i32 ? std::vector<int64_t>{c.vocab, -1, -7, INT32_MAX, INT32_MIN}
-          : std::vector<int64_t>{c.vocab, -1, -7, int64_t{1} << 40, (int64_t{1} << 32) + 5, INT64_MIN};
+          : std::vector<int64_t>{c.vocab,  -1, -7, int64_t{1} << 40, (int64_t{1} << 32) + 5,
+                                 INT64_MIN};
   for (int64_t i = 0; i < c.rows; ++i) {
     switch (c.targets) {
       case Targets::kRandom: t[i] = i % 8 == 5 ? c.ignore_index : cls(gen); break;
@@ -236,16 +247,17 @@ std::vector<double> MakeLogits(const Case& c, const std::vector<int64_t>& target
     if (i % 4 == 1 && t >= 0 && t < V) x[i * V + t] = RoundTo(2 * c.scale + 8, c.dtype);
   }
   if (c.specials) {
-    x[V / 2] = NAN;                                                 // row 0
-    if (c.rows > 1) x[V + 1] = INFINITY;                            // row 1
-    if (c.rows > 2) x[2 * V] = x[3 * V - 1] = -INFINITY;            // row 2: masked classes
-    if (c.rows > 3) std::fill_n(&x[3 * V], V, -INFINITY);           // row 3: all masked
+    x[V / 2] = NAN;                                        // row 0
+    if (c.rows > 1) x[V + 1] = INFINITY;                   // row 1
+    if (c.rows > 2) x[2 * V] = x[3 * V - 1] = -INFINITY;   // row 2: masked classes
+    if (c.rows > 3) std::fill_n(&x[3 * V], V, -INFINITY);  // row 3: all masked
   }
   return x;
 }
 
 absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<unsigned char>& image) {
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, std::max<size_t>(image.size(), 16)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b,
+                        DeviceBuffer::Create(rt, std::max<size_t>(image.size(), 16)));
   KJIT_RETURN_IF_ERROR(b.Fill(0xFF));
   KJIT_RETURN_IF_ERROR(b.Upload(image.data(), image.size()));
   return b;
@@ -257,13 +269,13 @@ absl::StatusOr<std::vector<unsigned char>> Download(const DeviceBuffer& b, size_
   return out;
 }
 
-#define ASSERT_OK(expr)                     \
-  do {                                      \
-    const absl::Status s_ = (expr);         \
-    ASSERT_TRUE(s_.ok()) << s_;             \
+#define ASSERT_OK(expr)             \
+  do {                              \
+    const absl::Status s_ = (expr); \
+    ASSERT_TRUE(s_.ok()) << s_;     \
   } while (0)
-#define ASSERT_OK_AND_ASSIGN(lhs, expr)                                    \
-  auto KJIT_CONCAT(so_, __LINE__) = (expr);                                \
+#define ASSERT_OK_AND_ASSIGN(lhs, expr)                                                \
+  auto KJIT_CONCAT(so_, __LINE__) = (expr);                                            \
   ASSERT_TRUE(KJIT_CONCAT(so_, __LINE__).ok()) << KJIT_CONCAT(so_, __LINE__).status(); \
   lhs = std::move(*KJIT_CONCAT(so_, __LINE__))
 
@@ -326,15 +338,19 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     args.grad = lay.View(grad_buf->data());
     args.grad_output = up;
   }
-  CrossEntropyBackwardArgs bargs{.logits = args.logits, .targets = args.targets, .lse = args.lse,
-                                 .grad_output = up, .workspace = d_ws.data(),
+  CrossEntropyBackwardArgs bargs{.logits = args.logits,
+                                 .targets = args.targets,
+                                 .lse = args.lse,
+                                 .grad_output = up,
+                                 .workspace = d_ws.data(),
                                  .workspace_bytes = ws_bytes};
   if (with_grad) bargs.grad = lay.View(grad_buf->data());
 
   const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   // Poisons every output (NaN in every float type, -1 in the integers), runs, and reads back.
   auto run = [&](Outputs* out) -> absl::Status {
-    for (const DeviceBuffer* b : {&d_loss, &d_lse, &d_argmax, &d_ws}) KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
+    for (const DeviceBuffer* b : {&d_loss, &d_lse, &d_argmax, &d_ws})
+      KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
     if (d_grad) KJIT_RETURN_IF_ERROR(d_grad->Fill(0xFF));
     if (c.mode == Mode::kForward) {
       KJIT_RETURN_IF_ERROR(ce.Forward(nullptr, args));
@@ -344,9 +360,9 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       KJIT_RETURN_IF_ERROR(ce.Forward(nullptr, args));
       // Poison what the forward wrote that the backward must rewrite: the counters.
       KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
-      KJIT_RETURN_IF_ERROR(cu.Check(
-          cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(d_ws.data()), 0xFF, 8, nullptr),
-          "cuMemsetD8Async"));
+      KJIT_RETURN_IF_ERROR(
+          cu.Check(cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(d_ws.data()), 0xFF, 8, nullptr),
+                   "cuMemsetD8Async"));
       KJIT_RETURN_IF_ERROR(ce.Backward(nullptr, bargs));
     }
     KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize (kernel fault?)"));
@@ -362,9 +378,13 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   Outputs first;
   ASSERT_OK(run(&first));
 
-  const ops::CrossEntropyMath math{
-      .vocab = V, .dtype = c.dtype, .ignore_index = c.ignore_index, .reduction = c.reduction,
-      .label_smoothing = c.smoothing, .lse_square_scale = c.z, .softcap = c.softcap};
+  const ops::CrossEntropyMath math{.vocab = V,
+                                   .dtype = c.dtype,
+                                   .ignore_index = c.ignore_index,
+                                   .reduction = c.reduction,
+                                   .label_smoothing = c.smoothing,
+                                   .lse_square_scale = c.z,
+                                   .softcap = c.softcap};
   const ops::CrossEntropyResult ref = ops::CrossEntropyReference(
       math, R, logits, targets, c.upstream ? &upstream : nullptr, with_grad);
 
@@ -400,7 +420,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     for (size_t k = grad.size() / 2; k < grad.size(); ++k) {
       if (!std::isfinite(ref.grad[k]) || ref.grad[k] == 0) continue;
       std::vector<double> bad = grad;
-      bad[k] = ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] + tol.grad.rtol * std::fabs(ref.grad[k]));
+      bad[k] =
+          ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] + tol.grad.rtol * std::fabs(ref.grad[k]));
       EXPECT_FALSE(ops::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
           << "the gradient check accepts a perturbed entry at " << k;
       break;
@@ -418,7 +439,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   EXPECT_EQ(second.grad, first.grad) << "the gradient differs between two runs";
 }
 
-constexpr int64_t kMaxElements = int64_t{1} << 25;  // keeps each case's fp64 reference well under 1 s
+constexpr int64_t kMaxElements = int64_t{1}
+                                 << 25;  // keeps each case's fp64 reference well under 1 s
 
 const std::vector<int64_t> kVocabs = {2, 3, 1000, 32000, 50257, 128256, 151936, 256000, 262144};
 const std::vector<DType> kDtypes = {DType::kBF16, DType::kF16, DType::kF32};
@@ -454,7 +476,10 @@ TEST(CrossEntropyGpu, ShapesAndDtypes) {
       for (int64_t rows : RowsFor(vocab)) {
         // Alternate the gradient's destination and the softmax's shape across cases.
         const size_t n = cases.size();
-        cases.push_back({.vocab = vocab, .rows = rows, .dtype = t, .in_place = n % 2 == 0,
+        cases.push_back({.vocab = vocab,
+                         .rows = rows,
+                         .dtype = t,
+                         .in_place = n % 2 == 0,
                          .scale = n % 3 == 2 ? 30.0 : 1.0});
       }
     }
@@ -523,7 +548,8 @@ TEST(CrossEntropyGpu, TargetsAtZeroLastAndEveryChunkBoundary) {
       // fp32's 4-element vectors give 128 passes over a 262144 row: 260 rows of it would take the
       // reference seconds; its boundaries are covered at 128256.
       if (t == DType::kF32 && vocab == 262144) continue;
-      Case c{.vocab = vocab, .rows = 2, .dtype = t, .argmax = true, .targets = Targets::kBoundaries};
+      Case c{
+          .vocab = vocab, .rows = 2, .dtype = t, .argmax = true, .targets = Targets::kBoundaries};
       c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
       c.in_place = cases.size() % 4 == 0;
       c.reduction = cases.size() % 3 == 0 ? Reduction::kNone : Reduction::kMean;
@@ -541,10 +567,21 @@ TEST(CrossEntropyGpu, AllRowsIgnored) {
   std::vector<Case> cases;
   for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
     for (Mode m : {Mode::kForward, Mode::kForwardBackward, Mode::kBackward}) {
-      cases.push_back({.vocab = 32000, .rows = 7, .reduction = red, .argmax = true, .mode = m,
-                       .in_place = m != Mode::kForward, .targets = Targets::kAllIgnored});
-      cases.push_back({.vocab = 1000, .rows = 513, .dtype = DType::kF32, .reduction = red,
-                       .lse = false, .mode = m, .upstream = true, .targets = Targets::kAllIgnored});
+      cases.push_back({.vocab = 32000,
+                       .rows = 7,
+                       .reduction = red,
+                       .argmax = true,
+                       .mode = m,
+                       .in_place = m != Mode::kForward,
+                       .targets = Targets::kAllIgnored});
+      cases.push_back({.vocab = 1000,
+                       .rows = 513,
+                       .dtype = DType::kF32,
+                       .reduction = red,
+                       .lse = false,
+                       .mode = m,
+                       .upstream = true,
+                       .targets = Targets::kAllIgnored});
     }
   }
   RunAll(rt, cases, 9000);
@@ -556,10 +593,18 @@ TEST(CrossEntropyGpu, OutOfRangeTargetsAreCountedAndIgnored) {
   for (IndexType it : {IndexType::kInt32, IndexType::kInt64}) {
     for (Reduction red : {Reduction::kNone, Reduction::kMean}) {
       for (int64_t rows : {7, 4097}) {
-        cases.push_back({.vocab = 1000, .rows = rows, .target_type = it, .reduction = red,
-                         .argmax = true, .targets = Targets::kOutOfRange});
-        cases.push_back({.vocab = 1000, .rows = rows, .target_type = it, .reduction = red,
-                         .mode = Mode::kBackward, .targets = Targets::kOutOfRange});
+        cases.push_back({.vocab = 1000,
+                         .rows = rows,
+                         .target_type = it,
+                         .reduction = red,
+                         .argmax = true,
+                         .targets = Targets::kOutOfRange});
+        cases.push_back({.vocab = 1000,
+                         .rows = rows,
+                         .target_type = it,
+                         .reduction = red,
+                         .mode = Mode::kBackward,
+                         .targets = Targets::kOutOfRange});
       }
     }
   }
@@ -572,12 +617,29 @@ TEST(CrossEntropyGpu, PeakedSoftmaxAndSpecialValues) {
   for (DType t : kDtypes) {
     for (int64_t vocab : {3, 1000, 128256}) {
       for (double scale : {1.0, 30.0}) {
-        cases.push_back({.vocab = vocab, .rows = 9, .dtype = t, .reduction = Reduction::kNone,
-                         .argmax = true, .scale = scale, .specials = true});
-        cases.push_back({.vocab = vocab, .rows = 9, .dtype = t, .softcap = 10.0f, .argmax = true,
-                         .in_place = true, .scale = scale, .specials = true});
-        cases.push_back({.vocab = vocab, .rows = 9, .dtype = t, .reduction = Reduction::kSum,
-                         .smoothing = 0.1f, .z = 1e-4f, .mode = Mode::kBackward, .scale = scale,
+        cases.push_back({.vocab = vocab,
+                         .rows = 9,
+                         .dtype = t,
+                         .reduction = Reduction::kNone,
+                         .argmax = true,
+                         .scale = scale,
+                         .specials = true});
+        cases.push_back({.vocab = vocab,
+                         .rows = 9,
+                         .dtype = t,
+                         .softcap = 10.0f,
+                         .argmax = true,
+                         .in_place = true,
+                         .scale = scale,
+                         .specials = true});
+        cases.push_back({.vocab = vocab,
+                         .rows = 9,
+                         .dtype = t,
+                         .reduction = Reduction::kSum,
+                         .smoothing = 0.1f,
+                         .z = 1e-4f,
+                         .mode = Mode::kBackward,
+                         .scale = scale,
                          .specials = true});
       }
     }
@@ -598,12 +660,13 @@ TEST(CrossEntropyGpu, NanRowLeavesOtherRowsFinite) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes({1, 2, 3, 4}, IndexType::kInt64)));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, R * 4));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ce->WorkspaceBytes(R)));
-  ASSERT_OK(ce->ForwardBackward(nullptr, {.logits = lay.View(d_x.data()),
-                                          .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
-                                          .loss = TensorView::Vector(d_loss.data(), DType::kF32, R),
-                                          .grad = lay.View(d_x.data()),
-                                          .workspace = d_ws.data(),
-                                          .workspace_bytes = ce->WorkspaceBytes(R)}));
+  ASSERT_OK(
+      ce->ForwardBackward(nullptr, {.logits = lay.View(d_x.data()),
+                                    .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+                                    .loss = TensorView::Vector(d_loss.data(), DType::kF32, R),
+                                    .grad = lay.View(d_x.data()),
+                                    .workspace = d_ws.data(),
+                                    .workspace_bytes = ce->WorkspaceBytes(R)}));
   ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), CUDA_SUCCESS);
   ASSERT_OK_AND_ASSIGN(auto loss_bytes, Download(d_loss, R * 4));
   ASSERT_OK_AND_ASSIGN(auto grad_bytes, Download(d_x, lay.bytes()));
@@ -624,10 +687,19 @@ TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
   for (DType t : {DType::kBF16, DType::kF32}) {
     for (int misalign : {0, 1, 3}) {
       for (int64_t pad : {0, 5, 24}) {
-        cases.push_back({.vocab = 32000, .rows = 33, .dtype = t, .argmax = true,
-                         .in_place = cases.size() % 4 == 0, .pad = pad, .misalign = misalign});
-        cases.push_back({.vocab = 1000, .rows = 5, .dtype = t, .mode = Mode::kBackward,
-                         .pad = pad, .misalign = misalign});
+        cases.push_back({.vocab = 32000,
+                         .rows = 33,
+                         .dtype = t,
+                         .argmax = true,
+                         .in_place = cases.size() % 4 == 0,
+                         .pad = pad,
+                         .misalign = misalign});
+        cases.push_back({.vocab = 1000,
+                         .rows = 5,
+                         .dtype = t,
+                         .mode = Mode::kBackward,
+                         .pad = pad,
+                         .misalign = misalign});
       }
     }
   }
@@ -641,8 +713,10 @@ TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
 TEST(CrossEntropyGpu, OtherLaunchConfigs) {
   KJIT_REQUIRE_GPU(rt);
   const std::vector<CrossEntropyConfig> configs = {
-      {.vec = 1, .threads = 32, .unroll = 8}, {.vec = 2, .threads = 96, .unroll = 1},
-      {.vec = 4, .threads = 1024, .unroll = 2}, {.vec = 8, .threads = 128, .unroll = 8},
+      {.vec = 1, .threads = 32, .unroll = 8},
+      {.vec = 2, .threads = 96, .unroll = 1},
+      {.vec = 4, .threads = 1024, .unroll = 2},
+      {.vec = 8, .threads = 128, .unroll = 8},
       // The fused op with the row resident in one block, and in clusters of 2, 3 and 8 blocks.
       {.vec = 2, .threads = 512, .unroll = 4, .cluster = 1},
       {.vec = 8, .threads = 256, .unroll = 4, .cluster = 2},
@@ -655,7 +729,10 @@ TEST(CrossEntropyGpu, OtherLaunchConfigs) {
   for (const auto& config : configs) {
     for (int64_t vocab : {3, 1000, 50264}) {
       if (config.staged && !ops::StagedUnfit(config, vocab, 2, rt.arch()).empty()) continue;
-      Case c{.vocab = vocab, .rows = 2, .argmax = true, .targets = Targets::kBoundaries,
+      Case c{.vocab = vocab,
+             .rows = 2,
+             .argmax = true,
+             .targets = Targets::kBoundaries,
              .config = config};
       c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
       c.in_place = cases.size() % 4 == 0;
@@ -730,13 +807,12 @@ TEST(CrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_grad, DeviceBuffer::Create(rt, R * V * 2));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, 4));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ce->WorkspaceBytes(R)));
-  const CrossEntropyArgs args{
-      .logits = TensorView::Matrix(d_x.data(), DType::kBF16, R, V),
-      .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
-      .loss = TensorView::Vector(d_loss.data(), DType::kF32, 1),
-      .grad = TensorView::Matrix(d_grad.data(), DType::kBF16, R, V),
-      .workspace = d_ws.data(),
-      .workspace_bytes = ce->WorkspaceBytes(R)};
+  const CrossEntropyArgs args{.logits = TensorView::Matrix(d_x.data(), DType::kBF16, R, V),
+                              .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+                              .loss = TensorView::Vector(d_loss.data(), DType::kF32, 1),
+                              .grad = TensorView::Matrix(d_grad.data(), DType::kBF16, R, V),
+                              .workspace = d_ws.data(),
+                              .workspace_bytes = ce->WorkspaceBytes(R)};
   CUstream stream = nullptr;
   ASSERT_EQ(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   auto outputs = [&](std::vector<unsigned char>* loss, std::vector<unsigned char>* grad) {

@@ -17,9 +17,9 @@ const absl::StatusOr<Runtime>& GpuRuntime();
 
 }  // namespace kjit::testing
 
-#define KJIT_REQUIRE_GPU(rt)                                                                    \
-  const auto& kjit_gpu_ = ::kjit::testing::GpuRuntime();                                        \
-  if (!kjit_gpu_.ok()) {                                                                        \
-    GTEST_SKIP() << "no GPU: " << ::kjit::ToStd(kjit_gpu_.status().message());                  \
-  }                                                                                             \
+#define KJIT_REQUIRE_GPU(rt)                                                   \
+  const auto& kjit_gpu_ = ::kjit::testing::GpuRuntime();                       \
+  if (!kjit_gpu_.ok()) {                                                       \
+    GTEST_SKIP() << "no GPU: " << ::kjit::ToStd(kjit_gpu_.status().message()); \
+  }                                                                            \
   [[maybe_unused]] const ::kjit::Runtime& rt = *kjit_gpu_

@@ -11,12 +11,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "ops/common/compare.h"
-#include "kjit/host_convert.h"
-#include "ops/rms_norm/reference.h"
 #include "kjit/device_buffer.h"
-#include "tests/gpu/gpu_test_env.h"
+#include "kjit/host_convert.h"
+#include "ops/common/compare.h"
+#include "ops/rms_norm/reference.h"
 #include "runtime/runtime_state.h"
+#include "tests/gpu/gpu_test_env.h"
 
 namespace kjit {
 namespace {
@@ -36,10 +36,11 @@ struct Case {
   bool specials = false;  // a NaN in one row, +Inf in another
 
   std::string Name() const {
-    return fmt::format("hidden={} rows={} dtype={} wdtype={} cast={} offset={} residual={} "
-                       "in_place={} pad={} misalign={} scale={} specials={}",
-                       hidden, rows, Name(dtype), Name(weight_dtype), gemma ? "gemma" : "llama",
-                       offset, residual, in_place, pad, misalign, scale, specials);
+    return fmt::format(
+        "hidden={} rows={} dtype={} wdtype={} cast={} offset={} residual={} "
+        "in_place={} pad={} misalign={} scale={} specials={}",
+        hidden, rows, Name(dtype), Name(weight_dtype), gemma ? "gemma" : "llama", offset, residual,
+        in_place, pad, misalign, scale, specials);
   }
   static const char* Name(DType t) { return kjit::Name(t); }
 };
@@ -80,7 +81,8 @@ absl::StatusOr<DeviceMatrix> MakeMatrix(const Runtime& rt, int64_t rows, int64_t
     }
   }
   KJIT_RETURN_IF_ERROR(b.Upload(image.data(), image.size()));
-  m.view = TensorView::Matrix(static_cast<char*>(b.data()) + misalign * es, t, rows, hidden, stride);
+  m.view =
+      TensorView::Matrix(static_cast<char*>(b.data()) + misalign * es, t, rows, hidden, stride);
   m.buf.emplace(std::move(b));
   return m;
 }
@@ -101,10 +103,13 @@ absl::StatusOr<HostImage> ReadMatrix(const DeviceMatrix& m) {
   for (int64_t r = 0; r < v.rows; ++r) {
     const size_t start = (m.offset_elems + r * v.row_stride) * es;
     std::memcpy(&packed[r * v.cols * es], &h.bytes[start], v.cols * es);
-    const size_t pad_end = r + 1 < v.rows ? (m.offset_elems + (r + 1) * v.row_stride) * es : h.bytes.size();
-    for (size_t i = start + v.cols * es; i < pad_end; ++i) h.padding_untouched &= h.bytes[i] == 0xFF;
+    const size_t pad_end =
+        r + 1 < v.rows ? (m.offset_elems + (r + 1) * v.row_stride) * es : h.bytes.size();
+    for (size_t i = start + v.cols * es; i < pad_end; ++i)
+      h.padding_untouched &= h.bytes[i] == 0xFF;
   }
-  for (int64_t i = 0; i < m.offset_elems * static_cast<int64_t>(es); ++i) h.padding_untouched &= h.bytes[i] == 0xFF;
+  for (int64_t i = 0; i < m.offset_elems * static_cast<int64_t>(es); ++i)
+    h.padding_untouched &= h.bytes[i] == 0xFF;
   h.values = Decode(packed, v.dtype);
   return h;
 }
@@ -112,8 +117,11 @@ absl::StatusOr<HostImage> ReadMatrix(const DeviceMatrix& m) {
 // Runs one case, forward then backward, and checks everything it wrote.
 void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   SCOPED_TRACE(c.Name());
-  RmsNormSpec spec{.hidden = c.hidden, .dtype = c.dtype, .weight_dtype = c.weight_dtype,
-                   .eps = 1e-6f, .weight_offset = c.offset,
+  RmsNormSpec spec{.hidden = c.hidden,
+                   .dtype = c.dtype,
+                   .weight_dtype = c.weight_dtype,
+                   .eps = 1e-6f,
+                   .weight_offset = c.offset,
                    .casting = c.gemma ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
                    .fused_residual = c.residual};
   auto norm = rt.RmsNorm(spec);
@@ -124,7 +132,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   auto values = [&](int64_t count, double scale, double offset, DType t, bool row_scaled) {
     std::vector<double> v(count);
     for (int64_t i = 0; i < count; ++i) {
-      const double row_scale = row_scaled && scale <= 1 ? std::ldexp(1.0, static_cast<int>((i / H) % 7) - 3) : 1.0;
+      const double row_scale =
+          row_scaled && scale <= 1 ? std::ldexp(1.0, static_cast<int>((i / H) % 7) - 3) : 1.0;
       v[i] = RoundTo(offset + scale * row_scale * rng.Uniform(), t);
     }
     return v;
@@ -132,8 +141,10 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   std::vector<double> x = values(n, c.scale, 0, c.dtype, true);
   const std::vector<double> w = values(H, 0.1, c.offset == 0 ? 1.0 : 0.0, c.weight_dtype, false);
   const std::vector<double> dy = values(n, 1.0, 0, c.dtype, false);
-  const std::vector<double> residual = c.residual ? values(n, c.scale, 0, c.dtype, true) : std::vector<double>();
-  const std::vector<double> dresidual = c.residual ? values(n, 0.5, 0, c.dtype, false) : std::vector<double>();
+  const std::vector<double> residual =
+      c.residual ? values(n, c.scale, 0, c.dtype, true) : std::vector<double>();
+  const std::vector<double> dresidual =
+      c.residual ? values(n, 0.5, 0, c.dtype, false) : std::vector<double>();
   if (c.specials) {
     x[(H / 2)] = NAN;                               // row 0
     x[std::min<int64_t>(2, R - 1) * H] = INFINITY;  // row 2 (or the last)
@@ -165,9 +176,13 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     fa.residual = dres.view;
     fa.residual_out = res_out.view;
   }
-  RmsNormBackwardArgs ba{.dy = d_dy.view, .x = c.residual ? res_out.view : dx_in.view,
-                         .weight = dw_in.view, .rstd = drstd.view, .dx = dx_out.view,
-                         .dw = d_dw.view, .workspace = ws->data(),
+  RmsNormBackwardArgs ba{.dy = d_dy.view,
+                         .x = c.residual ? res_out.view : dx_in.view,
+                         .weight = dw_in.view,
+                         .rstd = drstd.view,
+                         .dx = dx_out.view,
+                         .dw = d_dw.view,
+                         .workspace = ws->data(),
                          .workspace_bytes = static_cast<int64_t>(ws->size())};
   if (c.residual) ba.dresidual = d_dres.view;
 
@@ -181,12 +196,12 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   ASSERT_TRUE(first.ok()) << first;
 
   // References.
-  const ops::RmsNormMath math{.hidden = H, .dtype = c.dtype, .eps = 1e-6,
-                                   .weight_offset = c.offset, .gemma_cast = c.gemma};
+  const ops::RmsNormMath math{
+      .hidden = H, .dtype = c.dtype, .eps = 1e-6, .weight_offset = c.offset, .gemma_cast = c.gemma};
   const auto ref_f = ops::RmsNormForwardReference(math, R, x, c.residual ? &residual : nullptr, w);
   const std::vector<double>& normalized = c.residual ? ref_f.residual_out : x;
-  const auto ref_b = ops::RmsNormBackwardReference(math, R, dy, normalized, w,
-                                                        c.residual ? &dresidual : nullptr);
+  const auto ref_b =
+      ops::RmsNormBackwardReference(math, R, dy, normalized, w, c.residual ? &dresidual : nullptr);
   auto read = [&](const DeviceMatrix& m) {
     auto h = ReadMatrix(m);
     EXPECT_TRUE(h.ok()) << h.status();
@@ -196,9 +211,11 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   HostImage y = read(dy_m), rstd = read(drstd), dx = read(dx_out), dw = read(d_dw);
   std::optional<HostImage> ro;
   if (c.residual) ro = read(res_out);
-  const ops::RmsNormOutputs outs{.y = &y.values, .rstd = &rstd.values,
-                                      .residual_out = ro ? &ro->values : nullptr,
-                                      .dx = &dx.values, .dw = &dw.values};
+  const ops::RmsNormOutputs outs{.y = &y.values,
+                                 .rstd = &rstd.values,
+                                 .residual_out = ro ? &ro->values : nullptr,
+                                 .dx = &dx.values,
+                                 .dw = &dw.values};
   bool all_ok = true;
   for (const auto& [name, r] : ops::CheckRmsNorm(math, R, c.weight_dtype, outs, ref_f, &ref_b)) {
     EXPECT_TRUE(r.ok) << r.Describe(name);
@@ -214,7 +231,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       std::vector<double> bad = y.values;
       bad[i] = ref_f.y[i] + 1.5 * (tol.y.atol + atol[i] + tol.y.rtol * std::fabs(ref_f.y[i]));
       const ops::RmsNormOutputs bad_outs{.y = &bad};
-      EXPECT_FALSE(ops::CheckRmsNorm(math, R, c.weight_dtype, bad_outs, ref_f, nullptr)[0].second.ok)
+      EXPECT_FALSE(
+          ops::CheckRmsNorm(math, R, c.weight_dtype, bad_outs, ref_f, nullptr)[0].second.ok)
           << "the y check accepts a perturbed output at " << i;
       break;
     }
@@ -290,10 +308,23 @@ TEST(RmsNormGpu, MisalignedViewsUseNarrowerVectors) {
   for (DType t : {DType::kBF16, DType::kF32}) {
     for (int misalign : {1, 2, 3}) {
       for (int64_t pad : {0, 1, 5}) {
-        RunCase(rt, {.hidden = 4096, .rows = 33, .dtype = t, .weight_dtype = t, .residual = true,
-                     .pad = pad, .misalign = misalign}, 9000 + misalign * 10 + pad);
-        RunCase(rt, {.hidden = 1000, .rows = 5, .dtype = t, .weight_dtype = t, .pad = pad,
-                     .misalign = misalign}, 9500 + misalign * 10 + pad);
+        RunCase(rt,
+                {.hidden = 4096,
+                 .rows = 33,
+                 .dtype = t,
+                 .weight_dtype = t,
+                 .residual = true,
+                 .pad = pad,
+                 .misalign = misalign},
+                9000 + misalign * 10 + pad);
+        RunCase(rt,
+                {.hidden = 1000,
+                 .rows = 5,
+                 .dtype = t,
+                 .weight_dtype = t,
+                 .pad = pad,
+                 .misalign = misalign},
+                9500 + misalign * 10 + pad);
       }
     }
   }
@@ -303,10 +334,19 @@ TEST(RmsNormGpu, LargeMagnitudesAndSpecialValues) {
   KJIT_REQUIRE_GPU(rt);
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (int64_t hidden : {7, 1000, 4096, 65536}) {
-      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .scale = 1e4}, 7000 + hidden);
-      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .specials = true}, 7100 + hidden);
-      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .gemma = true,
-                   .residual = true, .specials = true}, 7200 + hidden);
+      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .scale = 1e4},
+              7000 + hidden);
+      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .specials = true},
+              7100 + hidden);
+      RunCase(rt,
+              {.hidden = hidden,
+               .rows = 5,
+               .dtype = t,
+               .weight_dtype = t,
+               .gemma = true,
+               .residual = true,
+               .specials = true},
+              7200 + hidden);
     }
   }
 }

@@ -22,13 +22,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "ops/common/compare.h"
-#include "ops/cross_entropy/reference.h"
-#include "kjit/host_convert.h"
 #include "kjit/device_buffer.h"
-#include "tests/gpu/gpu_test_env.h"
+#include "kjit/host_convert.h"
+#include "ops/common/compare.h"
 #include "ops/cross_entropy/nccl.h"
+#include "ops/cross_entropy/reference.h"
 #include "runtime/runtime_state.h"
+#include "tests/gpu/gpu_test_env.h"
 
 namespace kjit {
 namespace {
@@ -44,7 +44,7 @@ struct Case {
   float smoothing = 0, z = 0, softcap = 0;
   bool upstream = false;
   bool in_place = false;
-  double scale = 1;       // logits ~ normal with this deviation
+  double scale = 1;  // logits ~ normal with this deviation
   bool all_ignored = false;
 
   std::vector<std::pair<int64_t, int64_t>> Shards() const {
@@ -58,26 +58,43 @@ struct Case {
     return out;
   }
   ShardedCrossEntropySpec ShardSpec(std::pair<int64_t, int64_t> shard) const {
-    return {.vocab = vocab, .shard_start = shard.first, .shard_end = shard.second, .dtype = dtype,
-            .target_type = target_type, .ignore_index = ignore_index, .reduction = reduction,
-            .label_smoothing = smoothing, .lse_square_scale = z, .softcap = softcap};
+    return {.vocab = vocab,
+            .shard_start = shard.first,
+            .shard_end = shard.second,
+            .dtype = dtype,
+            .target_type = target_type,
+            .ignore_index = ignore_index,
+            .reduction = reduction,
+            .label_smoothing = smoothing,
+            .lse_square_scale = z,
+            .softcap = softcap};
   }
   CrossEntropySpec Unsharded() const {
-    return {.vocab = vocab, .dtype = dtype, .target_type = target_type,
-            .ignore_index = ignore_index, .reduction = reduction, .label_smoothing = smoothing,
-            .lse_square_scale = z, .softcap = softcap};
+    return {.vocab = vocab,
+            .dtype = dtype,
+            .target_type = target_type,
+            .ignore_index = ignore_index,
+            .reduction = reduction,
+            .label_smoothing = smoothing,
+            .lse_square_scale = z,
+            .softcap = softcap};
   }
   ops::CrossEntropyMath Math() const {
-    return {.vocab = vocab, .dtype = dtype, .ignore_index = ignore_index, .reduction = reduction,
-            .label_smoothing = smoothing, .lse_square_scale = z, .softcap = softcap};
+    return {.vocab = vocab,
+            .dtype = dtype,
+            .ignore_index = ignore_index,
+            .reduction = reduction,
+            .label_smoothing = smoothing,
+            .lse_square_scale = z,
+            .softcap = softcap};
   }
   int64_t LossSize() const { return reduction == Reduction::kNone ? rows : 1; }
   std::string Describe() const {
-    return fmt::format("vocab={} cuts=[{}] rows={} dtype={} targets={} ignore={} reduction={} "
-                       "eps={} z={} cap={} upstream={} in_place={} scale={} all_ignored={}",
-                       vocab, fmt::join(cuts, ","), rows, Name(dtype), Name(target_type),
-                       ignore_index, Name(reduction), smoothing, z, softcap, upstream, in_place,
-                       scale, all_ignored);
+    return fmt::format(
+        "vocab={} cuts=[{}] rows={} dtype={} targets={} ignore={} reduction={} "
+        "eps={} z={} cap={} upstream={} in_place={} scale={} all_ignored={}",
+        vocab, fmt::join(cuts, ","), rows, Name(dtype), Name(target_type), ignore_index,
+        Name(reduction), smoothing, z, softcap, upstream, in_place, scale, all_ignored);
   }
 };
 
@@ -157,7 +174,8 @@ absl::Status HostAllReduce(const Runtime& rt, const std::vector<ShardedCrossEntr
     for (size_t i = 0; i < ops.size(); ++i) {
       const ShardStatsView v = ops[i].StatsOf(workspaces[i].data(), rows);
       KJIT_RETURN_IF_ERROR(copy(part.data(), pass == 0 ? v.max : v.sums, n, false));
-      for (int64_t k = 0; k < n; ++k) total[k] = pass == 0 ? std::max(total[k], part[k]) : total[k] + part[k];
+      for (int64_t k = 0; k < n; ++k)
+        total[k] = pass == 0 ? std::max(total[k], part[k]) : total[k] + part[k];
     }
     for (size_t i = 0; i < ops.size(); ++i) {
       const ShardStatsView v = ops[i].StatsOf(workspaces[i].data(), rows);
@@ -194,24 +212,26 @@ absl::StatusOr<Outputs> RunSharded(const Runtime& rt, const Case& c, const Input
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer l, Poisoned(rt, c.LossSize() * sizeof(float)));
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer s, Poisoned(rt, R * sizeof(float)));
     const int64_t width = shard.second - shard.first;
-    // Column slices of the whole rows: strided, and misaligned where a shard starts at an odd class.
-    args.push_back({.logits = TensorView::Matrix(static_cast<char*>(d_logits.data()) + shard.first * es,
-                                                 c.dtype, R, width, V),
-                    .targets = IndexView::Of(d_targets.data(), c.target_type, R),
-                    .loss = TensorView::Vector(l.data(), DType::kF32, c.LossSize()),
-                    .lse = TensorView::Vector(s.data(), DType::kF32, R),
-                    .grad = TensorView::Matrix(grad_base + shard.first * es, c.dtype, R, width, V),
-                    .grad_output = c.upstream ? TensorView::Vector(d_up->data(), DType::kF32,
-                                                                   c.LossSize())
-                                              : TensorView{},
-                    .workspace = w.data(),
-                    .workspace_bytes = op.WorkspaceBytes(R)});
+    // Column slices of the whole rows: strided, and misaligned where a shard starts at an odd
+    // class.
+    args.push_back(
+        {.logits = TensorView::Matrix(static_cast<char*>(d_logits.data()) + shard.first * es,
+                                      c.dtype, R, width, V),
+         .targets = IndexView::Of(d_targets.data(), c.target_type, R),
+         .loss = TensorView::Vector(l.data(), DType::kF32, c.LossSize()),
+         .lse = TensorView::Vector(s.data(), DType::kF32, R),
+         .grad = TensorView::Matrix(grad_base + shard.first * es, c.dtype, R, width, V),
+         .grad_output = c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, c.LossSize())
+                                   : TensorView{},
+         .workspace = w.data(),
+         .workspace_bytes = op.WorkspaceBytes(R)});
     ops.push_back(std::move(op));
     ws.push_back(std::move(w));
     loss.push_back(std::move(l));
     lse.push_back(std::move(s));
   }
-  for (size_t i = 0; i < ops.size(); ++i) KJIT_RETURN_IF_ERROR(ops[i].ComputeStats(nullptr, args[i]));
+  for (size_t i = 0; i < ops.size(); ++i)
+    KJIT_RETURN_IF_ERROR(ops[i].ComputeStats(nullptr, args[i]));
   if (how == Reduce::kCombine) {
     std::vector<ShardedCrossEntropy::Shard> shards;
     for (size_t i = 0; i < ops.size(); ++i) shards.push_back({&ops[i], ws[i].data()});
@@ -233,7 +253,8 @@ absl::StatusOr<Outputs> RunSharded(const Runtime& rt, const Case& c, const Input
     KJIT_ASSIGN_OR_RETURN(std::vector<double> l, DownloadValues(loss[i], DType::kF32));
     KJIT_ASSIGN_OR_RETURN(std::vector<double> s, DownloadValues(lse[i], DType::kF32));
     auto same_bits = [](const std::vector<double>& a, const std::vector<double>& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+      return a.size() == b.size() &&
+             std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
     };
     out.shards_agree &= same_bits(l, out.loss) && same_bits(s, out.lse);
   }
@@ -260,8 +281,8 @@ absl::StatusOr<Outputs> RunUnsharded(const Runtime& rt, const Case& c, const Inp
        .loss = TensorView::Vector(d_loss.data(), DType::kF32, c.LossSize()),
        .lse = TensorView::Vector(d_lse.data(), DType::kF32, c.rows),
        .grad = TensorView::Matrix(d_grad.data(), c.dtype, c.rows, c.vocab),
-       .grad_output = c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, c.LossSize())
-                                 : TensorView{},
+       .grad_output =
+           c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, c.LossSize()) : TensorView{},
        .workspace = d_ws.data(),
        .workspace_bytes = ce.WorkspaceBytes(c.rows)}));
   const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
@@ -292,13 +313,14 @@ void ExpectMatches(const Case& c, const Inputs& in, const Outputs& sharded,
   const ops::CrossEntropyTolerances tol = ops::CrossEntropyTolerancesFor(c.dtype);
   std::vector<double> atol = ops::CrossEntropyGradAtol(math, ref, tol);
   for (double& a : atol) a *= 2;
-  const ops::CompareResult g = ops::Compare(
-      sharded.grad, unsharded.grad, {2 * tol.grad.rtol, 2 * tol.grad.atol}, atol);
+  const ops::CompareResult g =
+      ops::Compare(sharded.grad, unsharded.grad, {2 * tol.grad.rtol, 2 * tol.grad.atol}, atol);
   EXPECT_TRUE(g.ok) << "sharded vs unsharded: " << g.Describe("grad");
   std::vector<double> loss_atol(ref.loss_terms.size());
-  for (size_t i = 0; i < loss_atol.size(); ++i) loss_atol[i] = 2 * tol.loss_atol_per_terms * ref.loss_terms[i];
-  const ops::CompareResult l = ops::Compare(
-      sharded.loss, unsharded.loss, {2 * tol.loss.rtol, 2 * tol.loss.atol}, loss_atol);
+  for (size_t i = 0; i < loss_atol.size(); ++i)
+    loss_atol[i] = 2 * tol.loss_atol_per_terms * ref.loss_terms[i];
+  const ops::CompareResult l =
+      ops::Compare(sharded.loss, unsharded.loss, {2 * tol.loss.rtol, 2 * tol.loss.atol}, loss_atol);
   EXPECT_TRUE(l.ok) << "sharded vs unsharded: " << l.Describe("loss");
 
   if (c.all_ignored) return;
@@ -308,7 +330,8 @@ void ExpectMatches(const Case& c, const Inputs& in, const Outputs& sharded,
   for (size_t k = sharded.grad.size() / 2; k < sharded.grad.size(); ++k) {
     if (!std::isfinite(ref.grad[k]) || ref.grad[k] == 0) continue;
     std::vector<double> bad = sharded.grad;
-    bad[k] = ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] / 2 + tol.grad.rtol * std::fabs(ref.grad[k]));
+    bad[k] =
+        ref.grad[k] + 1.5 * (tol.grad.atol + atol[k] / 2 + tol.grad.rtol * std::fabs(ref.grad[k]));
     EXPECT_FALSE(ops::CheckCrossEntropy(math, {.grad = &bad}, ref)[0].second.ok)
         << "the gradient check accepts a perturbed entry at " << k;
     break;
@@ -329,7 +352,8 @@ void Prebuild(const Runtime& rt, const std::vector<Case>& cases) {
     }
   }
   std::atomic<size_t> next{0};
-  std::vector<std::thread> workers(std::min<size_t>(jobs.size(), std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers(
+      std::min<size_t>(jobs.size(), std::thread::hardware_concurrency()));
   for (std::thread& w : workers) {
     w = std::thread([&] {
       auto cpu = Runtime::Create({.target = rt.target(), .compile_only = true});
@@ -361,12 +385,23 @@ TEST(ShardedCrossEntropyGpu, SplitsMatchUnshardedAndReference) {
   std::vector<Case> cases;
   for (DType t : kDtypes) {
     cases.push_back({.vocab = 128256, .cuts = {64128}, .rows = 64, .dtype = t});
-    cases.push_back({.vocab = 128256, .cuts = {32064, 64128, 96192}, .rows = 64, .dtype = t,
-                     .in_place = true, .scale = 30});
-    cases.push_back({.vocab = 50257, .cuts = {16000, 33333}, .rows = 129, .dtype = t,
+    cases.push_back({.vocab = 128256,
+                     .cuts = {32064, 64128, 96192},
+                     .rows = 64,
+                     .dtype = t,
+                     .in_place = true,
+                     .scale = 30});
+    cases.push_back({.vocab = 50257,
+                     .cuts = {16000, 33333},
+                     .rows = 129,
+                     .dtype = t,
                      .reduction = Reduction::kSum});
-    cases.push_back({.vocab = 1000, .cuts = {250, 501, 750}, .rows = 257, .dtype = t,
-                     .reduction = Reduction::kNone, .in_place = true});
+    cases.push_back({.vocab = 1000,
+                     .cuts = {250, 501, 750},
+                     .rows = 257,
+                     .dtype = t,
+                     .reduction = Reduction::kNone,
+                     .in_place = true});
   }
   RunAll(rt, cases, 100);
 }
@@ -380,7 +415,8 @@ TEST(ShardedCrossEntropyGpu, EveryOptionAndReduction) {
     for (int bits = 0; bits < 8; ++bits) {
       const int n = static_cast<int>(cases.size());
       Case c{.vocab = n % 2 ? 50257 : 1000, .rows = n % 2 ? 17 : 67, .reduction = red};
-      c.cuts = c.vocab == 1000 ? std::vector<int64_t>{250, 501, 750} : std::vector<int64_t>{16000, 33333};
+      c.cuts = c.vocab == 1000 ? std::vector<int64_t>{250, 501, 750}
+                               : std::vector<int64_t>{16000, 33333};
       c.dtype = kDtypes[n % 3];
       c.smoothing = (bits & 1) ? 0.1f : 0.0f;
       c.z = (bits & 2) ? 1e-3f : 0.0f;
@@ -395,8 +431,8 @@ TEST(ShardedCrossEntropyGpu, EveryOptionAndReduction) {
   // ignore_index naming a real class, and every row ignored (mean: NaN, as unsharded).
   cases.push_back({.vocab = 1000, .cuts = {500}, .ignore_index = 0});
   for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
-    cases.push_back({.vocab = 1000, .cuts = {333, 500}, .rows = 9, .reduction = red,
-                     .all_ignored = true});
+    cases.push_back(
+        {.vocab = 1000, .cuts = {333, 500}, .rows = 9, .reduction = red, .all_ignored = true});
   }
   RunAll(rt, cases, 500);
 }
@@ -407,8 +443,13 @@ TEST(ShardedCrossEntropyGpu, OwnAllReduceStepsGiveTheCombinesBits) {
   KJIT_REQUIRE_GPU(rt);
   const std::vector<Case> cases = {
       {.vocab = 50257, .cuts = {16000, 33333}, .rows = 33, .smoothing = 0.1f, .z = 1e-4f},
-      {.vocab = 1000, .cuts = {250, 501, 750}, .rows = 40, .dtype = DType::kF32,
-       .reduction = Reduction::kNone, .softcap = 10.0f, .scale = 30}};
+      {.vocab = 1000,
+       .cuts = {250, 501, 750},
+       .rows = 40,
+       .dtype = DType::kF32,
+       .reduction = Reduction::kNone,
+       .softcap = 10.0f,
+       .scale = 30}};
   Prebuild(rt, cases);
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].Describe());
@@ -435,14 +476,19 @@ TEST(ShardedCrossEntropyGpu, NcclOneRankAllReduce) {
   auto nccl = Nccl::Get();
   if (!nccl.ok()) GTEST_SKIP() << "no NCCL: " << ToStd(nccl.status().message());
   fmt::print("NCCL {} from {}\n", (*nccl)->version(), (*nccl)->path());
-  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx), CUDA_SUCCESS);
+  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx),
+            CUDA_SUCCESS);
   auto id = (*nccl)->GetUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
   auto comm = (*nccl)->CommInitRank(1, *id, 0);
   ASSERT_TRUE(comm.ok()) << comm.status();
-  for (const Case& c : {Case{.vocab = 128256, .rows = 64, .smoothing = 0.1f},
-                        Case{.vocab = 50257, .rows = 33, .dtype = DType::kF16,
-                             .reduction = Reduction::kNone, .z = 1e-4f, .upstream = true}}) {
+  for (const Case& c :
+       {Case{.vocab = 128256, .rows = 64, .smoothing = 0.1f}, Case{.vocab = 50257,
+                                                              .rows = 33,
+                                                              .dtype = DType::kF16,
+                                                              .reduction = Reduction::kNone,
+                                                              .z = 1e-4f,
+                                                              .upstream = true}}) {
     SCOPED_TRACE(c.Describe());
     const Inputs in = MakeInputs(c, 1234);
     auto sharded = RunSharded(rt, c, in, Reduce::kNccl, *comm);

@@ -23,11 +23,11 @@
 
 #include <fmt/format.h>
 
-#include "ops/cross_entropy/reference.h"
-#include "kjit/host_convert.h"
 #include "kjit/device_buffer.h"
+#include "kjit/host_convert.h"
 #include "kjit/kjit.h"
 #include "ops/cross_entropy/nccl.h"
+#include "ops/cross_entropy/reference.h"
 #include "runtime/runtime_state.h"
 
 namespace kjit {
@@ -55,18 +55,21 @@ absl::StatusOr<NcclUniqueId> ShareId(const Nccl& nccl, int rank, const std::stri
 
 // One shard of one problem, checked: the loss, and this rank's gradient columns (the other
 // columns are filled with the reference's own values, so the check covers the shard alone).
-absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks,
-                        int64_t vocab, float smoothing) {
+absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks, int64_t vocab,
+                        float smoothing) {
   const int64_t per = (vocab + ranks - 1) / ranks;
   const int64_t start = rank * per, end = std::min(vocab, start + per);
-  KJIT_ASSIGN_OR_RETURN(ShardedCrossEntropy ce,
-                        rt.ShardedCrossEntropy({.vocab = vocab, .shard_start = start,
-                                                .shard_end = end, .label_smoothing = smoothing}));
+  KJIT_ASSIGN_OR_RETURN(
+      ShardedCrossEntropy ce,
+      rt.ShardedCrossEntropy(
+          {.vocab = vocab, .shard_start = start, .shard_end = end, .label_smoothing = smoothing}));
   std::mt19937_64 gen(vocab);  // every rank draws the same problem
   const std::vector<double> logits = RandomValues(gen, kRows * vocab, 2.0, 0, DType::kBF16);
   std::vector<int64_t> targets(kRows);
   for (int64_t r = 0; r < kRows; ++r) {
-    targets[r] = r % 5 == 4 ? -100 : r % 2 ? static_cast<int64_t>(gen() % vocab) : (r / 2 * per) % vocab;
+    targets[r] = r % 5 == 4 ? -100
+                 : r % 2    ? static_cast<int64_t>(gen() % vocab)
+                            : (r / 2 * per) % vocab;
   }
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_logits, UploadValues(rt, logits, DType::kBF16));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_targets, DeviceBuffer::Create(rt, kRows * 8));
@@ -83,11 +86,12 @@ absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks,
                                .workspace = d_ws.data(),
                                .workspace_bytes = ce.WorkspaceBytes(kRows)},
                               comm));
-  KJIT_RETURN_IF_ERROR(kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), "cuCtxSynchronize"));
+  KJIT_RETURN_IF_ERROR(kjit::internal::StateOf(rt).driver->Check(
+      kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), "cuCtxSynchronize"));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> loss, DownloadValues(d_loss, DType::kF32));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> grad, DownloadValues(d_logits, DType::kBF16));
-  const ops::CrossEntropyMath math{.vocab = vocab, .dtype = DType::kBF16,
-                                        .label_smoothing = smoothing};
+  const ops::CrossEntropyMath math{
+      .vocab = vocab, .dtype = DType::kBF16, .label_smoothing = smoothing};
   const auto ref = ops::CrossEntropyReference(math, kRows, logits, targets, nullptr, true);
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t c = 0; c < vocab; ++c) {
@@ -95,7 +99,8 @@ absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks,
     }
   }
   std::string problems;
-  for (const auto& [name, res] : ops::CheckCrossEntropy(math, {.loss = &loss, .grad = &grad}, ref)) {
+  for (const auto& [name, res] :
+       ops::CheckCrossEntropy(math, {.loss = &loss, .grad = &grad}, ref)) {
     if (!res.ok) problems += "\n  " + res.Describe(name);
   }
   fmt::print("rank {}/{}: vocab {} shard [{}, {}) loss {:.6f} (reference {:.6f}){}\n", rank, ranks,
@@ -107,8 +112,9 @@ int RunRank(int rank, int ranks, const std::string& dir) {
   const absl::Status s = [&]() -> absl::Status {
     KJIT_ASSIGN_OR_RETURN(const Nccl* nccl, Nccl::Get());
     KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create({.device = rank}));
-    KJIT_RETURN_IF_ERROR(
-        kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx), "cuCtxSetCurrent"));
+    KJIT_RETURN_IF_ERROR(kjit::internal::StateOf(rt).driver->Check(
+        kjit::internal::StateOf(rt).driver->cuCtxSetCurrent(kjit::internal::StateOf(rt).ctx),
+        "cuCtxSetCurrent"));
     KJIT_ASSIGN_OR_RETURN(NcclUniqueId id, ShareId(*nccl, rank, dir));
     KJIT_ASSIGN_OR_RETURN(NcclComm comm, nccl->CommInitRank(ranks, id, rank));
     absl::Status checked = CheckShard(rt, comm, rank, ranks, 128256, 0.0f);
@@ -166,9 +172,12 @@ int main(int argc, char** argv) {
   std::string dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--ranks") ranks = std::atoi(argv[i + 1]);
-    else if (flag == "--rank") rank = std::atoi(argv[i + 1]);
-    else if (flag == "--dir") dir = argv[i + 1];
+    if (flag == "--ranks")
+      ranks = std::atoi(argv[i + 1]);
+    else if (flag == "--rank")
+      rank = std::atoi(argv[i + 1]);
+    else if (flag == "--dir")
+      dir = argv[i + 1];
   }
   if (ranks < 1 || ranks > 64) {
     fmt::print(stderr, "usage: {} --ranks N (1 to 64)\n", argv[0]);

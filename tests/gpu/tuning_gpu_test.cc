@@ -13,21 +13,21 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/common/trial.h"
-#include "runtime/tuning_db.h"
+#include "ops/cross_entropy/config.h"
 #include "ops/registry.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tuning_db.h"
 #include "tests/gpu/gpu_test_env.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
-#include "runtime/runtime_state.h"
-#include "ops/cross_entropy/config.h"
 
 namespace kjit {
 namespace {
 
 namespace fs = std::filesystem;
-using ops::TuningKeyFor;
 using internal::TuningDb;
 using internal::TuningRecord;
+using ops::TuningKeyFor;
 
 class TuningGpu : public ::testing::Test {
  protected:
@@ -36,7 +36,8 @@ class TuningGpu : public ::testing::Test {
     db_ = tmp_.path() + "/tuning.json";
   }
   void Put(const internal::TuningKey& key, const std::string& config) {
-    TuningRecord r{.key = key, .config = config, .median_us = 1, .tuned_at = "2026-12-02T00:00:00Z"};
+    TuningRecord r{
+        .key = key, .config = config, .median_us = 1, .tuned_at = "2026-12-02T00:00:00Z"};
     auto written = TuningDb::Upsert(db_, {r});
     ASSERT_TRUE(written.ok()) << written.status();
   }
@@ -168,7 +169,8 @@ TEST_F(TuningGpu, KjitTuneTunesOnTheDeviceItIsGiven) {
   }
   const std::string spec = ops::SpecToJson(RmsNormSpec{.hidden = 1024, .dtype = DType::kBF16});
   testing::CliResult r = testing::RunProgram(
-      bin, {"--spec", spec, "--tokens", "64", "--device", "0", "--db", db_, "--json"}, {}, tmp_.path());
+      bin, {"--spec", spec, "--tokens", "64", "--device", "0", "--db", db_, "--json"}, {},
+      tmp_.path());
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   // The report lists the compiled kernel, then one tuned entry per op and row bucket: here one.
   const auto report = nlohmann::json::parse(r.out);
@@ -182,9 +184,9 @@ TEST_F(TuningGpu, KjitTuneTunesOnTheDeviceItIsGiven) {
 
   int count = 0;
   ASSERT_EQ(kjit::internal::StateOf(gpu).driver->cuDeviceGetCount(&count), CUDA_SUCCESS);
-  r = testing::RunProgram(bin, {"--spec", spec, "--tokens", "64", "--device", std::to_string(count),
-                                "--db", db_},
-                          {}, tmp_.path());
+  r = testing::RunProgram(
+      bin, {"--spec", spec, "--tokens", "64", "--device", std::to_string(count), "--db", db_}, {},
+      tmp_.path());
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("--device " + std::to_string(count) + ":"), std::string::npos) << r.err;
   EXPECT_EQ(TuningDb::Load(db_)->records().size(), 1u) << "the failed run wrote nothing";

@@ -123,8 +123,8 @@ TEST(CacheEntryTest, TruncationMessageGivesBothSizes) {
   const std::string e = EncodeEntry(MakeBinary());
   absl::StatusOr<Binary> r = DecodeEntry(std::string_view(e).substr(0, 100));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find(
-                "header says " + std::to_string(e.size() - 32) + " payload bytes, file has 68"),
+  EXPECT_NE(r.status().message().find("header says " + std::to_string(e.size() - 32) +
+                                      " payload bytes, file has 68"),
             absl::string_view::npos)
       << r.status();
 }
@@ -198,7 +198,7 @@ TEST(CacheEntryTest, BadMetadataBehindAValidChecksumIsRejected) {
       {R"({"target":"sm_90","lowered_names":{},"nvrtc_version":"","options":[],)"
        R"("params":{},"program_name":"","created_unix":1})",
        "'log'"},
-      {"{\"target\":\"\xff\"}", "not valid JSON"},  // invalid UTF-8 in a string
+      {"{\"target\":\"\xff\"}", "not valid JSON"},   // invalid UTF-8 in a string
       {std::string(100000, '['), "not valid JSON"},  // deep nesting must not blow the stack
   };
   for (const auto& [meta, reason] : cases) {

@@ -37,14 +37,13 @@ TEST(CacheKeyTest, EveryInputChangesTheKey) {
   const Target ptx = *ParseTarget("compute_90");
   std::vector<std::string> other_options = CompileOptions(t);
   other_options.push_back("-lineinfo");
-  for (const std::string& k :
-       {CacheKey(header_edit, t, CompileOptions(t), "13.0"),
-        CacheKey(stub_edit, t, CompileOptions(t), "13.0"),
-        CacheKey(kernel_edit, t, CompileOptions(t), "13.0"),
-        CacheKey(MakeSource(), t100, CompileOptions(t), "13.0"),
-        CacheKey(MakeSource(), ptx, CompileOptions(t), "13.0"),
-        CacheKey(MakeSource(), t, other_options, "13.0"),
-        CacheKey(MakeSource(), t, CompileOptions(t), "13.1")}) {
+  for (const std::string& k : {CacheKey(header_edit, t, CompileOptions(t), "13.0"),
+                               CacheKey(stub_edit, t, CompileOptions(t), "13.0"),
+                               CacheKey(kernel_edit, t, CompileOptions(t), "13.0"),
+                               CacheKey(MakeSource(), t100, CompileOptions(t), "13.0"),
+                               CacheKey(MakeSource(), ptx, CompileOptions(t), "13.0"),
+                               CacheKey(MakeSource(), t, other_options, "13.0"),
+                               CacheKey(MakeSource(), t, CompileOptions(t), "13.1")}) {
     EXPECT_NE(k, base);
   }
 }

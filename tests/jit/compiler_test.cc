@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include "jit/embedded_templates.h"
+#include "kjit/rms_norm.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
-#include "kjit/rms_norm.h"
 
 namespace kjit {
 namespace {
@@ -25,7 +25,8 @@ TEST(CompilerTest, TemplatesAreEmbeddedAndUseNoToolkitHeader) {
     const std::string* text = jit::FindEmbeddedTemplate(name);
     ASSERT_NE(text, nullptr) << name;
     EXPECT_EQ(text->find("#include <"), std::string::npos) << name << " includes a system header";
-    EXPECT_EQ(text->find("#include \"cuda"), std::string::npos) << name << " includes a toolkit header";
+    EXPECT_EQ(text->find("#include \"cuda"), std::string::npos)
+        << name << " includes a toolkit header";
   }
 }
 
@@ -37,14 +38,18 @@ TEST(CompilerTest, RmsNormCompilesForEveryDtypeAndTarget) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       for (DType w : {t, DType::kF32}) {
         RmsNormSpec spec{.hidden = 4096, .dtype = t, .weight_dtype = w};
-        const int vec = ops::MaxVecForHidden(4096, static_cast<int>(std::max(SizeOf(t), SizeOf(w))));
+        const int vec =
+            ops::MaxVecForHidden(4096, static_cast<int>(std::max(SizeOf(t), SizeOf(w))));
         auto src = ops::RenderRmsNorm(spec, ops::DefaultRmsNormConfig(4096, vec));
         ASSERT_TRUE(src.ok()) << src.status();
         auto bin = jit::Compile(nvrtc, *src, target);
         ASSERT_TRUE(bin.ok()) << arch << " " << Name(t) << "/" << Name(w) << ": " << bin.status();
         EXPECT_EQ(bin->target, target);
         ASSERT_GE(bin->code.size(), 4u);
-        EXPECT_EQ(bin->code.substr(0, 4), "\x7f" "ELF") << "CUBIN is an ELF image";
+        EXPECT_EQ(bin->code.substr(0, 4),
+                  "\x7f"
+                  "ELF")
+            << "CUBIN is an ELF image";
         ASSERT_EQ(bin->lowered_names.size(), 3u);
         for (const auto& [expr, lowered] : bin->lowered_names) {
           EXPECT_EQ(lowered.rfind("_Z", 0), 0u) << expr << " -> " << lowered;
@@ -61,7 +66,8 @@ TEST(CompilerTest, EveryOptionAndOddShapeCompiles) {
   const jit::Target target = *jit::ParseTarget("sm_90");
   for (int64_t hidden : {1, 7, 64, 1000, 5120, 65536}) {
     for (int bits = 0; bits < 4; ++bits) {
-      RmsNormSpec spec{.hidden = hidden, .dtype = DType::kBF16,
+      RmsNormSpec spec{.hidden = hidden,
+                       .dtype = DType::kBF16,
                        .casting = (bits & 1) ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
                        .fused_residual = (bits & 2) != 0};
       for (int vec : {1, ops::MaxVecForHidden(hidden, 2)}) {

@@ -1,8 +1,8 @@
 // The disk cache is shared by every process of a user and runs what it returns on the GPU, so
 // these tests attack it: corrupt and planted files, writers killed mid-write, processes racing
 // for one key, unsafe or unwritable directories. CPU only; each test gets a fresh mkdtemp root.
-#include "tests/test_support.h"
 #include "jit/disk_cache.h"
+#include "tests/test_support.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -92,7 +92,6 @@ int WaitChild(pid_t pid) {
   if (WIFSIGNALED(status)) return 1000 + WTERMSIG(status);
   return -1;
 }
-
 
 class DiskCacheTest : public ::testing::Test {
  protected:
@@ -242,7 +241,9 @@ TEST_F(DiskCacheTest, BadKeysAreRejected) {
       std::string(33, 'a'),
       "0123456789abcdef0123456789abcd/f",
       "0123456789abcdef0123456789ab/../",
-      std::string("0123456789abcdef\0" "123456789abcdef", 32),
+      std::string("0123456789abcdef\0"
+                  "123456789abcdef",
+                  32),
       "0123456789abcdef0123456789abcdeg",
   };
   for (const std::string& key : bad) {
@@ -829,8 +830,8 @@ TEST(DiskCacheOptionsTest, MaxBytesIsParsedStrictly) {
     ASSERT_TRUE(o.ok()) << text << ": " << o.status();
     EXPECT_EQ(o->max_bytes, value) << text;
   }
-  for (const char* text : {"abc", "-1", "+5", " 5", "5 ", "10G", "1.5", "0x10",
-                           "18446744073709551616"}) {
+  for (const char* text :
+       {"abc", "-1", "+5", " 5", "5 ", "10G", "1.5", "0x10", "18446744073709551616"}) {
     ScopedEnv m("KJIT_CACHE_MAX_BYTES", text);
     absl::StatusOr<DiskCache::Options> o = DiskCache::Options::FromEnvironment();
     ASSERT_FALSE(o.ok()) << "accepted '" << text << "'";

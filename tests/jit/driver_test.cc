@@ -1,8 +1,8 @@
 // Loading the CUDA driver and NVRTC at run time, on a machine without a GPU: a missing driver, the
 // toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34) and a missing NVRTC are errors with a fix,
 // never a crash; a compile-only runtime builds kernels without touching a driver.
-#include "tests/test_support.h"
 #include "jit/driver.h"
+#include "tests/test_support.h"
 
 #include <unistd.h>
 
@@ -22,7 +22,6 @@
 #include "kjit/runtime.h"
 #include "runtime/runtime_state.h"
 
-
 namespace kjit {
 namespace {
 
@@ -34,7 +33,6 @@ std::string Msg(const absl::Status& s) { return std::string(ToStd(s.message()));
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
-
 
 class TempDir {
  public:

@@ -26,13 +26,13 @@
 #include <absl/strings/cord.h>
 #include <gtest/gtest.h>
 
-#include "ops/rms_norm/config.h"
 #include "jit/cache_key.h"
 #include "jit/compiler.h"
 #include "jit/disk_cache.h"
 #include "jit/source.h"
 #include "jit/target.h"
 #include "kjit/rms_norm.h"
+#include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
 
 namespace kjit::jit {
@@ -120,7 +120,9 @@ TEST_F(JitTest, SecondBuildInOneJitIsAMemoryHit) {
   EXPECT_EQ(jit->compile_count(), 1);
   ASSERT_NE(first->binary, nullptr);
   EXPECT_FALSE(first->binary->code.empty());
-  EXPECT_EQ(first->binary->code.substr(0, 4), "\x7f" "ELF");  // a CUBIN is an ELF file
+  EXPECT_EQ(first->binary->code.substr(0, 4),
+            "\x7f"
+            "ELF");  // a CUBIN is an ELF file
   EXPECT_EQ(first->binary->target, Sm("sm_90"));
   EXPECT_EQ(first->binary->lowered_names.size(), source_.name_expressions.size());
   EXPECT_EQ(first->key.size(), 32u);
@@ -155,7 +157,8 @@ TEST_F(JitTest, ThreadsBuildingOneKernelCompileItOnce) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) {
     // Half ask for sm_90, half for sm_100: two kernels, each wanted by four threads.
-    threads.emplace_back([&, i] { results[i] = jit->Build(source_, Sm(i % 2 ? "sm_100" : "sm_90")); });
+    threads.emplace_back(
+        [&, i] { results[i] = jit->Build(source_, Sm(i % 2 ? "sm_100" : "sm_90")); });
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(jit->compile_count(), 2);
@@ -239,7 +242,8 @@ TEST_F(JitTest, EightProcessesStartedTogetherCompileOnce) {
       r.index = i;
       auto jit = Jit::Create(options);
       if (!jit.ok()) {
-        std::snprintf(r.error, sizeof r.error, "%s", std::string(ToStd(jit.status().message())).c_str());
+        std::snprintf(r.error, sizeof r.error, "%s",
+                      std::string(ToStd(jit.status().message())).c_str());
       } else {
         auto built = (*jit)->Build(source_, Sm("sm_90"));
         if (!built.ok()) {
@@ -249,7 +253,8 @@ TEST_F(JitTest, EightProcessesStartedTogetherCompileOnce) {
           r.ok = 1;
           r.compile_count = (*jit)->compile_count();
           r.origin = static_cast<int>(built->origin);
-          std::snprintf(r.code_hash, sizeof r.code_hash, "%s", HashHex(built->binary->code).c_str());
+          std::snprintf(r.code_hash, sizeof r.code_hash, "%s",
+                        HashHex(built->binary->code).c_str());
         }
       }
       ssize_t n = ::write(results[1], &r, sizeof r);
@@ -264,7 +269,8 @@ TEST_F(JitTest, EightProcessesStartedTogetherCompileOnce) {
   std::vector<ChildReport> reports;
   ChildReport r;
   ssize_t n;
-  while ((n = ::read(results[0], &r, sizeof r)) == static_cast<ssize_t>(sizeof r)) reports.push_back(r);
+  while ((n = ::read(results[0], &r, sizeof r)) == static_cast<ssize_t>(sizeof r))
+    reports.push_back(r);
   ::close(results[0]);
   for (pid_t pid : pids) {
     int status = 0;
@@ -426,8 +432,8 @@ TEST_F(JitTest, CompileErrorCarriesLogTargetAndOptionsAndStoresNothing) {
   ASSERT_TRUE(cache.ok()) << cache.status();
   EXPECT_TRUE(cache->List().empty());
   for (const std::string& name : DirNames(dir_)) {
-    EXPECT_TRUE(name.ends_with(".lock")) << "unexpected file in the cache: " << name << " (all: "
-                                         << Joined(DirNames(dir_)) << ")";
+    EXPECT_TRUE(name.ends_with(".lock"))
+        << "unexpected file in the cache: " << name << " (all: " << Joined(DirNames(dir_)) << ")";
   }
 }
 

@@ -19,8 +19,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/test_support.h"
 #include "tests/temp_dir.h"
+#include "tests/test_support.h"
 
 namespace kjit::jit {
 namespace {
@@ -256,8 +256,8 @@ TEST_F(TraceTest, KjitTraceIntoAFifo) {
 TEST_F(TraceTest, KjitTraceRecordsCompilesAndCacheHits) {
   const std::map<std::string, std::string> env = {{"KJIT_CACHE_DIR", dir_ + "/cache"},
                                                   {"KJIT_CACHE_MAX_BYTES", ""}};
-  const std::vector<std::string> compile = {"compile", "--op", "rms_norm", "--hidden", "512",
-                                            "--arch", "sm_90"};
+  const std::vector<std::string> compile = {"compile", "--op",   "rms_norm", "--hidden",
+                                            "512",     "--arch", "sm_90"};
   auto with_trace = [&](const std::string& path) {
     std::vector<std::string> args = {"--trace", path};
     args.insert(args.end(), compile.begin(), compile.end());

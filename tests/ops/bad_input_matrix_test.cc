@@ -57,7 +57,10 @@ void AddTensorCases(std::vector<Case<Args>>& cases, const std::string& name, Ten
   add("negative cols", [](TensorView& t) { t.cols = -1; });
   add("negative row_stride", [](TensorView& t) { t.row_stride = -1; });
   add("huge rows", [](TensorView& t) { t.rows = kHuge; });
-  add("huge cols", [](TensorView& t) { t.cols = kHuge; t.row_stride = kHuge; });
+  add("huge cols", [](TensorView& t) {
+    t.cols = kHuge;
+    t.row_stride = kHuge;
+  });
   add("int32-overflowing rows", [](TensorView& t) { t.rows = int64_t{1} << 31; });
   // (rows - 1) * row_stride overflows int64 (a one-row view's stride is never used: not bad).
   if (!vector) add("huge row_stride", [](TensorView& t) { t.row_stride = int64_t{1} << 62; });
@@ -84,9 +87,10 @@ void AddIndexCases(std::vector<Case<Args>>& cases, const std::string& name, Inde
 template <typename Args>
 void AddWorkspaceCases(std::vector<Case<Args>>& cases) {
   cases.push_back({"workspace null", "workspace", [](Args& a) { a.workspace = nullptr; }});
-  cases.push_back({"workspace misaligned", "workspace",
-                   [](Args& a) { a.workspace = Offset(a.workspace, 8); }});
-  cases.push_back({"workspace_bytes zero", "workspace_bytes", [](Args& a) { a.workspace_bytes = 0; }});
+  cases.push_back(
+      {"workspace misaligned", "workspace", [](Args& a) { a.workspace = Offset(a.workspace, 8); }});
+  cases.push_back(
+      {"workspace_bytes zero", "workspace_bytes", [](Args& a) { a.workspace_bytes = 0; }});
   cases.push_back(
       {"workspace_bytes negative", "workspace_bytes", [](Args& a) { a.workspace_bytes = -1; }});
 }
@@ -128,8 +132,8 @@ class BadInputMatrixTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(tmp_.ok());
     dir_ = tmp_.path();
-    auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
-                               .cache_dir = dir_ + "/cache"});
+    auto rt =
+        Runtime::Create({.target = "sm_90", .compile_only = true, .cache_dir = dir_ + "/cache"});
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_.emplace(std::move(*rt));
   }
@@ -156,7 +160,9 @@ RmsNormForwardArgs GoodRmsForward(bool fused) {
 TEST_F(BadInputMatrixTest, RmsNormForward) {
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused_residual" : "plain");
-    auto norm = rt_->RmsNorm({.hidden = kCols, .dtype = DType::kBF16, .weight_dtype = DType::kF32,
+    auto norm = rt_->RmsNorm({.hidden = kCols,
+                              .dtype = DType::kBF16,
+                              .weight_dtype = DType::kF32,
                               .fused_residual = fused});
     ASSERT_TRUE(norm.ok()) << norm.status();
     using A = RmsNormForwardArgs;
@@ -182,8 +188,9 @@ TEST_F(BadInputMatrixTest, RmsNormForward) {
       AddOverlapCases<A>(cases, "rstd", &A::rstd, "residual", &A::residual, false);
       AddOverlapCases<A>(cases, "rstd", &A::rstd, "residual_out", &A::residual_out, false);
     }
-    RunMatrix<A>(cases, [fused] { return GoodRmsForward(fused); },
-                 [&](const A& a) { return norm->Forward(nullptr, a); });
+    RunMatrix<A>(
+        cases, [fused] { return GoodRmsForward(fused); },
+        [&](const A& a) { return norm->Forward(nullptr, a); });
   }
 }
 
@@ -211,16 +218,19 @@ TEST_F(BadInputMatrixTest, RmsNormBackward) {
   AddTensorCases<A>(cases, "dw", &A::dw, false, /*vector=*/true);
   AddTensorCases<A>(cases, "dresidual", &A::dresidual, true);
   cases.push_back({"workspace null", "workspace", [](A& a) { a.workspace = nullptr; }});
-  cases.push_back({"workspace misaligned", "workspace", [](A& a) { a.workspace = Offset(a.workspace, 8); }});
+  cases.push_back(
+      {"workspace misaligned", "workspace", [](A& a) { a.workspace = Offset(a.workspace, 8); }});
   // The fp32 partial sums must not land on any argument.
   cases.push_back({"workspace overlaps dy", "workspace", [](A& a) { a.workspace = a.dy.data; }});
   cases.push_back({"workspace overlaps x", "workspace", [](A& a) { a.workspace = a.x.data; }});
-  cases.push_back({"workspace overlaps weight", "workspace", [](A& a) { a.workspace = a.weight.data; }});
-  cases.push_back({"workspace overlaps rstd", "workspace", [](A& a) { a.workspace = a.rstd.data; }});
+  cases.push_back(
+      {"workspace overlaps weight", "workspace", [](A& a) { a.workspace = a.weight.data; }});
+  cases.push_back(
+      {"workspace overlaps rstd", "workspace", [](A& a) { a.workspace = a.rstd.data; }});
   cases.push_back({"workspace overlaps dx", "workspace", [](A& a) { a.workspace = a.dx.data; }});
   cases.push_back({"workspace overlaps dw", "workspace", [](A& a) { a.workspace = a.dw.data; }});
-  cases.push_back({"workspace overlaps dresidual", "workspace",
-                   [](A& a) { a.workspace = a.dresidual.data; }});
+  cases.push_back(
+      {"workspace overlaps dresidual", "workspace", [](A& a) { a.workspace = a.dresidual.data; }});
   // dx may be dy or dresidual (in place); the other pairs must be disjoint.
   AddOverlapCases<A>(cases, "dx", &A::dx, "dy", &A::dy, true);
   AddOverlapCases<A>(cases, "dx", &A::dx, "dresidual", &A::dresidual, true);
@@ -254,8 +264,8 @@ CrossEntropyArgs GoodCe(bool gradient, const CrossEntropy& ce) {
 }
 
 TEST_F(BadInputMatrixTest, CrossEntropyForwardAndForwardBackward) {
-  auto ce = rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16,
-                               .reduction = Reduction::kNone, .argmax = true});
+  auto ce = rt_->CrossEntropy(
+      {.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone, .argmax = true});
   ASSERT_TRUE(ce.ok()) << ce.status();
   using A = CrossEntropyArgs;
   for (bool gradient : {false, true}) {
@@ -282,15 +292,17 @@ TEST_F(BadInputMatrixTest, CrossEntropyForwardAndForwardBackward) {
                          a.grad = TensorView::Matrix(Slot(6), DType::kBF16, kRows, kCols);
                        }});
     }
-    RunMatrix<A>(cases, [&] { return GoodCe(gradient, *ce); },
-                 [&](const A& a) {
-                   return gradient ? ce->ForwardBackward(nullptr, a) : ce->Forward(nullptr, a);
-                 });
+    RunMatrix<A>(
+        cases, [&] { return GoodCe(gradient, *ce); },
+        [&](const A& a) {
+          return gradient ? ce->ForwardBackward(nullptr, a) : ce->Forward(nullptr, a);
+        });
   }
 }
 
 TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
-  auto ce = rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  auto ce =
+      rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone});
   ASSERT_TRUE(ce.ok()) << ce.status();
   using A = CrossEntropyBackwardArgs;
   auto good = [&] {
@@ -319,8 +331,10 @@ TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
 
 TEST_F(BadInputMatrixTest, ShardedCrossEntropyComputeStatsAndFinish) {
   // The shard [64, 64 + kCols) of a vocab of 4 * kCols.
-  auto op = rt_->ShardedCrossEntropy({.vocab = 4 * kCols, .shard_start = 64,
-                                      .shard_end = 64 + kCols, .dtype = DType::kBF16,
+  auto op = rt_->ShardedCrossEntropy({.vocab = 4 * kCols,
+                                      .shard_start = 64,
+                                      .shard_end = 64 + kCols,
+                                      .dtype = DType::kBF16,
                                       .reduction = Reduction::kNone});
   ASSERT_TRUE(op.ok()) << op.status();
   using A = ShardedCrossEntropyArgs;

@@ -47,9 +47,8 @@ TEST(CompareTest, RmsNormChecksRejectZeroAndPerturbedOutputs) {
   const auto f = RmsNormForwardReference(m, rows, x, nullptr, w);
   const auto b = RmsNormBackwardReference(m, rows, dy, x, w, nullptr);
   // The references themselves pass.
-  for (const auto& [name, r] : CheckRmsNorm(m, rows, DType::kBF16,
-                                            {.y = &f.y, .rstd = &f.rstd, .dx = &b.dx, .dw = &b.dw},
-                                            f, &b)) {
+  for (const auto& [name, r] : CheckRmsNorm(
+           m, rows, DType::kBF16, {.y = &f.y, .rstd = &f.rstd, .dx = &b.dx, .dw = &b.dw}, f, &b)) {
     EXPECT_TRUE(r.ok) << r.Describe(name);
   }
   const std::vector<double> zeros_dx(b.dx.size(), 0.0), zeros_dw(b.dw.size(), 0.0);

@@ -11,9 +11,9 @@
 #include "jit/compiler.h"
 #include "jit/embedded_templates.h"
 #include "kjit/cross_entropy.h"
-#include "tests/temp_dir.h"
-#include "ops/cross_entropy/program.h"
 #include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/program.h"
+#include "tests/temp_dir.h"
 
 namespace kjit {
 namespace {
@@ -33,7 +33,10 @@ void ExpectCompiles(const CrossEntropySpec& spec, const CrossEntropyConfig& conf
   ASSERT_TRUE(bin.ok()) << arch << " " << jit::FormatParams(src->params) << ": " << bin.status();
   EXPECT_EQ(bin->target, target);
   ASSERT_GE(bin->code.size(), 4u);
-  EXPECT_EQ(bin->code.substr(0, 4), "\x7f" "ELF") << "CUBIN is an ELF image";
+  EXPECT_EQ(bin->code.substr(0, 4),
+            "\x7f"
+            "ELF")
+      << "CUBIN is an ELF image";
   ASSERT_EQ(bin->lowered_names.size(), src->name_expressions.size());
   for (const auto& [expr, lowered] : bin->lowered_names) {
     EXPECT_EQ(lowered.rfind("_Z", 0), 0u) << expr << " -> " << lowered;
@@ -45,7 +48,8 @@ TEST(CrossEntropyCompileTest, TemplatesAreEmbeddedAndUseNoToolkitHeader) {
     const std::string* text = jit::FindEmbeddedTemplate(name);
     ASSERT_NE(text, nullptr) << name;
     EXPECT_EQ(text->find("#include <"), std::string::npos) << name << " includes a system header";
-    EXPECT_EQ(text->find("#include \"cuda"), std::string::npos) << name << " includes a toolkit header";
+    EXPECT_EQ(text->find("#include \"cuda"), std::string::npos)
+        << name << " includes a toolkit header";
   }
 }
 
@@ -57,7 +61,9 @@ TEST(CrossEntropyCompileTest, EveryDtypeArchAndVocab) {
         const CrossEntropySpec spec{.vocab = vocab, .dtype = t};
         const int vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(t)));
         const int cc = std::stoi(std::string(arch).substr(3));
-        ExpectCompiles(spec, ops::DefaultCrossEntropyConfig(vocab, vec, cc, static_cast<int>(SizeOf(t))), arch);
+        ExpectCompiles(spec,
+                       ops::DefaultCrossEntropyConfig(vocab, vec, cc, static_cast<int>(SizeOf(t))),
+                       arch);
         if (::testing::Test::HasFatalFailure()) return;
         ++compiled;
       }
@@ -93,18 +99,18 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
     if (::testing::Test::HasFatalFailure()) return;
   }
   // Staged with a vocab that is not a multiple of the vector: the last block's scalar tail.
-  ExpectCompiles({.vocab = 50257, .dtype = DType::kBF16, .label_smoothing = 0.1f, .softcap = 30.0f},
-                 CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2,
-                                              .staged = 1},
-                 "sm_90");
+  ExpectCompiles(
+      {.vocab = 50257, .dtype = DType::kBF16, .label_smoothing = 0.1f, .softcap = 30.0f},
+      CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2, .staged = 1},
+      "sm_90");
   ExpectCompiles({.vocab = 1 << 20, .dtype = DType::kF32},
                  ops::DefaultCrossEntropyConfig(1 << 20, 4, 120, 4), "sm_120");
 }
 
 // A cluster compiled for a GPU without clusters is refused by the template, with a reason.
 TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
-  auto src = ops::RenderCrossEntropy(
-      {.vocab = 128256}, CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4});
+  auto src = ops::RenderCrossEntropy({.vocab = 128256},
+                                     CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4});
   ASSERT_TRUE(src.ok()) << src.status();
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
   ASSERT_FALSE(bin.ok());
@@ -114,8 +120,7 @@ TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
 
 TEST(CrossEntropyCompileTest, StagedBeforeSm90FailsWithTheReason) {
   auto src = ops::RenderCrossEntropy(
-      {.vocab = 32000},
-      CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1});
+      {.vocab = 32000}, CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1});
   ASSERT_TRUE(src.ok()) << src.status();
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
   ASSERT_FALSE(bin.ok());
@@ -136,7 +141,8 @@ class CrossEntropyCliTest : public ::testing::Test {
     std::string output;  // stdout and stderr
   };
   Result Run(const std::string& args) const {
-    const std::string cmd = fmt::format("KJIT_CACHE_DIR={}/cache {} {} 2>&1", dir_, KJIT_CLI_PATH, args);
+    const std::string cmd =
+        fmt::format("KJIT_CACHE_DIR={}/cache {} {} 2>&1", dir_, KJIT_CLI_PATH, args);
     Result r;
     FILE* p = popen(cmd.c_str(), "r");
     if (p == nullptr) return r;
@@ -159,9 +165,9 @@ TEST_F(CrossEntropyCliTest, CompilesEveryDtypeForAnExplicitArch) {
     EXPECT_NE(r.output.find("\"target\": \"sm_100\""), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("\"vocab\": \"128256\""), std::string::npos) << r.output;
   }
-  const Result options = Run(
-      "compile --op cross_entropy --vocab 50257 --target-type int32 --reduction none "
-      "--label-smoothing 0.1 --z-loss 1e-4 --softcap 30 --argmax --arch sm_90");
+  const Result options =
+      Run("compile --op cross_entropy --vocab 50257 --target-type int32 --reduction none "
+          "--label-smoothing 0.1 --z-loss 1e-4 --softcap 30 --argmax --arch sm_90");
   EXPECT_EQ(options.exit_code, 0) << options.output;
   EXPECT_NE(options.output.find("softcap=30"), std::string::npos) << options.output;
 }

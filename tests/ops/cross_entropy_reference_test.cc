@@ -39,8 +39,8 @@ TEST(CrossEntropyReferenceTest, HandComputedRow) {
 }
 
 TEST(CrossEntropyReferenceTest, IgnoredOutOfRangeAndAllIgnoredRowsFollowPyTorch) {
-  CrossEntropyMath m{.vocab = 4, .dtype = DType::kF32, .ignore_index = -100,
-                     .reduction = Reduction::kMean};
+  CrossEntropyMath m{
+      .vocab = 4, .dtype = DType::kF32, .ignore_index = -100, .reduction = Reduction::kMean};
   const std::vector<double> x = RandomLogits(4 * 4, 1, 1);
   // Rows: valid, ignored, out of range (4 == vocab), out of range (-1).
   const auto r = CrossEntropyReference(m, 4, x, {1, -100, 4, -1}, nullptr, true);
@@ -56,7 +56,8 @@ TEST(CrossEntropyReferenceTest, IgnoredOutOfRangeAndAllIgnoredRowsFollowPyTorch)
   EXPECT_TRUE(std::isnan(all.loss[0]));
   for (double g : all.grad) EXPECT_EQ(g, 0);
   m.reduction = Reduction::kSum;
-  EXPECT_EQ(CrossEntropyReference(m, 2, RandomLogits(8, 1, 2), {-100, -100}, nullptr, true).loss[0], 0);
+  EXPECT_EQ(CrossEntropyReference(m, 2, RandomLogits(8, 1, 2), {-100, -100}, nullptr, true).loss[0],
+            0);
   // ignore_index may name a real class.
   m.ignore_index = 2;
   const auto cls = CrossEntropyReference(m, 1, RandomLogits(4, 1, 3), {2}, nullptr, true);
@@ -67,8 +68,12 @@ TEST(CrossEntropyReferenceTest, OptionsMatchTheirDefinitions) {
   const int64_t V = 5;
   const std::vector<double> x = {0.5, -1.0, 2.0, 0.25, -0.75};
   const double eps = 0.1, z = 1e-2, cap = 1.5;
-  CrossEntropyMath m{.vocab = V, .dtype = DType::kF32, .reduction = Reduction::kNone,
-                     .label_smoothing = eps, .lse_square_scale = z, .softcap = cap};
+  CrossEntropyMath m{.vocab = V,
+                     .dtype = DType::kF32,
+                     .reduction = Reduction::kNone,
+                     .label_smoothing = eps,
+                     .lse_square_scale = z,
+                     .softcap = cap};
   const auto r = CrossEntropyReference(m, 1, x, {3}, nullptr, false);
   double s = 0, mean = 0;
   std::vector<double> c(V);
@@ -95,8 +100,8 @@ TEST(CrossEntropyReferenceTest, GradientIsTheDerivativeOfTheLoss) {
       if (bits & 4) m.softcap = 2.0;
       const std::vector<double> x = RandomLogits(R * V, 3, 10 + bits);
       const std::vector<int64_t> t = {6, -100, 0};
-      const std::vector<double> up = red == Reduction::kNone ? std::vector<double>{0.5, 2, -1.5}
-                                                               : std::vector<double>{0.75};
+      const std::vector<double> up =
+          red == Reduction::kNone ? std::vector<double>{0.5, 2, -1.5} : std::vector<double>{0.75};
       const auto r = CrossEntropyReference(m, R, x, t, &up, true);
       // d/dx of sum_i up_i * loss_i (none) or up * loss (sum, mean).
       auto objective = [&](const std::vector<double>& xs) {
@@ -121,9 +126,9 @@ TEST(CrossEntropyReferenceTest, GradientIsTheDerivativeOfTheLoss) {
 TEST(CrossEntropyReferenceTest, NanAndInfRules) {
   const CrossEntropyMath m{.vocab = 4, .dtype = DType::kF32, .reduction = Reduction::kNone};
   const std::vector<double> x = {
-      0.5, kNaN, 1.0, kNaN,         // NaN: lse, loss, gradient NaN; argmax the first NaN
-      0.5, kInf, 1.0, 0.0,          // +Inf: NaN as well (Inf - Inf)
-      -kInf, 1.0, 1.0, -kInf,       // -Inf: masked classes, probability 0; argmax the first max
+      0.5,   kNaN,  1.0,   kNaN,    // NaN: lse, loss, gradient NaN; argmax the first NaN
+      0.5,   kInf,  1.0,   0.0,     // +Inf: NaN as well (Inf - Inf)
+      -kInf, 1.0,   1.0,   -kInf,   // -Inf: masked classes, probability 0; argmax the first max
       -kInf, -kInf, -kInf, -kInf};  // all masked: lse -Inf, loss NaN
   const auto r = CrossEntropyReference(m, 4, x, {0, 0, 1, 0}, nullptr, true);
   EXPECT_TRUE(std::isnan(r.lse[0]));
@@ -141,16 +146,16 @@ TEST(CrossEntropyReferenceTest, NanAndInfRules) {
   EXPECT_TRUE(std::isnan(r.loss[3]));
   EXPECT_EQ(r.argmax[3], 0);
   // With a soft cap, infinities become +-cap: finite loss, zero slope.
-  const CrossEntropyMath capped{.vocab = 4, .dtype = DType::kF32, .reduction = Reduction::kNone,
-                                .softcap = 5};
+  const CrossEntropyMath capped{
+      .vocab = 4, .dtype = DType::kF32, .reduction = Reduction::kNone, .softcap = 5};
   const auto c = CrossEntropyReference(capped, 1, {0.5, kInf, 1.0, -kInf}, {0}, nullptr, true);
   EXPECT_TRUE(std::isfinite(c.loss[0]));
   EXPECT_EQ(c.grad[1], 0);
   EXPECT_EQ(c.grad[3], 0);
 }
 
-// A row with masked (-Inf) classes has a finite loss; its tolerance must be finite too. (An H200 run
-// found the loss tolerance NaN there when label smoothing was off: 0 * Inf.)
+// A row with masked (-Inf) classes has a finite loss; its tolerance must be finite too. (An H200
+// run found the loss tolerance NaN there when label smoothing was off: 0 * Inf.)
 TEST(CrossEntropyReferenceTest, MaskedClassesKeepAFiniteLossTolerance) {
   const CrossEntropyMath m{.vocab = 4, .dtype = DType::kBF16, .reduction = Reduction::kNone};
   const std::vector<double> x = {-kInf, 1.0, 2.0, -kInf, 0.5, 1.5, -1.0, 3.0};
@@ -171,18 +176,24 @@ TEST(CrossEntropyReferenceTest, ChecksRejectZeroAndPerturbedOutputs) {
     for (double scale : {1.0, 30.0}) {
       SCOPED_TRACE(std::string(Name(t)) + " scale " + std::to_string(scale));
       const int64_t V = 1000, R = 16;
-      const CrossEntropyMath m{.vocab = V, .dtype = t, .reduction = Reduction::kMean,
-                               .label_smoothing = 0.1, .lse_square_scale = 1e-4};
+      const CrossEntropyMath m{.vocab = V,
+                               .dtype = t,
+                               .reduction = Reduction::kMean,
+                               .label_smoothing = 0.1,
+                               .lse_square_scale = 1e-4};
       const std::vector<double> x = RandomLogits(R * V, scale, 7, t);
       std::vector<int64_t> targets(R);
       for (int64_t i = 0; i < R; ++i) targets[i] = (i * 389) % V;
       targets[3] = -100;
       const auto ref = CrossEntropyReference(m, R, x, targets, nullptr, true);
       const std::vector<double> rounded = Decode(Encode(ref.grad, t), t);
-      for (const auto& [name, r] :
-           CheckCrossEntropy(m, {.loss = &ref.loss, .lse = &ref.lse, .argmax = &ref.argmax,
-                                 .counters = &ref.counters, .grad = &rounded},
-                             ref)) {
+      for (const auto& [name, r] : CheckCrossEntropy(m,
+                                                     {.loss = &ref.loss,
+                                                     .lse = &ref.lse,
+                                                     .argmax = &ref.argmax,
+                                                     .counters = &ref.counters,
+                                                     .grad = &rounded},
+                                                     ref)) {
         EXPECT_TRUE(r.ok) << r.Describe(name);
       }
       const std::vector<double> zeros(ref.grad.size(), 0.0);
@@ -194,7 +205,8 @@ TEST(CrossEntropyReferenceTest, ChecksRejectZeroAndPerturbedOutputs) {
       const std::vector<double> atol = CrossEntropyGradAtol(m, ref, tol);
       for (int64_t k : {int64_t{5}, targets[0]}) {
         std::vector<double> g = rounded;
-        g[k] = ref.grad[k] + 1.5 * (atol[k] + tol.grad.atol + tol.grad.rtol * std::fabs(ref.grad[k]));
+        g[k] =
+            ref.grad[k] + 1.5 * (atol[k] + tol.grad.atol + tol.grad.rtol * std::fabs(ref.grad[k]));
         EXPECT_FALSE(CheckCrossEntropy(m, {.grad = &g}, ref)[0].second.ok) << "element " << k;
       }
       std::vector<double> loss = ref.loss;

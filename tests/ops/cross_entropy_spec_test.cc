@@ -14,11 +14,11 @@
 #include <gtest/gtest.h>
 
 #include "kjit/runtime.h"
+#include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/program.h"
+#include "templates/cross_entropy_params.h"
 #include "tests/expect_status.h"
 #include "tests/temp_dir.h"
-#include "ops/cross_entropy/program.h"
-#include "ops/cross_entropy/config.h"
-#include "templates/cross_entropy_params.h"
 
 namespace kjit {
 namespace {
@@ -29,24 +29,31 @@ TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 0}), "vocab:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 1}), "vocab:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = (1 << 20) + 1}), "vocab:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = -0.1f}), "label_smoothing:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = 1.0f}), "label_smoothing:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = -0.1f}),
+                "label_smoothing:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = 1.0f}),
+                "label_smoothing:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = NAN}), "label_smoothing:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = -1e-4f}), "lse_square_scale:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = INFINITY}), "lse_square_scale:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = -1e-4f}),
+                "lse_square_scale:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = INFINITY}),
+                "lse_square_scale:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = -30.0f}), "softcap:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = NAN}), "softcap:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = INFINITY}), "softcap:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .target_type = IndexType::kInt32,
-                                          .ignore_index = int64_t{1} << 40}),
-                "ignore_index:");
+  ExpectInvalid(
+      ValidateCrossEntropySpec(
+          {.vocab = 8, .target_type = IndexType::kInt32, .ignore_index = int64_t{1} << 40}),
+      "ignore_index:");
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 2}).ok());
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 1 << 20}).ok());
-  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 8, .target_type = IndexType::kInt64,
-                                        .ignore_index = int64_t{1} << 40})
+  EXPECT_TRUE(ValidateCrossEntropySpec(
+                  {.vocab = 8, .target_type = IndexType::kInt64, .ignore_index = int64_t{1} << 40})
                   .ok());
-  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 50257, .ignore_index = 3,  // a class may be ignored
-                                        .label_smoothing = 0.999f, .lse_square_scale = 1e-4f,
+  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 50257,
+                                        .ignore_index = 3,  // a class may be ignored
+                                        .label_smoothing = 0.999f,
+                                        .lse_square_scale = 1e-4f,
                                         .softcap = 30.0f})
                   .ok());
   // The Runtime refuses the same specs before compiling anything.
@@ -130,7 +137,8 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
         if (c.staged) {
           // Staged: 16-byte vectors, a share that leaves room for three blocks per SM.
           EXPECT_EQ(ops::StagedUnfit(c, vocab, 2, arch), "");
-          EXPECT_LE(3 * (ops::StagedSharedBytes(c, vocab, 2) + 1024), ops::MaxSharedBytesPerBlock(arch));
+          EXPECT_LE(3 * (ops::StagedSharedBytes(c, vocab, 2) + 1024),
+                    ops::MaxSharedBytesPerBlock(arch));
         } else if (c.cluster > 0) {
           // Resident: at most 8 vectors per thread.
           EXPECT_LE(ops::ResidentVectors(c, vocab), 8);
@@ -142,7 +150,8 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
             EXPECT_LE(per_thread, 32);
           }
         }
-        EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok());
+        EXPECT_TRUE(
+            ValidateCrossEntropySpec({.vocab = vocab, .dtype = DType::kF16, .config = c}).ok());
       }
     }
   }
@@ -163,10 +172,14 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
 }
 
 TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
-  auto src = ops::RenderCrossEntropy({.vocab = 50257, .dtype = DType::kF16,
-                                 .target_type = IndexType::kInt32, .reduction = Reduction::kSum,
-                                 .label_smoothing = 0.1f, .softcap = 30.0f, .argmax = true},
-                                {.vec = 1, .threads = 256, .unroll = 2});
+  auto src = ops::RenderCrossEntropy({.vocab = 50257,
+                                      .dtype = DType::kF16,
+                                      .target_type = IndexType::kInt32,
+                                      .reduction = Reduction::kSum,
+                                      .label_smoothing = 0.1f,
+                                      .softcap = 30.0f,
+                                      .argmax = true},
+                                     {.vec = 1, .threads = 256, .unroll = 2});
   ASSERT_TRUE(src.ok()) << src.status();
   ASSERT_EQ(src->name_expressions.size(), 5u);
   EXPECT_EQ(src->name_expressions[0], "kjit::cross_entropy_count<int, 50257, 1024>");
@@ -189,13 +202,13 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
 
   // Reduction none keeps the losses per row: no reduce kernel.
   auto none = ops::RenderCrossEntropy({.vocab = 8, .reduction = Reduction::kNone},
-                                 ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+                                      ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->name_expressions.size(), 4u);
   // Different options give different programs (and so different cache keys).
   auto plain = ops::RenderCrossEntropy({.vocab = 8}, ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
   auto z = ops::RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f},
-                              ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+                                   ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
   ASSERT_TRUE(plain.ok() && z.ok());
   EXPECT_NE(plain->text, z->text);
 }
@@ -205,8 +218,8 @@ class CompileOnlyCrossEntropyTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(tmp_.ok());
     dir_ = tmp_.path();
-    auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
-                               .cache_dir = dir_ + "/cache"});
+    auto rt =
+        Runtime::Create({.target = "sm_90", .compile_only = true, .cache_dir = dir_ + "/cache"});
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_.emplace(std::move(*rt));
     auto ce = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .argmax = true});

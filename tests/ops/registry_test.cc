@@ -14,13 +14,22 @@ namespace {
 using kjit::testing::ExpectInvalid;
 
 std::vector<OpSpec> Specs() {
-  return {RmsNormSpec{.hidden = 3584, .dtype = DType::kF16, .weight_dtype = DType::kF32,
-                      .eps = 1e-5f, .weight_offset = 1, .casting = RmsNormCasting::kGemma,
+  return {RmsNormSpec{.hidden = 3584,
+                      .dtype = DType::kF16,
+                      .weight_dtype = DType::kF32,
+                      .eps = 1e-5f,
+                      .weight_offset = 1,
+                      .casting = RmsNormCasting::kGemma,
                       .fused_residual = true},
-          CrossEntropySpec{.vocab = 256000, .dtype = DType::kBF16,
-                           .target_type = IndexType::kInt32, .ignore_index = -1,
-                           .reduction = Reduction::kSum, .label_smoothing = 0.1f,
-                           .lse_square_scale = 1e-4f, .softcap = 30, .argmax = true}};
+          CrossEntropySpec{.vocab = 256000,
+                           .dtype = DType::kBF16,
+                           .target_type = IndexType::kInt32,
+                           .ignore_index = -1,
+                           .reduction = Reduction::kSum,
+                           .label_smoothing = 0.1f,
+                           .lse_square_scale = 1e-4f,
+                           .softcap = 30,
+                           .argmax = true}};
 }
 
 TEST(Registry, NamesEveryOpOnce) {
@@ -48,7 +57,8 @@ TEST(Registry, TuningKeysNameTheOptionsThatChangeTheWork) {
 }
 
 TEST(Registry, BadJsonIsRefusedNamingTheField) {
-  ExpectInvalid(SpecFromJson(R"({"op": "layer_norm"})").status(), "op: \"layer_norm\" is not one of");
+  ExpectInvalid(SpecFromJson(R"({"op": "layer_norm"})").status(),
+                "op: \"layer_norm\" is not one of");
   ExpectInvalid(SpecFromJson("not json").status(), "op spec:");
   ExpectInvalid(SpecFromJson(R"({"op": "rms_norm", "hidden": 4096})").status(), "op spec:");
   std::string json = SpecToJson(Specs()[1]);
@@ -89,8 +99,9 @@ TEST(Registry, EachOpAnswersTheTunersQuestions) {
 
   for (const OpSpec& op : {rms, ce}) {
     const auto space = SearchSpace(op, op.index() == 0 ? h : ch, /*arch=*/90);
-    EXPECT_GT(std::count_if(space.begin(), space.end(), [](const auto& c) { return c.second.empty(); }),
-              5)
+    EXPECT_GT(
+        std::count_if(space.begin(), space.end(), [](const auto& c) { return c.second.empty(); }),
+        5)
         << OpName(op);
   }
 }

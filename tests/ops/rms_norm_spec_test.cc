@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 
 #include "kjit/runtime.h"
+#include "ops/rms_norm/config.h"
+#include "ops/rms_norm/program.h"
 #include "tests/expect_status.h"
 #include "tests/temp_dir.h"
-#include "ops/rms_norm/program.h"
-#include "ops/rms_norm/config.h"
 
 namespace kjit {
 namespace {
@@ -46,9 +46,12 @@ TEST(RmsNormSpecTest, RejectsBadConfigs) {
 }
 
 TEST(RmsNormSpecTest, RenderSpecializesEverythingAsTemplateArguments) {
-  auto src = ops::RenderRmsNorm({.hidden = 5120, .dtype = DType::kF16, .weight_dtype = DType::kF32,
-                            .casting = RmsNormCasting::kGemma, .fused_residual = true},
-                           ops::DefaultRmsNormConfig(5120, 4));
+  auto src = ops::RenderRmsNorm({.hidden = 5120,
+                                 .dtype = DType::kF16,
+                                 .weight_dtype = DType::kF32,
+                                 .casting = RmsNormCasting::kGemma,
+                                 .fused_residual = true},
+                                ops::DefaultRmsNormConfig(5120, 4));
   ASSERT_TRUE(src.ok()) << src.status();
   ASSERT_EQ(src->name_expressions.size(), 3u);
   EXPECT_EQ(src->name_expressions[0],
@@ -65,8 +68,8 @@ class CompileOnlyRmsNormTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(tmp_.ok());
     dir_ = tmp_.path();
-    auto rt = Runtime::Create({.target = "sm_90", .compile_only = true,
-                               .cache_dir = dir_ + "/cache"});
+    auto rt =
+        Runtime::Create({.target = "sm_90", .compile_only = true, .cache_dir = dir_ + "/cache"});
     ASSERT_TRUE(rt.ok()) << rt.status();
     auto norm = rt->RmsNorm({.hidden = H, .dtype = DType::kBF16});
     ASSERT_TRUE(norm.ok()) << norm.status();

@@ -56,13 +56,17 @@ TEST(SearchSpace, CrossEntropyCandidatesAreValidAndPrunedOnesSayWhy) {
 
 TEST(SearchSpace, CrossEntropyPrunesClustersWithoutHardwareAndRowsThatSpill) {
   std::map<std::string, std::string> pruned;
-  for (const auto& c : CrossEntropySearchSpace(262144, 8, 80)) pruned[c.config.ToString()] = c.pruned;
-  EXPECT_NE(pruned.at("vec=8 threads=512 unroll=4 cluster=4 staged=0").find("sm_90"), std::string::npos);
+  for (const auto& c : CrossEntropySearchSpace(262144, 8, 80))
+    pruned[c.config.ToString()] = c.pruned;
+  EXPECT_NE(pruned.at("vec=8 threads=512 unroll=4 cluster=4 staged=0").find("sm_90"),
+            std::string::npos);
   // 262144 / 8 / 128 = 256 resident vectors per thread: far over the register file.
-  EXPECT_NE(pruned.at("vec=8 threads=128 unroll=4 cluster=1 staged=0").find("registers"), std::string::npos)
+  EXPECT_NE(pruned.at("vec=8 threads=128 unroll=4 cluster=1 staged=0").find("registers"),
+            std::string::npos)
       << pruned.at("vec=8 threads=128 unroll=4 cluster=1 staged=0");
   std::map<std::string, std::string> on_hopper;
-  for (const auto& c : CrossEntropySearchSpace(128256, 8, 90)) on_hopper[c.config.ToString()] = c.pruned;
+  for (const auto& c : CrossEntropySearchSpace(128256, 8, 90))
+    on_hopper[c.config.ToString()] = c.pruned;
   EXPECT_EQ(on_hopper.at("vec=8 threads=1024 unroll=4 cluster=2 staged=0"), "");
   // The row staged in shared memory: bulk copies need sm_90, and a block's share must fit.
   EXPECT_NE(pruned.at("vec=8 threads=512 unroll=4 cluster=4 staged=1").find("sm_90"),
@@ -74,7 +78,8 @@ TEST(SearchSpace, CrossEntropyPrunesClustersWithoutHardwareAndRowsThatSpill) {
   // A thread with 2 vectors to read cannot keep 8 loads in flight.
   std::map<std::string, std::string> small;
   for (const auto& c : CrossEntropySearchSpace(2000, 8, 90)) small[c.config.ToString()] = c.pruned;
-  EXPECT_NE(small.at("vec=8 threads=128 unroll=8 cluster=0 staged=0").find("unroll 8"), std::string::npos)
+  EXPECT_NE(small.at("vec=8 threads=128 unroll=8 cluster=0 staged=0").find("unroll 8"),
+            std::string::npos)
       << small.at("vec=8 threads=128 unroll=8 cluster=0 staged=0");
 }
 
@@ -97,14 +102,15 @@ TEST(SearchSpace, RmsNormCandidatesAreValidAndVaryOnePassAtATime) {
       }
       ++candidates;
       for (const RowShape& shape : {c.config.forward, c.config.backward}) {
-        const int64_t per_thread = (hidden / vec + shape.threads_per_row - 1) / shape.threads_per_row;
+        const int64_t per_thread =
+            (hidden / vec + shape.threads_per_row - 1) / shape.threads_per_row;
         EXPECT_GE(per_thread, 1) << c.config.ToString();
         EXPECT_LE(per_thread, 16) << c.config.ToString();
         EXPECT_EQ(shape.block_threads() % 32, 0) << c.config.ToString();
       }
       RmsNormSpec spec{.hidden = hidden, .dtype = DType::kBF16, .config = c.config};
-      EXPECT_TRUE(ValidateRmsNormSpec(spec).ok()) << hidden << " " << c.config.ToString() << ": "
-                                                  << ValidateRmsNormSpec(spec);
+      EXPECT_TRUE(ValidateRmsNormSpec(spec).ok())
+          << hidden << " " << c.config.ToString() << ": " << ValidateRmsNormSpec(spec);
     }
     EXPECT_GE(candidates, hidden >= 64 ? 3 : 1) << hidden;
   }

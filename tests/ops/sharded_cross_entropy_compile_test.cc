@@ -1,5 +1,5 @@
-// The vocab-parallel cross-entropy without a GPU: NVRTC compiles of its program for sm_80, sm_90 and
-// sm_100 in every dtype (odd shard widths included) and every option, spec validation, argument
+// The vocab-parallel cross-entropy without a GPU: NVRTC compiles of its program for sm_80, sm_90
+// and sm_100 in every dtype (odd shard widths included) and every option, spec validation, argument
 // checks through a compile-only runtime, and that the ranks of an even split share one program.
 #include <cmath>
 #include <string>
@@ -10,9 +10,9 @@
 #include "jit/embedded_templates.h"
 #include "kjit/runtime.h"
 #include "kjit/sharded_cross_entropy.h"
-#include "tests/expect_status.h"
-#include "ops/cross_entropy/program.h"
 #include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/program.h"
+#include "tests/expect_status.h"
 
 namespace kjit {
 namespace {
@@ -21,7 +21,8 @@ using testing::ExpectInvalid;
 
 void ExpectCompiles(const ShardedCrossEntropySpec& spec, const char* arch) {
   const int vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));
-  auto src = ops::RenderShardedCrossEntropy(spec, ops::DefaultShardedCrossEntropyConfig(spec.width(), vec));
+  auto src = ops::RenderShardedCrossEntropy(
+      spec, ops::DefaultShardedCrossEntropyConfig(spec.width(), vec));
   ASSERT_TRUE(src.ok()) << src.status();
   auto nvrtc = jit::Nvrtc::Get();
   ASSERT_TRUE(nvrtc.ok()) << nvrtc.status();  // NVRTC is part of the CI machine's toolkit
@@ -29,7 +30,10 @@ void ExpectCompiles(const ShardedCrossEntropySpec& spec, const char* arch) {
   auto bin = jit::Compile(**nvrtc, *src, target);
   ASSERT_TRUE(bin.ok()) << arch << " " << jit::FormatParams(src->params) << ": " << bin.status();
   ASSERT_GE(bin->code.size(), 4u);
-  EXPECT_EQ(bin->code.substr(0, 4), "\x7f" "ELF") << "CUBIN is an ELF image";
+  EXPECT_EQ(bin->code.substr(0, 4),
+            "\x7f"
+            "ELF")
+      << "CUBIN is an ELF image";
   // count, stats, rescale, combine, finish without and with the gradient, and the loss reduce.
   EXPECT_EQ(bin->lowered_names.size(), spec.reduction == Reduction::kNone ? 6u : 7u);
 }
@@ -48,7 +52,10 @@ TEST(ShardedCrossEntropyCompileTest, EveryDtypeAndArch) {
       // 128256 split 4 ways, and the middle of 50257 split 3 ways unevenly (odd width and start).
       SCOPED_TRACE(::testing::Message() << arch << " " << Name(t));
       ExpectCompiles({.vocab = 128256, .shard_start = 32064, .shard_end = 64128, .dtype = t}, arch);
-      ExpectCompiles({.vocab = 50257, .shard_start = 16753, .shard_end = 33507, .dtype = t,
+      ExpectCompiles({.vocab = 50257,
+                      .shard_start = 16753,
+                      .shard_end = 33507,
+                      .dtype = t,
                       .reduction = Reduction::kNone},
                      arch);
       if (::testing::Test::HasFatalFailure()) return;
@@ -72,31 +79,38 @@ TEST(ShardedCrossEntropyCompileTest, EveryOption) {
 }
 
 TEST(ShardedCrossEntropyCompileTest, RejectsBadSpecsNamingTheField) {
-  ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = -1, .shard_end = 10}),
-                "shard_start:");
-  ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 1000, .shard_end = 1001}),
-                "shard_start:");
-  ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 10, .shard_end = 10}),
-                "shard_end:");  // empty
+  ExpectInvalid(
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = -1, .shard_end = 10}),
+      "shard_start:");
+  ExpectInvalid(
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 1000, .shard_end = 1001}),
+      "shard_start:");
+  ExpectInvalid(
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 10, .shard_end = 10}),
+      "shard_end:");  // empty
   ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 10, .shard_end = 5}),
                 "shard_end:");
-  ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 500, .shard_end = 1001}),
-                "shard_end:");
+  ExpectInvalid(
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 500, .shard_end = 1001}),
+      "shard_end:");
   ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1, .shard_end = 1}), "vocab:");
-  ExpectInvalid(ValidateShardedCrossEntropySpec(
-                    {.vocab = 1000, .shard_end = 500, .label_smoothing = 1.0f}),
-                "label_smoothing:");
+  ExpectInvalid(
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_end = 500, .label_smoothing = 1.0f}),
+      "label_smoothing:");
   ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_end = 500, .softcap = NAN}),
                 "softcap:");
   ExpectInvalid(ValidateShardedCrossEntropySpec(
-                    {.vocab = 1000, .shard_end = 500,
+                    {.vocab = 1000,
+                     .shard_end = 500,
                      .config = CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 2}}),
                 "config.cluster:");
-  ExpectInvalid(ValidateShardedCrossEntropySpec(
-                    {.vocab = 1000, .shard_end = 500,
-                     .config = CrossEntropyConfig{.vec = 3, .threads = 256}}),
-                "config.vec:");
-  EXPECT_TRUE(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 999, .shard_end = 1000}).ok());
+  ExpectInvalid(
+      ValidateShardedCrossEntropySpec({.vocab = 1000,
+                                       .shard_end = 500,
+                                       .config = CrossEntropyConfig{.vec = 3, .threads = 256}}),
+      "config.vec:");
+  EXPECT_TRUE(
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 999, .shard_end = 1000}).ok());
   EXPECT_TRUE(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_end = 1000}).ok());
 
   auto rt = Runtime::Create({.target = "sm_90", .compile_only = true});
@@ -110,10 +124,12 @@ TEST(ShardedCrossEntropyCompileTest, RejectsBadSpecsNamingTheField) {
 TEST(ShardedCrossEntropyCompileTest, RanksOfAnEvenSplitShareOneProgram) {
   const auto config = ops::DefaultShardedCrossEntropyConfig(32064, 8);
   EXPECT_EQ(config.cluster, 0);
-  auto a = ops::RenderShardedCrossEntropy({.vocab = 128256, .shard_start = 0, .shard_end = 32064}, config);
-  auto b = ops::RenderShardedCrossEntropy({.vocab = 128256, .shard_start = 96192, .shard_end = 128256},
-                                     config);
-  auto c = ops::RenderShardedCrossEntropy({.vocab = 128256, .shard_start = 0, .shard_end = 64128}, config);
+  auto a = ops::RenderShardedCrossEntropy({.vocab = 128256, .shard_start = 0, .shard_end = 32064},
+                                          config);
+  auto b = ops::RenderShardedCrossEntropy(
+      {.vocab = 128256, .shard_start = 96192, .shard_end = 128256}, config);
+  auto c = ops::RenderShardedCrossEntropy({.vocab = 128256, .shard_start = 0, .shard_end = 64128},
+                                          config);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->text, b->text);
   EXPECT_EQ(a->params, b->params);
@@ -128,13 +144,12 @@ TEST(ShardedCrossEntropyCompileTest, ChecksArgumentsNamingThem) {
   ASSERT_TRUE(op.ok()) << op.status();
   constexpr int64_t rows = 4;
   alignas(16) static char logits[rows * 500 * 2], targets[rows * 8], loss[16], ws[4096];
-  const ShardedCrossEntropyArgs good{
-      .logits = TensorView::Matrix(logits, DType::kBF16, rows, 500),
-      .targets = IndexView::Of(targets, IndexType::kInt64, rows),
-      .loss = TensorView::Vector(loss, DType::kF32, 1),
-      .grad = TensorView::Matrix(logits, DType::kBF16, rows, 500),
-      .workspace = ws,
-      .workspace_bytes = op->WorkspaceBytes(rows)};
+  const ShardedCrossEntropyArgs good{.logits = TensorView::Matrix(logits, DType::kBF16, rows, 500),
+                                     .targets = IndexView::Of(targets, IndexType::kInt64, rows),
+                                     .loss = TensorView::Vector(loss, DType::kF32, 1),
+                                     .grad = TensorView::Matrix(logits, DType::kBF16, rows, 500),
+                                     .workspace = ws,
+                                     .workspace_bytes = op->WorkspaceBytes(rows)};
   ASSERT_LE(op->WorkspaceBytes(rows), static_cast<int64_t>(sizeof(ws)));
   EXPECT_EQ(op->ComputeStats(nullptr, good).code(), absl::StatusCode::kFailedPrecondition);
 

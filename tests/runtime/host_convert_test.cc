@@ -23,7 +23,7 @@ TEST(HostConvertTest, F16MatchesKnownEncodings) {
   EXPECT_EQ(FloatToF16Bits(1.0f), 0x3c00);
   EXPECT_EQ(FloatToF16Bits(-2.0f), 0xc000);
   EXPECT_EQ(FloatToF16Bits(65504.0f), 0x7bff);
-  EXPECT_EQ(FloatToF16Bits(65520.0f), 0x7c00);           // rounds to infinity
+  EXPECT_EQ(FloatToF16Bits(65520.0f), 0x7c00);               // rounds to infinity
   EXPECT_EQ(FloatToF16Bits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(FloatToF16Bits(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
   EXPECT_EQ(F16BitsToFloat(0x0001), std::ldexp(1.0f, -24));
@@ -53,7 +53,8 @@ TEST(HostConvertTest, EncodeDecodeRoundTrip) {
     const auto bytes = Encode(v, t);
     ASSERT_EQ(bytes.size(), v.size() * SizeOf(t));
     const auto back = Decode(bytes, t);
-    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(back[i], RoundTo(v[i], t)) << Name(t) << " " << i;
+    for (size_t i = 0; i < v.size(); ++i)
+      EXPECT_EQ(back[i], RoundTo(v[i], t)) << Name(t) << " " << i;
   }
 }
 

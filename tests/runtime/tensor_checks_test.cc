@@ -33,10 +33,12 @@ TEST(TensorChecksTest, WidestAlignedVecFollowsPointersAndStrides) {
 }
 
 TEST(TensorChecksTest, CheckMatrixAcceptsAGoodView) {
-  EXPECT_TRUE(CheckMatrix("x", TensorView::Matrix(At(0x1000), DType::kF32, 3, 5, 7), DType::kF32,
-                          3, 5).ok());
-  EXPECT_TRUE(CheckMatrix("x", TensorView::Matrix(At(0x1000), DType::kF32, 3, 5), DType::kF32,
-                          kAnyRows, 5).ok());
+  EXPECT_TRUE(
+      CheckMatrix("x", TensorView::Matrix(At(0x1000), DType::kF32, 3, 5, 7), DType::kF32, 3, 5)
+          .ok());
+  EXPECT_TRUE(
+      CheckMatrix("x", TensorView::Matrix(At(0x1000), DType::kF32, 3, 5), DType::kF32, kAnyRows, 5)
+          .ok());
 }
 
 // Every op reports a clash through CheckDisjoint, so one condition reads the same in every op.

@@ -2,9 +2,9 @@
 // a user writes to it, so these tests attack it: configs and files that are malformed in every
 // field, lookups that must not cross keys, processes merging at once, a held lock, a corrupt file,
 // and writes that fail. CPU only; each test gets a fresh TempDir root.
-#include "tests/test_support.h"
-#include "tests/temp_dir.h"
 #include "runtime/tuning_db.h"
+#include "tests/temp_dir.h"
+#include "tests/test_support.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -27,22 +27,22 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "ops/cross_entropy/config.h"
-#include "ops/rms_norm/config.h"
 #include "ops/common/search_space.h"
+#include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/search_space.h"
+#include "ops/rms_norm/config.h"
 #include "ops/rms_norm/search_space.h"
 
 namespace kjit::internal {
 
 // The configs' text form is what the database stores: the parsers are tested against it here.
+using ops::CrossEntropySearchSpace;
 using ops::DefaultCrossEntropyConfig;
 using ops::DefaultRmsNormConfig;
 using ops::MaxVecForHidden;
 using ops::ParseCrossEntropyConfig;
 using ops::ParseRmsNormConfig;
 using ops::RowShapeSearchSpace;
-using ops::CrossEntropySearchSpace;
 using ops::Unpruned;
 
 // For failure messages (found by argument-dependent lookup, so outside the anonymous namespace).
@@ -196,7 +196,8 @@ TEST(ParseRmsNormConfigTest, RoundTripsDefaultsAndCandidates) {
   for (int64_t hidden : {1, 7, 64, 1000, 2048, 4096, 5120, 8192, 65536}) {
     const int vec = MaxVecForHidden(hidden, 2);
     configs.push_back(DefaultRmsNormConfig(hidden, vec));
-    for (const RowShape& s : Unpruned(RowShapeSearchSpace(hidden, vec))) configs.push_back({vec, s, s});
+    for (const RowShape& s : Unpruned(RowShapeSearchSpace(hidden, vec)))
+      configs.push_back({vec, s, s});
   }
   ExpectRoundTrips(configs, &ParseRmsNormConfig);
   absl::StatusOr<RmsNormConfig> c = ParseRmsNormConfig("bwd=32x1 fwd=4x32 vec=2");

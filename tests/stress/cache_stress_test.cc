@@ -62,20 +62,20 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using kjit::testing::CliResult;
 using kjit::testing::NamesWithPrefix;
 using kjit::testing::RunKjit;
+using std::chrono::milliseconds;
 
 constexpr int kWorkers = 16;
 constexpr int kSyntheticKeys = 256;
-constexpr int kRealShapes = 8;                   // RMSNorm hidden 64, 72, ..., 120 for sm_90
-constexpr int kMaxCompilesInFlight = 2;          // NVRTC is CPU-bound and CI has 2 cores
+constexpr int kRealShapes = 8;                     // RMSNorm hidden 64, 72, ..., 120 for sm_90
+constexpr int kMaxCompilesInFlight = 2;            // NVRTC is CPU-bound and CI has 2 cores
 constexpr uint64_t kCapBytes = uint64_t{4} << 20;  // KJIT_CACHE_MAX_BYTES, ~40 average entries
 constexpr uint64_t kTmpfsBytes = uint64_t{32} << 20;
 constexpr rlim_t kFullDiskFileLimit = 16 << 10;  // RLIMIT_FSIZE while the disk is "full"
 constexpr uid_t kNobody = 65534;
-constexpr int64_t kStaleTempSeconds = 3600;      // DiskCache's age for a dead writer's temp file
+constexpr int64_t kStaleTempSeconds = 3600;  // DiskCache's age for a dead writer's temp file
 
 // The schedule in seconds from the start; kills and mtime skew run throughout.
 constexpr double kDiskFullFrom = 6, kDiskFullTo = 16, kReadOnlyFrom = 22, kReadOnlyTo = 32,
@@ -106,7 +106,8 @@ Binary SyntheticBinary(int index) {
   Binary b;
   b.target = ParseTarget("sm_90").value();
   b.code.resize(size_t{1024} << (index % 10));
-  for (size_t i = 0; i < b.code.size(); ++i) b.code[i] = static_cast<char>((i * 131 + index) & 0xff);
+  for (size_t i = 0; i < b.code.size(); ++i)
+    b.code[i] = static_cast<char>((i * 131 + index) & 0xff);
   b.lowered_names = {{"kjit::stress", "_ZN4kjit6stressEv"}};
   b.nvrtc_version = "13.0";
   b.options = {"--gpu-architecture=sm_90"};
@@ -118,8 +119,11 @@ Binary SyntheticBinary(int index) {
 
 // A CUBIN is a 64-bit ELF for EM_CUDA (190).
 bool IsCudaElf(const std::string& code) {
-  return code.size() >= 64 && code.compare(0, 4, "\x7f" "ELF") == 0 && code[4] == 2 &&
-         static_cast<unsigned char>(code[18]) == 190 && code[19] == 0;
+  return code.size() >= 64 &&
+         code.compare(0, 4,
+                      "\x7f"
+                      "ELF") == 0 &&
+         code[4] == 2 && static_cast<unsigned char>(code[18]) == 190 && code[19] == 0;
 }
 
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
@@ -158,7 +162,7 @@ std::string MountPrivateTmpfs(const std::string& dir, uid_t uid, gid_t gid) {
 }
 
 struct Config {
-  std::string root;       // scratch files of the workers (not on the small filesystem)
+  std::string root;  // scratch files of the workers (not on the small filesystem)
   std::string cache_dir;
   bool use_rlimit = false;  // full disk by RLIMIT_FSIZE rather than a filled tmpfs
   bool drop_to_nobody = false;
@@ -253,14 +257,15 @@ int RunWorker(int slot, const Config& config, Shared& shared) {
   std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) * 0x9e3779b97f4a7c15ULL ^
                       static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
   const DiskCache::Options options{.dir = config.cache_dir, .max_bytes = kCapBytes};
-  rlimit fsize {};
+  rlimit fsize{};
   ::getrlimit(RLIMIT_FSIZE, &fsize);
   const rlim_t unlimited = fsize.rlim_max;
   std::optional<DiskCache> cache;
   while (!shared.stop) {
     ++shared.ops;
     if (config.use_rlimit) {
-      fsize.rlim_cur = shared.phase == kDiskFull ? std::min(kFullDiskFileLimit, unlimited) : unlimited;
+      fsize.rlim_cur =
+          shared.phase == kDiskFull ? std::min(kFullDiskFileLimit, unlimited) : unlimited;
       ::setrlimit(RLIMIT_FSIZE, &fsize);
     }
     if (rng() % 8 == 0 && CompilesInFlight(shared) < kMaxCompilesInFlight) {
@@ -274,7 +279,8 @@ int RunWorker(int slot, const Config& config, Shared& shared) {
     if (!cache || rng() % 16 == 0) {
       absl::StatusOr<DiskCache> opened = DiskCache::Open(options);
       if (!opened.ok()) {
-        if (++shared.open_errors <= 3) fmt::print(stderr, "stress: open: {}\n", opened.status().ToString());
+        if (++shared.open_errors <= 3)
+          fmt::print(stderr, "stress: open: {}\n", opened.status().ToString());
         continue;
       }
       cache.emplace(*std::move(opened));
@@ -298,8 +304,8 @@ class CacheStressTest : public ::testing::Test {
     char tmpl[] = "/tmp/kjit_cache_stress_XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     root_ = tmpl;
-    void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
+    void* mem =
+        ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(mem, MAP_FAILED);
     shared_ = new (mem) Shared();
   }
@@ -369,8 +375,9 @@ TEST_F(CacheStressTest, SixteenProcessesWithKillsFullDiskReadOnlyAndClockSkew) {
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     config_.drop_to_nobody = rc == 0;
     if (rc != 0) {
-      read_only_skip = rc == 2 ? fmt::format("uid {} cannot run {}", kNobody, KJIT_CLI_PATH)
-                               : fmt::format("running as root and cannot switch to uid {}", kNobody);
+      read_only_skip = rc == 2
+                           ? fmt::format("uid {} cannot run {}", kNobody, KJIT_CLI_PATH)
+                           : fmt::format("running as root and cannot switch to uid {}", kNobody);
     }
   }
   const uid_t owner = config_.drop_to_nobody ? kNobody : ::geteuid();
@@ -416,7 +423,7 @@ TEST_F(CacheStressTest, SixteenProcessesWithKillsFullDiskReadOnlyAndClockSkew) {
   while (seconds() < kStopAt) {
     reap();
     const double t = seconds();
-    const int phase = t >= kDiskFullFrom && t < kDiskFullTo     ? kDiskFull
+    const int phase = t >= kDiskFullFrom && t < kDiskFullTo   ? kDiskFull
                       : t >= kReadOnlyFrom && t < kReadOnlyTo ? kReadOnly
                                                               : kNormal;
     if (phase != shared_->phase) {
@@ -510,8 +517,8 @@ TEST_F(CacheStressTest, SixteenProcessesWithKillsFullDiskReadOnlyAndClockSkew) {
   const Shared& s = *shared_;
 
   // ---- afterwards: the cache is whole ----------------------------------------------------------
-  const std::map<std::string, std::string> env = {{"KJIT_CACHE_DIR", config_.cache_dir},
-                                                  {"KJIT_CACHE_MAX_BYTES", std::to_string(kCapBytes)}};
+  const std::map<std::string, std::string> env = {
+      {"KJIT_CACHE_DIR", config_.cache_dir}, {"KJIT_CACHE_MAX_BYTES", std::to_string(kCapBytes)}};
   CliResult verify = RunKjit({"cache", "verify", "--json"}, env, root_);
   EXPECT_EQ(verify.exit_code, 0) << verify.Describe();
   const nlohmann::json verified = nlohmann::json::parse(verify.out, nullptr, false);
@@ -551,7 +558,8 @@ TEST_F(CacheStressTest, SixteenProcessesWithKillsFullDiskReadOnlyAndClockSkew) {
     ++reloaded;
   }
   const int entries = synthetic_ok + cubins_ok;
-  EXPECT_EQ(verified.value("entries", nlohmann::json::array()).size(), static_cast<size_t>(entries));
+  EXPECT_EQ(verified.value("entries", nlohmann::json::array()).size(),
+            static_cast<size_t>(entries));
 
   // Temp files of killed writers: prune takes the ones dated far away at once (a clock jump says
   // nothing about a writer being alive), leaves the young ones (as it would a live write's), and
@@ -562,7 +570,8 @@ TEST_F(CacheStressTest, SixteenProcessesWithKillsFullDiskReadOnlyAndClockSkew) {
   const std::vector<std::string> young = NamesWithPrefix(config_.cache_dir, ".tmp-");
   for (const std::string& name : young) {
     const int64_t age = Now() - MtimeOf(config_.cache_dir + "/" + name);
-    EXPECT_LE(std::abs(age), kStaleTempSeconds) << name << " dated " << age << " s ago survived prune";
+    EXPECT_LE(std::abs(age), kStaleTempSeconds)
+        << name << " dated " << age << " s ago survived prune";
     SetMtime(config_.cache_dir + "/" + name, Now() - 2 * kStaleTempSeconds);
   }
   ASSERT_TRUE(cache->Prune().ok());
@@ -590,28 +599,30 @@ TEST_F(CacheStressTest, SixteenProcessesWithKillsFullDiskReadOnlyAndClockSkew) {
       "  write failures: ENOSPC {}, EFBIG {}, refused by the read-only directory {}, temp file "
       "pruned under its writer {}, other {}; opens that fell back to read-only {}\n"
       "  afterwards: {} entries verified ({} synthetic byte-exact, {} CUBIN ELF, {} reloaded by "
-      "kjit compile; {} dated in the future), verify exit {}; {} temp files left by killed or cut-off writers, {} dated "
+      "kjit compile; {} dated in the future), verify exit {}; {} temp files left by killed or "
+      "cut-off writers, {} dated "
       "far away removed by the first prune, the rest once an hour old; {} bytes under the {}-byte "
       "cap\n"
       "  runtime {:.1f} s ({:.1f} s of traffic)\n",
       kWorkers, kStopAt, restarts, config_.drop_to_nobody ? "as uid 65534" : "as this user",
-      config_.use_rlimit ? fmt::format("RLIMIT_FSIZE {} KiB in the workers, seconds {}-{} (no tmpfs: {})",
-                                       kFullDiskFileLimit >> 10, kDiskFullFrom, kDiskFullTo, tmpfs_why)
-                         : fmt::format("{} MiB tmpfs in a private mount namespace, kept full "
-                                       "seconds {}-{}",
-                                       kTmpfsBytes >> 20, kDiskFullFrom, kDiskFullTo),
+      config_.use_rlimit
+          ? fmt::format("RLIMIT_FSIZE {} KiB in the workers, seconds {}-{} (no tmpfs: {})",
+                        kFullDiskFileLimit >> 10, kDiskFullFrom, kDiskFullTo, tmpfs_why)
+          : fmt::format("{} MiB tmpfs in a private mount namespace, kept full "
+                        "seconds {}-{}",
+                        kTmpfsBytes >> 20, kDiskFullFrom, kDiskFullTo),
       read_only_skip.empty()
-          ? fmt::format("chmod 0555 seconds {}-{}{}", kReadOnlyFrom, kReadOnlyTo,
-                        config_.drop_to_nobody ? " (root ignores it: workers run as uid 65534)" : "")
+          ? fmt::format(
+                "chmod 0555 seconds {}-{}{}", kReadOnlyFrom, kReadOnlyTo,
+                config_.drop_to_nobody ? " (root ignores it: workers run as uid 65534)" : "")
           : "SKIPPED: " + read_only_skip,
       skews, s.prunes.load(), s.ops.load(), s.stored.load(), s.hits.load(),
       s.corrupt_hits == 0 ? "yes" : "NO", s.compile_runs.load(), s.compiled_stored.load(),
       s.compiled_memory_only.load(), s.compile_disk_hits.load(),
       s.compile_runs - s.compiled_stored - s.compiled_memory_only - s.compile_disk_hits -
           s.compile_failures,
-      s.compile_failures.load(), kills,
-      kills_by_state[kCompiling], kills_by_state[kStoring], kills_by_state[kIdle],
-      s.no_space.load(), s.file_too_large.load(), s.refused_read_only.load(),
+      s.compile_failures.load(), kills, kills_by_state[kCompiling], kills_by_state[kStoring],
+      kills_by_state[kIdle], s.no_space.load(), s.file_too_large.load(), s.refused_read_only.load(),
       s.temp_pruned_under_writer.load(), s.other_errors.load(), s.read_only_opens.load(), entries,
       synthetic_ok, cubins_ok, reloaded, future_dated, verify.exit_code, temps.size(),
       temps.size() - young.size(), total, kCapBytes, total_seconds, traffic_seconds);

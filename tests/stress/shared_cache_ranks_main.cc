@@ -42,12 +42,12 @@ constexpr int64_t kRows = 8;  // the first launch's size: small, it only proves 
 
 struct Options {
   int ranks = 8;
-  int rank = -1;       // >= 0: this process is that rank
-  int gpus = 0;        // 0: compile-only for `target`; else rank r uses GPU r % gpus
+  int rank = -1;  // >= 0: this process is that rank
+  int gpus = 0;   // 0: compile-only for `target`; else rank r uses GPU r % gpus
   std::string target = "sm_90";
-  std::string dir;     // the shared cache (created empty by the launcher)
-  std::string json;    // where the launcher writes its report ("": stdout only)
-  int start_fd = -1;   // a rank blocks reading it until the launcher closes the other end
+  std::string dir;    // the shared cache (created empty by the launcher)
+  std::string json;   // where the launcher writes its report ("": stdout only)
+  int start_fd = -1;  // a rank blocks reading it until the launcher closes the other end
 };
 
 int64_t NowNs() {
@@ -75,7 +75,8 @@ absl::Status FirstLaunch(const Runtime& rt, const ShardedCrossEntropy& ce) {
   KJIT_RETURN_IF_ERROR(ce.ComputeStats(nullptr, args));
   KJIT_RETURN_IF_ERROR(ce.RescaleStats(nullptr, ws.data(), kRows));
   KJIT_RETURN_IF_ERROR(ce.Finish(nullptr, args));
-  return kjit::internal::StateOf(rt).driver->Check(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), "cuCtxSynchronize");
+  return kjit::internal::StateOf(rt).driver->Check(
+      kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
 // One rank: waits for the start, builds (and with a GPU loads and launches), prints one JSON line.
@@ -92,9 +93,10 @@ absl::StatusOr<nlohmann::json> RunRank(const Options& o) {
   }
   KJIT_ASSIGN_OR_RETURN(Runtime rt, Runtime::Create(ro));
   const int64_t width = kVocab / o.ranks;
-  KJIT_ASSIGN_OR_RETURN(ShardedCrossEntropy ce,
-                        rt.ShardedCrossEntropy({.vocab = kVocab, .shard_start = o.rank * width,
-                                                .shard_end = (o.rank + 1) * width}));
+  KJIT_ASSIGN_OR_RETURN(
+      ShardedCrossEntropy ce,
+      rt.ShardedCrossEntropy(
+          {.vocab = kVocab, .shard_start = o.rank * width, .shard_end = (o.rank + 1) * width}));
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kHidden}));
   // With a GPU the ops built and loaded their programs when created; Build() then only names them.
   KJIT_ASSIGN_OR_RETURN(BuildInfo a, ce.Build());
@@ -131,10 +133,17 @@ int Launch(Options o) {
       const std::string out = fmt::format("{}/rank-{}.json", o.dir, r);
       const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, STDOUT_FILENO);
-      const std::vector<std::string> args = {
-          "/proc/self/exe", "--rank", std::to_string(r), "--ranks", std::to_string(o.ranks),
-          "--gpus", std::to_string(o.gpus), "--target", o.target, "--start-fd",
-          std::to_string(start[0])};
+      const std::vector<std::string> args = {"/proc/self/exe",
+                                             "--rank",
+                                             std::to_string(r),
+                                             "--ranks",
+                                             std::to_string(o.ranks),
+                                             "--gpus",
+                                             std::to_string(o.gpus),
+                                             "--target",
+                                             o.target,
+                                             "--start-fd",
+                                             std::to_string(start[0])};
       std::vector<char*> argv;
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
@@ -146,16 +155,18 @@ int Launch(Options o) {
   close(start[0]);
   usleep(300 * 1000);  // every rank is blocked on the pipe by now (they only exec and read)
   const int64_t t0 = NowNs();
-  close(start[1]);     // EOF: all ranks start
+  close(start[1]);  // EOF: all ranks start
   bool ok = true;
   for (pid_t pid : pids) {
     int status = 0;
     waitpid(pid, &status, 0);
     ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  nlohmann::json report = {{"ranks", o.ranks}, {"gpus", o.gpus},
+  nlohmann::json report = {{"ranks", o.ranks},
+                           {"gpus", o.gpus},
                            {"mode", o.gpus > 0 ? "load_and_launch" : "compile_only"},
-                           {"target", o.gpus > 0 ? "device" : o.target}, {"per_rank", nlohmann::json::array()}};
+                           {"target", o.gpus > 0 ? "device" : o.target},
+                           {"per_rank", nlohmann::json::array()}};
   int total_compiles = 0;
   double slowest_ms = 0, rank0_ms = -1;
   std::set<std::string> keys;
@@ -176,7 +187,8 @@ int Launch(Options o) {
     report["per_rank"].push_back(j);
   }
   size_t entries = 0;
-  for (const auto& e : fs::directory_iterator(cache, ec)) entries += e.path().extension() == ".kjit";
+  for (const auto& e : fs::directory_iterator(cache, ec))
+    entries += e.path().extension() == ".kjit";
   report["distinct_programs"] = keys.size();
   report["nvrtc_compiles_all_ranks"] = total_compiles;
   report["cache_entries"] = entries;
@@ -190,7 +202,8 @@ int Launch(Options o) {
   fmt::print("{}\n", text);
   if (!o.json.empty()) std::ofstream(o.json) << text << "\n";
   if (!once) {
-    fmt::print(stderr, "FAIL: {} NVRTC compiles over all ranks for {} programs (expected one each)\n",
+    fmt::print(stderr,
+               "FAIL: {} NVRTC compiles over all ranks for {} programs (expected one each)\n",
                total_compiles, keys.size());
   }
   if (o.dir == tmpl) fs::remove_all(o.dir, ec);
@@ -204,22 +217,33 @@ int main(int argc, char** argv) {
   kjit::Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--ranks") o.ranks = std::atoi(value.c_str());
-    else if (flag == "--rank") o.rank = std::atoi(value.c_str());
-    else if (flag == "--gpus") o.gpus = std::atoi(value.c_str());
-    else if (flag == "--target") o.target = value;
-    else if (flag == "--dir") o.dir = value;
-    else if (flag == "--json") o.json = value;
-    else if (flag == "--start-fd") o.start_fd = std::atoi(value.c_str());
+    if (flag == "--ranks")
+      o.ranks = std::atoi(value.c_str());
+    else if (flag == "--rank")
+      o.rank = std::atoi(value.c_str());
+    else if (flag == "--gpus")
+      o.gpus = std::atoi(value.c_str());
+    else if (flag == "--target")
+      o.target = value;
+    else if (flag == "--dir")
+      o.dir = value;
+    else if (flag == "--json")
+      o.json = value;
+    else if (flag == "--start-fd")
+      o.start_fd = std::atoi(value.c_str());
     else {
-      fmt::print(stderr, "unknown flag {}\nusage: {} [--ranks N] [--target sm_XY | --gpus K] "
-                         "[--dir DIR] [--json FILE]\n", flag, argv[0]);
+      fmt::print(stderr,
+                 "unknown flag {}\nusage: {} [--ranks N] [--target sm_XY | --gpus K] "
+                 "[--dir DIR] [--json FILE]\n",
+                 flag, argv[0]);
       return 2;
     }
   }
   if (argc % 2 == 0 || o.ranks < 1 || o.ranks > 128) {
-    fmt::print(stderr, "usage: {} [--ranks 1..128] [--target sm_XY | --gpus K] [--dir DIR] "
-                       "[--json FILE]\n", argv[0]);
+    fmt::print(stderr,
+               "usage: {} [--ranks 1..128] [--target sm_XY | --gpus K] [--dir DIR] "
+               "[--json FILE]\n",
+               argv[0]);
     return 2;
   }
   if (o.rank < 0) return kjit::Launch(o);

@@ -21,13 +21,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/test_support.h"
 #include "tests/temp_dir.h"
+#include "tests/test_support.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
 #endif
-
 
 namespace kjit::tools {
 namespace {
@@ -40,7 +39,7 @@ bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// The value printed after `name` on its own line of `kjit compile`'s text report ("  key     ab12").
+// The value printed after `name` on its own line of `kjit compile`'s text report ("  key ab12").
 std::vector<std::string> Fields(const std::string& text, const std::string& name) {
   std::vector<std::string> out;
   std::istringstream in(text);
@@ -65,7 +64,9 @@ class CliTest : public ::testing::Test {
   }
 
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
-  CliResult Run(const std::vector<std::string>& args) { return testing::RunKjit(args, env_, root_); }
+  CliResult Run(const std::vector<std::string>& args) {
+    return testing::RunKjit(args, env_, root_);
+  }
 
   // Entry files (*.kjit) in the cache directory.
   std::vector<std::string> EntryFiles() const {
@@ -84,8 +85,8 @@ class CliTest : public ::testing::Test {
   std::map<std::string, std::string> env_;
 };
 
-const std::vector<std::string> kCompile4096 = {"compile", "--op",   "rms_norm", "--hidden", "4096",
-                                               "--dtype", "bf16",   "--arch",   "sm_100"};
+const std::vector<std::string> kCompile4096 = {"compile", "--op", "rms_norm", "--hidden", "4096",
+                                               "--dtype", "bf16", "--arch",   "sm_100"};
 
 TEST_F(CliTest, VersionPrintsTheVersions) {
   env_["KJIT_LIBCUDA_PATH"] = root_ + "/no-libcuda.so";
@@ -127,9 +128,8 @@ TEST_F(CliTest, CompileThenTheSecondCallHitsTheDiskCache) {
 }
 
 TEST_F(CliTest, JsonReportHasOneEntryPerArch) {
-  std::vector<std::string> args = {"compile", "--op",   "rms_norm",      "--hidden", "4096",
-                                   "--dtype", "bf16",   "--arch",        "sm_90,sm_100",
-                                   "--json"};
+  std::vector<std::string> args = {"compile", "--op", "rms_norm", "--hidden",     "4096",
+                                   "--dtype", "bf16", "--arch",   "sm_90,sm_100", "--json"};
   CliResult r = Run(args);
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   nlohmann::json j;
@@ -182,8 +182,8 @@ TEST_F(CliTest, HiddenZeroIsAUsageError) {
 
 TEST_F(CliTest, OtherUsageErrorsExitWith2) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {},                                             // no subcommand
-           {"compile", "--hidden", "64"},                  // --op missing
+           {},                             // no subcommand
+           {"compile", "--hidden", "64"},  // --op missing
            {"compile", "--op", "rms_norm", "--hidden", "64", "--no-such-flag"},
            {"cache", "frobnicate"}}) {
     CliResult r = Run(args);
@@ -194,8 +194,8 @@ TEST_F(CliTest, OtherUsageErrorsExitWith2) {
 }
 
 TEST_F(CliTest, UnsupportedDtypeIsAnErrorNamingDtype) {
-  CliResult r = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--dtype", "int8", "--arch",
-                     "sm_90"});
+  CliResult r =
+      Run({"compile", "--op", "rms_norm", "--hidden", "64", "--dtype", "int8", "--arch", "sm_90"});
   EXPECT_NE(r.exit_code, 0) << r.Describe();
   EXPECT_EQ(r.signal, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "dtype")) << r.Describe();
@@ -204,8 +204,8 @@ TEST_F(CliTest, UnsupportedDtypeIsAnErrorNamingDtype) {
 }
 
 TEST_F(CliTest, CacheLsVerifyPruneClear) {
-  CliResult c = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,sm_100",
-                     "--json"});
+  CliResult c =
+      Run({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,sm_100", "--json"});
   ASSERT_EQ(c.exit_code, 0) << c.Describe();
   nlohmann::json built = nlohmann::json::parse(c.out, nullptr, false);
   ASSERT_TRUE(built.is_array() && built.size() == 2) << c.Describe();
@@ -249,8 +249,10 @@ TEST_F(CliTest, CacheLsVerifyPruneClear) {
     if (victim_line.starts_with(key90)) break;
   }
   EXPECT_TRUE(victim_line.starts_with(key90) && Contains(victim_line, "INVALID"))
-      << "verify must name the corrupt entry INVALID\n" << bad.Describe();
-  EXPECT_FALSE(Contains(bad.out, key100)) << "verify lists only the bad entries\n" << bad.Describe();
+      << "verify must name the corrupt entry INVALID\n"
+      << bad.Describe();
+  EXPECT_FALSE(Contains(bad.out, key100)) << "verify lists only the bad entries\n"
+                                          << bad.Describe();
   EXPECT_TRUE(Contains(bad.out, "1 invalid")) << bad.Describe();
 
   CliResult ls_bad = Run({"cache", "ls"});
@@ -283,7 +285,8 @@ TEST_F(CliTest, AutoArchWithoutAGpuBuildsTheDefaultTargets) {
   EXPECT_TRUE(Contains(r.err, "no GPU")) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "sm_90, sm_100")) << r.Describe();
   nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << "the note must go to stderr, not into the JSON\n" << r.Describe();
+  ASSERT_FALSE(j.is_discarded()) << "the note must go to stderr, not into the JSON\n"
+                                 << r.Describe();
   ASSERT_EQ(j.size(), 2u) << j.dump(2);
   EXPECT_EQ(j[0]["target"], "sm_90");
   EXPECT_EQ(j[1]["target"], "sm_100");
@@ -294,7 +297,8 @@ TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
   env_["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"bench", "--hidden", "64", "--rows", "4"},
-        std::vector<std::string>{"bench", "--op", "cross_entropy", "--vocab", "1000", "--rows", "4"}}) {
+        std::vector<std::string>{"bench", "--op", "cross_entropy", "--vocab", "1000", "--rows",
+                                 "4"}}) {
     CliResult r = Run(args);
     EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
     EXPECT_EQ(r.exit_code, 1) << r.Describe();

@@ -1,8 +1,8 @@
-// `kjit doctor`: Diagnose against simulated machines (plain DoctorFacts: no driver, the stub driver,
-// an NVRTC too old for the GPU, a driver older than NVRTC or below the toolkit's minimum, unsafe,
-// stale and corrupt caches, a healthy H200), the probe's parts against real files, and the real
-// `kjit doctor` binary on this machine with the driver pointed at a missing file or the stub, so
-// the end-to-end tests mean the same on a machine with a GPU.
+// `kjit doctor`: Diagnose against simulated machines (plain DoctorFacts: no driver, the stub
+// driver, an NVRTC too old for the GPU, a driver older than NVRTC or below the toolkit's minimum,
+// unsafe, stale and corrupt caches, a healthy H200), the probe's parts against real files, and the
+// real `kjit doctor` binary on this machine with the driver pointed at a missing file or the stub,
+// so the end-to-end tests mean the same on a machine with a GPU.
 #include "tools/doctor.h"
 
 #include <fcntl.h>
@@ -27,14 +27,13 @@
 #include "jit/cache_key.h"
 #include "jit/disk_cache.h"
 #include "runtime/tuning_db.h"
+#include "tests/temp_dir.h"
 #include "tests/test_support.h"
 #include "tools/doctor_probe.h"
-#include "tests/temp_dir.h"
 
 #ifndef KJIT_CLI_PATH
 #error "KJIT_CLI_PATH must name the built kjit binary"
 #endif
-
 
 namespace kjit::tools {
 namespace {
@@ -81,18 +80,27 @@ Finding Expect(const std::vector<Finding>& findings, const std::string& check, S
   return *f;
 }
 
-// --- simulated machines ---------------------------------------------------------------------------
+// --- simulated machines
+// ---------------------------------------------------------------------------
 
 const std::vector<int> kNvrtc13Archs = {75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121};
 const std::vector<int> kNvrtc126Archs = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90};
 
 GpuFacts H200(int ordinal = 0) {
-  return {.ordinal = ordinal, .name = "NVIDIA H200", .cc_major = 9, .cc_minor = 0,
-          .total_memory = uint64_t{150} << 30, .sm_count = 132};
+  return {.ordinal = ordinal,
+          .name = "NVIDIA H200",
+          .cc_major = 9,
+          .cc_minor = 0,
+          .total_memory = uint64_t{150} << 30,
+          .sm_count = 132};
 }
 GpuFacts B200(int ordinal = 0) {
-  return {.ordinal = ordinal, .name = "NVIDIA B200", .cc_major = 10, .cc_minor = 0,
-          .total_memory = uint64_t{180} << 30, .sm_count = 148};
+  return {.ordinal = ordinal,
+          .name = "NVIDIA B200",
+          .cc_major = 10,
+          .cc_minor = 0,
+          .total_memory = uint64_t{180} << 30,
+          .sm_count = 148};
 }
 
 // A healthy machine: one H200, driver and NVRTC 13.0, a working compile and launch, a clean cache.
@@ -104,16 +112,32 @@ DoctorFacts HealthyH200() {
   f.driver.version = 13000;
   f.driver.release = "580.65.06";
   f.driver.gpus = {H200()};
-  f.nvrtc = {.loaded = true, .path = "/usr/local/cuda/lib64/libnvrtc.so.13", .major = 13,
-             .minor = 0, .archs = kNvrtc13Archs};
+  f.nvrtc = {.loaded = true,
+             .path = "/usr/local/cuda/lib64/libnvrtc.so.13",
+             .major = 13,
+             .minor = 0,
+             .archs = kNvrtc13Archs};
   f.compiles = {{.target = "sm_90", .ok = true, .code_bytes = 31856, .seconds = 0.2}};
-  f.launches = {{.ordinal = 0, .state = LaunchFacts::State::kOk, .target = "sm_90",
+  f.launches = {{.ordinal = 0,
+                 .state = LaunchFacts::State::kOk,
+                 .target = "sm_90",
                  .detail = "64x4096 bf16 matches the fp64 reference"}};
-  f.cache = {.dir = "/home/u/.cache/kjit", .dir_source = "HOME", .exists = true, .is_dir = true,
-             .mode = 0700, .owner_uid = 1000, .euid = 1000, .writable = true, .listed = true};
-  f.cache.entries = {{.key = std::string(32, 'a'), .bytes = 32000, .valid = true,
-                      .target = "sm_90", .nvrtc_version = "13.0"}};
-  f.tuning = {.state = TuningFacts::State::kMissing, .path = "/home/u/.cache/kjit/tuning.json",
+  f.cache = {.dir = "/home/u/.cache/kjit",
+             .dir_source = "HOME",
+             .exists = true,
+             .is_dir = true,
+             .mode = 0700,
+             .owner_uid = 1000,
+             .euid = 1000,
+             .writable = true,
+             .listed = true};
+  f.cache.entries = {{.key = std::string(32, 'a'),
+                      .bytes = 32000,
+                      .valid = true,
+                      .target = "sm_90",
+                      .nvrtc_version = "13.0"}};
+  f.tuning = {.state = TuningFacts::State::kMissing,
+              .path = "/home/u/.cache/kjit/tuning.json",
               .absolute = "/home/u/.cache/kjit/tuning.json"};
   f.env.in_container = true;
   f.env.container_hint = "/.dockerenv";
@@ -167,8 +191,8 @@ TEST(DoctorDiagnose, NoDriverInAContainerFailsWithTheContainerToolkitFix) {
   Expect(findings, "nvrtc", Status::kOk);
   Expect(findings, "compile.sm_90", Status::kOk);
   Expect(findings, "compile.sm_100", Status::kOk);
-  for (const char* absent : {"gpu.0", "target.gpu.0", "compat.ptx", "compat.min_driver",
-                             "launch.gpu.0"}) {
+  for (const char* absent :
+       {"gpu.0", "target.gpu.0", "compat.ptx", "compat.min_driver", "launch.gpu.0"}) {
     EXPECT_EQ(Find(findings, absent), nullptr) << absent << "\n" << Dump(findings);
   }
   EXPECT_EQ(ExitCodeFor(findings), 1);
@@ -232,8 +256,9 @@ TEST(DoctorDiagnose, NoDeviceVisibleNamesCudaVisibleDevices) {
 TEST(DoctorDiagnose, NvrtcMissingFailsWithTheInstallFix) {
   DoctorFacts f = HealthyH200();
   f.nvrtc = {.loaded = false,
-             .error = "NVRTC (libnvrtc) is not available: libnvrtc.so.13: cannot open shared "
-                      "object file"};
+             .error =
+                 "NVRTC (libnvrtc) is not available: libnvrtc.so.13: cannot open shared "
+                 "object file"};
   f.compiles.clear();
   f.launches = {{.ordinal = 0, .detail = "NVRTC is not available"}};
   const auto findings = Diagnose(f);
@@ -254,11 +279,14 @@ DoctorFacts B200WithNvrtc126(int driver_version) {
   DoctorFacts f = HealthyH200();
   f.driver.gpus = {B200()};
   f.driver.version = driver_version;
-  f.nvrtc = {.loaded = true, .path = "/usr/local/cuda-12.6/lib64/libnvrtc.so.12", .major = 12,
-             .minor = 6, .archs = kNvrtc126Archs};
+  f.nvrtc = {.loaded = true,
+             .path = "/usr/local/cuda-12.6/lib64/libnvrtc.so.12",
+             .major = 12,
+             .minor = 6,
+             .archs = kNvrtc126Archs};
   f.compiles = {{.target = "compute_90", .ok = true, .code_bytes = 90000}};
-  f.launches = {{.ordinal = 0, .state = LaunchFacts::State::kOk, .target = "compute_90",
-                 .detail = "ok"}};
+  f.launches = {
+      {.ordinal = 0, .state = LaunchFacts::State::kOk, .target = "compute_90", .detail = "ok"}};
   f.cache.entries.clear();
   return f;
 }
@@ -343,9 +371,12 @@ TEST(DoctorDiagnose, DriverBelowTheToolkitMinimumFails) {
 TEST(DoctorDiagnose, CompileAndLaunchFailures) {
   DoctorFacts f = HealthyH200();
   f.arch_targets = {"sm_100"};
-  f.compiles.push_back({.target = "sm_100", .ok = false,
+  f.compiles.push_back({.target = "sm_100",
+                        .ok = false,
                         .error = "NVRTC failed to compile 'rms_norm' for sm_100: error\nlog"});
-  f.launches[0] = {.ordinal = 0, .state = LaunchFacts::State::kError, .target = "compute_90",
+  f.launches[0] = {.ordinal = 0,
+                   .state = LaunchFacts::State::kError,
+                   .target = "compute_90",
                    .detail = "cuModuleLoadData failed: CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)"};
   auto findings = Diagnose(f);
   ExpectWellFormed(findings);
@@ -418,7 +449,8 @@ TEST(DoctorDiagnose, CacheDirectoryProblems) {
   Finding d = Expect(findings, "cache.dir", Status::kFail);
   EXPECT_TRUE(Contains(d.message, "KJIT_CACHE_MAX_BYTES")) << d.message;
 
-  f.cache = {.dir = "/ro/kjit", .dir_source = "KJIT_CACHE_DIR", .create_error = "/ro: Permission denied"};
+  f.cache = {
+      .dir = "/ro/kjit", .dir_source = "KJIT_CACHE_DIR", .create_error = "/ro: Permission denied"};
   findings = Diagnose(f);
   d = Expect(findings, "cache.dir", Status::kFail);
   EXPECT_TRUE(Contains(d.fix, "KJIT_CACHE_DIR")) << d.fix;
@@ -433,7 +465,9 @@ TEST(DoctorDiagnose, CacheDirectoryProblems) {
 TEST(DoctorDiagnose, JudgeCacheEntry) {
   DoctorFacts f = HealthyH200();
   auto entry = [](std::string target, std::string nvrtc) {
-    return CacheEntryFacts{.key = std::string(32, 'b'), .valid = true, .target = std::move(target),
+    return CacheEntryFacts{.key = std::string(32, 'b'),
+                           .valid = true,
+                           .target = std::move(target),
                            .nvrtc_version = std::move(nvrtc)};
   };
   EXPECT_EQ(JudgeCacheEntry(entry("sm_90", "13.0"), f), EntryVerdict::kUsable);
@@ -465,8 +499,8 @@ TEST(DoctorDiagnose, VersionTables) {
 
 TEST(DoctorFormat, TextAndJson) {
   DoctorFacts f = HealthyH200();
-  f.cache.mode = 0777;                 // FAIL
-  f.driver.version = 12090;            // compat.min_driver FAIL, compat.ptx WARN
+  f.cache.mode = 0777;       // FAIL
+  f.driver.version = 12090;  // compat.min_driver FAIL, compat.ptx WARN
   const auto findings = Diagnose(f);
   int ok = 0, warn = 0, fail = 0;
   for (const Finding& x : findings) {
@@ -512,7 +546,8 @@ TEST(DoctorFormat, TextAndJson) {
   EXPECT_EQ(j["exit_code"], 1);
 }
 
-// --- the probe's parts, on real files --------------------------------------------------------------
+// --- the probe's parts, on real files
+// --------------------------------------------------------------
 
 // A TempDir per test, named for this suite.
 class TempDir : public testing::TempDir {
@@ -591,7 +626,10 @@ TEST(DoctorProbe, OthersWritableCacheDirectoryFailsAndIsNotFixed) {
 jit::Binary FakeBinary(const std::string& target, const std::string& nvrtc) {
   jit::Binary b;
   b.target = jit::ParseTarget(target).value();
-  b.code = "\x7f" "ELF fake code for " + target;
+  b.code =
+      "\x7f"
+      "ELF fake code for " +
+      target;
   b.nvrtc_version = nvrtc;
   b.program_name = "rms_norm";
   b.params = {{"op", "rms_norm"}, {"hidden", "4096"}};
@@ -671,8 +709,14 @@ std::vector<internal::TuningRecord> TunedRecords(const std::string& device, int 
   std::vector<internal::TuningRecord> out;
   for (int i = 0; i < count; ++i) {
     internal::TuningRecord r;
-    r.key = {.device = device, .arch = arch, .driver = driver, .nvrtc = nvrtc, .op = "rms_norm",
-             .dtype = "bf16", .shape = "hidden=4096", .rows_bucket = int64_t{1} << i};
+    r.key = {.device = device,
+             .arch = arch,
+             .driver = driver,
+             .nvrtc = nvrtc,
+             .op = "rms_norm",
+             .dtype = "bf16",
+             .shape = "hidden=4096",
+             .rows_bucket = int64_t{1} << i};
     r.config = "vec=8 threads=512";
     r.median_us = r.p10_us = r.p90_us = 10;
     r.candidates = 4;
@@ -730,7 +774,8 @@ TEST(DoctorTuning, RecordsForTheGpuPresentApplyAndTheOthersAreNamed) {
   EXPECT_EQ(f.tuning.path, path);
   ASSERT_EQ(f.tuning.records.size(), 6u);
   const Finding t = TuningFinding(f, Status::kOk);
-  EXPECT_TRUE(t.message.starts_with("the tuning database " + path + " (from KJIT_TUNING_DB) holds "
+  EXPECT_TRUE(t.message.starts_with("the tuning database " + path +
+                                    " (from KJIT_TUNING_DB) holds "
                                     "6 records; "))
       << t.message;
   EXPECT_TRUE(Contains(t.message, "3 apply to NVIDIA H200 sm_90 (driver CUDA 13.0, NVRTC 13.0)"))
@@ -751,8 +796,9 @@ TEST(DoctorTuning, RecordsOnlyForAnotherGpuDoNotApply) {
   EXPECT_TRUE(Contains(t.message, "holds 2 records; none apply to NVIDIA H200 sm_90")) << t.message;
   EXPECT_TRUE(Contains(t.message, "heuristic launch configs")) << t.message;
   EXPECT_TRUE(Contains(t.message, "kjit-tune --model")) << t.message;
-  EXPECT_TRUE(Contains(t.message, "ignores the other 2, tuned for other GPUs, drivers or NVRTC "
-                                  "versions: 2 for NVIDIA B200 sm_100"))
+  EXPECT_TRUE(Contains(t.message,
+                       "ignores the other 2, tuned for other GPUs, drivers or NVRTC "
+                       "versions: 2 for NVIDIA B200 sm_100"))
       << t.message;
 }
 
@@ -775,9 +821,10 @@ TEST(DoctorTuning, WithoutAGpuRecordsAreListedByDevice) {
                       {.device = "NVIDIA H200", .arch = 90, .driver = 13000, .nvrtc = 13000},
                       {.device = "NVIDIA B200", .arch = 100, .driver = 13000, .nvrtc = 13000}};
   const Finding t = TuningFinding(f, Status::kOk);
-  EXPECT_TRUE(Contains(t.message, "holds 3 records; no GPU here to match them against: 1 for "
-                                  "NVIDIA B200 sm_100 (driver CUDA 13.0, NVRTC 13.0), 2 for "
-                                  "NVIDIA H200 sm_90"))
+  EXPECT_TRUE(Contains(t.message,
+                       "holds 3 records; no GPU here to match them against: 1 for "
+                       "NVIDIA B200 sm_100 (driver CUDA 13.0, NVRTC 13.0), 2 for "
+                       "NVIDIA H200 sm_90"))
       << t.message;
 }
 
@@ -876,9 +923,10 @@ TEST(DoctorTuning, EmptyOrRelativeKjitTuningDbIsReadAsTheRuntimeReadsIt) {
   EXPECT_EQ(f.tuning.path, "rel/tuning.json");
   EXPECT_EQ(f.tuning.absolute, (fs::current_path() / "rel/tuning.json").string());
   t = TuningFinding(f, Status::kOk);
-  EXPECT_TRUE(Contains(t.message, "rel/tuning.json (from KJIT_TUNING_DB), relative, so each "
-                                  "process reads it from its own working directory (here " +
-                                      f.tuning.absolute + ")"))
+  EXPECT_TRUE(Contains(t.message,
+                       "rel/tuning.json (from KJIT_TUNING_DB), relative, so each "
+                       "process reads it from its own working directory (here " +
+                           f.tuning.absolute + ")"))
       << t.message;
 
   // Unset: the cache directory's, said so.
@@ -897,7 +945,8 @@ TEST(DoctorTuning, NoPathWarns) {
   EXPECT_TRUE(Contains(t.fix, "KJIT_TUNING_DB")) << t.fix;
 }
 
-// --- the real binary ---------------------------------------------------------------------------------
+// --- the real binary
+// ---------------------------------------------------------------------------------
 
 class DoctorCliTest : public ::testing::Test {
  protected:
@@ -912,10 +961,13 @@ class DoctorCliTest : public ::testing::Test {
   }
 
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
-  CliResult Run(const std::vector<std::string>& args) { return testing::RunKjit(args, env_, tmp_.path()); }
+  CliResult Run(const std::vector<std::string>& args) {
+    return testing::RunKjit(args, env_, tmp_.path());
+  }
 
   // The line of the text report for `check`, and its fix line ("" when none).
-  static std::pair<std::string, std::string> Line(const std::string& text, const std::string& check) {
+  static std::pair<std::string, std::string> Line(const std::string& text,
+                                                  const std::string& check) {
     std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) {
@@ -1021,8 +1073,9 @@ TEST_F(DoctorCliTest, FixCacheRemovesEntriesForOtherTargets) {
 
   CliResult fixed = Run({"doctor", "--fix-cache"});
   EXPECT_EQ(fixed.exit_code, 1) << "the driver still fails\n" << fixed.Describe();
-  EXPECT_TRUE(Line(fixed.out, "cache.fix").first.starts_with(
-                  "[ OK ] cache.fix: --fix-cache removed 1 entries (1 stale, 0 corrupt)"))
+  EXPECT_TRUE(Line(fixed.out, "cache.fix")
+                  .first.starts_with(
+                      "[ OK ] cache.fix: --fix-cache removed 1 entries (1 stale, 0 corrupt)"))
       << fixed.Describe();
   EXPECT_TRUE(Line(fixed.out, "cache.stale").first.starts_with("[ OK ] ")) << fixed.Describe();
   int entries = 0;
@@ -1050,8 +1103,11 @@ TEST_F(DoctorCliTest, TuningReportsTheDatabaseKjitTuningDbNames) {
            {garbage, "WARN", "(from KJIT_TUNING_DB) is corrupt (not valid JSON", ".corrupt-<time>"},
            {dir, "WARN", dir + " (from KJIT_TUNING_DB) is a directory, not a tuning database file",
             "point KJIT_TUNING_DB at a file"},
-           {"", "OK", "no tuning database yet at " + cache_ + "/tuning.json (tuning.json in the "
-                      "cache directory)", ""}}) {
+           {"", "OK",
+            "no tuning database yet at " + cache_ +
+                "/tuning.json (tuning.json in the "
+                "cache directory)",
+            ""}}) {
     SCOPED_TRACE(c.db);
     env_["KJIT_TUNING_DB"] = c.db;
     CliResult r = Run({"doctor", "--json", "--no-launch"});

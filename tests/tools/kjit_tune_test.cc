@@ -13,8 +13,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/test_support.h"
 #include "tests/temp_dir.h"
+#include "tests/test_support.h"
 
 #ifndef KJIT_TUNE_PATH
 #error "KJIT_TUNE_PATH must name the built kjit-tune binary"
@@ -132,9 +132,10 @@ TEST_F(KjitTuneTest, AnExplicitDeviceIsRequiredNotFallenBackFrom) {
 
 // --spec: one op as a runtime with KJIT_AUTOTUNE describes it; a bad one is a usage error.
 TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
-  const std::string spec = R"({"op":"cross_entropy","vocab":1000,"dtype":"fp16","target_type":"int32",)"
-                           R"("ignore_index":-1,"reduction":"sum","label_smoothing":0.1,)"
-                           R"("lse_square_scale":0,"softcap":0,"argmax":false})";
+  const std::string spec =
+      R"({"op":"cross_entropy","vocab":1000,"dtype":"fp16","target_type":"int32",)"
+      R"("ignore_index":-1,"reduction":"sum","label_smoothing":0.1,)"
+      R"("lse_square_scale":0,"softcap":0,"argmax":false})";
   CliResult r = Run({"--spec", spec, "--arch", "sm_90", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   const auto report = nlohmann::json::parse(r.out);

@@ -13,12 +13,14 @@ int main() {
   }
   auto norm = rt->RmsNorm({.hidden = 4096, .dtype = kjit::DType::kBF16, .eps = 1e-5f});
   if (!norm.ok()) {
-    std::fprintf(stderr, "consumer: %s\n", std::string(kjit::ToStd(norm.status().message())).c_str());
+    std::fprintf(stderr, "consumer: %s\n",
+                 std::string(kjit::ToStd(norm.status().message())).c_str());
     return 1;
   }
   auto built = norm->Build();
   if (!built.ok()) {
-    std::fprintf(stderr, "consumer: %s\n", std::string(kjit::ToStd(built.status().message())).c_str());
+    std::fprintf(stderr, "consumer: %s\n",
+                 std::string(kjit::ToStd(built.status().message())).c_str());
     return 1;
   }
   std::printf("%s built %zu bytes for %s (%s)\n", kjit::VersionString().c_str(), built->bytes,
