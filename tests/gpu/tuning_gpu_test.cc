@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -107,9 +109,14 @@ TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
   KJIT_REQUIRE_GPU(gpu);
   const CrossEntropySpec spec{.vocab = 32000, .dtype = DType::kBF16};
   std::ofstream(db_) << "{\"format\": \"kjit-tuning-db\", \"version\": 1, \"records\": [";
-  auto rt = Runtime::Create({.tuning_db = db_});
+  // Both warnings reach the runtime's sink, not stderr.
+  std::vector<std::string> warnings;
+  const WarningSink sink = [&](std::string_view m) { warnings.emplace_back(m); };
+  auto rt = Runtime::Create({.tuning_db = db_, .warnings = sink});
   ASSERT_TRUE(rt.ok()) << rt.status();
   EXPECT_EQ(internal::StateOf(*rt).Tuning(), nullptr);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("ignoring the tuning database"), std::string::npos) << warnings[0];
   auto ce = rt->CrossEntropy(spec);
   ASSERT_TRUE(ce.ok());
   EXPECT_EQ(ce->ConfigFor(4096), ce->config());
@@ -117,11 +124,16 @@ TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
   // Parses, but 16 elements per vector is not a bf16 config: ignored with a warning.
   fs::remove(db_);
   Put(TuningKeyFor(gpu, spec, 4096), "vec=16 threads=256 unroll=2 cluster=0 staged=0");
-  auto rt2 = Runtime::Create({.tuning_db = db_});
+  warnings.clear();
+  auto rt2 = Runtime::Create({.tuning_db = db_, .warnings = sink});
   ASSERT_TRUE(rt2.ok());
   auto ce2 = rt2->CrossEntropy(spec);
   ASSERT_TRUE(ce2.ok());
   EXPECT_EQ(ce2->ConfigFor(4096), ce2->config());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("\"vec=16 threads=256 unroll=2 cluster=0 staged=0\" ignored"),
+            std::string::npos)
+      << warnings[0];
 }
 
 // KJIT_AUTOTUNE: the first launch at an untuned bucket runs kjit-tune for that op (a child
