@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune/tune_task.h"
+#include "jit/json_text.h"
 #include "runtime/runtime_state.h"
 
 namespace kjit::autotune {
@@ -159,7 +160,13 @@ int RunTuneWorker(std::istream& in, std::ostream& out, int device) {
     }
     const bool usable = worker.ContextUsable();
     if (!usable && answer.error.empty()) answer.error = "the GPU context failed after this task";
-    out << nlohmann::json{{"end", i}, {"result", nlohmann::json::parse(answer.ToJson())}}.dump()
+    // ToJson's dump() throws on invalid UTF-8, and the cache path (or an error naming it) is
+    // whatever bytes KJIT_CACHE_DIR holds: a worker that aborted here failed every kernel.
+    for (std::string* text : {&answer.error, &answer.key, &answer.origin, &answer.path}) {
+      *text = jit::ValidUtf8(*text);
+    }
+    out << jit::JsonText(
+               nlohmann::json{{"end", i}, {"result", nlohmann::json::parse(answer.ToJson())}})
         << std::endl;
     if (!usable) return kContextLost;
   }

@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "autotune/worker_pool.h"
+#include "jit/json_text.h"
 #include "ops/registry.h"
+#include "runtime/runtime_state.h"
 #include "runtime/tuning_db.h"
 
 namespace kjit::autotune {
@@ -78,6 +80,7 @@ class Tuner {
                {"failures", json::array()}};
     if (p_.gpu) PlanProblems();
     CompileCandidates();
+    CheckStored();
     if (p_.gpu && Untuned() > 0) {
       TimeCandidates();
       CombinePasses();
@@ -85,7 +88,8 @@ class Tuner {
       WriteDatabase();
     }
     ReportTuned();
-    return std::move(report_);
+    // Paths and errors in it are any bytes; whoever prints the report uses a plain dump().
+    return jit::WithValidUtf8(report_);
   }
 
  private:
@@ -97,6 +101,30 @@ class Tuner {
   void Fail(json entry) {
     report_["ok"] = false;
     report_["failures"].push_back(std::move(entry));
+  }
+
+  // The heuristic kernels that compiled but are not in the cache (a read-only cache, a failed
+  // write). Without a GPU, prebuilding them into the cache is the whole point of the run, so that
+  // is a failure, not "ready"; with one the tuning still counts and the kernels say stored: false.
+  void CheckStored() {
+    size_t missing = 0;
+    for (const json& k : report_["kernels"]) missing += !k.value("stored", true);
+    report_["stored"] = missing == 0;
+    if (missing == 0 || p_.gpu != nullptr) return;
+    const size_t total = report_["kernels"].size();
+    std::string why = "a write to it failed; the workers' warnings say why";
+    std::string dir;
+    if (const jit::DiskCache* cache =
+            p_.targets.empty() ? nullptr : internal::StateOf(*p_.targets[0]).jit->disk_cache()) {
+      dir = " " + cache->dir();
+      if (cache->read_only()) why = cache->warning();
+    }
+    const std::string what =
+        missing == total ? "nothing was" : fmt::format("{} of {} kernels were not", missing, total);
+    Fail({{"phase", "store"},
+          {"error", fmt::format("{} stored in the kernel cache{}: compiled but kept in memory "
+                                "only, so later runs compile {} again ({})",
+                                what, dir, missing == 1 ? "it" : "them", why)}});
   }
 
   void PlanProblems() {
@@ -232,6 +260,7 @@ class Tuner {
                                                 {"key", a.key},
                                                 {"origin", a.origin},
                                                 {"path", a.path},
+                                                {"stored", !a.path.empty()},
                                                 {"build_ms", a.compile_ms}});
                 });
         }

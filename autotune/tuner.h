@@ -46,10 +46,13 @@ struct TuneProgress {
   std::function<void(const std::string& what, bool failed)> step;     // one task finished
 };
 
-// The report: {"ok", "timed", "copy_gbps", "kernels": [...], "pruned": [...], "failures": [...],
-// "database": {...}}; each kernel entry says its op, shape, target, config, whether it was tuned
-// (and then its rows, times, the heuristic's time, the runner-up and margin) and where it came
-// from. "ok" is false when a heuristic config failed to build or a key could not be tuned.
+// The report: {"ok", "timed", "stored", "copy_gbps", "kernels": [...], "pruned": [...],
+// "failures": [...], "database": {...}}; each kernel entry says its op, shape, target, config,
+// whether it was tuned (and then its rows, times, the heuristic's time, the runner-up and margin),
+// where it came from and whether it is "stored" in the kernel cache. "ok" is false when a
+// heuristic config failed to build, a key could not be tuned, or, without a GPU (prebuilding is
+// then the point), a kernel could not be stored (a read-only cache): a "store" failure. Every
+// string in it is valid UTF-8 (paths are not always), so a plain dump() of it does not throw.
 nlohmann::json Tune(const TunePlan& plan, const TuneProgress& progress);
 
 }  // namespace kjit::autotune

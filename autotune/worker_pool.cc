@@ -1,6 +1,10 @@
 #include "autotune/worker_pool.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,11 +15,14 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
 #include <boost/process.hpp>
 #include <nlohmann/json.hpp>
+
+#include "jit/file_io.h"
 
 namespace kjit::autotune {
 
@@ -27,6 +34,39 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kPoll = std::chrono::milliseconds(5);
 constexpr std::streamoff kLogTail = 4096;
+// A pool's directory in TMPDIR is "kjit-workers-XXXXXX", holding "owner.lock", flocked by the pool
+// for its whole life: the kernel drops the lock when the process dies, even by SIGKILL, so a
+// directory whose lock anyone can take is a leftover. Without the lock file (a kjit before it, or
+// one killed between mkdtemp and taking it) age decides.
+constexpr std::string_view kDirPrefix = "kjit-workers-";
+constexpr const char* kOwnerLock = "owner.lock";
+constexpr auto kUnlockedStaleAge = std::chrono::hours(1);
+
+// Removes the worker directories in `tmp` that killed runs of this user left behind. Only real
+// directories (not symlinks) owned by this user, named as ours; nothing inside is followed.
+void RemoveStaleDirs(const std::string& tmp) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!std::string_view(name).starts_with(kDirPrefix)) continue;
+    const std::string path = e.path().string();
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+      continue;
+    }
+    // Held while removing, so that two new pools do not both work on it.
+    jit::UniqueFd lock(::open((path + "/" + kOwnerLock).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (lock.get() >= 0) {
+      if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // its pool is alive
+    } else if (errno != ENOENT ||
+               std::chrono::system_clock::now() -
+                       std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec) <
+                   kUnlockedStaleAge) {
+      continue;
+    }
+    (void)jit::RemoveTree(path);  // best effort: a leftover must not stop this run
+  }
+}
 
 std::string Tail(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -75,14 +115,17 @@ class Pool {
 
   std::vector<TaskOutcome> Run() {
     // Requests, answers and logs of the workers.
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = fmt::format("{}/kjit-workers-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    const char* env = std::getenv("TMPDIR");
+    const std::string tmp = env && *env ? env : "/tmp";
+    RemoveStaleDirs(tmp);
+    std::string pattern = fmt::format("{}/{}XXXXXX", tmp, kDirPrefix);
     if (::mkdtemp(pattern.data()) == nullptr) {
       const std::string why = fmt::format("could not create {}: {}", pattern, std::strerror(errno));
       for (size_t i = 0; i < tasks_.size(); ++i) Finish(i, {.failure = why});
       return std::move(outcomes_);
     }
     dir_ = pattern;
+    TakeOwnerLock();
     while (!pending_.empty() || !workers_.empty()) {
       while (static_cast<int>(workers_.size()) < std::max(1, o_.jobs) && !pending_.empty()) Start();
       std::this_thread::sleep_for(kPoll);
@@ -127,6 +170,17 @@ class Pool {
     }
     w->out.open(w->out_path, std::ios::binary);
     workers_.push_back(std::move(w));
+  }
+
+  // Locked before it gets its name, so that no RemoveStaleDirs of another pool ever finds the
+  // lock file free while this pool lives. Best effort: without it the age rule applies.
+  void TakeOwnerLock() {
+    const std::string unnamed = (dir_ / ".owner.lock.new").string();
+    jit::UniqueFd fd(::open(unnamed.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 &&
+        ::rename(unnamed.c_str(), (dir_ / kOwnerLock).c_str()) == 0) {
+      owner_lock_ = std::move(fd);
+    }
   }
 
   void Finish(size_t task, TaskOutcome outcome) {
@@ -219,6 +273,7 @@ class Pool {
   std::deque<size_t> pending_;
   std::vector<std::unique_ptr<Worker>> workers_;
   fs::path dir_;
+  jit::UniqueFd owner_lock_;  // dir_/owner.lock, flocked while the pool lives
   int started_ = 0;
 };
 

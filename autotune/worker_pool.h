@@ -8,6 +8,8 @@
 // before task i of its batch, then {"end": i, "result": ...}. Other lines are ignored; stderr goes
 // to a log whose tail is attached to a failure. A worker that dies or goes silent past the timeout
 // fails the task it had begun; the tasks of its batch it had not begun go to a new worker.
+// Requests, answers and logs live in $TMPDIR/kjit-workers-XXXXXX, removed when the pool ends; the
+// next pool removes those that killed runs left (their owner's flock on it is gone).
 //
 //   std::vector<TaskOutcome> out = RunInWorkers(tasks, {.command = {"/proc/self/exe", "--worker"},
 //                                                       .jobs = 16});

@@ -27,6 +27,9 @@ struct Binary {
   std::string program_name;
   int64_t created_unix = 0;  // when it was compiled (seconds)
   std::string log;           // NVRTC's log (warnings), may be empty
+  // The disk-cache key it was stored under, as its entry records it (cache_entry.h); empty for a
+  // binary fresh from NVRTC.
+  std::string key;
 };
 
 }  // namespace kjit::jit

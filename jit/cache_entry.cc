@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/cache_key.h"
+#include "jit/json_text.h"
 
 namespace kjit::jit {
 
@@ -100,6 +101,7 @@ absl::StatusOr<Binary> DecodeMetadata(std::string_view text) {
   auto program_name = GetString(meta, "program_name");
   auto log = GetString(meta, "log");
   auto created = GetInt64(meta, "created_unix");
+  auto key = GetString(meta, "key");
   if (!lowered) return Corrupt("metadata field 'lowered_names' is not an object of strings");
   if (!params) return Corrupt("metadata field 'params' is not an object of strings");
   if (!options) return Corrupt("metadata field 'options' is not an array of strings");
@@ -107,6 +109,7 @@ absl::StatusOr<Binary> DecodeMetadata(std::string_view text) {
   if (!program_name) return Corrupt("metadata field 'program_name' is missing or not a string");
   if (!log) return Corrupt("metadata field 'log' is missing or not a string");
   if (!created) return Corrupt("metadata field 'created_unix' is missing or not an int64");
+  if (!key) return Corrupt("metadata field 'key' is missing or not a string");
   b.lowered_names = std::move(*lowered);
   b.params = std::move(*params);
   b.options = std::move(*options);
@@ -114,6 +117,7 @@ absl::StatusOr<Binary> DecodeMetadata(std::string_view text) {
   b.program_name = std::move(*program_name);
   b.log = std::move(*log);
   b.created_unix = *created;
+  b.key = std::move(*key);
   return b;
 }
 
@@ -165,7 +169,7 @@ absl::StatusOr<Binary> Decode(std::string_view bytes) {
 
 }  // namespace
 
-std::string EncodeEntry(const Binary& binary) {
+std::string EncodeEntry(const Binary& binary, std::string_view key) {
   json meta = {
       {"target", binary.target.ToString()},
       {"lowered_names", binary.lowered_names},
@@ -175,10 +179,11 @@ std::string EncodeEntry(const Binary& binary) {
       {"program_name", binary.program_name},
       {"created_unix", binary.created_unix},
       {"log", binary.log},
+      {"key", key},
   };
-  // `replace` instead of throwing on invalid UTF-8 (an odd byte in an NVRTC log must not lose the
-  // entry, and exceptions must not cross the API).
-  const std::string meta_text = meta.dump(-1, ' ', false, json::error_handler_t::replace);
+  // JsonText replaces invalid UTF-8 instead of throwing (an odd byte in an NVRTC log must not lose
+  // the entry, and exceptions must not cross the API).
+  const std::string meta_text = JsonText(meta);
 
   // Built in place (the code can be tens of MB): header with the checksum left 0, then the
   // payload, then the checksum patched in.
@@ -199,6 +204,8 @@ std::string EncodeEntry(const Binary& binary) {
   return out;
 }
 
+std::string EncodeEntry(const Binary& binary) { return EncodeEntry(binary, binary.key); }
+
 absl::StatusOr<Binary> DecodeEntry(std::string_view bytes) {
   // The checks above are meant to make this unreachable; the catch keeps a missed nlohmann or
   // allocation exception from crossing the API on hostile input.
@@ -209,6 +216,16 @@ absl::StatusOr<Binary> DecodeEntry(std::string_view bytes) {
   } catch (...) {
     return Corrupt("unreadable");
   }
+}
+
+absl::StatusOr<Binary> DecodeEntryFor(std::string_view bytes, std::string_view key) {
+  KJIT_ASSIGN_OR_RETURN(Binary b, DecodeEntry(bytes));
+  if (b.key != key) {
+    return Corrupt(fmt::format(
+        "it was written for key '{}', not {} (an entry copied or renamed onto another key's file)",
+        b.key, key));
+  }
+  return b;
 }
 
 }  // namespace kjit::jit

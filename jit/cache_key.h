@@ -17,8 +17,9 @@
 
 namespace kjit::jit {
 
-// Bump when the entry layout or anything the key does not cover changes meaning.
-inline constexpr int kCacheFormatVersion = 1;
+// Bump when the entry layout or anything the key does not cover changes meaning. 2: the metadata
+// records the entry's own key.
+inline constexpr int kCacheFormatVersion = 2;
 
 std::string CacheKey(const Source& source, const Target& target,
                      const std::vector<std::string>& options, const std::string& nvrtc_version);

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
+#include <iterator>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -78,7 +80,7 @@ struct EntryFile {
   absl::StatusOr<Binary> binary = absl::UnknownError("unread");
 };
 
-EntryFile ReadEntryFile(const std::string& path) {
+EntryFile ReadEntryFile(const std::string& path, std::string_view key) {
   EntryFile e;
   // O_NONBLOCK: a FIFO at the path must not hang us; regular-file reads ignore it.
   e.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
@@ -93,7 +95,10 @@ EntryFile ReadEntryFile(const std::string& path) {
     return e;
   }
   if (!S_ISREG(e.st.st_mode)) {
-    e.binary = absl::DataLossError("not a regular file");
+    e.binary = absl::DataLossError(S_ISDIR(e.st.st_mode)
+                                       ? "a directory, not an entry file (`kjit cache prune` "
+                                         "removes it)"
+                                       : "not a regular file");
     return e;
   }
   if (static_cast<uint64_t>(e.st.st_size) > kMaxEntryBytes) {
@@ -111,8 +116,16 @@ EntryFile ReadEntryFile(const std::string& path) {
     e.binary = absl::DataLossError(fmt::format("grew past {} bytes while read", kMaxEntryBytes));
     return e;
   }
-  e.binary = DecodeEntry(bytes);
+  e.binary = DecodeEntryFor(bytes, key);
   return e;
+}
+
+// Removes what is at `path`, as lstat describes it: a file or link, or a directory (an entry's name
+// on a directory would otherwise block its key for good: rename cannot replace it).
+absl::Status RemoveEntryPath(const std::string& path, const struct stat& st) {
+  if (S_ISDIR(st.st_mode)) return RemoveTree(path);
+  if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, fmt::format("cannot remove {}", path));
+  return absl::OkStatus();
 }
 
 // Deletes a bad entry, unless it was replaced since we looked (another process renamed a fresh
@@ -122,7 +135,7 @@ bool DiscardEntry(const std::string& path, const EntryFile& e) {
   struct stat now {};
   if (::lstat(path.c_str(), &now) != 0) return false;
   bool same = e.fd.get() >= 0 ? SameFile(now, e.st) : S_ISLNK(now.st_mode);
-  return same && ::unlink(path.c_str()) == 0;
+  return same && RemoveEntryPath(path, now).ok();
 }
 
 // Removes the least recently used entries (oldest mtime first) until the entries total at most
@@ -182,6 +195,34 @@ absl::StatusOr<uint64_t> ParseMaxBytes(std::string_view text) {
 
 }  // namespace
 
+std::string DiskCache::UnsafeDirectoryFix(const std::string& dir, uint32_t mode, uint32_t owner,
+                                          uint32_t euid) {
+  // Directories everyone shares: chmod 700 /tmp (as root) would break every other program.
+  static constexpr std::string_view kSystemDirs[] = {
+      "/",        "/tmp",       "/var/tmp", "/dev/shm",   "/dev",  "/run",  "/var",
+      "/var/lib", "/var/cache", "/usr",     "/usr/local", "/opt",  "/srv",  "/mnt",
+      "/media",   "/home",      "/etc",     "/root",      "/boot", "/proc", "/sys"};
+  const std::string normal = std::filesystem::path(dir).lexically_normal().string();
+  std::string_view trimmed = normal;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.remove_suffix(1);
+  const bool sticky = (mode & S_ISVTX) != 0;
+  const bool system =
+      std::find(std::begin(kSystemDirs), std::end(kSystemDirs), trimmed) != std::end(kSystemDirs);
+  const std::string own =
+      "set KJIT_CACHE_DIR to a private directory of your own (e.g. `export "
+      "KJIT_CACHE_DIR=$HOME/.cache/kjit`)";
+  if (sticky || system) {
+    return fmt::format("{}; '{}' is {}, shared by every user: do not chmod or chown it", own, dir,
+                       sticky ? "a sticky directory like /tmp" : "a system directory");
+  }
+  if (owner != euid) {
+    // Someone else's directory; a cache made under sudo in one's own home is the exception.
+    return fmt::format("{}, or, if '{}' is yours (made under sudo), chown {} '{}' (as root)", own,
+                       dir, euid, dir);
+  }
+  return fmt::format("chmod 700 '{}', or set KJIT_CACHE_DIR to a directory of your own", dir);
+}
+
 std::string DiskCache::DefaultDirectory() {
   if (const char* v = std::getenv("KJIT_CACHE_DIR"); v != nullptr && *v != '\0') return v;
   // The XDG spec says a relative $XDG_CACHE_HOME is invalid and must be ignored.
@@ -221,6 +262,12 @@ absl::StatusOr<DiskCache> DiskCache::Open(const Options& options) {
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
 
+  if (std::string dangling = DescribeDanglingSymlink(dir); !dangling.empty()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "disk cache: {}; fix: create the target (mkdir -m 700), remove the symlink, or set "
+        "KJIT_CACHE_DIR to a directory you can write",
+        dangling));
+  }
   if (absl::Status made = MakePrivateDirs(dir); !made.ok()) {
     return absl::Status(made.code(),
                         fmt::format("disk cache: {}; fix: set KJIT_CACHE_DIR to a directory you "
@@ -238,17 +285,17 @@ absl::StatusOr<DiskCache> DiskCache::Open(const Options& options) {
         "disk cache: {} is not a directory; fix: remove it or set KJIT_CACHE_DIR elsewhere", dir));
   }
   // Anyone who can write here can plant a CUBIN that we would run on the GPU.
+  const std::string fix = UnsafeDirectoryFix(dir, st.st_mode, st.st_uid, ::geteuid());
   if (st.st_uid != ::geteuid()) {
-    return absl::PermissionDeniedError(fmt::format(
-        "disk cache: {} is owned by uid {}, not by this user (uid {}), who could plant kernels "
-        "in it; fix: chown {} '{}', or set KJIT_CACHE_DIR to a directory of your own",
-        dir, st.st_uid, ::geteuid(), ::geteuid(), dir));
+    return absl::PermissionDeniedError(
+        fmt::format("disk cache: {} is owned by uid {}, not by this user (uid {}), who could plant "
+                    "kernels in it; fix: {}",
+                    dir, st.st_uid, ::geteuid(), fix));
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
     return absl::PermissionDeniedError(fmt::format(
-        "disk cache: {} is writable by {} (mode {:04o}), who could plant kernels in it; fix: "
-        "chmod 700 '{}', or set KJIT_CACHE_DIR to a directory of your own",
-        dir, (st.st_mode & S_IWOTH) != 0 ? "other users" : "its group", st.st_mode & 07777, dir));
+        "disk cache: {} is writable by {} (mode {:04o}), who could plant kernels in it; fix: {}",
+        dir, (st.st_mode & S_IWOTH) != 0 ? "other users" : "its group", st.st_mode & 07777, fix));
   }
 
   DiskCache cache;
@@ -288,7 +335,7 @@ std::string DiskCache::EntryPath(const std::string& key) const {
 std::optional<Binary> DiskCache::Lookup(const std::string& key) const {
   if (!IsValidKey(key)) return std::nullopt;
   const std::string path = EntryPath(key);
-  EntryFile e = ReadEntryFile(path);
+  EntryFile e = ReadEntryFile(path, key);
   if (e.binary.ok()) {
     ::futimens(e.fd.get(), nullptr);  // LRU: a hit is a use. Best effort (read-only caches).
     return *std::move(e.binary);
@@ -311,7 +358,7 @@ absl::Status DiskCache::Store(const std::string& key, const Binary& binary) cons
   if (binary.code.empty()) {
     return absl::InvalidArgumentError("disk cache: refusing to store a binary with no code");
   }
-  const std::string bytes = EncodeEntry(binary);
+  const std::string bytes = EncodeEntry(binary, key);
   if (bytes.size() > kMaxEntryBytes) {
     return absl::InvalidArgumentError(
         fmt::format("disk cache: a {}-byte entry is over the {}-byte limit; it stays in memory",
@@ -357,7 +404,7 @@ std::vector<DiskCache::EntryInfo> DiskCache::List() const {
     if (::lstat(path.c_str(), &st) != 0) continue;  // removed meanwhile
     info.size_bytes = static_cast<uint64_t>(st.st_size);
     info.mtime_unix = st.st_mtim.tv_sec;
-    EntryFile e = ReadEntryFile(path);
+    EntryFile e = ReadEntryFile(path, key);
     info.valid = e.binary.ok();
     if (info.valid) {
       info.binary = *std::move(e.binary);
@@ -376,10 +423,26 @@ absl::StatusOr<int> DiskCache::Clear() const {
   KJIT_ASSIGN_OR_RETURN(std::vector<std::string> names, ScanDir(dir_));
   int removed = 0;
   for (const std::string& name : names) {
-    if (KeyOfFile(name, kEntrySuffix).empty()) continue;
-    if (::unlink(fmt::format("{}/{}", dir_, name).c_str()) == 0) ++removed;
+    std::string_view key = KeyOfFile(name, kEntrySuffix);
+    if (!key.empty() && Remove(std::string(key)).ok()) ++removed;
   }
   return removed;
+}
+
+absl::Status DiskCache::Remove(const std::string& key) const {
+  if (!IsValidKey(key)) {
+    return absl::InvalidArgumentError(
+        fmt::format("disk cache: '{}' is not a cache key (32 lowercase hex digits)", key));
+  }
+  if (read_only_) {
+    return absl::FailedPreconditionError(fmt::format("disk cache: {} is read-only", dir_));
+  }
+  const std::string path = EntryPath(key);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    return ErrnoStatus(errno, fmt::format("disk cache: cannot stat {}", path));
+  }
+  return Annotate(RemoveEntryPath(path, st), "disk cache");
 }
 
 absl::StatusOr<int> DiskCache::Prune() const {
@@ -391,8 +454,8 @@ absl::StatusOr<int> DiskCache::Prune() const {
   int removed = 0;
   for (const std::string& name : names) {
     const std::string path = fmt::format("{}/{}", dir_, name);
-    if (!KeyOfFile(name, kEntrySuffix).empty()) {
-      EntryFile e = ReadEntryFile(path);
+    if (std::string_view key = KeyOfFile(name, kEntrySuffix); !key.empty()) {
+      EntryFile e = ReadEntryFile(path, key);
       if (!e.binary.ok() && e.binary.status().code() == absl::StatusCode::kDataLoss &&
           DiscardEntry(path, e)) {
         ++removed;

@@ -1,5 +1,6 @@
 #include "jit/file_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/random.h>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -19,6 +21,55 @@ namespace {
 
 // How often LockFile retries; a holder's work (a compile, a merge) takes far longer.
 constexpr std::chrono::milliseconds kLockPoll{5};
+// RemoveTree's nesting limit: one descriptor per level is open at once.
+constexpr int kMaxTreeDepth = 64;
+
+// Empties the directory open as `fd` (taken over) depth-first. 0, or the errno that stopped it,
+// with `failed` naming the entry.
+int EmptyDirectory(int fd, int depth, std::string& failed) {
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
+  // Names first: removing entries while readdir walks the directory may skip some.
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+  }
+  int err = 0;
+  for (const std::string& name : names) {
+    failed = name;
+    if (::unlinkat(::dirfd(d), name.c_str(), 0) == 0 || errno == ENOENT) continue;
+    if (errno != EISDIR && errno != EPERM) {  // EPERM: what POSIX lets unlink say of a directory
+      err = errno;
+      break;
+    }
+    if (depth >= kMaxTreeDepth) {
+      err = ELOOP;
+      break;
+    }
+    const int sub =
+        ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) {
+      err = errno;
+      break;
+    }
+    std::string below;
+    if ((err = EmptyDirectory(sub, depth + 1, below)) != 0) {
+      failed = name + "/" + below;
+      break;
+    }
+    if (::unlinkat(::dirfd(d), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      err = errno;
+      break;
+    }
+  }
+  ::closedir(d);
+  return err;
+}
 
 }  // namespace
 
@@ -101,10 +152,41 @@ absl::Status MakePrivateDirs(const std::string& dir) {
     }
     if (::mkdir(prefix.c_str(), 0700) == 0) {
       ::chmod(prefix.c_str(), 0700);  // mkdir's mode was masked by the umask
-    } else if (errno != EEXIST) {     // EEXIST: another process made it meanwhile
+    } else if (errno != EEXIST) {     // EEXIST: another process made it meanwhile, or a link
       return ErrnoStatus(errno, fmt::format("cannot create {}", prefix));
+    } else if (std::string dangling = DescribeDanglingSymlink(prefix); !dangling.empty()) {
+      return absl::FailedPreconditionError(fmt::format("cannot create {}: {}", dir, dangling));
     }
   }
+  return absl::OkStatus();
+}
+
+std::string DescribeDanglingSymlink(const std::string& path) {
+  // Up from `path` to the first component that exists: mkdir -p stops at a dangling link there.
+  for (std::string p = path; !p.empty(); p = ParentDir(p)) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0) {
+      if (!S_ISLNK(st.st_mode) || ::stat(p.c_str(), &st) == 0 || errno != ENOENT) return "";
+      std::string target(4096, '\0');
+      const ssize_t n = ::readlink(p.c_str(), target.data(), target.size());
+      if (n < 0) return "";
+      target.resize(static_cast<size_t>(n));
+      if (!target.starts_with('/')) target = ParentDir(p) + "/" + target;
+      return fmt::format("{} is a symlink to '{}', which does not exist", p, target);
+    }
+    if (errno != ENOENT || p == "/" || p == ".") return "";
+  }
+  return "";
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot open directory {}", path));
+  std::string failed;
+  if (int err = EmptyDirectory(fd.release(), 0, failed)) {
+    return ErrnoStatus(err, fmt::format("cannot remove {}/{}", path, failed));
+  }
+  if (::rmdir(path.c_str()) != 0) return ErrnoStatus(errno, fmt::format("cannot remove {}", path));
   return absl::OkStatus();
 }
 

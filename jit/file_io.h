@@ -58,8 +58,19 @@ bool SameFile(const struct stat& a, const struct stat& b);
 std::string ParentDir(const std::string& path);
 
 // mkdir -p. Components it creates are 0700 whatever the umask: what the callers keep (kernels to
-// run, which GPUs and models a user runs) is nobody else's business.
+// run, which GPUs and models a user runs) is nobody else's business. A component that is a symlink
+// to a missing target is FailedPrecondition saying so (DescribeDanglingSymlink): mkdir cannot
+// create through it, and "no such file" would send the user looking for the wrong thing.
 absl::Status MakePrivateDirs(const std::string& dir);
+
+// "<link> is a symlink to '<target>', which does not exist" when `path`, or the nearest of its
+// ancestors that exists, is a symlink whose target is missing (a relative target shown resolved
+// against the link's directory): what keeps `path` from being created. "" otherwise.
+std::string DescribeDanglingSymlink(const std::string& path);
+
+// rm -r of the directory `path` (itself not a symlink), never following a symlink: links inside
+// are removed, not what they point to. The message names what could not be removed.
+absl::Status RemoveTree(const std::string& path);
 
 // An exclusive flock, released when this is destroyed or the process dies, so a crashed holder
 // never leaves it locked. The lock file stays: deleting it on release would let a waiter lock the

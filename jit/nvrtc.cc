@@ -1,16 +1,31 @@
 #include "jit/nvrtc.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
 namespace kjit::jit {
 
+namespace {
+
+// How Load's error starts when no candidate loads; DynLib's "could not load ..." follows.
+constexpr std::string_view kNotLoaded = "NVRTC (libnvrtc) is not available: ";
+
+// KJIT_NVRTC_PATH, or nullptr when unset or empty.
+const char* NvrtcPathVariable() {
+  const char* env = std::getenv("KJIT_NVRTC_PATH");
+  return env != nullptr && *env != '\0' ? env : nullptr;
+}
+
+}  // namespace
+
 std::vector<std::string> DefaultNvrtcCandidates() {
+  // A path the user named is the only one tried: falling back to another NVRTC would hide the
+  // mistake and compile with a version they did not choose.
+  if (const char* env = NvrtcPathVariable()) return {env};
   std::vector<std::string> out;
-  if (const char* env = std::getenv("KJIT_NVRTC_PATH"); env != nullptr && *env != '\0') {
-    out.push_back(env);
-  }
   for (const char* name : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) out.push_back(name);
   for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib"}) {
     out.push_back(fmt::format("{}/libnvrtc.so", dir));
@@ -22,10 +37,10 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
   auto lib = DynLib::Open(candidates);
   if (!lib.ok()) {
     return absl::NotFoundError(fmt::format(
-        "NVRTC (libnvrtc) is not available: {}\nfix: install the CUDA toolkit's NVRTC (e.g. the "
+        "{}{}\nfix: install the CUDA toolkit's NVRTC (e.g. the "
         "cuda-nvrtc-13-0 package, or pip's nvidia-cuda-nvrtc) or point KJIT_NVRTC_PATH at "
         "libnvrtc.so",
-        ToStd(lib.status().message())));
+        kNotLoaded, ToStd(lib.status().message())));
   }
   Nvrtc n(std::move(*lib));
   std::string missing;
@@ -66,9 +81,25 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
   return n;
 }
 
+absl::StatusOr<Nvrtc> Nvrtc::LoadDefault() {
+  const char* env = NvrtcPathVariable();
+  if (env == nullptr) return Load(DefaultNvrtcCandidates());
+  absl::StatusOr<Nvrtc> n = Load({env});
+  if (n.ok()) return n;
+  // Load words its errors for a search, with a fix of its own; this one is about the variable.
+  std::string_view why = ToStd(n.status().message());
+  why = why.substr(0, std::min(why.find('\n'), why.find("; fix: ")));
+  if (why.starts_with(kNotLoaded)) why.remove_prefix(kNotLoaded.size());
+  return absl::Status(
+      n.status().code(),
+      fmt::format("KJIT_NVRTC_PATH={} cannot be used as NVRTC: {}\nfix: point KJIT_NVRTC_PATH at "
+                  "the libnvrtc.so of a CUDA toolkit (e.g. /usr/local/cuda/lib64/libnvrtc.so), or "
+                  "unset it to search the default places",
+                  env, why));
+}
+
 absl::StatusOr<const Nvrtc*> Nvrtc::Get() {
-  static const absl::StatusOr<Nvrtc>* instance =
-      new absl::StatusOr<Nvrtc>(Load(DefaultNvrtcCandidates()));
+  static const absl::StatusOr<Nvrtc>* instance = new absl::StatusOr<Nvrtc>(LoadDefault());
   if (!instance->ok()) return instance->status();
   return &**instance;
 }

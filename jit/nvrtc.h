@@ -1,7 +1,8 @@
 // NVRTC, opened at run time.
 //
-// libnvrtc is found through KJIT_NVRTC_PATH, then the loader's path, then the toolkit's usual
-// places; a missing NVRTC is an error that says how to install it, never a crash.
+// libnvrtc is KJIT_NVRTC_PATH when set (only it: a path that does not load is an error naming the
+// variable, never replaced by another NVRTC), else found on the loader's path, then in the
+// toolkit's usual places; a missing NVRTC is an error that says how to install it, never a crash.
 //
 //   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
 //   fmt::print("NVRTC {}.{} from {}\n", nvrtc->version().major, nvrtc->version().minor,
@@ -26,8 +27,12 @@ struct NvrtcVersion {
 
 class Nvrtc {
  public:
-  // The process-wide instance, loaded on first use. The error (NotFound) is remembered too.
+  // The process-wide instance, loaded on first use (LoadDefault). The error (NotFound) is
+  // remembered too.
   static absl::StatusOr<const Nvrtc*> Get();
+  // Loads from DefaultNvrtcCandidates(); a KJIT_NVRTC_PATH that does not load (missing, not a
+  // library, not NVRTC) is an error that names the variable and its value.
+  static absl::StatusOr<Nvrtc> LoadDefault();
   // Loads from explicit candidates; for tests and `kjit doctor`.
   static absl::StatusOr<Nvrtc> Load(const std::vector<std::string>& candidates);
 
@@ -64,7 +69,7 @@ class Nvrtc {
   std::vector<int> archs_;
 };
 
-// Where Get() looks, in order.
+// Where Get() looks, in order: KJIT_NVRTC_PATH alone when set, else the usual places.
 std::vector<std::string> DefaultNvrtcCandidates();
 
 }  // namespace kjit::jit

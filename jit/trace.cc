@@ -7,16 +7,19 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nvtx3/nvToolsExt.h>
 #include <nlohmann/json.hpp>
 
 #include "jit/file_io.h"
+#include "jit/json_text.h"
 
 namespace kjit::jit {
 
@@ -27,15 +30,17 @@ constexpr size_t kDefaultMaxEvents = 100000;
 size_t MaxEventsFromEnv() {
   const char* v = std::getenv("KJIT_TRACE_MAX_EVENTS");
   if (v == nullptr || *v == '\0') return kDefaultMaxEvents;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0) {
+  // from_chars, not strtoull: that one takes "-1" as 2^64-1, and leading blanks or '+'.
+  const std::string_view text = v;
+  size_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n == 0) {
     fmt::print(stderr,
                "kjit: warning: KJIT_TRACE_MAX_EVENTS={} is not a positive integer; using {}\n", v,
                kDefaultMaxEvents);
     return kDefaultMaxEvents;
   }
-  return static_cast<size_t>(n);
+  return n;
 }
 
 uint64_t ThreadId() { return static_cast<uint64_t>(pthread_self()) % 1000000; }
@@ -180,8 +185,7 @@ absl::Status Tracer::Flush() {
       {"otherData",
        {{"producer", "kjit"}, {"max_events", max_events_}, {"dropped_events", dropped_}}}};
   events_.clear();
-  const std::string text =
-      doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string text = JsonText(doc) + "\n";
   return Annotate(WriteTrace(path_, text), "KJIT_TRACE");
 }
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/common/json_fields.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tuned_configs.h"
 
@@ -107,18 +108,21 @@ std::string SpecToJson(const OpSpec& op) {
 }
 
 absl::StatusOr<OpSpec> SpecFromJson(std::string_view text) {
+  nlohmann::json j;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    const std::string name = j.at("op").get<std::string>();
-    absl::StatusOr<OpSpec> out = UnknownOp(name);
-    ForOpNamed(name, [&](auto trait, auto) {
-      auto spec = decltype(trait)::FromJson(j);
-      out = spec.ok() ? absl::StatusOr<OpSpec>(*spec) : absl::StatusOr<OpSpec>(spec.status());
-    });
-    return out;
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(fmt::format("op spec: {}", e.what()));
   }
+  // The fields are read through JsonFields, which names each in its errors and throws nothing.
+  KJIT_ASSIGN_OR_RETURN(JsonFields in, JsonFields::Of(j));
+  KJIT_ASSIGN_OR_RETURN(const std::string name, in.String("op"));
+  absl::StatusOr<OpSpec> out = UnknownOp(name);
+  ForOpNamed(name, [&](auto trait, auto) {
+    auto spec = decltype(trait)::FromJson(j);
+    out = spec.ok() ? absl::StatusOr<OpSpec>(*spec) : absl::StatusOr<OpSpec>(spec.status());
+  });
+  return out;
 }
 
 absl::StatusOr<OpSpec> WithConfig(const OpSpec& op, const std::string& config) {

@@ -20,6 +20,7 @@
 
 #include "jit/disk_cache.h"
 #include "jit/file_io.h"
+#include "jit/json_text.h"
 
 namespace kjit::internal {
 
@@ -78,7 +79,7 @@ void ForEachField(Record& r, Visit&& visit) {
 // A value for an error message: short, and never a recursive dump of deeply nested input.
 std::string Describe(const Json& v) {
   if (v.is_structured()) return fmt::format("an {}", v.type_name());  // "an array", "an object"
-  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  std::string s = jit::JsonText(v);
   return s.size() <= 40 ? s : s.substr(0, 40) + "...";
 }
 
@@ -310,7 +311,7 @@ std::string TuningDb::Serialize() const {
   db["version"] = kVersion;
   db["records"] = std::move(records);
   // replace: Put does not validate, and invalid UTF-8 must not make this throw.
-  return db.dump(2, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
+  return jit::JsonText(db, 2) + "\n";
 }
 
 std::optional<TuningRecord> TuningDb::Find(const TuningKey& key) const {

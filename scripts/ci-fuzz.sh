@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz) with clang-14 in build-fuzz and runs each for a bounded
-# time on a copy of its seed corpus (tests/fuzz/corpus/<name>), so the repository is not modified.
+# time on a copy of its seed corpus (tests/fuzz/corpus/<name>), so the repository is not modified,
+# with its dictionary (tests/fuzz/<name>.dict) when it has one.
 # Exits non-zero when a fuzzer crashes, leaks, trips a sanitizer or breaks an invariant; the
 # reproducer is left in build-fuzz/fuzz-artifacts/<name>/ (turn it into a regression test in
 # tests/jit/ and fix the parser).
@@ -15,7 +16,7 @@ root=$(pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
 jobs=${JOBS:-$(nproc)}
-fuzzers=${FUZZERS:-"cache_entry cache_max_bytes dtype hf_config target tuning_db"}
+fuzzers=${FUZZERS:-"cache_entry cache_max_bytes dtype hf_config target tuning_db op_spec kjit_cli kjit_tune_cli"}
 
 if ! command -v clang++-14 >/dev/null || ! ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
     >/dev/null 2>&1; then
@@ -40,9 +41,11 @@ for name in $fuzzers; do
   cp -R "$root/tests/fuzz/corpus/$name/." "$corpus/"
   echo "ci-fuzz: $name for ${seconds}s ($(ls "$corpus" | wc -l) seeds)"
   log=$work/$name.log
+  dict=()
+  if [ -f "$root/tests/fuzz/$name.dict" ]; then dict=(-dict="$root/tests/fuzz/$name.dict"); fi
   start=$(date +%s)
   if "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$artifacts/" "$corpus" >"$log" 2>&1; then
+      ${dict[@]+"${dict[@]}"} -artifact_prefix="$artifacts/" "$corpus" >"$log" 2>&1; then
     status=ok
   else
     status=FAILED

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/json_text.h"
 #include "ops/registry.h"
 #include "runtime/runtime_state.h"
 #include "tools/bench.h"
@@ -73,21 +74,12 @@ absl::StatusOr<nlohmann::json> BenchProblem(const Runtime& rt, GpuTimer& timer,
   return entries;
 }
 
-// The configs to time: those --config names (checked against the op), else the op's own choice
-// and, when sweeping, every other candidate of its search space.
+// The configs to time: those --config names (CheckBenchFlags checked them against the op), else
+// the op's own choice and, when sweeping, every other candidate of its search space.
 absl::StatusOr<std::vector<std::string>> ConfigsFor(const Runtime& rt, const ops::OpSpec& spec,
                                                     const BenchFlags& f) {
-  std::vector<std::string> out;
-  for (const std::string& c : f.configs) {
-    auto with = ops::WithConfig(spec, c);
-    if (!with.ok()) {
-      return absl::InvalidArgumentError(
-          fmt::format("--config: {}", ToStd(with.status().message())));
-    }
-    out.push_back(c);
-  }
-  if (!out.empty()) return out;
-  out.push_back("");
+  if (!f.configs.empty()) return f.configs;
+  std::vector<std::string> out = {""};
   if (!f.sweep) return out;
   KJIT_ASSIGN_OR_RETURN(const std::string heuristic, ops::HeuristicConfig(rt, spec));
   for (const auto& [config, pruned] : ops::SearchSpace(spec, heuristic, rt.arch())) {
@@ -96,26 +88,40 @@ absl::StatusOr<std::vector<std::string>> ConfigsFor(const Runtime& rt, const ops
   return out;
 }
 
-int RunBench(const BenchFlags& f) {
-  auto dtype = ParseDType(f.dtype);
-  if (!dtype.ok()) return Fail(dtype.status());
+// The problems to time, as (size, rows): the op's standard set, or the one the flags give.
+std::vector<std::pair<int64_t, int64_t>> Shapes(const BenchFlags& f) {
   const int64_t size = ops::BenchSizeName(f.op) == "hidden" ? f.hidden : f.vocab;
-  std::vector<std::pair<int64_t, int64_t>> shapes = ops::BenchShapes(f.op);  // (size, rows)
+  std::vector<std::pair<int64_t, int64_t>> shapes = ops::BenchShapes(f.op);
   if (size > 0 || f.rows > 0) {
     shapes = {
         {size > 0 ? size : shapes.front().first, f.rows > 0 ? f.rows : shapes.front().second}};
   }
-  // Flags are checked before any GPU work: a bad --config is a usage error with or without one.
-  for (const auto& [s, rows] : shapes) {
-    auto spec = ops::BenchSpec(f.op, s, *dtype);
-    if (!spec.ok()) return Fail(spec.status());
-    for (const std::string& c : f.configs) {
-      if (auto with = ops::WithConfig(*spec, c); !with.ok()) {
-        return Fail(absl::InvalidArgumentError(
-            fmt::format("--config: {}", ToStd(with.status().message()))));
-      }
+  return shapes;
+}
+
+// What CLI11 cannot check once it has parsed the flags, all before any GPU is looked for: --hidden
+// and --vocab each size one op, and each --config is one of the op's.
+absl::Status CheckBenchFlags(const BenchFlags& f, const CLI::App& cmd) {
+  const std::string own = ops::BenchSizeName(f.op);
+  for (const std::string& op : ops::OpNames()) {
+    const std::string size = ops::BenchSizeName(op);
+    if (size != own && cmd.count("--" + size) > 0) {
+      return absl::InvalidArgumentError(fmt::format("--{} does not apply to --op {}", size, f.op));
     }
   }
+  const DType dtype = ParseDType(f.dtype).value();  // checked by its validator
+  for (const auto& [size, rows] : Shapes(f)) {
+    KJIT_ASSIGN_OR_RETURN(const ops::OpSpec spec, ops::BenchSpec(f.op, size, dtype));
+    for (const std::string& c : f.configs) {
+      KJIT_RETURN_IF_ERROR(Annotate(ops::WithConfig(spec, c).status(), "--config"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int RunBench(const BenchFlags& f) {
+  const DType dtype = ParseDType(f.dtype).value();  // checked by its validator
+  const std::vector<std::pair<int64_t, int64_t>> shapes = Shapes(f);
   auto rt = RuntimeOnDevice(f.device);
   if (!rt.ok()) return Fail(rt.status());
   auto timer = GpuTimer::Create(*rt);
@@ -127,7 +133,7 @@ int RunBench(const BenchFlags& f) {
 
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [s, rows] : shapes) {
-    const ops::OpSpec spec = *ops::BenchSpec(f.op, s, *dtype);
+    const ops::OpSpec spec = *ops::BenchSpec(f.op, s, dtype);
     auto configs = ConfigsFor(*rt, spec, f);
     if (!configs.ok()) return Fail(configs.status());
     auto r = BenchProblem(*rt, **timer, spec, rows, f.repeats, copy_gbps, *configs);
@@ -142,9 +148,15 @@ int RunBench(const BenchFlags& f) {
       {"repeats", f.repeats},
       {"l2_flushed", true},
       {"results", results}};
-  if (!f.output.empty()) std::ofstream(f.output) << report.dump(2) << "\n";
+  if (!f.output.empty()) {
+    std::ofstream out(f.output);
+    out << jit::JsonText(report, 2) << "\n" << std::flush;
+    if (!out) {
+      return Fail(absl::UnavailableError(fmt::format("--output {}: cannot write it", f.output)));
+    }
+  }
   if (f.json) {
-    fmt::print("{}\n", report.dump(2));
+    fmt::print("{}\n", jit::JsonText(report, 2));
   } else {
     fmt::print("{} ({}), copy {:.0f} GB/s\n", rt->device().name, rt->target(), copy_gbps);
     fmt::print("{:<13} {:<17} {:<26} {:>10} {:>10} {:>8}  {}\n", "op", "pass", "shape", "median_us",
@@ -177,7 +189,9 @@ Command AddBenchCommand(CLI::App& app) {
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--rows", f->rows, "Rows (tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
-  cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
+  cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")
+      ->check(DTypeValidator())
+      ->capture_default_str();
   cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
       ->check(CLI::Range(3, 100000))
       ->capture_default_str();
@@ -194,6 +208,7 @@ Command AddBenchCommand(CLI::App& app) {
          "them (repeatable), e.g. --config 'vec=8 threads=256 unroll=4 cluster=8 staged=1'")
       ->excludes(cmd->get_option("--sweep"));
   cmd->add_option("--output", f->output, "Also write the JSON report to this file");
+  cmd->final_callback([f, cmd] { ThrowIfUsageError(CheckBenchFlags(*f, *cmd)); });
   return [f] { return RunBench(*f); };
 }
 

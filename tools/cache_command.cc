@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/disk_cache.h"
+#include "jit/json_text.h"
 #include "jit/source.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -27,7 +28,8 @@ int RunCache(const CacheFlags& f) {
     auto removed = f.action == "clear" ? cache->Clear() : cache->Prune();
     if (!removed.ok()) return Fail(removed.status());
     if (f.json) {
-      fmt::print("{}\n", nlohmann::json{{"dir", cache->dir()}, {"removed", *removed}}.dump(2));
+      fmt::print("{}\n",
+                 jit::JsonText(nlohmann::json{{"dir", cache->dir()}, {"removed", *removed}}, 2));
     } else {
       fmt::print("{}: removed {} file(s)\n", cache->dir(), *removed);
     }
@@ -57,12 +59,13 @@ int RunCache(const CacheFlags& f) {
     }
   }
   if (f.json) {
-    fmt::print("{}\n", nlohmann::json{{"dir", cache->dir()},
-                                      {"read_only", cache->read_only()},
-                                      {"entries", list},
-                                      {"bytes", bytes},
-                                      {"invalid", invalid}}
-                           .dump(2));
+    // JsonText: the directory (and problems naming it) may hold any bytes, not only UTF-8.
+    fmt::print("{}\n", jit::JsonText(nlohmann::json{{"dir", cache->dir()},
+                                                    {"read_only", cache->read_only()},
+                                                    {"entries", list},
+                                                    {"bytes", bytes},
+                                                    {"invalid", invalid}},
+                                     2));
   } else {
     fmt::print("{}: {} entries, {} bytes, {} invalid{}\n", cache->dir(), entries.size(), bytes,
                invalid, cache->read_only() ? " (read-only)" : "");

@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/json_text.h"
 #include "jit/source.h"
 #include "kjit/kjit.h"
+#include "ops/common/json_fields.h"
 #include "ops/registry.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -34,21 +36,25 @@ struct CompileFlags {
   bool json = false;
 };
 
-// Which flags belong to which op: a missing size is a usage error (exit 2), like CLI11's own.
-int CheckOpFlags(const CompileFlags& f) {
-  const bool ce = f.op == "cross_entropy";
-  const char* needed = ce ? "--vocab" : "--hidden";
-  if ((ce ? f.vocab : f.hidden) == 0) {
-    fmt::print(stderr, "kjit compile: {} is required for --op {}\n", needed, f.op);
-    return 2;
-  }
-  if ((ce ? f.hidden : f.vocab) != 0) {
-    fmt::print(stderr, "kjit compile: {} does not apply to --op {}\n", ce ? "--hidden" : "--vocab",
-               f.op);
-    return 2;
-  }
-  return 0;
-}
+// The flags of one op each (the others apply to every op). Given with another --op such a flag is a
+// usage error, like a missing size; `field` is the spec field the op's own checks name in their
+// errors ("label_smoothing: 1 must be in [0, 1)"), so that the error names the flag instead.
+struct OpFlag {
+  std::string_view flag, op, field;
+};
+constexpr OpFlag kOpFlags[] = {
+    {"--hidden", "rms_norm", "hidden"},
+    {"--weight-dtype", "rms_norm", "weight_dtype"},
+    {"--casting", "rms_norm", ""},
+    {"--residual", "rms_norm", ""},
+    {"--vocab", "cross_entropy", "vocab"},
+    {"--target-type", "cross_entropy", ""},
+    {"--reduction", "cross_entropy", ""},
+    {"--label-smoothing", "cross_entropy", "label_smoothing"},
+    {"--z-loss", "cross_entropy", "lse_square_scale"},
+    {"--softcap", "cross_entropy", "softcap"},
+    {"--argmax", "cross_entropy", ""},
+};
 
 // The op the flags describe (its config left to the op: the tuned or heuristic one).
 absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
@@ -76,9 +82,34 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
   return spec;
 }
 
+// What CLI11 cannot check once it has parsed the flags: that each belongs to --op, that the op's
+// size is given, and that the op accepts the values (its spec validates).
+absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
+  std::vector<std::string_view> others;
+  for (const OpFlag& o : kOpFlags) {
+    if (o.op != f.op && cmd.count(std::string(o.flag)) > 0) others.push_back(o.flag);
+  }
+  if (!others.empty()) {
+    return absl::InvalidArgumentError(fmt::format("{} {} not apply to --op {}",
+                                                  fmt::join(others, ", "),
+                                                  others.size() == 1 ? "does" : "do", f.op));
+  }
+  // The size is the one BenchSpec takes: the op's only required flag.
+  const std::string size = "--" + ops::BenchSizeName(f.op);
+  if (cmd.count(size) == 0) {
+    return absl::InvalidArgumentError(fmt::format("{} is required for --op {}", size, f.op));
+  }
+  const absl::Status spec = SpecFromFlags(f).status();
+  for (const OpFlag& o : kOpFlags) {
+    if (!o.field.empty() && ToStd(spec.message()).starts_with(fmt::format("{}: ", o.field))) {
+      return ops::Renamed(spec, o.flag);
+    }
+  }
+  return spec;
+}
+
 int RunCompile(const CompileFlags& f) {
-  if (int usage = CheckOpFlags(f); usage != 0) return usage;
-  auto spec = SpecFromFlags(f);
+  auto spec = SpecFromFlags(f);  // checked by CheckCompileFlags
   if (!spec.ok()) return Fail(spec.status());
 
   auto runtimes = RuntimesForArch(f.arch);
@@ -113,7 +144,7 @@ int RunCompile(const CompileFlags& f) {
           built->path.empty() ? "(memory only)" : built->path, built->bytes);
     }
   }
-  if (f.json) fmt::print("{}\n", report.dump(2));
+  if (f.json) fmt::print("{}\n", jit::JsonText(report, 2));
   return failures == 0 ? 0 : 1;
 }
 
@@ -128,8 +159,11 @@ Command AddCompileCommand(CLI::App& app) {
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--vocab", f->vocab, "Vocab size (cross_entropy; required)")
       ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")->capture_default_str();
-  cmd->add_option("--weight-dtype", f->weight_dtype, "Weight dtype (default: --dtype)");
+  cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")
+      ->check(DTypeValidator())
+      ->capture_default_str();
+  cmd->add_option("--weight-dtype", f->weight_dtype, "Weight dtype (default: --dtype; rms_norm)")
+      ->check(DTypeValidator());
   cmd->add_option("--casting", f->casting, "llama or gemma")
       ->check(CLI::IsMember({"llama", "gemma"}))
       ->capture_default_str();
@@ -149,8 +183,10 @@ Command AddCompileCommand(CLI::App& app) {
   cmd->add_option(
          "--arch", f->arch,
          "auto (the GPU present, else sm_90 and sm_100) or a list: sm_90,sm_100,compute_90")
+      ->check(ArchValidator())
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print a JSON report");
+  cmd->final_callback([f, cmd] { ThrowIfUsageError(CheckCompileFlags(*f, *cmd)); });
   return [f] { return RunCompile(*f); };
 }
 

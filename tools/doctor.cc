@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/disk_cache.h"
+#include "jit/json_text.h"
 #include "jit/target.h"
 
 namespace kjit::tools {
@@ -185,9 +187,17 @@ void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
 void DiagnoseNvrtc(const DoctorFacts& f, std::vector<Finding>& out) {
   const NvrtcFacts& n = f.nvrtc;
   if (!n.loaded) {
-    out.push_back({"nvrtc", Status::kFail,
-                   fmt::format("NVRTC is not available: {}", OneLine(FirstLine(n.error))),
-                   std::string("Install the CUDA toolkit's NVRTC (") + kInstallNvrtc + ")."});
+    // An explicit KJIT_NVRTC_PATH is the only library kjit tries: the fix is to that variable.
+    auto path = f.env.kjit_vars.find("KJIT_NVRTC_PATH");
+    const bool set = path != f.env.kjit_vars.end() && !path->second.empty();
+    out.push_back(
+        {"nvrtc", Status::kFail,
+         fmt::format("NVRTC is not available: {}", OneLine(FirstLine(n.error))),
+         set ? fmt::format("Point KJIT_NVRTC_PATH (now '{}') at the libnvrtc.so of a CUDA toolkit "
+                           "(e.g. /usr/local/cuda/lib64/libnvrtc.so), or unset it to search the "
+                           "default places.",
+                           path->second)
+             : std::string("Install the CUDA toolkit's NVRTC (") + kInstallNvrtc + ")."});
     return;
   }
   out.push_back({"nvrtc", Status::kOk,
@@ -394,7 +404,14 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
     return;
   }
   if (!c.exists) {
-    if (c.create_error.empty()) {
+    if (!c.dangling_symlink.empty()) {
+      // What DiskCache::Open says too: kjit neither creates the target nor follows another path.
+      out.push_back({"cache.dir", Status::kFail,
+                     fmt::format("{} (from {}) cannot be used: {}", c.dir, c.dir_source,
+                                 OneLine(c.dangling_symlink)),
+                     "Create the symlink's target (mkdir -m 700), remove the symlink, or set "
+                     "KJIT_CACHE_DIR to a directory of your own."});
+    } else if (c.create_error.empty()) {
       out.push_back({"cache.dir", Status::kOk,
                      fmt::format("{} (from {}) does not exist yet; kjit creates it (mode 0700) on "
                                  "first use",
@@ -424,15 +441,16 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
 
   // Permissions: the same rules DiskCache::Open enforces, so doctor fails exactly where kjit would.
   bool safe = true;
+  // The fix is DiskCache::Open's own, so that both give the same advice (never chmod /tmp).
+  const std::string unsafe_fix =
+      jit::DiskCache::UnsafeDirectoryFix(c.dir, c.mode, c.owner_uid, c.euid) + ".";
   if (c.owner_uid != c.euid) {
     safe = false;
     out.push_back({"cache.permissions", Status::kFail,
                    fmt::format("{} is owned by uid {}, not by this user (uid {}): kjit refuses it, "
                                "since its owner could plant kernels that run on the GPU",
                                c.dir, c.owner_uid, c.euid),
-                   fmt::format("chown {} {} (as root), or set KJIT_CACHE_DIR to a directory of "
-                               "your own.",
-                               c.euid, q)});
+                   unsafe_fix});
   } else if ((c.mode & 022) != 0) {
     safe = false;
     out.push_back(
@@ -440,7 +458,7 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
          fmt::format("{} is writable by {} (mode {:04o}): kjit refuses it, since they "
                      "could plant kernels that run on the GPU",
                      c.dir, (c.mode & 002) != 0 ? "other users" : "its group", c.mode & 07777),
-         fmt::format("chmod 700 {}, or set KJIT_CACHE_DIR to a directory of your own.", q)});
+         unsafe_fix});
   } else if (!c.writable) {
     out.push_back({"cache.permissions", Status::kWarn,
                    fmt::format("{} is not writable ({}): kjit uses it read-only, so kernels "
@@ -550,8 +568,8 @@ void DiagnoseCacheFix(const DoctorFacts& f, std::vector<Finding>& out) {
     out.push_back({"cache.fix", Status::kFail,
                    fmt::format("{}; {} could not be removed (e.g. {})", removed, x.errors.size(),
                                OneLine(x.errors[0])),
-                   fmt::format("Remove them by hand (rm '{}'/<key>.kjit) or check the directory's "
-                               "permissions.",
+                   fmt::format("Remove them by hand (rm -r '{}'/<key>.kjit: an entry's name may "
+                               "hold a directory) or check the directory's permissions.",
                                f.cache.dir)});
     return;
   }
@@ -867,7 +885,7 @@ std::string FormatJson(const std::vector<Finding>& findings, const std::string& 
       {"summary", {{"ok", counts[0]}, {"warn", counts[1]}, {"fail", counts[2]}}},
       {"exit_code", ExitCodeFor(findings)}};
   // Invalid UTF-8 (a device or path name) is replaced rather than throwing.
-  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return jit::JsonText(doc, 2) + "\n";
 }
 
 }  // namespace kjit::tools

@@ -128,7 +128,10 @@ struct CacheFacts {
   bool exists = false;
   bool is_dir = false;
   std::string create_error;  // when !exists: why it cannot be created, "" when it can
-  uint32_t mode = 0;         // permission bits
+  // When !exists because dir, or a directory on the way, is a symlink to a missing target:
+  // "L is a symlink to 'T', which does not exist" (jit::DescribeDanglingSymlink).
+  std::string dangling_symlink;
+  uint32_t mode = 0;  // permission bits
   uint32_t owner_uid = 0;
   uint32_t euid = 0;
   bool writable = false;

@@ -26,6 +26,7 @@
 #include "jit/disk_cache.h"
 #include "jit/driver.h"
 #include "jit/dynlib.h"
+#include "jit/file_io.h"
 #include "jit/nvrtc.h"
 #include "jit/target.h"
 #include "kjit/device_buffer.h"
@@ -224,7 +225,7 @@ std::vector<CacheEntryFacts> ScanEntries(const std::string& dir) {
     }
     ::close(fd);
     bytes.resize(got);
-    auto bin = jit::DecodeEntry(bytes);
+    auto bin = jit::DecodeEntryFor(bytes, e.key);
     e.valid = bin.ok();
     if (bin.ok()) {
       e.target = bin->target.ToString();
@@ -397,6 +398,8 @@ CacheFacts ProbeCache(const std::string& dir_override) {
   struct stat st {};
   if (::stat(c.dir.c_str(), &st) != 0) {
     c.create_error = errno == ENOENT || errno == ENOTDIR ? CreateError(c.dir) : ErrnoText(errno);
+    c.dangling_symlink = jit::DescribeDanglingSymlink(c.dir);
+    if (!c.dangling_symlink.empty()) c.create_error = c.dangling_symlink;
     return c;
   }
   c.exists = true;
@@ -509,15 +512,21 @@ void FixCache(DoctorFacts& facts) {
   } else if (c.exists && !c.writable) {
     fix.refused = fmt::format("{} is read-only ({})", c.dir, FirstLine(c.not_writable_reason));
   } else if (c.exists) {
-    for (const CacheEntryFacts& e : c.entries) {
-      const EntryVerdict v = JudgeCacheEntry(e, facts);
-      if (v == EntryVerdict::kUsable) continue;
-      const std::string path = fmt::format("{}/{}.kjit", c.dir, e.key);
-      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {  // ENOENT: another process did it
-        fix.errors.push_back(fmt::format("{}: {}", e.key, ErrnoText(errno)));
-        continue;
+    // DiskCache's own removal, which also takes a directory squatting on an entry's name.
+    absl::StatusOr<jit::DiskCache> cache = jit::DiskCache::Open({.dir = c.dir});
+    if (!cache.ok()) {
+      fix.refused = Msg(cache.status());
+    } else {
+      for (const CacheEntryFacts& e : c.entries) {
+        const EntryVerdict v = JudgeCacheEntry(e, facts);
+        if (v == EntryVerdict::kUsable) continue;
+        if (absl::Status removed = cache->Remove(e.key);
+            !removed.ok() && !absl::IsNotFound(removed)) {  // NotFound: another process did it
+          fix.errors.push_back(fmt::format("{}: {}", e.key, Msg(removed)));
+          continue;
+        }
+        ++(v == EntryVerdict::kCorrupt ? fix.removed_corrupt : fix.removed_stale);
       }
-      ++(v == EntryVerdict::kCorrupt ? fix.removed_corrupt : fix.removed_stale);
     }
   }
   facts.cache = ProbeCache(c.dir_source == "given" ? c.dir : "");
@@ -532,7 +541,7 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
   f.driver = ProbeDriver(jit::DefaultDriverCandidates());
   f.arch_targets = options.arch_targets;
 
-  auto loaded = jit::Nvrtc::Load(jit::DefaultNvrtcCandidates());
+  auto loaded = jit::Nvrtc::LoadDefault();
   f.nvrtc = FactsOf(loaded);
   if (loaded.ok()) {
     const jit::Nvrtc* nvrtc = KeepLoaded(std::move(*loaded));

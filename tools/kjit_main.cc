@@ -1,37 +1,76 @@
 // kjit: compile, cache, benchmark and diagnose kjit kernels from the command line.
 #include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "kjit/version.h"
 #include "tools/commands.h"
+#include "tools/targets.h"
 
-int main(int argc, char** argv) {
+namespace kjit::tools {
+
+namespace {
+
+// CLI11 says "A subcommand is required" whatever was typed instead: name the word and the commands.
+std::string KjitUsageMessage(const CLI::App* app, const CLI::Error& e) {
+  if (!app->get_subcommands().empty() || e.get_name() != "RequiredError") {
+    return UsageMessage(app, e);
+  }
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app->get_subcommands({})) names.push_back(sub->get_name());
+  const std::vector<std::string> rest = app->remaining();
+  std::string what = "a command is required";
+  if (!rest.empty()) {
+    what =
+        fmt::format("unknown {} \"{}\"", rest[0].starts_with("-") ? "option" : "command", rest[0]);
+  }
+  return UsageMessage(
+      app, CLI::ValidationError(fmt::format("{}; commands: {}", what, fmt::join(names, ", "))));
+}
+
+}  // namespace
+
+ParsedCommandLine ParseKjitCommandLine(int argc, const char* const* argv, std::ostream& out,
+                                       std::ostream& err) {
   CLI::App app{"kjit: JIT-specialized fused kernels (RMSNorm, cross-entropy) for LLM fine-tuning",
                "kjit"};
   app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
   app.require_subcommand(1);
-  std::string trace;
+  app.failure_message(KjitUsageMessage);
+  auto trace = std::make_shared<std::string>();
   app.add_option(
-         "--trace", trace,
+         "--trace", *trace,
          "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
       ->type_name("FILE");
-  kjit::tools::Command compile = kjit::tools::AddCompileCommand(app);
-  kjit::tools::Command cache = kjit::tools::AddCacheCommand(app);
-  kjit::tools::Command bench = kjit::tools::AddBenchCommand(app);
-  kjit::tools::Command doctor = kjit::tools::AddDoctorCommand(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help and --version are "errors" that exit 0; every real usage error exits 2.
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  // Before anything traces: the tracer reads the environment once.
-  if (!trace.empty()) ::setenv("KJIT_TRACE", trace.c_str(), 1);
-  if (app.got_subcommand("compile")) return compile();
-  if (app.got_subcommand("cache")) return cache();
-  if (app.got_subcommand("bench")) return bench();
-  if (app.got_subcommand("doctor")) return doctor();
-  return 2;
+  // Registered in the order `kjit --help` and the unknown-command message list them.
+  std::map<std::string, Command> commands;
+  commands["doctor"] = AddDoctorCommand(app);
+  commands["compile"] = AddCompileCommand(app);
+  commands["cache"] = AddCacheCommand(app);
+  commands["bench"] = AddBenchCommand(app);
+  if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
+  Command command = commands.at(app.get_subcommands().front()->get_name());
+  return {.run = [trace, command] {
+    // Before anything traces: the tracer reads the environment once.
+    if (!trace->empty()) ::setenv("KJIT_TRACE", trace->c_str(), 1);
+    return command();
+  }};
 }
+
+}  // namespace kjit::tools
+
+// Left out of the CLI fuzzer (tests/fuzz), which links this file for ParseKjitCommandLine and has
+// libFuzzer's main.
+#ifndef KJIT_CLI_NO_MAIN
+int main(int argc, char** argv) {
+  kjit::tools::ParsedCommandLine cli =
+      kjit::tools::ParseKjitCommandLine(argc, argv, std::cout, std::cerr);
+  if (cli.exit_code) return *cli.exit_code;
+  return cli.run();
+}
+#endif

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -30,7 +31,9 @@
 #include "autotune/tuner.h"
 #include "kjit/kjit.h"
 #include "kjit/version.h"
+#include "ops/common/json_fields.h"
 #include "runtime/tuning_db.h"
+#include "tools/commands.h"
 #include "tools/targets.h"
 
 namespace kjit::tools {
@@ -57,21 +60,48 @@ struct TuneFlags {
   std::string spec;  // one op, as ops/registry.h's SpecToJson writes it
 };
 
-absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
-  const int sources =
-      !f.model.empty() + !f.config.empty() + (f.vocab > 0 || f.hidden > 0) + !f.spec.empty();
+// What CLI11 cannot check once it has parsed the flags, from the flags alone: one source of ops, a
+// known preset, a valid --spec, and flags that go together.
+absl::Status CheckTuneFlags(const TuneFlags& f, const CLI::App& app) {
+  const auto given = [&app](const char* flag) { return app.count(flag) > 0; };
+  const int sources = given("--model") + given("--config") +
+                      (given("--vocab") || given("--hidden")) + given("--spec");
   if (sources > 1) {
     return absl::InvalidArgumentError("give one of --model, --config, --vocab/--hidden or --spec");
   }
-  if (!f.spec.empty()) {
-    KJIT_RETURN_IF_ERROR(ops::SpecFromJson(f.spec).status());
-    return autotune::ModelConfig{.name = "spec"};
+  if (given("--vocab") != given("--hidden")) {
+    return absl::InvalidArgumentError("--vocab and --hidden go together");
   }
-  if (!f.config.empty()) return autotune::LoadHfConfig(f.config);
-  if (f.vocab > 0 || f.hidden > 0) {
-    if (f.vocab <= 0 || f.hidden <= 0) {
-      return absl::InvalidArgumentError("--vocab and --hidden go together");
+  if (given("--model")) {
+    KJIT_RETURN_IF_ERROR(ops::Renamed(autotune::ModelPreset(f.model).status(), "--model"));
+  }
+  if (given("--spec")) {
+    KJIT_RETURN_IF_ERROR(Annotate(ops::SpecFromJson(f.spec).status(), "--spec"));
+    if (given("--dtype")) {
+      return absl::InvalidArgumentError("--dtype does not apply to --spec, which has its dtype");
     }
+  }
+  // Explicit targets are compile-only runtimes, like --compile-only: nothing is timed on them.
+  const bool compile_only = f.compile_only || f.arch != "auto";
+  const std::string why = f.compile_only ? "--compile-only" : "--arch " + f.arch;
+  if (f.device && compile_only) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--device {}: picks the GPU to tune on, so it cannot go with {}", *f.device, why));
+  }
+  for (const char* flag : {"--repeats", "--retune"}) {
+    if (compile_only && given(flag)) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} does not apply with {}: nothing is timed", flag, why));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The model the flags name: CheckTuneFlags checked all but the --config file, read here.
+absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
+  if (!f.spec.empty()) return autotune::ModelConfig{.name = "spec"};
+  if (!f.config.empty()) return autotune::LoadHfConfig(f.config);
+  if (f.vocab > 0) {
     return autotune::ModelConfig{.name = "custom", .hidden_size = f.hidden, .vocab_size = f.vocab};
   }
   return autotune::ModelPreset(f.model.empty() ? "llama-3.1-8b" : f.model);
@@ -157,19 +187,14 @@ void PrintSummary(const nlohmann::json& report) {
 int RunTune(const TuneFlags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   auto model = ModelFromFlags(f);
-  if (!model.ok()) {
-    fmt::print(stderr, "kjit-tune: {}\n", ToStd(model.status().message()));
-    // Without --config the error is in the flags (their combination, an unknown preset): a usage
-    // error, like CLI11's own; a bad config file is a failure.
-    return f.config.empty() ? 2 : 1;
-  }
-  auto dtype = ParseDType(f.dtype);
-  if (!dtype.ok()) return Fail(dtype.status());
-  if (f.device && (f.compile_only || f.arch != "auto")) {
-    fmt::print(stderr,
-               "kjit-tune: --device {}: picks the GPU to tune on, so it cannot go with {}\n",
-               *f.device, f.compile_only ? "--compile-only" : "--arch " + f.arch);
-    return 2;
+  if (!model.ok()) return Fail(model.status());
+  std::vector<ops::OpSpec> ops;
+  DType dtype = ParseDType(f.dtype).value();  // checked by its validator
+  if (f.spec.empty()) {
+    ops = ModelOps(*model, dtype);
+  } else {
+    ops = {*ops::SpecFromJson(f.spec)};  // checked by CheckTuneFlags
+    dtype = ops::OpDType(ops.front());
   }
   absl::StatusOr<std::vector<Runtime>> runtimes = std::vector<Runtime>{};
   if (f.device) {
@@ -182,12 +207,6 @@ int RunTune(const TuneFlags& f) {
   if (!runtimes.ok()) return Fail(runtimes.status());
   const Runtime* gpu =
       !runtimes->empty() && !runtimes->front().compile_only() ? &runtimes->front() : nullptr;
-  std::vector<ops::OpSpec> ops;
-  if (f.spec.empty()) {
-    ops = ModelOps(*model, *dtype);
-  } else {
-    ops = {*ops::SpecFromJson(f.spec)};  // checked by ModelFromFlags
-  }
   autotune::TunePlan plan{.ops = std::move(ops),
                           .tokens = f.tokens,
                           .gpu = gpu,
@@ -214,24 +233,106 @@ int RunTune(const TuneFlags& f) {
   report["model"] = model->name;
   report["hidden_size"] = model->hidden_size;
   report["vocab_size"] = model->vocab_size;
-  report["dtype"] = f.dtype;
+  report["dtype"] = Name(dtype);
   report["tokens"] = f.tokens;
   report["wall_s"] = seconds;
   if (f.json) fmt::print("{}\n", report.dump(2));
   PrintSummary(report);
   size_t ready = 0;
-  for (const auto& k : report["kernels"]) ready += !k.value("tuned", false);
+  // A kernel compiled but not stored (a read-only cache) is not ready for the next run.
+  for (const auto& k : report["kernels"])
+    ready += !k.value("tuned", false) && k.value("stored", true);
   const size_t wanted = plan.ops.size() * plan.targets.size();
   fmt::print(stderr, "kjit-tune: {} {}: {} of {} kernels ready{} in {:.1f} s{}\n", model->name,
-             f.dtype, ready, wanted, gpu ? ", tuned" : "", seconds,
+             Name(dtype), ready, wanted, gpu ? ", tuned" : "", seconds,
              report["ok"].get<bool>() ? "" : "; FAILED, see above");
   return report["ok"].get<bool>() ? 0 : 1;
 }
 
 }  // namespace
+
+ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, std::ostream& out,
+                                           std::ostream& err) {
+  auto f = std::make_shared<TuneFlags>();
+  std::string presets;
+  for (const std::string& n : autotune::ModelPresetNames()) {
+    presets += (presets.empty() ? "" : ", ") + n;
+  }
+  CLI::App app{
+      "kjit-tune: tune (on a GPU) and prebuild the kernels a model needs, into the kernel "
+      "cache and the tuning database",
+      "kjit-tune"};
+  app.set_version_flag("--version", [] { return FullVersionString(); });
+  app.failure_message(UsageMessage);
+  app.add_option("--model", f->model, "A built-in model (default llama-3.1-8b): " + presets);
+  app.add_option("--config", f->config,
+                 "A Hugging Face config.json (hidden_size, vocab_size, "
+                 "rms_norm_eps, final_logit_softcapping, model_type)");
+  app.add_option("--spec", f->spec,
+                 "One op spec as JSON instead of a model's ops (what a runtime "
+                 "with KJIT_AUTOTUNE=1 passes)")
+      ->type_name("JSON");
+  app.add_option("--vocab", f->vocab, "Vocab size (with --hidden, instead of a model)")
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--hidden", f->hidden, "Hidden size (with --vocab)")->check(CLI::Range(1, 65536));
+  app.add_option("--dtype", f->dtype, "fp32, fp16 or bf16 (not with --spec)")
+      ->check(DTypeValidator())
+      ->capture_default_str();
+  app.add_option("--tokens", f->tokens,
+                 "Token counts (rows) to tune at, each rounded up to a "
+                 "power of two")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->capture_default_str();
+  app.add_option("--arch", f->arch,
+                 "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")
+      ->check(ArchValidator())
+      ->capture_default_str();
+  app.add_option("--device", f->device,
+                 "The GPU to tune on, by CUDA ordinal (default: GPU 0 if "
+                 "there is one, else compile only); an error if it is absent")
+      ->check(CLI::Range(0, 4095));
+  app.add_flag("--compile-only", f->compile_only, "Do not use a GPU even if one is present");
+  app.add_flag("--all-candidates", f->all_candidates,
+               "Compile every candidate config of the search space, not only the heuristic's "
+               "(without a GPU; with one every candidate is compiled anyway)");
+  app.add_flag("--retune", f->retune, "Tune again what the tuning database already has");
+  app.add_option("--jobs", f->jobs, "Compile workers at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--repeats", f->repeats, "Timed repeats per candidate")
+      ->check(CLI::Range(3, 10000))
+      ->capture_default_str();
+  app.add_option("--timeout", f->timeout_s,
+                 "Seconds a worker may go without answering before it "
+                 "is killed and its candidate fails")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--db", f->db,
+                 "The tuning database (default $KJIT_TUNING_DB, else tuning.json in "
+                 "the cache directory)")
+      ->type_name("FILE");
+  app.add_flag("--json", f->json, "Print a JSON report of every kernel on stdout");
+  app.add_option(
+         "--trace", f->trace,
+         "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
+      ->type_name("FILE");
+  app.final_callback([f, &app] { ThrowIfUsageError(CheckTuneFlags(*f, app)); });
+  if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
+  return {.run = [f] {
+    // Before anything traces: the tracer reads the environment once.
+    if (!f->trace.empty()) ::setenv("KJIT_TRACE", f->trace.c_str(), 1);
+    return RunTune(*f);
+  }};
+}
+
 }  // namespace kjit::tools
 
+// Left out of the CLI fuzzer (tests/fuzz), which links this file for ParseKjitTuneCommandLine and
+// has libFuzzer's main.
+#ifndef KJIT_CLI_NO_MAIN
 int main(int argc, char** argv) {
+  kjit::tools::SetToolName("kjit-tune");
   // A worker of the tuner's pool (autotune/worker_pool.h): tasks on stdin, answers on stdout,
   // started by RunTune as `--worker --device N`.
   if (argc >= 2 && std::string(argv[1]) == "--worker") {
@@ -247,74 +348,9 @@ int main(int argc, char** argv) {
     }
     return kjit::autotune::RunTuneWorker(std::cin, std::cout, device);
   }
-  using kjit::tools::TuneFlags;
-  TuneFlags f;
-  std::string presets;
-  for (const std::string& n : kjit::autotune::ModelPresetNames())
-    presets += (presets.empty() ? "" : ", ") + n;
-  CLI::App app{
-      "kjit-tune: tune (on a GPU) and prebuild the kernels a model needs, into the kernel "
-      "cache and the tuning database",
-      "kjit-tune"};
-  app.set_version_flag("--version", [] { return kjit::FullVersionString(); });
-  app.add_option("--model", f.model, "A built-in model (default llama-3.1-8b): " + presets);
-  app.add_option("--config", f.config,
-                 "A Hugging Face config.json (hidden_size, vocab_size, "
-                 "rms_norm_eps, final_logit_softcapping, model_type)");
-  app.add_option("--spec", f.spec,
-                 "One op spec as JSON instead of a model's ops (what a runtime "
-                 "with KJIT_AUTOTUNE=1 passes)")
-      ->type_name("JSON");
-  app.add_option("--vocab", f.vocab, "Vocab size (with --hidden, instead of a model)")
-      ->check(CLI::Range(2, 1 << 20));
-  app.add_option("--hidden", f.hidden, "Hidden size (with --vocab)")->check(CLI::Range(1, 65536));
-  app.add_option("--dtype", f.dtype, "fp32, fp16 or bf16")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
-      ->capture_default_str();
-  app.add_option("--tokens", f.tokens,
-                 "Token counts (rows) to tune at, each rounded up to a "
-                 "power of two")
-      ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
-      ->capture_default_str();
-  app.add_option("--arch", f.arch,
-                 "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")
-      ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "The GPU to tune on, by CUDA ordinal (default: GPU 0 if "
-                 "there is one, else compile only); an error if it is absent")
-      ->check(CLI::Range(0, 4095));
-  app.add_flag("--compile-only", f.compile_only, "Do not use a GPU even if one is present");
-  app.add_flag("--all-candidates", f.all_candidates,
-               "Compile every candidate config of the search space, not only the heuristic's "
-               "(without a GPU; with one every candidate is compiled anyway)");
-  app.add_flag("--retune", f.retune, "Tune again what the tuning database already has");
-  app.add_option("--jobs", f.jobs, "Compile workers at once")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Timed repeats per candidate")
-      ->check(CLI::Range(3, 10000))
-      ->capture_default_str();
-  app.add_option("--timeout", f.timeout_s,
-                 "Seconds a worker may go without answering before it "
-                 "is killed and its candidate fails")
-      ->check(CLI::Range(1, 3600))
-      ->capture_default_str();
-  app.add_option("--db", f.db,
-                 "The tuning database (default $KJIT_TUNING_DB, else tuning.json in "
-                 "the cache directory)")
-      ->type_name("FILE");
-  app.add_flag("--json", f.json, "Print a JSON report of every kernel on stdout");
-  app.add_option(
-         "--trace", f.trace,
-         "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
-      ->type_name("FILE");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  // Before anything traces: the tracer reads the environment once.
-  if (!f.trace.empty()) ::setenv("KJIT_TRACE", f.trace.c_str(), 1);
-  return kjit::tools::RunTune(f);
+  kjit::tools::ParsedCommandLine cli =
+      kjit::tools::ParseKjitTuneCommandLine(argc, argv, std::cout, std::cerr);
+  if (cli.exit_code) return *cli.exit_code;
+  return cli.run();
 }
+#endif

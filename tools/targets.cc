@@ -4,9 +4,91 @@
 
 #include <absl/strings/str_split.h>
 
+#include "jit/nvrtc.h"
 #include "jit/target.h"
+#include "ops/common/json_fields.h"
 
 namespace kjit::tools {
+
+namespace {
+
+std::string& ToolName() {
+  static std::string name = "kjit";
+  return name;
+}
+
+// A validator's answer: "" when OK, else the message without the field it names (CLI11 puts the
+// flag there: "--dtype: 'bf17' is not supported; ...").
+std::string Problem(const absl::Status& status) {
+  return status.ok() ? "" : std::string(ops::WithoutField(ToStd(status.message())));
+}
+
+// --arch's targets: each must parse, and NVRTC (when it loads) must support each.
+absl::Status CheckTargets(const std::string& arch) {
+  const std::vector<std::string> pieces = absl::StrSplit(arch, ',', absl::SkipEmpty());
+  if (pieces.empty()) {
+    return absl::InvalidArgumentError(
+        "arch: no target; expected auto or a list such as sm_90,sm_100");
+  }
+  std::vector<jit::Target> targets;
+  for (const std::string& piece : pieces) {
+    KJIT_ASSIGN_OR_RETURN(const jit::Target t, jit::ParseTarget(piece));
+    targets.push_back(t);
+  }
+  absl::StatusOr<const jit::Nvrtc*> nvrtc = jit::Nvrtc::Get();
+  if (!nvrtc.ok()) return absl::OkStatus();  // the compile says what is wrong with NVRTC
+  for (const jit::Target& t : targets) {
+    KJIT_RETURN_IF_ERROR(jit::CheckNvrtcSupports(t, (*nvrtc)->supported_archs()));
+  }
+  return absl::OkStatus();
+}
+
+// An empty value means nothing to any option of kjit's, but CLI11 reads "" as 0 for a number and
+// as itself for a string (where kjit takes it for "not given"): refuse it for every option that
+// takes a value, the subcommands' too, so that no option is left out.
+void RefuseEmptyValues(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& value) { return value.empty() ? std::string("must not be empty") : ""; }, "");
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_min() > 0) opt->check(non_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    RefuseEmptyValues(*sub);
+  }
+}
+
+}  // namespace
+
+CLI::Validator DTypeValidator() {
+  return CLI::Validator([](std::string& value) { return Problem(ParseDType(value).status()); },
+                        "{fp32,fp16,bf16}");
+}
+
+CLI::Validator ArchValidator() {
+  return CLI::Validator(
+      [](std::string& value) { return value == "auto" ? "" : Problem(CheckTargets(value)); },
+      "auto|TARGET[,TARGET...]");
+}
+
+void ThrowIfUsageError(const absl::Status& status) {
+  if (!status.ok()) throw CLI::ValidationError(std::string(ToStd(status.message())));
+}
+
+std::string UsageMessage(const CLI::App* app, const CLI::Error& e) {
+  return app->get_name() + ": " + CLI::FailureMessage::simple(app, e);
+}
+
+std::optional<int> ParseFlags(CLI::App& app, int argc, const char* const* argv, std::ostream& out,
+                              std::ostream& err) {
+  RefuseEmptyValues(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" that exit 0; every real usage error exits 2.
+    return app.exit(e, out, err) == 0 ? 0 : 2;
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bool use_gpu) {
   std::vector<Runtime> out;
@@ -21,7 +103,7 @@ absl::StatusOr<std::vector<Runtime>> RuntimesForArch(const std::string& arch, bo
       for (const jit::Target& t : jit::DefaultPrebuildTargets()) {
         targets += (targets.empty() ? "" : ", ") + t.ToString();
       }
-      fmt::print(stderr, "kjit: no GPU ({}); building for {}\n",
+      fmt::print(stderr, "{}: no GPU ({}); building for {}\n", ToolName(),
                  ToStd(gpu.status().message()).substr(0, ToStd(gpu.status().message()).find('\n')),
                  targets);
     }
@@ -50,8 +132,10 @@ absl::StatusOr<Runtime> RuntimeOnDevice(int ordinal) {
   return rt;
 }
 
+void SetToolName(std::string name) { ToolName() = std::move(name); }
+
 int Fail(const absl::Status& status) {
-  fmt::print(stderr, "kjit: {}\n", ToStd(status.message()));
+  fmt::print(stderr, "{}: {}\n", ToolName(), ToStd(status.message()));
   return 1;
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/common/json_fields.h"
 #include "ops/cross_entropy/search_space.h"
 
 namespace kjit::ops {
@@ -33,20 +34,18 @@ nlohmann::json Trait::ToJson(const Spec& s) {
 }
 
 absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
-  Spec s{.vocab = j.at("vocab").get<int64_t>(),
-         .ignore_index = j.at("ignore_index").get<int64_t>(),
-         .label_smoothing = j.at("label_smoothing").get<float>(),
-         .lse_square_scale = j.at("lse_square_scale").get<float>(),
-         .softcap = j.at("softcap").get<float>(),
-         .argmax = j.at("argmax").get<bool>()};
-  KJIT_ASSIGN_OR_RETURN(s.dtype, ParseDType(j.at("dtype").get<std::string>()));
-  const std::string targets = j.at("target_type").get<std::string>();
+  KJIT_ASSIGN_OR_RETURN(JsonFields in, JsonFields::Of(j));
+  Spec s;
+  KJIT_ASSIGN_OR_RETURN(s.vocab, in.Int("vocab"));
+  KJIT_ASSIGN_OR_RETURN(s.dtype, in.DTypeOf("dtype"));
+  KJIT_ASSIGN_OR_RETURN(const std::string targets, in.String("target_type"));
   if (targets != "int32" && targets != "int64") {
     return absl::InvalidArgumentError(
         fmt::format("target_type: \"{}\" is not int32 or int64", targets));
   }
   s.target_type = targets == "int32" ? IndexType::kInt32 : IndexType::kInt64;
-  const std::string reduction = j.at("reduction").get<std::string>();
+  KJIT_ASSIGN_OR_RETURN(s.ignore_index, in.Int("ignore_index"));
+  KJIT_ASSIGN_OR_RETURN(const std::string reduction, in.String("reduction"));
   bool known = false;
   for (Reduction r : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
     if (reduction == Name(r)) s.reduction = r, known = true;
@@ -55,6 +54,11 @@ absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
     return absl::InvalidArgumentError(
         fmt::format("reduction: \"{}\" is not none, sum or mean", reduction));
   }
+  KJIT_ASSIGN_OR_RETURN(s.label_smoothing, in.Float("label_smoothing"));
+  KJIT_ASSIGN_OR_RETURN(s.lse_square_scale, in.Float("lse_square_scale"));
+  KJIT_ASSIGN_OR_RETURN(s.softcap, in.Float("softcap"));
+  KJIT_ASSIGN_OR_RETURN(s.argmax, in.Bool("argmax"));
+  KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(s));
   return s;
 }

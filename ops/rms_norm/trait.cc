@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/common/json_fields.h"
 #include "ops/rms_norm/search_space.h"
 
 namespace kjit::ops {
@@ -34,16 +35,19 @@ nlohmann::json Trait::ToJson(const Spec& s) {
 }
 
 absl::StatusOr<RmsNormSpec> Trait::FromJson(const nlohmann::json& j) {
-  Spec s{.hidden = j.at("hidden").get<int64_t>(),
-         .eps = j.at("eps").get<float>(),
-         .weight_offset = j.at("weight_offset").get<float>(),
-         .casting =
-             j.at("gemma_casting").get<bool>() ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
-         .fused_residual = j.at("fused_residual").get<bool>()};
-  KJIT_ASSIGN_OR_RETURN(s.dtype, ParseDType(j.at("dtype").get<std::string>()));
-  if (j.contains("weight_dtype")) {
-    KJIT_ASSIGN_OR_RETURN(s.weight_dtype, ParseDType(j.at("weight_dtype").get<std::string>()));
+  KJIT_ASSIGN_OR_RETURN(JsonFields in, JsonFields::Of(j));
+  Spec s;
+  KJIT_ASSIGN_OR_RETURN(s.hidden, in.Int("hidden"));
+  KJIT_ASSIGN_OR_RETURN(s.dtype, in.DTypeOf("dtype"));
+  if (in.Has("weight_dtype")) {
+    KJIT_ASSIGN_OR_RETURN(s.weight_dtype, in.DTypeOf("weight_dtype"));
   }
+  KJIT_ASSIGN_OR_RETURN(s.eps, in.Float("eps"));
+  KJIT_ASSIGN_OR_RETURN(s.weight_offset, in.Float("weight_offset"));
+  KJIT_ASSIGN_OR_RETURN(const bool gemma, in.Bool("gemma_casting"));
+  s.casting = gemma ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
+  KJIT_ASSIGN_OR_RETURN(s.fused_residual, in.Bool("fused_residual"));
+  KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
   KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(s));
   return s;
 }

@@ -3,10 +3,25 @@
 // worker, and a worker that cannot start fails its tasks with the reason.
 #include "autotune/worker_pool.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "jit/file_io.h"
+#include "tests/temp_dir.h"
+#include "tests/test_support.h"
 
 namespace kjit::autotune {
 namespace {
@@ -96,6 +111,67 @@ TEST(WorkerPool, AWorkerThatCannotStartFailsItsTasksWithTheReason) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_FALSE(out[0].answered);
   EXPECT_NE(out[0].failure.find("/nonexistent/kjit-worker"), std::string::npos) << out[0].failure;
+}
+
+// Issue 18: each `kill -9` of kjit-tune left a kjit-workers-* directory in TMPDIR for good. The
+// next pool removes those whose owner is gone, and nothing else.
+TEST(WorkerPool, DirectoriesOfKilledPoolsAreRemovedByTheNextOne) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp("kjit_worker_pool_test");
+  ASSERT_TRUE(tmp.ok());
+  testing::ScopedEnv tmpdir("TMPDIR", tmp.path().c_str());
+  auto pool_dirs = [&] {
+    std::vector<std::string> names = testing::NamesWithPrefix(tmp.path(), "kjit-workers-");
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+
+  // A pool killed by SIGKILL while its worker runs (the worker outlives it briefly).
+  std::fflush(nullptr);
+  const pid_t killed = ::fork();
+  if (killed == 0) {
+    RunInWorkers({"1"}, {.command = Sh("sleep 3")});
+    ::_exit(0);
+  }
+  std::optional<std::string> left;
+  for (int i = 0; i < 1000 && !left; ++i) {
+    for (const std::string& name : pool_dirs()) {
+      if (fs::exists(tmp.path() + "/" + name + "/request-0.json")) left = name;  // started
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(left.has_value()) << "the pool never made its directory";
+  ::kill(killed, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(killed, &status, 0), killed);
+
+  // A live pool's (its lock held here), a pool's of an older kjit without the lock file, young
+  // and old, and a symlink with our prefix to a directory that is not ours to empty.
+  const std::string live = tmp.path() + "/kjit-workers-live00";
+  ASSERT_EQ(::mkdir(live.c_str(), 0700), 0);
+  absl::StatusOr<jit::FileLock> held = jit::LockFile(live + "/owner.lock", std::chrono::seconds(0));
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string young = tmp.path() + "/kjit-workers-young0";
+  const std::string old = tmp.path() + "/kjit-workers-old000";
+  for (const std::string& d : {young, old}) {
+    ASSERT_EQ(::mkdir(d.c_str(), 0700), 0);
+    std::ofstream(d + "/request-0.json") << "{}";
+  }
+  const timespec two_hours_ago[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, old.c_str(), two_hours_ago, 0), 0);
+  const std::string elsewhere = tmp.path() + "/elsewhere";
+  ASSERT_EQ(::mkdir(elsewhere.c_str(), 0700), 0);
+  std::ofstream(elsewhere + "/keep") << "x";
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (tmp.path() + "/kjit-workers-link00").c_str()), 0);
+
+  const auto out = RunInWorkers({"1"}, {.command = Sh("echo '{\"begin\":0}'; "
+                                                      "echo '{\"end\":0,\"result\":1}'")});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].answered) << out[0].failure;
+  EXPECT_EQ(pool_dirs(), (std::vector<std::string>{"kjit-workers-link00", "kjit-workers-live00",
+                                                   "kjit-workers-young0"}))
+      << "the killed pool's " << *left << " and the old one go; its own is removed at the end";
+  EXPECT_TRUE(fs::exists(elsewhere + "/keep")) << "a symlink was followed";
 }
 
 }  // namespace

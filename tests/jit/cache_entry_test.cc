@@ -28,6 +28,7 @@ Binary MakeBinary() {
   b.program_name = "rms_norm_forward";
   b.created_unix = 1'790'000'000;
   b.log = "warning: something \"quoted\"\n";
+  b.key = "0123456789abcdef0123456789abcdef";
   return b;
 }
 
@@ -41,6 +42,7 @@ void ExpectSameBinary(const Binary& a, const Binary& b) {
   EXPECT_EQ(a.program_name, b.program_name);
   EXPECT_EQ(a.created_unix, b.created_unix);
   EXPECT_EQ(a.log, b.log);
+  EXPECT_EQ(a.key, b.key);
 }
 
 uint64_t ReadU64(const std::string& s, size_t at) {
@@ -57,7 +59,7 @@ void PutU64(std::string& out, uint64_t v) {
 // the metadata checks behind it.
 std::string EntryWithPayload(const std::string& payload) {
   std::string out(kCacheEntryMagic);
-  out += std::string("\x01\x00\x00\x00", 4);  // kCacheFormatVersion == 1
+  out += std::string("\x02\x00\x00\x00", 4);  // kCacheFormatVersion == 2
   out += std::string(4, '\0');
   PutU64(out, payload.size());
   PutU64(out, XXH3_64bits(payload.data(), payload.size()));
@@ -72,11 +74,47 @@ std::string EntryWithMetadata(const std::string& meta, const std::string& code =
 
 const char* kGoodMeta =
     R"({"target":"sm_90","lowered_names":{},"nvrtc_version":"13.0","options":[],"params":{},)"
-    R"("program_name":"p","created_unix":1,"log":""})";
+    R"("program_name":"p","created_unix":1,"log":"","key":"00112233445566778899aabbccddeeff"})";
 
 TEST(CacheEntryTest, HelperBuildsTheSameLayoutAsEncode) {
-  static_assert(kCacheFormatVersion == 1, "update EntryWithPayload's version bytes");
+  static_assert(kCacheFormatVersion == 2, "update EntryWithPayload's version bytes");
   ASSERT_TRUE(DecodeEntry(EntryWithMetadata(kGoodMeta)).ok());
+}
+
+// Issue 18, defect 3: the checksum proves an entry whole, not whose it is. A valid entry copied
+// onto another key's file ran as the other shape's kernel until the entry recorded its key.
+TEST(CacheEntryTest, AnEntryRecordsItsKeyAndIsRefusedUnderAnother) {
+  const std::string mine = "00000000000000000000000000000512";
+  const std::string other = "00000000000000000000000000001024";
+  const std::string bytes = EncodeEntry(MakeBinary(), mine);
+
+  absl::StatusOr<Binary> back = DecodeEntryFor(bytes, mine);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->key, mine);
+  EXPECT_EQ(DecodeEntry(bytes)->key, mine);
+
+  absl::StatusOr<Binary> copied = DecodeEntryFor(bytes, other);
+  ASSERT_FALSE(copied.ok());
+  EXPECT_EQ(copied.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(copied.status().message(), "corrupt cache entry: it was written for key '" + mine +
+                                           "', not " + other +
+                                           " (an entry copied or renamed onto another key's file)");
+
+  // The key is behind the checksum: rewriting it in place is caught like any other edit.
+  std::string edited = bytes;
+  edited.replace(edited.find(mine), mine.size(), other);
+  absl::StatusOr<Binary> forged = DecodeEntryFor(edited, other);
+  ASSERT_FALSE(forged.ok());
+  EXPECT_NE(forged.status().message().find("checksum mismatch"), absl::string_view::npos)
+      << forged.status();
+
+  // An entry of the previous format (no key) is refused, not trusted under any name.
+  const std::string keyless =
+      R"({"target":"sm_90","lowered_names":{},"nvrtc_version":"13.0","options":[],"params":{},)"
+      R"("program_name":"p","created_unix":1,"log":""})";
+  absl::StatusOr<Binary> old = DecodeEntryFor(EntryWithMetadata(keyless), "");
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("'key'"), absl::string_view::npos) << old.status();
 }
 
 TEST(CacheEntryTest, RoundTrip) {
@@ -100,7 +138,7 @@ TEST(CacheEntryTest, HeaderLayout) {
   const std::string e = EncodeEntry(MakeBinary());
   ASSERT_GT(e.size(), kCacheEntryHeaderSize);
   EXPECT_EQ(e.substr(0, 8), "KJITCACH");
-  EXPECT_EQ(e.substr(8, 4), std::string("\x01\x00\x00\x00", 4));  // version 1, little-endian
+  EXPECT_EQ(e.substr(8, 4), std::string("\x02\x00\x00\x00", 4));  // version 2, little-endian
   EXPECT_EQ(e.substr(12, 4), std::string(4, '\0'));
   EXPECT_EQ(ReadU64(e, 16), e.size() - kCacheEntryHeaderSize);
   EXPECT_EQ(ReadU64(e, 24), XXH3_64bits(e.data() + 32, e.size() - 32));
@@ -164,8 +202,9 @@ TEST(CacheEntryTest, ReasonsNameTheProblem) {
   bad_magic[0] = 'X';
   EXPECT_NE(message(bad_magic).find("bad magic"), std::string::npos);
   std::string bad_version = e;
-  bad_version[8] = 2;
-  EXPECT_NE(message(bad_version).find("format version 2"), std::string::npos);
+  bad_version[8] = 1;  // the format before entries recorded their key
+  EXPECT_NE(message(bad_version).find("format version 1, this kjit reads version 2"),
+            std::string::npos);
   std::string bad_reserved = e;
   bad_reserved[13] = 1;
   EXPECT_NE(message(bad_reserved).find("reserved"), std::string::npos);

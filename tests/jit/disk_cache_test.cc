@@ -160,7 +160,7 @@ TEST_F(DiskCacheTest, StoreThenLookupReturnsIdenticalBinary) {
   EXPECT_FALSE(cache->Lookup(Key(2)).has_value());
 
   // The file is the encoded entry, private, and the write left no temp file.
-  EXPECT_EQ(ReadFile(EntryPath(Key(1))), EncodeEntry(b));
+  EXPECT_EQ(ReadFile(EntryPath(Key(1))), EncodeEntry(b, Key(1)));
   struct stat st {};
   ASSERT_EQ(::stat(EntryPath(Key(1)).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 077, 0u);
@@ -207,6 +207,89 @@ TEST_F(DiskCacheTest, CorruptEntryIsDiscardedAndThenReplaced) {
     ASSERT_TRUE(hit.has_value());
     EXPECT_EQ(hit->code, b.code);
   }
+}
+
+// Issue 18, defect 3: the hidden=512 entry copied over the hidden=1024 one was served (and listed
+// as valid) under the 1024 key, so a kernel built for another shape would run.
+TEST_F(DiskCacheTest, EntryCopiedOntoAnotherKeyIsCorruptAndDiscarded) {
+  absl::StatusOr<DiskCache> cache = Open();
+  ASSERT_TRUE(cache.ok());
+  ASSERT_TRUE(cache->Store(Key(512), MakeBinary(5)).ok());
+  ASSERT_TRUE(cache->Store(Key(1024), MakeBinary(6)).ok());
+  WriteFile(EntryPath(Key(1024)), ReadFile(EntryPath(Key(512))));
+
+  const std::string why = "corrupt cache entry: it was written for key '" + Key(512) + "', not " +
+                          Key(1024) + " (an entry copied or renamed onto another key's file)";
+  std::vector<DiskCache::EntryInfo> listed = cache->List();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].key, Key(512));
+  EXPECT_TRUE(listed[0].valid) << listed[0].problem;
+  EXPECT_EQ(listed[1].key, Key(1024));
+  EXPECT_FALSE(listed[1].valid);
+  EXPECT_EQ(listed[1].problem, why);
+
+  EXPECT_FALSE(cache->Lookup(Key(1024)).has_value()) << "another key's kernel was served";
+  EXPECT_FALSE(Exists(EntryPath(Key(1024)))) << "the misplaced entry was not removed";
+  std::optional<Binary> original = cache->Lookup(Key(512));
+  ASSERT_TRUE(original.has_value());
+  EXPECT_EQ(original->key, Key(512));
+  EXPECT_EQ(original->code, MakeBinary(5).code);
+
+  // Prune counts it as corrupt too.
+  WriteFile(EntryPath(Key(1024)), ReadFile(EntryPath(Key(512))));
+  absl::StatusOr<int> pruned = cache->Prune();
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_EQ(*pruned, 1);
+  EXPECT_FALSE(Exists(EntryPath(Key(1024))));
+  EXPECT_TRUE(Exists(EntryPath(Key(512))));
+}
+
+// Issue 18, defect 14: a directory with an entry's name was "not a regular file" forever: unlink
+// cannot remove it, so prune left it, verify failed on every run, and Store could never replace it.
+TEST_F(DiskCacheTest, DirectoryNamedLikeAnEntryIsRemovedWithoutFollowingLinks) {
+  absl::StatusOr<DiskCache> cache = Open();
+  ASSERT_TRUE(cache.ok());
+  ASSERT_TRUE(cache->Store(Key(1), MakeBinary(1)).ok());
+  // Outside the cache, which links inside the directory point at: they must survive.
+  const std::string outside = root_ + "/outside";
+  ASSERT_EQ(::mkdir(outside.c_str(), 0700), 0);
+  WriteFile(outside + "/keep", "not the cache's");
+  auto plant = [&](const std::string& dir) {
+    ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir((dir + "/sub").c_str(), 0700), 0);
+    WriteFile(dir + "/sub/file", "x");
+    ASSERT_EQ(::symlink(outside.c_str(), (dir + "/sub/link-to-dir").c_str()), 0);
+    ASSERT_EQ(::symlink((outside + "/keep").c_str(), (dir + "/link-to-file").c_str()), 0);
+  };
+  plant(EntryPath(Key(2)));
+  const std::string not_an_entry = dir_ + "/not-a-key.kjit";
+  plant(not_an_entry);
+
+  std::vector<DiskCache::EntryInfo> listed = cache->List();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[1].key, Key(2));
+  EXPECT_FALSE(listed[1].valid);
+  EXPECT_EQ(listed[1].problem, "a directory, not an entry file (`kjit cache prune` removes it)");
+
+  absl::StatusOr<int> pruned = cache->Prune();
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_EQ(*pruned, 1);
+  EXPECT_FALSE(Exists(EntryPath(Key(2))));
+  EXPECT_TRUE(Exists(not_an_entry + "/sub/file")) << "only names of entries are the cache's";
+  EXPECT_EQ(ReadFile(outside + "/keep"), "not the cache's");
+  EXPECT_TRUE(Exists(EntryPath(Key(1))));
+  EXPECT_TRUE(cache->Store(Key(2), MakeBinary(2)).ok()) << "the key is usable again";
+
+  // Lookup discards it as it does any corrupt entry, and Remove (doctor --fix-cache) takes it too.
+  ASSERT_EQ(::unlink(EntryPath(Key(2)).c_str()), 0);
+  plant(EntryPath(Key(2)));
+  EXPECT_FALSE(cache->Lookup(Key(2)).has_value());
+  EXPECT_FALSE(Exists(EntryPath(Key(2))));
+  plant(EntryPath(Key(3)));
+  EXPECT_TRUE(cache->Remove(Key(3)).ok());
+  EXPECT_FALSE(Exists(EntryPath(Key(3))));
+  EXPECT_EQ(cache->Remove(Key(3)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadFile(outside + "/keep"), "not the cache's");
 }
 
 TEST_F(DiskCacheTest, OversizedEntryFileIsDiscardedWithoutBeingRead) {
@@ -271,7 +354,9 @@ TEST_F(DiskCacheTest, GroupOrOthersWritableDirectoryIsRefused) {
     ASSERT_FALSE(cache.ok());
     EXPECT_EQ(cache.status().code(), absl::StatusCode::kPermissionDenied);
     EXPECT_NE(cache.status().message().find(dir_), absl::string_view::npos);
-    EXPECT_NE(cache.status().message().find("chmod 700"), absl::string_view::npos)
+    // The sticky bit says the directory is shared (as /tmp): not one user's to chmod.
+    EXPECT_EQ(cache.status().message().find("chmod 700") != absl::string_view::npos,
+              (mode & S_ISVTX) == 0)
         << cache.status();
   }
   // Readable by others is fine; only writing lets them plant kernels.
@@ -297,6 +382,90 @@ TEST_F(DiskCacheTest, DirectoryOwnedByAnotherUserIsRefused) {
   ASSERT_FALSE(cache.ok());
   EXPECT_EQ(cache.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(cache.status().message().find("chown"), absl::string_view::npos) << cache.status();
+}
+
+// Issue 18, defect 11: KJIT_CACHE_DIR=/tmp was answered with "chmod 700 '/tmp'", which (as root)
+// breaks every other program on the machine. A shared directory gets a private one instead.
+TEST_F(DiskCacheTest, SharedDirectoriesAreNeverToldToChmodOrChown) {
+  const std::string own_dir =
+      "set KJIT_CACHE_DIR to a private directory of your own (e.g. `export "
+      "KJIT_CACHE_DIR=$HOME/.cache/kjit`)";
+  const uint32_t me = ::geteuid(), other = me + 1;
+  struct Case {
+    std::string dir;
+    uint32_t mode, owner;
+    std::string fix;
+  };
+  const std::vector<Case> cases = {
+      {"/tmp", 041777, 0,
+       own_dir + "; '/tmp' is a sticky directory like /tmp, shared by every user: do not chmod or "
+                 "chown it"},
+      {"/scratch/team", 041777, other,
+       own_dir + "; '/scratch/team' is a sticky directory like /tmp, shared by every user: do not "
+                 "chmod or chown it"},
+      {"/var/tmp/", 040777, me,
+       own_dir + "; '/var/tmp/' is a system directory, shared by every user: do not chmod or chown "
+                 "it"},
+      {"/usr/local", 040775, other,
+       own_dir + "; '/usr/local' is a system directory, shared by every user: do not chmod or "
+                 "chown it"},
+      // A directory of one's own keeps the chmod, another's (made under sudo) the chown.
+      {"/home/u/.cache/kjit", 040777, me,
+       "chmod 700 '/home/u/.cache/kjit', or set KJIT_CACHE_DIR to a directory of your own"},
+      {"/home/u/.cache/kjit", 040700, other,
+       own_dir + fmt::format(", or, if '/home/u/.cache/kjit' is yours (made under sudo), chown {} "
+                             "'/home/u/.cache/kjit' (as root)",
+                             me)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.dir);
+    EXPECT_EQ(DiskCache::UnsafeDirectoryFix(c.dir, c.mode, c.owner, me), c.fix);
+  }
+
+  // The real /tmp, as Open reports it (owned by root: as root the mode is the problem, otherwise
+  // the owner).
+  struct stat st {};
+  ASSERT_EQ(::stat("/tmp", &st), 0);
+  if ((st.st_mode & S_ISVTX) == 0) GTEST_SKIP() << "/tmp has no sticky bit here";
+  absl::StatusOr<DiskCache> tmp = DiskCache::Open({.dir = "/tmp"});
+  ASSERT_FALSE(tmp.ok());
+  EXPECT_EQ(tmp.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(tmp.status().message().find("chmod 700"), absl::string_view::npos) << tmp.status();
+  EXPECT_EQ(tmp.status().message().find(fmt::format("chown {}", me)), absl::string_view::npos)
+      << tmp.status();
+  EXPECT_NE(tmp.status().message().find("export KJIT_CACHE_DIR=$HOME/.cache/kjit"),
+            absl::string_view::npos)
+      << tmp.status();
+}
+
+// Issue 18, defect 5: a symlink to a missing target was "cannot stat L: No such file or directory"
+// here and "does not exist yet; kjit creates it" in doctor.
+TEST_F(DiskCacheTest, DanglingSymlinkAsTheDirectoryIsNamedAsSuch) {
+  const std::string target = root_ + "/gone";
+  ASSERT_EQ(::symlink(target.c_str(), dir_.c_str()), 0);
+  absl::StatusOr<DiskCache> cache = Open();
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      cache.status().message(),
+      fmt::format("disk cache: {} is a symlink to '{}', which does not exist; fix: create the "
+                  "target (mkdir -m 700), remove the symlink, or set KJIT_CACHE_DIR to a "
+                  "directory you can write",
+                  dir_, target));
+  // Below the link too (KJIT_CACHE_DIR=L/kjit), and a relative target is shown resolved.
+  ASSERT_EQ(::unlink(dir_.c_str()), 0);
+  ASSERT_EQ(::symlink("gone", dir_.c_str()), 0);
+  const std::string below = dir_ + "/kjit";
+  absl::StatusOr<DiskCache> deeper = DiskCache::Open({.dir = below});
+  ASSERT_FALSE(deeper.ok());
+  EXPECT_NE(deeper.status().message().find(
+                fmt::format("{} is a symlink to '{}', which does not exist", dir_, target)),
+            absl::string_view::npos)
+      << deeper.status();
+  EXPECT_FALSE(Exists(target)) << "kjit does not create the link's target";
+  EXPECT_EQ(MakePrivateDirs(below).message(),
+            fmt::format("cannot create {}: {} is a symlink to '{}', which does not exist", below,
+                        dir_, target));
 }
 
 TEST_F(DiskCacheTest, SymlinkedDirectoryIsUsedWhenItsTargetIsSafe) {
@@ -610,7 +779,7 @@ uint64_t FileSize(const std::string& path) {
 }
 
 TEST_F(DiskCacheTest, LruEvictionKeepsRecentlyUsedUnderCap) {
-  const uint64_t entry = EncodeEntry(MakeBinary(0)).size();
+  const uint64_t entry = EncodeEntry(MakeBinary(0), Key(0)).size();
   const uint64_t cap = 3 * entry + entry / 2;  // room for three entries
   absl::StatusOr<DiskCache> cache = Open(cap);
   ASSERT_TRUE(cache.ok());
@@ -648,7 +817,7 @@ TEST_F(DiskCacheTest, LruEvictionKeepsRecentlyUsedUnderCap) {
 // An entry dated in the future (written while the clock was ahead) is evicted first, not last:
 // a hit would have reset its mtime to now.
 TEST_F(DiskCacheTest, EvictionTakesFutureDatedEntriesFirst) {
-  const uint64_t entry = EncodeEntry(MakeBinary(0)).size();
+  const uint64_t entry = EncodeEntry(MakeBinary(0), Key(0)).size();
   absl::StatusOr<DiskCache> cache = Open(2 * entry + entry / 2);  // room for two entries
   ASSERT_TRUE(cache.ok());
   ASSERT_TRUE(cache->Store(Key(0), MakeBinary(0)).ok());
@@ -760,7 +929,7 @@ TEST_F(DiskCacheTest, PruneRemovesTempFilesDatedFarInTheFuture) {
 }
 
 TEST_F(DiskCacheTest, PruneEvictsBeyondCap) {
-  const uint64_t entry = EncodeEntry(MakeBinary(0)).size();
+  const uint64_t entry = EncodeEntry(MakeBinary(0), Key(0)).size();
   {
     absl::StatusOr<DiskCache> uncapped = Open();
     ASSERT_TRUE(uncapped.ok());

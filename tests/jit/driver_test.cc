@@ -136,12 +136,40 @@ TEST(NvrtcTest, LibraryWithoutTheNvrtcApiIsRefused) {
   EXPECT_TRUE(Contains(Msg(n.status()), "nvrtcCompileProgram")) << n.status();
 }
 
-TEST(NvrtcTest, OverrideComesFirstInTheCandidates) {
-  ScopedEnv env("KJIT_NVRTC_PATH", "/opt/custom/libnvrtc.so.13");
-  const auto c = jit::DefaultNvrtcCandidates();
-  ASSERT_FALSE(c.empty());
-  EXPECT_EQ(c.front(), "/opt/custom/libnvrtc.so.13");
-  EXPECT_GT(c.size(), 1u) << "the usual places are still searched after the override";
+// Issue 18, defect 9: an explicit KJIT_NVRTC_PATH used to come first and then fall back to the
+// usual places, so a path that did not load was ignored without a word.
+TEST(NvrtcTest, AnOverrideIsTheOnlyCandidateAndItsFailureNamesTheVariable) {
+  {
+    ScopedEnv env("KJIT_NVRTC_PATH", "/opt/custom/libnvrtc.so.13");
+    EXPECT_EQ(jit::DefaultNvrtcCandidates(),
+              std::vector<std::string>{"/opt/custom/libnvrtc.so.13"});
+    auto n = jit::Nvrtc::LoadDefault();
+    ASSERT_FALSE(n.ok()) << "loaded " << n->path();
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kNotFound) << n.status();
+    EXPECT_EQ(Msg(n.status()),
+              "KJIT_NVRTC_PATH=/opt/custom/libnvrtc.so.13 cannot be used as NVRTC: could not load "
+              "/opt/custom/libnvrtc.so.13: cannot open shared object file: No such file or "
+              "directory\nfix: point KJIT_NVRTC_PATH at the libnvrtc.so of a CUDA toolkit (e.g. "
+              "/usr/local/cuda/lib64/libnvrtc.so), or unset it to search the default places");
+  }
+  {
+    // A library that loads but is not NVRTC: one fix, the variable's.
+    ScopedEnv env("KJIT_NVRTC_PATH", "libc.so.6");
+    auto n = jit::Nvrtc::LoadDefault();
+    ASSERT_FALSE(n.ok());
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kFailedPrecondition) << n.status();
+    const std::string msg = Msg(n.status());
+    EXPECT_TRUE(msg.starts_with("KJIT_NVRTC_PATH=libc.so.6 cannot be used as NVRTC: ")) << msg;
+    EXPECT_TRUE(Contains(msg, "nvrtcCompileProgram")) << msg;
+    EXPECT_EQ(msg.find("fix:"), msg.rfind("fix:")) << msg;
+  }
+  {
+    ScopedEnv env("KJIT_NVRTC_PATH", "");  // set but empty reads as unset
+    const auto c = jit::DefaultNvrtcCandidates();
+    ASSERT_GT(c.size(), 1u);
+    EXPECT_EQ(c.front(), "libnvrtc.so.13");
+    EXPECT_TRUE(jit::Nvrtc::LoadDefault().ok());
+  }
 }
 
 TEST(NvrtcTest, GetLoadsNvrtc13WithTheBlackwellArchs) {

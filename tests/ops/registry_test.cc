@@ -3,8 +3,11 @@
 #include "ops/registry.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/expect_status.h"
 
@@ -60,13 +63,64 @@ TEST(Registry, BadJsonIsRefusedNamingTheField) {
   ExpectInvalid(SpecFromJson(R"({"op": "layer_norm"})").status(),
                 "op: \"layer_norm\" is not one of");
   ExpectInvalid(SpecFromJson("not json").status(), "op spec:");
-  ExpectInvalid(SpecFromJson(R"({"op": "rms_norm", "hidden": 4096})").status(), "op spec:");
+  ExpectInvalid(SpecFromJson(R"({"op": "rms_norm", "hidden": 4096})").status(),
+                "dtype: is missing");
+  ExpectInvalid(SpecFromJson("[1, 2]").status(), "op spec: must be a JSON object, got an array");
+  ExpectInvalid(SpecFromJson(R"({"op": 3})").status(), "op: must be a string, got 3");
   std::string json = SpecToJson(Specs()[1]);
   json.replace(json.find("\"sum\""), 5, "\"avg\"");
   ExpectInvalid(SpecFromJson(json).status(), "reduction:");
   json = SpecToJson(RmsNormSpec{.hidden = 4096});
   json.replace(json.find("4096"), 4, "0");
   ExpectInvalid(SpecFromJson(json).status(), "hidden:");
+}
+
+// A spec's JSON with one field's value replaced by `value` (JSON text).
+std::string WithField(const OpSpec& op, const std::string& field, const std::string& value) {
+  nlohmann::json j = nlohmann::json::parse(SpecToJson(op));
+  j[field] = nlohmann::json::parse(value);
+  return j.dump();
+}
+
+// Issue 18, defect 8: nlohmann's get<int64_t>() truncated 4096.5 to 4096, wrapped 1e20 and 2^64-1,
+// and said "type must be number, but is string" without the field.
+TEST(Registry, SpecNumbersAreCheckedAndTheFieldNamed) {
+  const OpSpec rms = RmsNormSpec{.hidden = 4096};
+  const OpSpec ce = CrossEntropySpec{.vocab = 128256};
+  const struct {
+    OpSpec op;
+    std::string field, value, message;
+  } cases[] = {
+      {rms, "hidden", "4096.5", "hidden: 4096.5 is not an integer"},
+      {rms, "hidden", "4096.0", "hidden: 4096.0 is not an integer"},
+      {ce, "vocab", "1e20", "vocab: 1e+20 is not an integer"},
+      {ce, "vocab", "18446744073709551615", "vocab: 18446744073709551615 is out of range"},
+      {ce, "vocab", "9223372036854775807", "vocab: 9223372036854775807 is out of range, expected"},
+      {ce, "vocab", R"("x")", R"(vocab: must be a number, got "x")"},
+      {ce, "vocab", "[128256]", "vocab: must be a number, got an array"},
+      {ce, "ignore_index", "-1.5", "ignore_index: -1.5 is not an integer"},
+      {ce, "ignore_index", "true", "ignore_index: must be a number, got true"},
+      {ce, "softcap", "1e300", "softcap: 1e+300 is out of range"},
+      {ce, "softcap", R"("30")", R"(softcap: must be a number, got "30")"},
+      {ce, "label_smoothing", "1", "label_smoothing: 1 must be in [0, 1)"},
+      {ce, "argmax", "1", "argmax: must be true or false, got 1"},
+      {ce, "reduction", "0", "reduction: must be a string, got 0"},
+      {rms, "eps", "null", "eps: must be a number, got null"},
+      {rms, "fused_residual", R"("yes")", R"(fused_residual: must be true or false, got "yes")"},
+      {rms, "weight_dtype", R"("bf17")", "weight_dtype: 'bf17' is not supported"},
+      {rms, "vocab", "1000", "vocab: is not a field of rms_norm (its fields: op, "},
+  };
+  for (const auto& c : cases) {
+    const std::string json = WithField(c.op, c.field, c.value);
+    ExpectInvalid(SpecFromJson(json).status(), c.message);
+  }
+  // What fits is taken as written: an integer-valued float field, a float written as an integer.
+  auto ok = SpecFromJson(WithField(ce, "softcap", "30"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(std::get<CrossEntropySpec>(*ok).softcap, 30.0f);
+  ok = SpecFromJson(WithField(ce, "ignore_index", "-9223372036854775808"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(std::get<CrossEntropySpec>(*ok).ignore_index, INT64_MIN);
 }
 
 TEST(Registry, ConfigsParseForTheirOwnOpOnly) {

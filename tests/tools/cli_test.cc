@@ -52,6 +52,13 @@ std::vector<std::string> Fields(const std::string& text, const std::string& name
   return out;
 }
 
+// The command line as one string, for failure messages.
+std::string Joined(const std::vector<std::string>& args) {
+  std::string line;
+  for (const std::string& a : args) line += (line.empty() ? "" : " ") + ("'" + a + "'");
+  return line;
+}
+
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -66,6 +73,15 @@ class CliTest : public ::testing::Test {
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
   CliResult Run(const std::vector<std::string>& args) {
     return testing::RunKjit(args, env_, root_);
+  }
+
+  // Runs kjit with `args`, which must be a usage error whose message starts with `message`.
+  void ExpectUsageError(const std::vector<std::string>& args, const std::string& message) {
+    const CliResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << "kjit " << Joined(args) << "\n" << r.Describe();
+    EXPECT_TRUE(r.err.starts_with(message))
+        << "kjit " << Joined(args) << ": expected " << message << "\n"
+        << r.Describe();
   }
 
   // Entry files (*.kjit) in the cache directory.
@@ -165,7 +181,7 @@ TEST_F(CliTest, JsonReportHasOneEntryPerArch) {
 
 TEST_F(CliTest, BadArchIsAnErrorNamingArch) {
   CliResult r = Run({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_5"});
-  EXPECT_NE(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
   EXPECT_EQ(r.signal, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "arch")) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "sm_5")) << r.Describe();
@@ -196,7 +212,7 @@ TEST_F(CliTest, OtherUsageErrorsExitWith2) {
 TEST_F(CliTest, UnsupportedDtypeIsAnErrorNamingDtype) {
   CliResult r =
       Run({"compile", "--op", "rms_norm", "--hidden", "64", "--dtype", "int8", "--arch", "sm_90"});
-  EXPECT_NE(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
   EXPECT_EQ(r.signal, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "dtype")) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "int8")) << r.Describe();
@@ -316,19 +332,237 @@ TEST_F(CliTest, BenchWithoutADriverFailsCleanly) {
   EXPECT_TRUE(Contains(negative.err, "--device")) << negative.Describe();
 }
 
-// --config is parsed before any GPU is touched: a bad one names the flag and the field.
+// --config is parsed before any GPU is touched: a bad one is a usage error naming the flag and the
+// field, with or without a GPU.
 TEST_F(CliTest, BenchConfigIsCheckedFirst) {
   CliResult r = Run({"bench", "--op", "cross_entropy", "--config", "vec=8 threads=256"});
-  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "--config:")) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "\"unroll\" is missing")) << r.Describe();
   CliResult rms = Run({"bench", "--config", "vec=8 threads=256 unroll=4 cluster=4 staged=0"});
-  EXPECT_EQ(rms.exit_code, 1) << rms.Describe();
+  EXPECT_EQ(rms.exit_code, 2) << rms.Describe();
   EXPECT_TRUE(Contains(rms.err, "--config:")) << rms.Describe();
   CliResult both = Run({"bench", "--op", "cross_entropy", "--sweep", "--config",
                         "vec=8 threads=256 unroll=4 cluster=4 staged=1"});
   EXPECT_EQ(both.exit_code, 2) << both.Describe();
   EXPECT_TRUE(Contains(both.err, "excludes")) << both.Describe();
+}
+
+// `kjit compile` of each op with its size and an explicit target, and more flags.
+std::vector<std::string> Rms(std::vector<std::string> more) {
+  std::vector<std::string> args = {"compile", "--op",   "rms_norm", "--hidden",
+                                   "64",      "--arch", "sm_90"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+std::vector<std::string> Ce(std::vector<std::string> more) {
+  std::vector<std::string> args = {"compile", "--op",   "cross_entropy", "--vocab",
+                                   "1000",    "--arch", "sm_90"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Issue 18, defect 6: README's rule, usage errors exit 2 and failures 1, for every flag of every
+// subcommand: a bad value (wrong type, out of range, empty, an unknown word), a flag that does not
+// apply, conflicting flags. Each is found by parsing alone (no GPU here, so `bench` would fail with
+// 1 once its flags passed), is reported on stderr naming the flag, and nothing is built.
+TEST_F(CliTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
+  env_["KJIT_LIBCUDA_PATH"] = "/nonexistent/libcuda.so.1";
+  const struct {
+    std::vector<std::string> args;
+    std::string named;  // what stderr must contain: the flag (or the word) at fault
+  } cases[] = {
+      // kjit itself.
+      {{"frobnicate"}, "\"frobnicate\""},
+      {{"--trace", "", "cache", "ls"}, "--trace"},
+      {{"--trace"}, "--trace"},
+      // kjit compile.
+      {{"compile", "--hidden", "64"}, "--op"},
+      {{"compile", "--op", "softmax", "--hidden", "64"}, "--op"},
+      {{"compile", "--op", "", "--hidden", "64"}, "--op"},
+      {{"compile", "--op", "rms_norm", "--arch", "sm_90"}, "--hidden"},
+      {{"compile", "--op", "rms_norm", "--hidden", "x"}, "--hidden"},
+      {{"compile", "--op", "rms_norm", "--hidden", "0"}, "--hidden"},
+      {{"compile", "--op", "rms_norm", "--hidden", "65537"}, "--hidden"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64.5"}, "--hidden"},
+      {{"compile", "--op", "rms_norm", "--hidden", ""}, "--hidden"},
+      {Ce({"--hidden", "64"}), "--hidden"},
+      {{"compile", "--op", "cross_entropy", "--arch", "sm_90"}, "--vocab"},
+      {{"compile", "--op", "cross_entropy", "--vocab", "1"}, "--vocab"},
+      {{"compile", "--op", "cross_entropy", "--vocab", "x"}, "--vocab"},
+      {{"compile", "--op", "cross_entropy", "--vocab", ""}, "--vocab"},
+      {Rms({"--vocab", "1000"}), "--vocab"},
+      {Rms({"--dtype", "bf17"}), "--dtype"},
+      {Rms({"--dtype", "int8"}), "--dtype"},
+      {Rms({"--dtype", ""}), "--dtype"},
+      {Rms({"--weight-dtype", "bf17"}), "--weight-dtype"},
+      {Rms({"--weight-dtype", ""}), "--weight-dtype"},
+      {Ce({"--weight-dtype", "fp32"}), "--weight-dtype"},
+      {Rms({"--casting", "gemmma"}), "--casting"},
+      {Rms({"--casting", ""}), "--casting"},
+      {Ce({"--casting", "gemma"}), "--casting"},
+      {Rms({"--residual=maybe"}), "--residual"},
+      {Ce({"--residual"}), "--residual"},
+      {Ce({"--target-type", "int16"}), "--target-type"},
+      {Rms({"--target-type", "int32"}), "--target-type"},
+      {Ce({"--reduction", "avg"}), "--reduction"},
+      {Rms({"--reduction", "sum"}), "--reduction"},
+      {Ce({"--label-smoothing", "1"}), "--label-smoothing"},
+      {Ce({"--label-smoothing", "-0.1"}), "--label-smoothing"},
+      {Ce({"--label-smoothing", "nan"}), "--label-smoothing"},
+      {Ce({"--label-smoothing", "x"}), "--label-smoothing"},
+      {Ce({"--label-smoothing", ""}), "--label-smoothing"},
+      {Rms({"--label-smoothing", "0.1"}), "--label-smoothing"},
+      {Ce({"--z-loss", "-1"}), "--z-loss"},
+      {Ce({"--z-loss", "inf"}), "--z-loss"},
+      {Ce({"--z-loss", "x"}), "--z-loss"},
+      {Rms({"--z-loss", "0.0001"}), "--z-loss"},
+      {Ce({"--softcap", "-1"}), "--softcap"},
+      {Ce({"--softcap", "nan"}), "--softcap"},
+      {Rms({"--softcap", "30"}), "--softcap"},
+      {Ce({"--argmax=maybe"}), "--argmax"},
+      {Rms({"--argmax"}), "--argmax"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", ""}, "--arch"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", ","}, "--arch"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_10"}, "--arch"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,x"}, "--arch"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "auto,sm_90"}, "--arch"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_999"}, "--arch"},
+      {Rms({"--json=maybe"}), "--json"},
+      {Rms({"--no-such-flag"}), "--no-such-flag"},
+      {Rms({"extra"}), "extra"},
+      // kjit bench: each before the GPU is looked for.
+      {{"bench", "--op", "softmax"}, "--op"},
+      {{"bench", "--op", ""}, "--op"},
+      {{"bench", "--hidden", "0"}, "--hidden"},
+      {{"bench", "--hidden", "x"}, "--hidden"},
+      {{"bench", "--hidden", ""}, "--hidden"},
+      {{"bench", "--op", "cross_entropy", "--hidden", "64"}, "--hidden"},
+      {{"bench", "--op", "cross_entropy", "--vocab", "1"}, "--vocab"},
+      {{"bench", "--vocab", "1000"}, "--vocab"},
+      {{"bench", "--rows", "0"}, "--rows"},
+      {{"bench", "--rows", "x"}, "--rows"},
+      {{"bench", "--rows", "4294967296"}, "--rows"},
+      {{"bench", "--dtype", "bf17"}, "--dtype"},
+      {{"bench", "--dtype", ""}, "--dtype"},
+      {{"bench", "--repeats", "2"}, "--repeats"},
+      {{"bench", "--repeats", "x"}, "--repeats"},
+      {{"bench", "--device", "-1"}, "--device"},
+      {{"bench", "--device", "4096"}, "--device"},
+      {{"bench", "--device", "x"}, "--device"},
+      {{"bench", "--json=maybe"}, "--json"},
+      {{"bench", "--sweep=maybe"}, "--sweep"},
+      {{"bench", "--op", "cross_entropy", "--config", "vec=8 threads=256"}, "--config"},
+      {{"bench", "--op", "cross_entropy", "--config", "vec=8 fwd=128x1 bwd=512x1"}, "--config"},
+      {{"bench", "--config", ""}, "--config"},
+      {{"bench", "--sweep", "--config", "vec=8 fwd=128x1 bwd=512x1"}, "--config"},
+      {{"bench", "--output", ""}, "--output"},
+      {{"bench", "--frob"}, "--frob"},
+      // kjit cache.
+      {{"cache"}, "action"},
+      {{"cache", "frobnicate"}, "action"},
+      {{"cache", ""}, "action"},
+      {{"cache", "ls", "--json=maybe"}, "--json"},
+      {{"cache", "ls", "--all"}, "--all"},
+      {{"cache", "ls", "extra"}, "extra"},
+      // kjit doctor.
+      {{"doctor", "--arch", ""}, "--arch"},
+      {{"doctor", "--arch", ","}, "--arch"},
+      {{"doctor", "--arch", "sm_5"}, "--arch"},
+      {{"doctor", "--arch", "x"}, "--arch"},
+      {{"doctor", "--json=maybe"}, "--json"},
+      {{"doctor", "--fix-cache=maybe"}, "--fix-cache"},
+      {{"doctor", "--no-launch=maybe"}, "--no-launch"},
+      {{"doctor", "--op", "rms_norm"}, "--op"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = Run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << "kjit " << Joined(c.args) << "\n" << r.Describe();
+    EXPECT_TRUE(r.err.starts_with("kjit: ")) << "kjit " << Joined(c.args) << "\n" << r.Describe();
+    EXPECT_TRUE(Contains(r.err, c.named))
+        << "kjit " << Joined(c.args) << ": stderr must name " << c.named << "\n"
+        << r.Describe();
+    EXPECT_TRUE(r.out.empty()) << "kjit " << Joined(c.args) << "\n" << r.Describe();
+  }
+  EXPECT_TRUE(EntryFiles().empty());
+}
+
+// The issue's own cases, message and all: each was a failure (exit 1), or was accepted.
+TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {Rms({"--dtype", "bf17"}),
+       "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
+      {Rms({"--weight-dtype", "bf17"}),
+       "kjit: --weight-dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_10"},
+       "kjit: --arch: 'sm_10' is not a target; expected sm_XY"},
+      // Parses, but no NVRTC can compile for it: as much a mistake in the flags.
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_51"},
+       "kjit: --arch: this NVRTC cannot compile for sm_51 (it supports: "},
+      {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", ""},
+       "kjit: --arch: no target; expected auto or a list such as sm_90,sm_100\n"},
+      {Ce({"--label-smoothing", "1"}), "kjit: --label-smoothing: 1 must be in [0, 1)\n"},
+      {Ce({"--z-loss", "-1"}), "kjit: --z-loss: -1 must be finite and not negative\n"},
+      {{"bench", "--dtype", "bf17"},
+       "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
+      {{"bench", "--op", "cross_entropy", "--hidden", "64"},
+       "kjit: --hidden does not apply to --op cross_entropy\n"},
+  };
+  for (const auto& c : cases) ExpectUsageError(c.args, c.message);
+}
+
+// Issue 18, defect 12: `--argmax --softcap 30` on rms_norm and `--residual --casting gemma` on
+// cross_entropy were ignored (exit 0) while --vocab on rms_norm was refused; now every flag of one
+// op is refused with the other, naming the flags and the op, and nothing is compiled.
+TEST_F(CliTest, FlagsOfAnotherOpAreRefused) {
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {Rms({"--argmax", "--softcap", "30"}),
+       "kjit: --softcap, --argmax do not apply to --op rms_norm\n"},
+      {Ce({"--residual", "--casting", "gemma"}),
+       "kjit: --casting, --residual do not apply to --op cross_entropy\n"},
+      {Rms({"--vocab", "1000"}), "kjit: --vocab does not apply to --op rms_norm\n"},
+      {Ce({"--weight-dtype", "fp32"}),
+       "kjit: --weight-dtype does not apply to --op cross_entropy\n"},
+      {Rms({"--target-type", "int32", "--reduction", "sum", "--label-smoothing", "0.1", "--z-loss",
+            "0.001"}),
+       "kjit: --target-type, --reduction, --label-smoothing, --z-loss do not apply to --op "
+       "rms_norm\n"},
+  };
+  for (const auto& c : cases) ExpectUsageError(c.args, c.message);
+  EXPECT_TRUE(EntryFiles().empty());
+  // Each op's own flags still go through.
+  CliResult rms = Run(Rms({"--weight-dtype", "fp32", "--casting", "gemma", "--residual"}));
+  EXPECT_EQ(rms.exit_code, 0) << rms.Describe();
+  CliResult ce = Run(Ce({"--target-type", "int32", "--reduction", "sum", "--label-smoothing", "0.1",
+                         "--z-loss", "0.001", "--softcap", "30", "--argmax"}));
+  EXPECT_EQ(ce.exit_code, 0) << ce.Describe();
+  for (const char* param : {"target_type=int32", "reduction=sum", "label_smoothing=0.1",
+                            "lse_square_scale=0.001", "softcap=30", "argmax=true"}) {
+    EXPECT_TRUE(Contains(ce.out, param)) << param << "\n" << ce.Describe();
+  }
+}
+
+// Issue 18: `kjit frobnicate` said "A subcommand is required" without naming the word.
+TEST_F(CliTest, AnUnknownCommandIsNamed) {
+  CliResult r = Run({"frobnicate"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with(
+      "kjit: unknown command \"frobnicate\"; commands: doctor, compile, cache, bench\n"))
+      << r.Describe();
+  r = Run({});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_TRUE(
+      r.err.starts_with("kjit: a command is required; commands: doctor, compile, cache, bench\n"))
+      << r.Describe();
+  r = Run({"--bogus"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with("kjit: unknown option \"--bogus\"")) << r.Describe();
 }
 
 TEST_F(CliTest, BenchWithTheStubDriverFailsCleanly) {

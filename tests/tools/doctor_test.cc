@@ -253,14 +253,18 @@ TEST(DoctorDiagnose, NoDeviceVisibleNamesCudaVisibleDevices) {
   EXPECT_FALSE(Contains(d.fix, "CUDA_VISIBLE_DEVICES")) << d.fix;
 }
 
-TEST(DoctorDiagnose, NvrtcMissingFailsWithTheInstallFix) {
+// The H200 machine with an NVRTC that did not load, as `error` says.
+DoctorFacts NoNvrtc(const std::string& error) {
   DoctorFacts f = HealthyH200();
-  f.nvrtc = {.loaded = false,
-             .error =
-                 "NVRTC (libnvrtc) is not available: libnvrtc.so.13: cannot open shared "
-                 "object file"};
+  f.nvrtc = {.loaded = false, .error = error};
   f.compiles.clear();
   f.launches = {{.ordinal = 0, .detail = "NVRTC is not available"}};
+  return f;
+}
+
+TEST(DoctorDiagnose, NvrtcMissingFailsWithTheInstallFix) {
+  const DoctorFacts f =
+      NoNvrtc("NVRTC (libnvrtc) is not available: libnvrtc.so.13: cannot open shared object file");
   const auto findings = Diagnose(f);
   ExpectWellFormed(findings);
   const Finding n = Expect(findings, "nvrtc", Status::kFail);
@@ -271,6 +275,25 @@ TEST(DoctorDiagnose, NvrtcMissingFailsWithTheInstallFix) {
   Expect(findings, "launch.gpu.0", Status::kWarn);
   EXPECT_EQ(Find(findings, "target.gpu.0"), nullptr);
   EXPECT_EQ(Find(findings, "cache.stale"), nullptr) << "nothing to judge staleness against";
+  EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+// Issue 18, defect 9: with KJIT_NVRTC_PATH set, that library is the only one tried, so its failure
+// is a FAIL whose fix is about the variable, not "install NVRTC".
+TEST(DoctorDiagnose, AnUnusableNvrtcPathFailsWithTheVariableInTheFix) {
+  DoctorFacts f = NoNvrtc(
+      "KJIT_NVRTC_PATH=/dev/zero cannot be used as NVRTC: could not load /dev/zero: invalid ELF "
+      "header\nfix: point KJIT_NVRTC_PATH at ...");
+  f.env.kjit_vars["KJIT_NVRTC_PATH"] = "/dev/zero";
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding n = Expect(findings, "nvrtc", Status::kFail);
+  EXPECT_EQ(n.message,
+            "NVRTC is not available: KJIT_NVRTC_PATH=/dev/zero cannot be used as NVRTC: could not "
+            "load /dev/zero: invalid ELF header");
+  EXPECT_EQ(n.fix,
+            "Point KJIT_NVRTC_PATH (now '/dev/zero') at the libnvrtc.so of a CUDA toolkit (e.g. "
+            "/usr/local/cuda/lib64/libnvrtc.so), or unset it to search the default places.");
   EXPECT_EQ(ExitCodeFor(findings), 1);
 }
 
@@ -428,6 +451,33 @@ TEST(DoctorDiagnose, CacheWritableByOthersOrOwnedByAnotherUserFails) {
   EXPECT_EQ(ExitCodeFor(findings), 1);
 }
 
+// Issue 18, defect 11: "chmod 700 '/tmp'" was the fix for KJIT_CACHE_DIR=/tmp. The advice is
+// jit::DiskCache::UnsafeDirectoryFix, the one kjit's own error gives.
+TEST(DoctorDiagnose, ASharedCacheDirectoryGetsAPrivateOneNotAChmod) {
+  DoctorFacts f = HealthyH200();
+  f.cache.dir = "/tmp";
+  f.cache.dir_source = "KJIT_CACHE_DIR";
+  f.cache.mode = 01777;
+  f.cache.owner_uid = f.cache.euid = 0;
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding p = Expect(findings, "cache.permissions", Status::kFail);
+  EXPECT_EQ(p.fix,
+            "set KJIT_CACHE_DIR to a private directory of your own (e.g. `export "
+            "KJIT_CACHE_DIR=$HOME/.cache/kjit`); '/tmp' is a sticky directory like /tmp, shared by "
+            "every user: do not chmod or chown it.");
+  EXPECT_EQ(p.fix, jit::DiskCache::UnsafeDirectoryFix("/tmp", 01777, 0, 0) + ".");
+
+  f.cache.owner_uid = 0;  // the same /tmp for a user who is not root
+  f.cache.euid = 1000;
+  findings = Diagnose(f);
+  p = Expect(findings, "cache.permissions", Status::kFail);
+  EXPECT_TRUE(Contains(p.message, "owned by uid 0")) << p.message;
+  EXPECT_FALSE(Contains(p.fix, "chown 1000")) << p.fix;
+  EXPECT_FALSE(Contains(p.fix, "chmod 700")) << p.fix;
+  EXPECT_TRUE(Contains(p.fix, "export KJIT_CACHE_DIR=$HOME/.cache/kjit")) << p.fix;
+}
+
 TEST(DoctorDiagnose, ReadOnlyCacheWarns) {
   DoctorFacts f = HealthyH200();
   f.cache.writable = false;
@@ -460,6 +510,19 @@ TEST(DoctorDiagnose, CacheDirectoryProblems) {
   d = Expect(findings, "cache.dir", Status::kOk);
   EXPECT_TRUE(Contains(d.message, "does not exist yet")) << d.message;
   EXPECT_EQ(ExitCodeFor(findings), 0);
+
+  // Issue 18, defect 5: a dangling symlink is not "does not exist yet; kjit creates it".
+  f.cache = {.dir = "/home/u/L",
+             .dir_source = "KJIT_CACHE_DIR",
+             .create_error = "/home/u/L is a symlink to '/gone', which does not exist",
+             .dangling_symlink = "/home/u/L is a symlink to '/gone', which does not exist"};
+  findings = Diagnose(f);
+  d = Expect(findings, "cache.dir", Status::kFail);
+  EXPECT_EQ(d.message,
+            "/home/u/L (from KJIT_CACHE_DIR) cannot be used: /home/u/L is a symlink to '/gone', "
+            "which does not exist");
+  EXPECT_TRUE(Contains(d.fix, "remove the symlink")) << d.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 1);
 }
 
 TEST(DoctorDiagnose, JudgeCacheEntry) {
@@ -592,6 +655,57 @@ TEST(DoctorProbe, CacheThatDoesNotExistIsNotCreated) {
   c = ProbeCache(tmp.path() + "/file/kjit");
   EXPECT_FALSE(c.exists);
   EXPECT_TRUE(Contains(c.create_error, "not a directory")) << c.create_error;
+}
+
+// Issue 18, defect 5: the probe and DiskCache::Open describe a dangling link alike.
+TEST(DoctorProbe, ADanglingSymlinkAsTheCacheIsFoundAndAgreesWithKjit) {
+  TempDir tmp;
+  const std::string link = tmp.path() + "/L", target = tmp.path() + "/gone";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  const std::string said =
+      fmt::format("{} is a symlink to '{}', which does not exist", link, target);
+  for (const std::string& dir : {link, link + "/kjit"}) {
+    SCOPED_TRACE(dir);
+    const CacheFacts c = ProbeCache(dir);
+    EXPECT_FALSE(c.exists);
+    EXPECT_EQ(c.dangling_symlink, said);
+    auto opened = jit::DiskCache::Open({.dir = dir});
+    ASSERT_FALSE(opened.ok());
+    EXPECT_TRUE(Contains(std::string(opened.status().message()), said)) << opened.status();
+  }
+  EXPECT_FALSE(fs::exists(target));
+}
+
+// Issue 18, defect 14: --fix-cache called unlink on a directory named like an entry, failed, and
+// advised `rm` (which cannot remove a directory either).
+TEST(DoctorProbe, FixCacheRemovesADirectoryNamedLikeAnEntry) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/cache";
+  ASSERT_TRUE(jit::DiskCache::Open({.dir = dir}).ok());
+  const std::string squatter = dir + "/" + std::string(32, 'd') + ".kjit";
+  ASSERT_EQ(::mkdir(squatter.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((squatter + "/sub").c_str(), 0700), 0);
+  std::ofstream(squatter + "/sub/file") << "x";
+
+  DoctorFacts f = HealthyH200();
+  f.cache = ProbeCache(dir);
+  ASSERT_EQ(f.cache.entries.size(), 1u);
+  EXPECT_FALSE(f.cache.entries[0].valid);
+  EXPECT_TRUE(Contains(f.cache.entries[0].problem, "a directory")) << f.cache.entries[0].problem;
+  FixCache(f);
+  EXPECT_EQ(f.cache.fix.refused, "");
+  EXPECT_TRUE(f.cache.fix.errors.empty()) << f.cache.fix.errors[0];
+  EXPECT_EQ(f.cache.fix.removed_corrupt, 1);
+  EXPECT_FALSE(fs::exists(squatter));
+  const auto findings = Diagnose(f);
+  const Finding fixed = Expect(findings, "cache.fix", Status::kOk);
+  EXPECT_TRUE(Contains(fixed.message, "removed 1 entries (0 stale, 1 corrupt)")) << fixed.message;
+  Expect(findings, "cache.corrupt", Status::kOk);
+
+  // What cannot be removed is advised with a command that removes directories too.
+  f.cache.fix = {.ran = true, .removed_corrupt = 0, .errors = {"dd..: Permission denied"}};
+  const Finding failed = Expect(Diagnose(f), "cache.fix", Status::kFail);
+  EXPECT_TRUE(Contains(failed.fix, "rm -r '" + dir + "'/<key>.kjit")) << failed.fix;
 }
 
 TEST(DoctorProbe, OthersWritableCacheDirectoryFailsAndIsNotFixed) {

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -144,9 +146,179 @@ TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
   EXPECT_EQ(report["kernels"][0]["dtype"], "fp16");
   r = Run({"--spec", R"({"op":"cross_entropy","vocab":1})", "--arch", "sm_90"});
   EXPECT_EQ(r.exit_code, 2) << r.Describe();
-  EXPECT_NE(r.err.find("op spec"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--spec: dtype: is missing"), std::string::npos) << r.err;
   r = Run({"--spec", spec, "--model", "llama-3.1-8b"});
   EXPECT_EQ(r.exit_code, 2) << r.Describe();
+}
+
+// The command line as one string, for failure messages.
+std::string Joined(const std::vector<std::string>& args) {
+  std::string line;
+  for (const std::string& a : args) line += (line.empty() ? "" : " ") + ("'" + a + "'");
+  return line;
+}
+
+// A valid --spec of each op.
+const nlohmann::json kRmsSpec = {
+    {"op", "rms_norm"},   {"hidden", 256},          {"dtype", "bf16"},        {"eps", 1e-5},
+    {"weight_offset", 0}, {"gemma_casting", false}, {"fused_residual", false}};
+const nlohmann::json kCeSpec = {{"op", "cross_entropy"}, {"vocab", 1000},
+                                {"dtype", "bf16"},       {"target_type", "int64"},
+                                {"ignore_index", -100},  {"reduction", "mean"},
+                                {"label_smoothing", 0},  {"lse_square_scale", 0},
+                                {"softcap", 0},          {"argmax", false}};
+
+// The spec with one field's value (JSON text) replaced, as --spec takes it.
+std::string With(nlohmann::json spec, const std::string& field, const std::string& value) {
+  spec[field] = nlohmann::json::parse(value);
+  return spec.dump();
+}
+
+// Issue 18, defect 6: README's rule for every flag of kjit-tune: a bad value (wrong type, out of
+// range, empty, an unknown word), a flag that does not apply, conflicting flags are usage errors
+// (exit 2) found by parsing alone, named on stderr, every line of which starts with "kjit-tune:";
+// nothing is compiled.
+TEST_F(KjitTuneTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
+  const std::string config = root_ + "/config.json";
+  std::ofstream(config) << R"({"hidden_size": 256, "vocab_size": 1000})";
+  const struct {
+    std::vector<std::string> args;
+    std::string named;  // what stderr must contain: the flag at fault
+  } cases[] = {
+      {{"--model", "llama-9"}, "--model"},
+      {{"--model", ""}, "--model"},
+      {{"--config", ""}, "--config"},
+      {{"--config", config, "--model", "llama-3.2-1b"}, "--config"},
+      {{"--spec", ""}, "--spec"},
+      {{"--spec", "not json"}, "--spec"},
+      {{"--spec", "[]"}, "--spec"},
+      {{"--spec", With(kRmsSpec, "hidden", "4096.5")}, "--spec: hidden: 4096.5 is not an integer"},
+      {{"--spec", kRmsSpec.dump(), "--model", "llama-3.2-1b"}, "--spec"},
+      {{"--spec", kRmsSpec.dump(), "--config", config}, "--spec"},
+      {{"--spec", kRmsSpec.dump(), "--dtype", "fp16"}, "--dtype"},
+      {{"--vocab", "1"}, "--vocab"},
+      {{"--vocab", "x", "--hidden", "64"}, "--vocab"},
+      {{"--vocab", "", "--hidden", "64"}, "--vocab"},
+      {{"--vocab", "1000"}, "--vocab and --hidden go together"},
+      {{"--vocab", "1000", "--hidden", "64", "--model", "llama-3.2-1b"}, "--vocab"},
+      {{"--hidden", "64"}, "--hidden"},
+      {{"--hidden", "0", "--vocab", "1000"}, "--hidden"},
+      {{"--hidden", "x", "--vocab", "1000"}, "--hidden"},
+      {{"--dtype", "bf17"}, "--dtype"},
+      {{"--dtype", ""}, "--dtype"},
+      {{"--dtype", "int8"}, "--dtype"},
+      {{"--tokens", "0"}, "--tokens"},
+      {{"--tokens", "x"}, "--tokens"},
+      {{"--tokens", ""}, "--tokens"},
+      {{"--tokens", "1024,4294967296"}, "--tokens"},
+      {{"--arch", ""}, "--arch"},
+      {{"--arch", ","}, "--arch"},
+      {{"--arch", "sm_10"}, "--arch"},
+      {{"--arch", "sm_999"}, "--arch"},
+      {{"--arch", "sm_90,auto"}, "--arch"},
+      {{"--device", "-1"}, "--device"},
+      {{"--device", "x"}, "--device"},
+      {{"--device", "4096"}, "--device"},
+      {{"--device", "0", "--compile-only"}, "--device"},
+      {{"--device", "0", "--arch", "sm_90"}, "--device"},
+      {{"--compile-only=maybe"}, "--compile-only"},
+      {{"--all-candidates=maybe"}, "--all-candidates"},
+      {{"--retune=maybe"}, "--retune"},
+      {{"--retune", "--compile-only"}, "--retune"},
+      {{"--retune", "--arch", "sm_90"}, "--retune"},
+      {{"--jobs", "0"}, "--jobs"},
+      {{"--jobs", "257"}, "--jobs"},
+      {{"--jobs", "x"}, "--jobs"},
+      {{"--repeats", "2"}, "--repeats"},
+      {{"--repeats", "x"}, "--repeats"},
+      {{"--repeats", "5", "--compile-only"}, "--repeats"},
+      {{"--timeout", "0"}, "--timeout"},
+      {{"--timeout", "3601"}, "--timeout"},
+      {{"--db", ""}, "--db"},
+      {{"--db"}, "--db"},
+      {{"--json=maybe"}, "--json"},
+      {{"--trace", ""}, "--trace"},
+      {{"--frob"}, "--frob"},
+      {{"extra"}, "extra"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = Run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << "kjit-tune " << Joined(c.args) << "\n" << r.Describe();
+    EXPECT_NE(r.err.find(c.named), std::string::npos)
+        << "kjit-tune " << Joined(c.args) << ": stderr must name " << c.named << "\n"
+        << r.Describe();
+    std::istringstream lines(r.err);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("Run with --help")) continue;
+      EXPECT_TRUE(line.starts_with("kjit-tune: ")) << "kjit-tune " << Joined(c.args) << "\n"
+                                                   << r.Describe();
+    }
+    EXPECT_TRUE(r.out.empty()) << "kjit-tune " << Joined(c.args) << "\n" << r.Describe();
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
+}
+
+// Issue 18, defect 6: `--config F --model M` exited 1 where `--spec S --model M` exited 2, with
+// the same message; both are the same usage error. A config file that cannot be read is still a
+// failure (1), as the file is read only once the flags are good.
+TEST_F(KjitTuneTest, TwoSourcesOfOpsAreOneUsageError) {
+  const std::string config = root_ + "/config.json";
+  std::ofstream(config) << R"({"hidden_size": 256, "vocab_size": 1000})";
+  for (const std::string& other : {std::string("--config"), std::string("--spec")}) {
+    const CliResult r =
+        Run({other, other == "--config" ? config : kRmsSpec.dump(), "--model", "llama-9"});
+    EXPECT_EQ(r.exit_code, 2) << other << "\n" << r.Describe();
+    EXPECT_TRUE(
+        r.err.starts_with("kjit-tune: give one of --model, --config, --vocab/--hidden or --spec\n"))
+        << other << "\n"
+        << r.Describe();
+  }
+  const CliResult missing = Run({"--config", root_ + "/none.json", "--arch", "sm_90"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.Describe();
+  EXPECT_TRUE(missing.err.starts_with("kjit-tune: ")) << missing.Describe();
+  EXPECT_NE(missing.err.find("none.json"), std::string::npos) << missing.Describe();
+}
+
+// Issue 18, defect 7: `--spec ''` tuned the default model (llama-3.1-8b) and exited 0.
+TEST_F(KjitTuneTest, AnEmptySpecIsAUsageError) {
+  const CliResult r = Run({"--spec", "", "--arch", "sm_90", "--json"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with("kjit-tune: --spec: must not be empty\n")) << r.Describe();
+  EXPECT_TRUE(r.out.empty()) << r.Describe();
+  EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
+}
+
+// Issue 18, defect 8: numbers in --spec were truncated (4096.5 tuned hidden=4096) or wrapped (1e20,
+// 2^64-1), and a string said "type must be number, but is string" without the field.
+TEST_F(KjitTuneTest, SpecNumbersAreCheckedNamingTheField) {
+  const struct {
+    std::string spec, message;
+  } cases[] = {
+      {With(kRmsSpec, "hidden", "4096.5"), "kjit-tune: --spec: hidden: 4096.5 is not an integer\n"},
+      {With(kCeSpec, "vocab", "1e20"), "kjit-tune: --spec: vocab: 1e+20 is not an integer\n"},
+      {With(kCeSpec, "vocab", "18446744073709551615"),
+       "kjit-tune: --spec: vocab: 18446744073709551615 is out of range\n"},
+      {With(kCeSpec, "vocab", R"("x")"), "kjit-tune: --spec: vocab: must be a number, got \"x\"\n"},
+      {With(kCeSpec, "softcap", "1e39"), "kjit-tune: --spec: softcap: 1e+39 is out of range\n"},
+      {With(kCeSpec, "argmax", "0"), "kjit-tune: --spec: argmax: must be true or false, got 0\n"},
+      {With(kRmsSpec, "vocab", "1000"), "kjit-tune: --spec: vocab: is not a field of rms_norm"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = Run({"--spec", c.spec, "--arch", "sm_90"});
+    EXPECT_EQ(r.exit_code, 2) << c.spec << "\n" << r.Describe();
+    EXPECT_TRUE(r.err.starts_with(c.message)) << c.spec << "\n" << r.Describe();
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
+}
+
+// Issue 18: failures that kjit-tune shares with kjit (a missing GPU, a target) said "kjit:".
+TEST_F(KjitTuneTest, ItsMessagesStartWithItsName) {
+  CliResult r = Run({"--model", "llama-3.2-1b", "--device", "0"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with("kjit-tune: --device 0: no CUDA driver")) << r.Describe();
+  r = Run({"--arch", "sm_10"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with("kjit-tune: --arch: 'sm_10' is not a target")) << r.Describe();
 }
 
 // The isolation the tuner promises, through its real workers: a candidate whose worker aborts and
