@@ -56,22 +56,7 @@ constexpr OpFlag kOpFlags[] = {
     {"--argmax", "cross_entropy", ""},
 };
 
-// The op the flags describe (its config left to the op: the tuned or heuristic one).
-absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
-  KJIT_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
-  if (f.op == "cross_entropy") {
-    CrossEntropySpec spec{.vocab = f.vocab, .dtype = dtype};
-    spec.target_type = f.target_type == "int32" ? IndexType::kInt32 : IndexType::kInt64;
-    spec.reduction = f.reduction == "none"  ? Reduction::kNone
-                     : f.reduction == "sum" ? Reduction::kSum
-                                            : Reduction::kMean;
-    spec.label_smoothing = f.label_smoothing;
-    spec.lse_square_scale = f.z_loss;
-    spec.softcap = f.softcap;
-    spec.argmax = f.argmax;
-    KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
-    return spec;
-  }
+absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype) {
   RmsNormSpec spec{.hidden = f.hidden, .dtype = dtype};
   if (!f.weight_dtype.empty()) {
     KJIT_ASSIGN_OR_RETURN(spec.weight_dtype, ParseDType(f.weight_dtype));
@@ -80,6 +65,34 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
   spec.fused_residual = f.residual;
   KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(spec));
   return spec;
+}
+
+absl::StatusOr<ops::OpSpec> CrossEntropyFromFlags(const CompileFlags& f, DType dtype) {
+  CrossEntropySpec spec{.vocab = f.vocab, .dtype = dtype};
+  spec.target_type = f.target_type == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+  spec.reduction = f.reduction == "none"  ? Reduction::kNone
+                   : f.reduction == "sum" ? Reduction::kSum
+                                          : Reduction::kMean;
+  spec.label_smoothing = f.label_smoothing;
+  spec.lse_square_scale = f.z_loss;
+  spec.softcap = f.softcap;
+  spec.argmax = f.argmax;
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  return spec;
+}
+
+// The op the flags describe (its config left to the op: the tuned or heuristic one). One entry
+// per op with flags of its own: an op missing here is an error, never another op's spec.
+absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
+  using FromFlags = absl::StatusOr<ops::OpSpec> (*)(const CompileFlags&, DType);
+  static const std::map<std::string_view, FromFlags> kFromFlags = {
+      {"rms_norm", RmsNormFromFlags}, {"cross_entropy", CrossEntropyFromFlags}};
+  KJIT_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
+  const auto it = kFromFlags.find(f.op);
+  if (it == kFromFlags.end()) {
+    return absl::UnimplementedError(fmt::format("--op {}: kjit compile has no flags for it", f.op));
+  }
+  return it->second(f, dtype);
 }
 
 // What CLI11 cannot check once it has parsed the flags: that each belongs to --op, that the op's

@@ -45,8 +45,7 @@ int FuzzCommandLine(const uint8_t* data, size_t size, const std::string& program
   argv.push_back(nullptr);
 
   std::ostringstream out, err;
-  const tools::ParsedCommandLine cli =
-      parse(static_cast<int>(args.size()), argv.data(), out, err);
+  const tools::ParsedCommandLine cli = parse(static_cast<int>(args.size()), argv.data(), out, err);
   if (!cli.exit_code) {
     if (!cli.run || !out.str().empty() || !err.str().empty()) std::abort();
   } else if (*cli.exit_code == 0) {
