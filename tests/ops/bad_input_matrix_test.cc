@@ -15,9 +15,11 @@
 #include <gtest/gtest.h>
 
 #include "kjit/cross_entropy.h"
+#include "kjit/device_buffer.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/sharded_cross_entropy.h"
+#include "tests/expect_status.h"
 #include "tests/temp_dir.h"
 
 namespace kjit {
@@ -367,6 +369,49 @@ TEST_F(BadInputMatrixTest, ShardedCrossEntropyComputeStatsAndFinish) {
       return finish ? op->Finish(nullptr, a) : op->ComputeStats(nullptr, a);
     });
   }
+}
+
+// The statistics steps a caller runs around its own all-reduce, and the one-process combine: their
+// bad rows, workspaces and shard lists are refused before anything is launched.
+TEST_F(BadInputMatrixTest, ShardedCrossEntropyStatisticsSteps) {
+  auto shard = [&](int64_t start, int64_t end) {
+    return rt_->ShardedCrossEntropy({.vocab = 4 * kCols,
+                                     .shard_start = start,
+                                     .shard_end = end,
+                                     .dtype = DType::kBF16,
+                                     .reduction = Reduction::kMean});
+  };
+  auto a = shard(0, 2 * kCols), b = shard(2 * kCols, 4 * kCols), gap = shard(3 * kCols, 4 * kCols);
+  ASSERT_TRUE(a.ok() && b.ok() && gap.ok());
+  using kjit::testing::ExpectInvalid;
+  EXPECT_EQ(a->RescaleStats(nullptr, Slot(1), kRows).code(), absl::StatusCode::kFailedPrecondition);
+  ExpectInvalid(a->RescaleStats(nullptr, Slot(1), 0), "rows:");
+  ExpectInvalid(a->RescaleStats(nullptr, Offset(Slot(1), 8), kRows), "workspaces[0]:");
+  ExpectInvalid(a->RescaleStats(nullptr, nullptr, kRows), "workspaces[0]:");
+  ExpectInvalid(a->AllReduceStats(nullptr, Slot(1), -1, nullptr), "rows:");
+
+  using Shard = ShardedCrossEntropy::Shard;
+  EXPECT_EQ(
+      ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*b, Slot(2)}}, kRows).code(),
+      absl::StatusCode::kFailedPrecondition);
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {}, kRows), "shards:");
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {Shard{nullptr, Slot(1)}}, kRows),
+                "shards[0].op:");
+  ExpectInvalid(
+      ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*gap, Slot(2)}}, kRows),
+      "shards[1]:");
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}}, kRows), "shards:");
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(
+                    nullptr, {{&*a, Slot(1)}, {&*b, Offset(Slot(2), 4)}}, kRows),
+                "workspaces[1]:");
+}
+
+// DeviceBuffer on a compile-only runtime: a clear error, not a crash.
+TEST_F(BadInputMatrixTest, DeviceBufferNeedsADevice) {
+  auto buffer = DeviceBuffer::Create(*rt_, 64);
+  EXPECT_EQ(buffer.status().code(), absl::StatusCode::kFailedPrecondition) << buffer.status();
+  EXPECT_EQ(UploadValues(*rt_, {1.0, 2.0}, DType::kBF16).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
