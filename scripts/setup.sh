@@ -3,7 +3,7 @@
 # the CUDA toolkit (headers and NVRTC; kjit needs no GPU to build or to run its CPU tests).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libfmt-dev libabsl-dev libgtest-dev libboost-dev libboost-filesystem-dev
-          nlohmann-json3-dev libcli11-dev libxxhash-dev)
+          nlohmann-json3-dev libcli11-dev libxxhash-dev ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,7 +13,8 @@
 // cross_entropy_resident keeps the row in the registers of one block or of a cluster of blocks, so
 // that the fused op reads each logit once; cross_entropy_staged keeps it in the shared memory of
 // a cluster instead, copied in and out by bulk copies, so that an SM holds several rows' blocks at
-// once; cross_entropy_backward is pass 2 alone from a saved lse.
+// once; cross_entropy_backward is pass 2 alone from a saved lse; cross_entropy_rescale_gradient
+// turns a gradient computed for one upstream gradient into the gradient for another.
 // Ignored rows (target == ignore_index, or out of [0, vocab), which the count kernel also counts)
 // get loss 0 and a zero gradient and are not read unless lse or argmax is wanted. The count kernel
 // runs first and stores the number of valid rows, which the mean divides by; the reduce kernel
@@ -713,6 +714,61 @@ cross_entropy_backward(const CrossEntropyRowParams p) {
   const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
   // lse_in is read for valid rows only, as the gradient is.
   write_row_gradient<L, kUnroll, kReduction>(p, row, r, tid, r.valid ? p.lse_in[row] * kLog2e : 0.0f);
+}
+
+// CrossEntropy::RescaleGradient: the gradient a fused launch wrote for the upstream gradient a
+// (`applied`; 1 without it) becomes the gradient for g (`grad_output`), row by row:
+//   grad[r][j] = round_T(float(grad[r][j]) * (g / a))
+// with g = grad_output[r] and a = applied[r] for [rows] (index 0 for [1]), g / a one IEEE fp32
+// division rounded to nearest (once per row), the product one fp32 multiply rounded to nearest,
+// and a single rounding to T (to nearest even; NaN stays NaN). A row whose g == a (compared as
+// floats) is neither read nor written: its block returns first, so that the usual case (both 1,
+// or both the same loss scale) costs one launch of empty blocks. A NaN g or a makes g != a and the
+// row NaN; a = 0 with g != 0 makes it Inf or NaN (the gradient for a = 0 is lost).
+// CrossEntropyRescaleParams says which part of which row a block takes: whole vectors of kVec
+// elements, kUnroll loads per thread in flight before they are rescaled and stored, then the
+// scalar tail. Each element is read and written by one thread only, so no barrier is needed.
+template <typename T, int kVocab, int kThreads, int kVec, int kUnroll>
+__global__ void __launch_bounds__(kThreads)
+cross_entropy_rescale_gradient(const CrossEntropyRescaleParams p) {
+  constexpr int kBody = kVocab / kVec, kTail = kVocab % kVec;
+  static_assert(kTail < kThreads, "one tail element per thread");
+  const unsigned tiles = static_cast<unsigned>(p.tiles);
+  const long long row = blockIdx.x / tiles;
+  const int tile = static_cast<int>(blockIdx.x % tiles);
+  const long long at = p.per_row ? row : 0;
+  const float g = p.grad_output[at];
+  const float a = p.applied != nullptr ? p.applied[at] : 1.0f;
+  if (g == a) return;  // the whole block: g and a are the same for every thread
+  const float factor = __fdiv_rn(g, a);
+  T* x = static_cast<T*>(p.grad) + row * p.grad_stride;
+  const int end = min((tile + 1) * p.tile_vectors, kBody);
+#pragma unroll 1
+  for (int i0 = tile * p.tile_vectors + static_cast<int>(threadIdx.x); i0 < end;
+       i0 += kThreads * kUnroll) {
+    Vec<T, kVec> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kThreads;
+      if (i < end) v[u] = load_vec<T, kVec>(x, static_cast<long long>(i) * kVec);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kThreads;
+      if (i < end) {
+        float y[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) y[k] = __fmul_rn(to_float(v[u].v[k]), factor);
+        Vec<T, kVec> o;
+        from_floats(y, o.v);
+        store_vec<T, kVec>(x, static_cast<long long>(i) * kVec, o);
+      }
+    }
+  }
+  if (kTail > 0 && tile == p.tiles - 1 && threadIdx.x < kTail) {
+    const int c = kBody * kVec + static_cast<int>(threadIdx.x);
+    x[c] = from_float<T>(__fmul_rn(to_float(x[c]), factor));
+  }
 }
 
 // Counts valid and out-of-range targets into the workspace's counters. One block; integer sums, so

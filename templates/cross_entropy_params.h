@@ -56,6 +56,19 @@ struct CrossEntropyRowParams {
   long long grad_stride;
 };
 
+// CrossEntropy::RescaleGradient: block b rescales tile t = b % tiles of row b / tiles, the
+// vectors [t * tile_vectors, (t + 1) * tile_vectors) of the row's whole vectors, and the last tile
+// the scalar tail after them too.
+struct CrossEntropyRescaleParams {
+  void* grad;                // [rows, vocab], rewritten in place
+  long long grad_stride;
+  const float* grad_output;  // [1] or [rows]: g
+  const float* applied;      // grad_output's shape, or null (1): a
+  int per_row;               // 1: one g (and a) per row; 0: one for every row
+  int tiles;                 // blocks per row
+  int tile_vectors;          // vectors per block, a multiple of the block's threads
+};
+
 struct CrossEntropyReduceParams {
   const float* row_loss;  // [rows]
   long long rows;

@@ -1,5 +1,6 @@
 // The folder direction of ARCHITECTURE.md, checked on every quoted #include in the tree:
 // tools -> autotune -> ops -> runtime -> jit, each folder including only itself and those below,
+// capi (the C API) above ops and below tools, beside autotune (neither includes the other),
 // include/kjit (the public headers) only itself, examples only the public headers, templates
 // nothing of the host's. A new include that runs against the arrows fails here, naming the file.
 #include <filesystem>
@@ -26,10 +27,12 @@ const std::map<std::string, std::set<std::string>>& Allowed() {
       {"runtime", {"runtime", "jit", "kjit"}},
       {"ops", {"ops", "runtime", "jit", "kjit", "templates"}},
       {"autotune", {"autotune", "ops", "runtime", "jit", "kjit"}},
-      {"tools", {"tools", "autotune", "ops", "runtime", "jit", "kjit"}},
+      {"capi", {"capi", "ops", "runtime", "jit", "kjit"}},
+      {"tools", {"tools", "capi", "autotune", "ops", "runtime", "jit", "kjit"}},
       {"examples", {"kjit"}},
       // The measurement harnesses sit beside the tools.
-      {"bench", {"bench", "tools", "autotune", "ops", "runtime", "jit", "kjit", "templates"}},
+      {"bench",
+       {"bench", "tools", "capi", "autotune", "ops", "runtime", "jit", "kjit", "templates"}},
   };
   return allowed;
 }
@@ -79,6 +82,13 @@ TEST(Layering, TheRuleRejectsAnIncludeAgainstTheArrows) {
   EXPECT_NE(Violation("ops", "autotune/gpu_timer.h"), "");
   EXPECT_EQ(Violation("ops", "runtime/op_kernels.h"), "");
   EXPECT_EQ(Violation("autotune", "ops/registry.h"), "");
+  EXPECT_EQ(Violation("capi", "ops/rms_norm/config.h"), "");
+  EXPECT_EQ(Violation("tools", "capi/kjit_c_internal.h"), "");
+  for (const char* below : {"jit", "runtime", "ops", "autotune", "include", "examples"}) {
+    EXPECT_NE(Violation(below, "capi/kjit_c_internal.h"), "") << below;
+  }
+  EXPECT_NE(Violation("capi", "autotune/tuner.h"), "");
+  EXPECT_NE(Violation("capi", "tools/doctor.h"), "");
 }
 
 TEST(Layering, NoFolderIncludesOneAboveIt) {

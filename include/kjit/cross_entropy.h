@@ -103,6 +103,18 @@ struct CrossEntropyBackwardArgs {
   int64_t workspace_bytes = 0;
 };
 
+// For an autograd backward, which learns the upstream gradient only after ForwardBackward wrote the
+// gradient: grad, computed with grad_output = `applied`, becomes the gradient for `grad_output`.
+// Per row r, with g = grad_output[r] (or [0]) and a = applied[r] (or [0], or 1 when empty): if
+// g == a the row is not read or written, so the usual case (both 1, or both the same loss scale)
+// costs one small launch, not a pass over the gradient; otherwise each element becomes
+// round(x * fp32(g / a)) (a NaN g makes the row NaN). Zero rows is a no-op.
+struct CrossEntropyRescaleArgs {
+  TensorView grad;         // [rows, vocab], as ForwardBackward wrote it
+  TensorView grad_output;  // fp32 [1] or [rows]: the upstream gradient
+  TensorView applied;      // fp32, grad_output's shape: what ForwardBackward used; empty: 1
+};
+
 // Checks a spec without a GPU; InvalidArgument names the bad field.
 absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec);
 
@@ -128,6 +140,8 @@ class CrossEntropy {
   absl::Status ForwardBackward(CUstream stream, const CrossEntropyArgs& args) const;
   // The gradient from the lse a forward saved.
   absl::Status Backward(CUstream stream, const CrossEntropyBackwardArgs& args) const;
+  // See CrossEntropyRescaleArgs.
+  absl::Status RescaleGradient(CUstream stream, const CrossEntropyRescaleArgs& args) const;
 
   // The counters (16 bytes), then for sum and mean one fp32 loss per row. O(rows).
   int64_t WorkspaceBytes(int64_t rows) const;

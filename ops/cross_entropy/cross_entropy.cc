@@ -29,6 +29,12 @@ constexpr int64_t kMaxVocab = int64_t{1} << 20;
 // The count and reduce kernels are one block each: targets and per-row losses are small.
 constexpr int kCountThreads = 1024;
 constexpr int kReduceThreads = 1024;
+// The gradient rescale streams whole 16-byte vectors at most, four loads in flight per thread.
+constexpr int kRescaleThreads = 256;
+constexpr int kRescaleUnroll = 4;
+// Blocks a rescale launch aims at in all (while rows allow): two waves of full SMs.
+constexpr int kRescaleWaves = 2;
+constexpr int kThreadsPerSm = 2048;
 constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
 static_assert(sizeof(CrossEntropyCounters) <= kCountersBytes);
 
@@ -73,6 +79,11 @@ std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c)
 std::string CountExpr(const CrossEntropySpec& s) {
   return fmt::format("kjit::cross_entropy_count<{}, {}, {}>", IndexDeviceType(s.target_type),
                      s.vocab, kCountThreads);
+}
+// The rescale's vectors are the program's (no wider than the views the config was picked for).
+std::string RescaleExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return fmt::format("kjit::cross_entropy_rescale_gradient<{}, {}, {}, {}, {}>",
+                     DeviceTypeName(s.dtype), s.vocab, kRescaleThreads, c.vec, kRescaleUnroll);
 }
 std::string ReduceExpr(const CrossEntropySpec& s) {
   return fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
@@ -165,7 +176,8 @@ absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec
   };
   // Order matters: CrossEntropyKernels::Kernel reads them back by position.
   std::vector<std::string> kernels = {CountExpr(spec), ForwardExpr(spec, config, false),
-                                      FusedExpr(spec, config), BackwardExpr(spec, config)};
+                                      FusedExpr(spec, config), BackwardExpr(spec, config),
+                                      RescaleExpr(spec, config)};
   if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
   return jit::RenderSource("cross_entropy",
                            {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh"},
@@ -176,7 +188,7 @@ namespace internal {
 
 struct CrossEntropyKernels {
   // The program's kernels, in the order RenderCrossEntropy names them (reduce: sum and mean only).
-  enum Kernel { kCount, kForward, kForwardBackward, kBackward, kReduce };
+  enum Kernel { kCount, kForward, kForwardBackward, kBackward, kRescaleGradient, kReduce };
   CrossEntropyConfig config;
   LoadedProgram program;
   int shared_bytes = 0;  // the dynamic shared memory forward_backward asks for (staged)
@@ -286,6 +298,41 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
   p.counters = static_cast<const CrossEntropyCounters*>(workspace);
   p.grad = grad.data;
   p.grad_stride = grad.row_stride;
+  return p;
+}
+
+// RescaleGradient's grad_output: fp32, one value for every row or one per row.
+absl::Status CheckRescaleFactors(const TensorView& v, int64_t rows) {
+  if (v.data != nullptr && v.cols != 1 && v.cols != rows) {
+    return absl::InvalidArgumentError(fmt::format(
+        "grad_output: cols is {}, expected 1 (one value for every row) or {} (one per row of grad)",
+        v.cols, rows));
+  }
+  return internal::CheckMatrix("grad_output", v, DType::kF32, 1, v.cols);
+}
+
+// How RescaleGradient splits rows of `vec`-element vectors over blocks: whole rows once there are
+// enough of them for kRescaleWaves waves of the GPU's `sm_count` SMs, else each row over several
+// blocks, down to one pass of the block's loads each.
+CrossEntropyRescaleParams RescaleParams(const CrossEntropyRescaleArgs& a, int64_t vocab, int vec,
+                                        int sm_count) {
+  const int64_t body = vocab / vec;
+  const int64_t pass = int64_t{kRescaleThreads} * kRescaleUnroll;
+  const int64_t target =
+      int64_t{kRescaleWaves} * std::max(sm_count, 1) * (kThreadsPerSm / kRescaleThreads);
+  const int64_t most = std::max<int64_t>(1, (body + pass - 1) / pass);
+  const int64_t wanted = std::clamp<int64_t>((target + a.grad.rows - 1) / a.grad.rows, 1, most);
+  // Whole warps of vectors per tile, so that every tile starts on a coalesced boundary.
+  const int64_t per_tile = std::max<int64_t>((body + wanted - 1) / wanted, 1);
+  const int64_t tile_vectors = (per_tile + kRescaleThreads - 1) / kRescaleThreads * kRescaleThreads;
+  CrossEntropyRescaleParams p{};
+  p.grad = a.grad.data;
+  p.grad_stride = a.grad.row_stride;
+  p.grad_output = static_cast<const float*>(a.grad_output.data);
+  p.applied = static_cast<const float*>(a.applied.data);
+  p.per_row = a.grad_output.cols == 1 ? 0 : 1;
+  p.tiles = static_cast<int>(std::max<int64_t>(1, (body + tile_vectors - 1) / tile_vectors));
+  p.tile_vectors = static_cast<int>(tile_vectors);
   return p;
 }
 
@@ -417,6 +464,32 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
   p.lse_in = static_cast<const float*>(a.lse.data);
   return rt_->Launch((*k)[k->kBackward], rows, k->config.threads, stream, &p);
+}
+
+absl::Status CrossEntropy::RescaleGradient(CUstream stream,
+                                           const CrossEntropyRescaleArgs& a) const {
+  const CrossEntropySpec& s = op_->spec;
+  // An empty batch has nothing to rescale, and its views may be null (empty framework tensors).
+  if (a.grad.rows == 0) return absl::OkStatus();
+  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, internal::kAnyRows, s.vocab));
+  const int64_t rows = a.grad.rows;
+  KJIT_RETURN_IF_ERROR(CheckRescaleFactors(a.grad_output, rows));
+  if (!a.applied.empty()) {
+    KJIT_RETURN_IF_ERROR(
+        internal::CheckMatrix("applied", a.applied, DType::kF32, 1, a.grad_output.cols));
+  }
+  // grad_output and applied are both read only: they may be the same vector.
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"grad", a.grad}}, {{"grad_output", a.grad_output}, {"applied", a.applied}}));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
+
+  // The program the fused launch used for these rows, at the widest vector grad allows; never
+  // tunes (a rescale is not worth a tuning run).
+  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.grad});
+  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
+                        KernelsFor(*rt_, *op_, rows, vec, /*may_tune=*/false, /*fused=*/true));
+  CrossEntropyRescaleParams p = RescaleParams(a, s.vocab, k->config.vec, rt_->device.sm_count);
+  return rt_->Launch((*k)[k->kRescaleGradient], rows * p.tiles, kRescaleThreads, stream, &p);
 }
 
 absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {

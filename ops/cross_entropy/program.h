@@ -1,6 +1,6 @@
 // The cross-entropy programs: launch configs' validity for a spec and GPU, and the rendering of
-// the kernels (count, forward, fused forward+backward, backward, loss reduce; and the sharded
-// op's) for the JIT. No GPU needed.
+// the kernels (count, forward, fused forward+backward, backward, gradient rescale, loss reduce;
+// and the sharded op's) for the JIT. No GPU needed.
 //
 //   KJIT_RETURN_IF_ERROR(ValidateCrossEntropyConfig(spec, config, /*arch=*/90));
 //   KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderCrossEntropy(spec, config));

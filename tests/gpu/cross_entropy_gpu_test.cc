@@ -3,7 +3,10 @@
 // shape, targets at 0, vocab-1 and both sides of every chunk boundary, ignored and out-of-range
 // targets, flat and peaked softmax, NaN/Inf, strided and misaligned views. Outputs are poisoned
 // with NaN bytes before each launch, bytes outside the views must stay untouched, the comparator
-// must reject a perturbed gradient, and a second run must give the same bits.
+// must reject a perturbed gradient, and a second run must give the same bits. RescaleGradient:
+// bit for bit against its formula (rows whose factors are equal not even rewritten), and after a
+// ForwardBackward as close to a ForwardBackward run with the new upstream gradient as one more
+// rounding allows.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "kjit/device_buffer.h"
@@ -456,10 +460,12 @@ std::vector<int64_t> RowsFor(int64_t vocab) {
   return out;
 }
 
-// Compiles every case's program in parallel first, then runs the cases in order.
-void RunAll(const Runtime& rt, const std::vector<Case>& cases, uint64_t seed) {
+// Compiles every case's program in parallel first, then runs the cases in order (a Case here, a
+// RescaleCase below).
+template <typename C>
+void RunAll(const Runtime& rt, const std::vector<C>& cases, uint64_t seed) {
   std::vector<CrossEntropySpec> specs;
-  for (const Case& c : cases) specs.push_back(c.Spec());
+  for (const C& c : cases) specs.push_back(c.Spec());
   Prebuild(rt, specs);
   for (size_t i = 0; i < cases.size(); ++i) {
     RunCase(rt, cases[i], seed + i);
@@ -842,6 +848,359 @@ TEST(CrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
     EXPECT_EQ(graph_loss, direct_loss) << "replay " << replay;
     EXPECT_TRUE(graph_grad == direct_grad) << "replay " << replay << ": the gradients differ";
   }
+  EXPECT_EQ(cu.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cu.cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cu.cuStreamDestroy(stream), CUDA_SUCCESS);
+}
+
+// --- RescaleGradient -----------------------------------------------------------------------------
+
+// What RescaleGradient leaves in the gradient, checked against its bytes before: rows whose g ==
+// applied (as floats) bit for bit as they were (a NaN with a payload there shows that the row was
+// not even rewritten: the GPU's arithmetic gives NaNs its own bits), every other element exactly
+// round_dtype(old * (g / applied)) in fp32 (NaN wherever that is NaN), and no byte outside the view
+// written. g and applied hold one value for every row or one per row; applied empty means 1.
+void ExpectRescaled(const Layout& lay, const std::vector<unsigned char>& before,
+                    const std::vector<unsigned char>& after, const std::vector<float>& g,
+                    const std::vector<float>& applied) {
+  bool untouched = true, ignored = true;
+  const std::vector<double> old = lay.Values(before, &ignored);
+  const std::vector<double> out = lay.Values(after, &untouched);
+  EXPECT_TRUE(untouched) << "bytes outside the gradient view were written";
+  const size_t row_bytes = lay.cols * SizeOf(lay.dtype);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < lay.rows; ++r) {
+    const float gr = g[g.size() == 1 ? 0 : r];
+    const float ar = applied.empty() ? 1.0f : applied[applied.size() == 1 ? 0 : r];
+    if (gr == ar) {
+      if (std::memcmp(&before[lay.offset(r)], &after[lay.offset(r)], row_bytes) != 0 && bad++ < 5) {
+        ADD_FAILURE() << fmt::format("row {}: g == applied == {}, but the row was rewritten", r,
+                                     gr);
+      }
+      continue;
+    }
+    const float factor = gr / ar;
+    for (int64_t c = 0; c < lay.cols; ++c) {
+      const size_t i = r * lay.cols + c;
+      const double want = RoundTo(static_cast<float>(old[i]) * factor, lay.dtype);
+      const double got = out[i];
+      const bool same = std::isnan(want) ? std::isnan(got)
+                                         : got == want && std::signbit(got) == std::signbit(want);
+      if (!same && bad++ < 5) {
+        ADD_FAILURE() << fmt::format("row {} col {}: got {} expected {} = round({} * ({} / {}))", r,
+                                     c, got, want, old[i], gr, ar);
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "elements (or rows) that differ from the formula";
+}
+
+std::vector<unsigned char> FloatBytes(const std::vector<float>& v) {
+  return Encode(std::vector<double>(v.begin(), v.end()), DType::kF32);
+}
+
+struct RescaleCase {
+  int64_t vocab = 1000, rows = 8;
+  DType dtype = DType::kBF16;
+  int64_t pad = 0;             // row_stride = vocab + pad
+  int misalign = 0;            // the gradient starts this many elements past an aligned address
+  std::vector<float> g;        // grad_output: [1] or [rows]
+  std::vector<float> applied;  // [1] or [rows], as g; empty: none (1)
+
+  CrossEntropySpec Spec() const { return {.vocab = vocab, .dtype = dtype}; }
+
+  std::string Describe() const {
+    return fmt::format("vocab={} rows={} dtype={} pad={} misalign={} g=[{}] applied=[{}]", vocab,
+                       rows, kjit::Name(dtype), pad, misalign, fmt::join(g, ", "),
+                       fmt::join(applied, ", "));
+  }
+};
+
+// Rescales a random gradient (with zeros, -0, subnormals, values that overflow when scaled up and
+// a NaN with a payload in every row) in place and checks it with ExpectRescaled.
+void RunCase(const Runtime& rt, const RescaleCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.Describe());
+  ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy(c.Spec()));
+  const int64_t V = c.vocab, R = c.rows;
+  std::mt19937_64 gen(seed);
+  std::vector<double> values = RandomValues(gen, R * V, 0.01, 0, c.dtype);
+  const bool f16 = c.dtype == DType::kF16;
+  for (int64_t r = 0; r < R; ++r) {
+    double* row = &values[r * V];
+    row[0] = 0.0;
+    row[1] = -0.0;
+    row[V / 2] = RoundTo(f16 ? 1e-7 : 1e-40, c.dtype);  // a subnormal
+    row[V - 1] = RoundTo(f16 ? 6e4 : 3e38, c.dtype);    // Inf when scaled up enough
+  }
+  const Layout lay{c.dtype, R, V, V + c.pad, c.misalign};
+  std::vector<unsigned char> before = lay.Image(values);
+  for (int64_t r = 0; r < R; ++r) {
+    std::memset(&before[lay.offset(r) + (V / 3) * SizeOf(c.dtype)], 0xFF, SizeOf(c.dtype));
+  }
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_grad, Upload(rt, before));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_g, Upload(rt, FloatBytes(c.g)));
+  std::optional<DeviceBuffer> d_applied;
+  if (!c.applied.empty()) {
+    ASSERT_OK_AND_ASSIGN(d_applied, Upload(rt, FloatBytes(c.applied)));
+  }
+  const auto n = static_cast<int64_t>(c.g.size());
+  const CrossEntropyRescaleArgs args{
+      .grad = lay.View(d_grad.data()),
+      .grad_output = TensorView::Vector(d_g.data(), DType::kF32, n),
+      .applied = d_applied ? TensorView::Vector(d_applied->data(), DType::kF32, n) : TensorView{}};
+  ASSERT_OK(ce.RescaleGradient(nullptr, args));
+  ASSERT_EQ(kjit::internal::StateOf(rt).driver->cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> after, Download(d_grad, lay.bytes()));
+  ExpectRescaled(lay, before, after, c.g, c.applied);
+}
+
+// Equal factors, the common case: one value for every row (both 1, both a loss scale, g 1 with
+// applied absent) or per row. Nothing may change, the NaN payloads included.
+TEST(CrossEntropyGpu, RescaleGradientWithEqualFactorsLeavesTheGradientUntouched) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<RescaleCase> cases;
+  for (DType t : kDtypes) {
+    for (auto [vocab, rows] : {std::pair<int64_t, int64_t>{50257, 37}, {32000, 1}, {3, 5000}}) {
+      cases.push_back({.vocab = vocab, .rows = rows, .dtype = t, .g = {1}, .applied = {1}});
+      cases.push_back({.vocab = vocab, .rows = rows, .dtype = t, .g = {0.25f}, .applied = {0.25f}});
+      cases.push_back({.vocab = vocab, .rows = rows, .dtype = t, .pad = 5, .g = {1}});
+      // -0 == +0 as floats: equal too.
+      cases.push_back({.vocab = vocab, .rows = rows, .dtype = t, .g = {-0.0f}, .applied = {0}});
+      RescaleCase per_row{.vocab = vocab, .rows = rows, .dtype = t};
+      for (int64_t r = 0; r < rows; ++r) per_row.g.push_back(0.5f + 0.01f * static_cast<float>(r));
+      per_row.applied = per_row.g;
+      cases.push_back(per_row);
+    }
+  }
+  RunAll(rt, cases, 20000);
+}
+
+// One factor for every row, g != applied: every element, bit for bit; vocabs that are and are not
+// multiples of the vector width, one row to more rows than the GPU has blocks in two waves (one
+// block per row), strided and misaligned views (narrower vectors).
+TEST(CrossEntropyGpu, RescaleGradientByOneFactorMatchesTheFormulaBitForBit) {
+  KJIT_REQUIRE_GPU(rt);
+  const std::vector<std::pair<std::vector<float>, std::vector<float>>> factors = {
+      {{1.7f}, {0.3f}}, {{0.25f}, {}}, {{-2.0f}, {0.5f}}, {{1.0f}, {3.0f}}};
+  std::vector<RescaleCase> cases;
+  for (DType t : kDtypes) {
+    for (int64_t vocab : {2, 3, 7, 1000, 32000, 50257, 128256}) {
+      for (int64_t rows : {1, 37, 3000}) {
+        if (rows * vocab > (int64_t{1} << 24)) continue;
+        const size_t n = cases.size();
+        const auto& [g, applied] = factors[n % factors.size()];
+        cases.push_back({.vocab = vocab,
+                         .rows = rows,
+                         .dtype = t,
+                         .pad = n % 3 == 1   ? 8
+                                : n % 3 == 2 ? 3
+                                             : 0,
+                         .misalign = n % 5 == 4 ? 1 : 0,
+                         .g = g,
+                         .applied = applied});
+      }
+    }
+  }
+  RunAll(rt, cases, 21000);
+}
+
+// One factor per row: rows with g == applied left alone among rows rescaled, applied absent (1),
+// NaN g (with applied finite, and with applied NaN too: NaN != NaN) making its row NaN while the
+// others stay finite, Inf g, and a zero g.
+TEST(CrossEntropyGpu, RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<RescaleCase> cases;
+  for (DType t : kDtypes) {
+    for (auto [vocab, rows] : {std::pair<int64_t, int64_t>{50257, 37}, {1000, 3000}, {3, 11}}) {
+      for (bool with_applied : {true, false}) {
+        RescaleCase c{.vocab = vocab, .rows = rows, .dtype = t};
+        for (int64_t r = 0; r < rows; ++r) {
+          const float a = with_applied ? 0.125f * static_cast<float>(1 + r % 7) : 1.0f;
+          float g = r % 3 == 0 ? a : a * (r % 2 ? 1.37f : -0.61f);
+          if (r == 4) g = NAN;
+          if (r == 5) g = INFINITY;
+          if (r == 7) g = 0;
+          c.g.push_back(g);
+          if (with_applied) c.applied.push_back(r == 10 ? NAN : a);
+        }
+        if (with_applied) c.g[10] = NAN;
+        cases.push_back(c);
+      }
+    }
+  }
+  // ExpectRescaled wants every element of a NaN row NaN (x * NaN) and every other row as its
+  // formula says: untouched where g == applied, finite where the old value and g / applied are.
+  RunAll(rt, cases, 22000);
+}
+
+// ForwardBackward with grad_output = applied, then RescaleGradient to g, against ForwardBackward
+// run with grad_output = g directly. The two differ by the rounding of the first gradient to the
+// dtype, of g / applied and of one more product, and by the fp32 rounding of the scales each run
+// computes: |rescaled - direct| <= (3 u + 8 * 2^-24) |direct| + 4 * half the smallest subnormal,
+// u the dtype's unit roundoff (2^-8 bf16, 2^-24 fp32), plus 8 * 2^-24 * |row scale| on the target
+// column, whose gradient p - 1 cancels in fp32 before its rounding. That tolerance must reject
+// the gradient before the rescale and a rescaled entry pushed just past it.
+struct RescaledForwardBackward {
+  Case c;  // ForwardBackward's; c.upstream: an applied grad_output, else none (1)
+  CrossEntropySpec Spec() const { return c.Spec(); }
+};
+
+void RunCase(const Runtime& rt, const RescaledForwardBackward& rc, uint64_t seed) {
+  const Case& c = rc.c;
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
+  SCOPED_TRACE(c.Describe());
+  ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy(c.Spec()));
+  const int64_t V = c.vocab, R = c.rows;
+  const bool none = c.reduction == Reduction::kNone;
+  const int64_t n = none ? R : 1;
+  std::mt19937_64 gen(seed);
+  const std::vector<int64_t> targets = MakeTargets(c, gen);
+  const std::vector<double> logits = MakeLogits(c, targets, gen);
+  // applied in +-[0.25, 2]; g = applied in one row of four (none), else applied times a
+  // factor far enough from 1 that the gradient for applied fails the check below.
+  std::uniform_real_distribution<float> u(0.25f, 2.0f);
+  const float factors[] = {1.37f, -0.61f, 2.9f, 0.23f};
+  std::vector<float> applied, g;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = c.upstream ? static_cast<float>(i % 3 == 2 ? -1 : 1) * u(gen) : 1.0f;
+    if (c.upstream) applied.push_back(a);
+    g.push_back(none && i % 4 == 3 ? a : a * factors[i % 4]);
+  }
+  const Layout lay{c.dtype, R, V, V + c.pad, 0};
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logits, Upload(rt, lay.Image(logits)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_targets, Upload(rt, IndexBytes(targets, c.target_type)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, n * sizeof(float)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(R)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_rescaled, DeviceBuffer::Create(rt, lay.bytes()));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_direct, DeviceBuffer::Create(rt, lay.bytes()));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_g, Upload(rt, FloatBytes(g)));
+  std::optional<DeviceBuffer> d_applied;
+  if (c.upstream) {
+    ASSERT_OK_AND_ASSIGN(d_applied, Upload(rt, FloatBytes(applied)));
+  }
+  const TensorView g_view = TensorView::Vector(d_g.data(), DType::kF32, n);
+  const TensorView applied_view =
+      c.upstream ? TensorView::Vector(d_applied->data(), DType::kF32, n) : TensorView{};
+  CrossEntropyArgs args{.logits = lay.View(d_logits.data()),
+                        .targets = IndexView::Of(d_targets.data(), c.target_type, R),
+                        .loss = TensorView::Vector(d_loss.data(), DType::kF32, n),
+                        .grad = lay.View(d_rescaled.data()),
+                        .grad_output = applied_view,
+                        .workspace = d_ws.data(),
+                        .workspace_bytes = ce.WorkspaceBytes(R)};
+  for (const DeviceBuffer* b : {&d_rescaled, &d_direct}) ASSERT_OK(b->Fill(0xFF));
+  ASSERT_OK(ce.ForwardBackward(nullptr, args));
+  ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> before, Download(d_rescaled, lay.bytes()));
+  ASSERT_OK(ce.RescaleGradient(
+      nullptr, {.grad = args.grad, .grad_output = g_view, .applied = applied_view}));
+  args.grad = lay.View(d_direct.data());
+  args.grad_output = g_view;
+  ASSERT_OK(ce.ForwardBackward(nullptr, args));
+  ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> after, Download(d_rescaled, lay.bytes()));
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> direct, Download(d_direct, lay.bytes()));
+  // The rescale itself, bit for bit, on what ForwardBackward wrote.
+  ExpectRescaled(lay, before, after, g, applied);
+
+  bool untouched = true;
+  const std::vector<double> first = lay.Values(before, &untouched);
+  const std::vector<double> out = lay.Values(after, &untouched);
+  const std::vector<double> ref = lay.Values(direct, &untouched);
+  EXPECT_TRUE(untouched) << "bytes outside a gradient view were written";
+  const double u32 = std::ldexp(1.0, -24);
+  const ops::Tolerance tol{.rtol = 3 * ops::RoundingRtol(c.dtype) + 8 * u32,
+                           .atol = 4 * ops::RoundingAtol(c.dtype)};
+  int64_t valid = 0;
+  for (int64_t t : targets) valid += t >= 0 && t < V && t != c.ignore_index;
+  std::vector<double> target_atol(R * V, 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = targets[r];
+    if (t < 0 || t >= V || t == c.ignore_index) continue;
+    const double scale = none ? g[r] : g[0] / static_cast<double>(valid);
+    target_atol[r * V + t] = 8 * u32 * std::fabs(scale);
+  }
+  const ops::CompareResult r = ops::Compare(out, ref, tol, target_atol);
+  EXPECT_TRUE(r.ok) << r.Describe("rescaled gradient against the direct one");
+  EXPECT_FALSE(ops::Compare(first, ref, tol, target_atol).ok)
+      << "the tolerance accepts the gradient for applied as the gradient for g";
+  for (size_t k = out.size() / 2; r.ok && k < out.size(); ++k) {
+    if (!std::isfinite(ref[k]) || ref[k] == 0) continue;
+    std::vector<double> bad = out;
+    bad[k] = ref[k] + 1.5 * (tol.atol + target_atol[k] + tol.rtol * std::fabs(ref[k]));
+    EXPECT_FALSE(ops::Compare(bad, ref, tol, target_atol).ok)
+        << "the check accepts a perturbed entry at " << k;
+    break;
+  }
+}
+
+TEST(CrossEntropyGpu, RescaleAfterForwardBackwardMatchesAForwardBackwardWithTheNewGradient) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<RescaledForwardBackward> cases;
+  for (Reduction red : {Reduction::kMean, Reduction::kNone}) {
+    for (DType t : {DType::kBF16, DType::kF32}) {
+      for (int64_t vocab : {50257, 32000}) {
+        for (int64_t rows : {1, 37}) {
+          const size_t n = cases.size();
+          cases.push_back({{.vocab = vocab,
+                            .rows = rows,
+                            .dtype = t,
+                            .reduction = red,
+                            .lse = false,
+                            .upstream = n % 4 != 1,  // else applied is absent (1)
+                            .pad = n % 3 == 1   ? 8
+                                   : n % 3 == 2 ? 3
+                                                : 0}});
+        }
+      }
+    }
+  }
+  RunAll(rt, cases, 23000);
+}
+
+// Captured into a CUDA graph, the rescale reads g and applied when it runs: one graph replayed
+// with g == applied leaves the gradient alone, and after g changes on the device it rescales, as
+// a direct launch does.
+TEST(CrossEntropyGpu, RescaleGradientInAGraphReadsItsFactorsWhenItRuns) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t V = 32000, R = 64;
+  ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy({.vocab = V, .dtype = DType::kBF16}));
+  const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
+  std::mt19937_64 gen(24000);
+  const Layout lay{DType::kBF16, R, V, V, 0};
+  const std::vector<unsigned char> image = lay.Image(RandomValues(gen, R * V, 0.01, 0, lay.dtype));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_grad, Upload(rt, image));
+  const std::vector<float> applied = {0.5f}, g = {1.5f};
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_g, Upload(rt, Encode({0.5}, DType::kF32)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_applied, Upload(rt, Encode({0.5}, DType::kF32)));
+  const CrossEntropyRescaleArgs args{
+      .grad = lay.View(d_grad.data()),
+      .grad_output = TensorView::Vector(d_g.data(), DType::kF32, 1),
+      .applied = TensorView::Vector(d_applied.data(), DType::kF32, 1)};
+  CUstream stream = nullptr;
+  ASSERT_EQ(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cu.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  const absl::Status captured = ce.RescaleGradient(stream, args);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_OK(captured);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  auto replay = [&]() -> absl::StatusOr<std::vector<unsigned char>> {
+    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuGraphLaunch(exec, stream), "cuGraphLaunch"));
+    KJIT_RETURN_IF_ERROR(cu.Check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize"));
+    return Download(d_grad, lay.bytes());
+  };
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> same, replay());
+  EXPECT_TRUE(same == image) << "g == applied: the replay changed the gradient";
+  ASSERT_OK(d_g.Upload(g.data(), sizeof(float)));
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> scaled, replay());
+  ExpectRescaled(lay, image, scaled, g, applied);
+  ASSERT_OK(d_grad.Upload(image.data(), image.size()));
+  ASSERT_OK(ce.RescaleGradient(stream, args));
+  ASSERT_EQ(cu.cuStreamSynchronize(stream), CUDA_SUCCESS);
+  ASSERT_OK_AND_ASSIGN(const std::vector<unsigned char> direct, Download(d_grad, lay.bytes()));
+  EXPECT_TRUE(direct == scaled) << "the replay and a direct launch differ";
   EXPECT_EQ(cu.cuGraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(cu.cuGraphDestroy(graph), CUDA_SUCCESS);
   EXPECT_EQ(cu.cuStreamDestroy(stream), CUDA_SUCCESS);

@@ -1,5 +1,5 @@
 // The bad-input matrix for the public API: every TensorView / IndexView / workspace argument of
-// RmsNorm::Forward/Backward, CrossEntropy::Forward/ForwardBackward/Backward and
+// RmsNorm::Forward/Backward, CrossEntropy::Forward/ForwardBackward/Backward/RescaleGradient and
 // ShardedCrossEntropy::ComputeStats/Finish, each made null,
 // zero-sized, negative, huge (over int32), misaligned, of the wrong dtype, strided shorter than
 // its row, and overlapping an argument it must not overlap. Each must be InvalidArgument whose
@@ -327,6 +327,58 @@ TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
   AddOverlapCases<A>(cases, "grad", &A::grad, "lse", &A::lse, false);
   AddOverlapCases<A>(cases, "grad", &A::grad, "grad_output", &A::grad_output, false);
   RunMatrix<A>(cases, good, [&](const A& a) { return ce->Backward(nullptr, a); });
+}
+
+TEST_F(BadInputMatrixTest, CrossEntropyRescaleGradient) {
+  auto ce =
+      rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  using A = CrossEntropyRescaleArgs;
+  // grad_output (and applied) hold one value for every row, or one per row.
+  for (int64_t n : {int64_t{1}, kRows}) {
+    SCOPED_TRACE(n == 1 ? "one value" : "per row");
+    auto good = [n] {
+      return A{.grad = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+               .grad_output = TensorView::Vector(Slot(2), DType::kF32, n),
+               .applied = TensorView::Vector(Slot(3), DType::kF32, n)};
+    };
+    std::vector<Case<A>> cases;
+    AddTensorCases<A>(cases, "grad", &A::grad, false);
+    // A grad of zero rows is a no-op, checked below.
+    std::erase_if(cases, [](const Case<A>& c) { return c.what == "grad zero rows"; });
+    AddTensorCases<A>(cases, "grad_output", &A::grad_output, false, /*vector=*/true);
+    AddTensorCases<A>(cases, "applied", &A::applied, true, /*vector=*/true);
+    cases.push_back({"grad_output of neither 1 nor rows values", "grad_output", [](A& a) {
+                       a.grad_output = TensorView::Vector(a.grad_output.data, DType::kF32, 3);
+                     }});
+    cases.push_back({"applied of another shape than grad_output", "applied", [n](A& a) {
+                       a.applied = TensorView::Vector(a.applied.data, DType::kF32,
+                                                      n == 1 ? kRows : int64_t{1});
+                     }});
+    for (auto [name, m] :
+         {std::pair{std::string("grad_output"), &A::grad_output}, {"applied", &A::applied}}) {
+      if (n > 1) {
+        AddOverlapCases<A>(cases, "grad", &A::grad, name, m, false);
+      } else {  // one value is too short for grad to start inside it
+        cases.push_back({"grad aliases " + name, "grad", [m](A& a) { a.grad.data = (a.*m).data; }});
+      }
+      cases.push_back({"grad starting before and covering " + name, "grad",
+                       [m](A& a) { a.grad.data = Offset((a.*m).data, -16); }});
+    }
+    RunMatrix<A>(cases, good, [&](const A& a) { return ce->RescaleGradient(nullptr, a); });
+
+    // Both inputs are only read: grad_output may be applied itself, or applied absent (1).
+    A same = good();
+    same.applied = same.grad_output;
+    EXPECT_EQ(ce->RescaleGradient(nullptr, same).code(), absl::StatusCode::kFailedPrecondition);
+    A one = good();
+    one.applied = {};
+    EXPECT_EQ(ce->RescaleGradient(nullptr, one).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // No rows: nothing to rescale, nothing launched, even with the null views of empty tensors.
+  const absl::Status empty =
+      ce->RescaleGradient(nullptr, {.grad = TensorView::Matrix(nullptr, DType::kBF16, 0, kCols)});
+  EXPECT_TRUE(empty.ok()) << empty;
 }
 
 // --- vocab-parallel cross-entropy ----------------------------------------------------------------

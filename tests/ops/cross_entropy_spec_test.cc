@@ -181,7 +181,7 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
                                       .argmax = true},
                                      {.vec = 1, .threads = 256, .unroll = 2});
   ASSERT_TRUE(src.ok()) << src.status();
-  ASSERT_EQ(src->name_expressions.size(), 5u);
+  ASSERT_EQ(src->name_expressions.size(), 6u);
   EXPECT_EQ(src->name_expressions[0], "kjit::cross_entropy_count<int, 50257, 1024>");
   EXPECT_EQ(src->name_expressions[1],
             "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
@@ -192,7 +192,9 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   EXPECT_EQ(src->name_expressions[3],
             "kjit::cross_entropy_backward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
             "false, true>");
-  EXPECT_EQ(src->name_expressions[4], "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>");
+  EXPECT_EQ(src->name_expressions[4],
+            "kjit::cross_entropy_rescale_gradient<kjit::f16, 50257, 256, 1, 4>");
+  EXPECT_EQ(src->name_expressions[5], "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>");
   EXPECT_NE(src->text.find("#include \"cross_entropy.cuh\""), std::string::npos);
   EXPECT_EQ(src->text.find("#define"), std::string::npos) << "no -D style specialization";
   EXPECT_EQ(src->params.at("vocab"), "50257");
@@ -204,7 +206,7 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   auto none = ops::RenderCrossEntropy({.vocab = 8, .reduction = Reduction::kNone},
                                       ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(none->name_expressions.size(), 4u);
+  EXPECT_EQ(none->name_expressions.size(), 5u);
   // Different options give different programs (and so different cache keys).
   auto plain = ops::RenderCrossEntropy({.vocab = 8}, ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
   auto z = ops::RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f},
@@ -280,7 +282,7 @@ TEST_F(CompileOnlyCrossEntropyTest, ValidArgumentsReachTheCompileOnlyError) {
   auto built = ce_->Build();
   ASSERT_TRUE(built.ok()) << built.status();
   EXPECT_EQ(built->target, "sm_90");
-  EXPECT_EQ(built->kernels.size(), 5u);
+  EXPECT_EQ(built->kernels.size(), 6u);
 }
 
 TEST_F(CompileOnlyCrossEntropyTest, ForwardNamesEveryBadArgument) {

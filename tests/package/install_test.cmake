@@ -1,5 +1,6 @@
 # `cmake --install` into a fresh prefix, then an out-of-tree consumer built against it twice: with
-# find_package(kjit) and with pkg-config. Both must build and run. Invoked by ctest:
+# find_package(kjit) and with pkg-config. Both must build and run, and so must the C API's consumer
+# (find_package, kjit::kjit_c). Invoked by ctest:
 #   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DCXX=... -DCXX_FLAGS=... -P install_test.cmake
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
@@ -14,8 +15,8 @@ function(run what)
 endfunction()
 
 run("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
-foreach(f bin/kjit bin/kjit-tune include/kjit/kjit.h lib/cmake/kjit/kjitConfig.cmake
-          lib/pkgconfig/kjit.pc)
+foreach(f bin/kjit bin/kjit-tune include/kjit/kjit.h include/kjit/kjit_c.h lib/libkjit_c.so
+          lib/cmake/kjit/kjitConfig.cmake lib/pkgconfig/kjit.pc)
   file(GLOB found ${prefix}/${f} ${prefix}/*/${f} ${prefix}/lib/*/${f})
   if(NOT EXISTS ${prefix}/${f} AND NOT found)
     message(FATAL_ERROR "install: ${f} is missing under ${prefix}")
@@ -42,6 +43,7 @@ run("configure consumer" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consume
     "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
 run("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
 run("run consumer (find_package)" ${WORK_DIR}/consumer/consumer)
+run("run the C API's consumer (find_package)" ${WORK_DIR}/consumer/c_api)
 
 file(GLOB_RECURSE pc ${prefix}/kjit.pc)
 get_filename_component(pc_dir "${pc}" DIRECTORY)

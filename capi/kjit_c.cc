@@ -1,0 +1,594 @@
+// kjit's C API (include/kjit/kjit_c.h) over the C++ API: the C structs are checked (pointers,
+// struct_size, enum fields) and converted to the C++ specs and views, and each call's absl::Status,
+// or an exception, becomes a kjit_status and this thread's last error message.
+#include "kjit/kjit_c.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <new>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "jit/driver.h"
+#include "jit/json_text.h"
+#include "jit/nvrtc.h"
+#include "kjit/kjit.h"
+#include "ops/cross_entropy/config.h"
+#include "ops/rms_norm/config.h"
+
+struct kjit_runtime {
+  kjit::Runtime rt;
+};
+struct kjit_rms_norm {
+  kjit::RmsNorm op;
+};
+struct kjit_cross_entropy {
+  kjit::CrossEntropy op;
+};
+
+namespace kjit {
+namespace {
+
+// The header promises absl's codes and the C++ enums' order.
+template <class E>
+constexpr int Int(E e) {
+  return static_cast<int>(e);
+}
+static_assert(KJIT_OK == Int(absl::StatusCode::kOk) &&
+              KJIT_CANCELLED == Int(absl::StatusCode::kCancelled) &&
+              KJIT_UNKNOWN == Int(absl::StatusCode::kUnknown) &&
+              KJIT_INVALID_ARGUMENT == Int(absl::StatusCode::kInvalidArgument) &&
+              KJIT_DEADLINE_EXCEEDED == Int(absl::StatusCode::kDeadlineExceeded) &&
+              KJIT_NOT_FOUND == Int(absl::StatusCode::kNotFound) &&
+              KJIT_ALREADY_EXISTS == Int(absl::StatusCode::kAlreadyExists) &&
+              KJIT_PERMISSION_DENIED == Int(absl::StatusCode::kPermissionDenied) &&
+              KJIT_RESOURCE_EXHAUSTED == Int(absl::StatusCode::kResourceExhausted) &&
+              KJIT_FAILED_PRECONDITION == Int(absl::StatusCode::kFailedPrecondition) &&
+              KJIT_ABORTED == Int(absl::StatusCode::kAborted) &&
+              KJIT_OUT_OF_RANGE == Int(absl::StatusCode::kOutOfRange) &&
+              KJIT_UNIMPLEMENTED == Int(absl::StatusCode::kUnimplemented) &&
+              KJIT_INTERNAL == Int(absl::StatusCode::kInternal) &&
+              KJIT_UNAVAILABLE == Int(absl::StatusCode::kUnavailable) &&
+              KJIT_DATA_LOSS == Int(absl::StatusCode::kDataLoss) &&
+              KJIT_UNAUTHENTICATED == Int(absl::StatusCode::kUnauthenticated));
+static_assert(KJIT_F32 == Int(DType::kF32) && KJIT_F16 == Int(DType::kF16) &&
+              KJIT_BF16 == Int(DType::kBF16) && KJIT_INT32 == Int(IndexType::kInt32) &&
+              KJIT_INT64 == Int(IndexType::kInt64) &&
+              KJIT_REDUCTION_NONE == Int(Reduction::kNone) &&
+              KJIT_REDUCTION_SUM == Int(Reduction::kSum) &&
+              KJIT_REDUCTION_MEAN == Int(Reduction::kMean) &&
+              KJIT_CASTING_LLAMA == Int(RmsNormCasting::kLlama) &&
+              KJIT_CASTING_GEMMA == Int(RmsNormCasting::kGemma));
+
+constexpr const char* kStatusNames[] = {
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
+// The accepted values of the enum fields, from 0 (weight_dtype's from -1).
+constexpr const char* kDTypeNames[] = {"KJIT_F32", "KJIT_F16", "KJIT_BF16"};
+constexpr const char* kWeightDTypeNames[] = {"dtype's", "KJIT_F32", "KJIT_F16", "KJIT_BF16"};
+constexpr const char* kIndexNames[] = {"KJIT_INT32", "KJIT_INT64"};
+constexpr const char* kReductionNames[] = {"KJIT_REDUCTION_NONE", "KJIT_REDUCTION_SUM",
+                                           "KJIT_REDUCTION_MEAN"};
+constexpr const char* kCastingNames[] = {"KJIT_CASTING_LLAMA", "KJIT_CASTING_GEMMA"};
+constexpr const char* kFlagNames[] = {"off", "on"};
+
+thread_local std::string last_error;
+
+kjit_status Fail(kjit_status code, std::string_view message) noexcept {
+  try {
+    last_error = message;
+  } catch (...) {
+    last_error.clear();  // no memory even for the message
+  }
+  return code;
+}
+
+// Runs `body(fn)` (an absl::Status) and reports it the C way: its code, and its message as this
+// thread's last error ("" on success). Nothing escapes: an exception becomes KJIT_INTERNAL (or
+// KJIT_RESOURCE_EXHAUSTED when host memory ran out).
+template <class Body>
+kjit_status Call(const char* fn, Body&& body) noexcept {
+  try {
+    const absl::Status status = body(fn);
+    return Fail(static_cast<kjit_status>(status.code()), ToStd(status.message()));
+  } catch (const std::bad_alloc&) {
+    return Fail(KJIT_RESOURCE_EXHAUSTED, "out of host memory");
+  } catch (const std::exception& e) {
+    return Fail(KJIT_INTERNAL,
+                fmt::format("{}: internal error, please report it: {}", fn, e.what()));
+  } catch (...) {
+    return Fail(KJIT_INTERNAL, "internal error (an unknown exception), please report it");
+  }
+}
+
+// InvalidArgument naming the first NULL of the (name, pointer) pairs.
+absl::Status NotNull(const char* fn,
+                     std::initializer_list<std::pair<const char*, const void*>> pointers) {
+  for (const auto& [name, p] : pointers) {
+    if (p == nullptr) return absl::InvalidArgumentError(fmt::format("{}: {} is NULL", fn, name));
+  }
+  return absl::OkStatus();
+}
+
+// An output pointer: not NULL, and cleared first, so that a failed call leaves NULL (or 0) there.
+template <class T>
+absl::Status Output(const char* fn, const char* name, T* out) {
+  KJIT_RETURN_IF_ERROR(NotNull(fn, {{name, out}}));
+  *out = T{};
+  return absl::OkStatus();
+}
+
+template <class T>
+constexpr const char* kStructName = nullptr;
+template <>
+constexpr const char* kStructName<kjit_runtime_options> = "kjit_runtime_options";
+template <>
+constexpr const char* kStructName<kjit_rms_norm_spec> = "kjit_rms_norm_spec";
+template <>
+constexpr const char* kStructName<kjit_rms_norm_forward_args> = "kjit_rms_norm_forward_args";
+template <>
+constexpr const char* kStructName<kjit_rms_norm_backward_args> = "kjit_rms_norm_backward_args";
+template <>
+constexpr const char* kStructName<kjit_cross_entropy_spec> = "kjit_cross_entropy_spec";
+template <>
+constexpr const char* kStructName<kjit_cross_entropy_args> = "kjit_cross_entropy_args";
+template <>
+constexpr const char* kStructName<kjit_cross_entropy_backward_args> =
+    "kjit_cross_entropy_backward_args";
+template <>
+constexpr const char* kStructName<kjit_cross_entropy_rescale_args> =
+    "kjit_cross_entropy_rescale_args";
+
+// The struct `name` points to was made for this library's layout of T.
+template <class T>
+absl::Status CheckSize(const char* fn, const char* name, const T& s) {
+  if (s.struct_size == sizeof(T)) return absl::OkStatus();
+  return absl::InvalidArgumentError(fmt::format(
+      "{}: {}->struct_size is {}, but {} is {} bytes in this library (kjit C ABI version {}); "
+      "set it with {}_init",
+      fn, name, s.struct_size, kStructName<T>, sizeof(T), KJIT_C_ABI_VERSION, kStructName<T>));
+}
+
+// Reads the enum and flag fields of the C structs (and the dtypes of their views), keeping the
+// first that is out of range as an InvalidArgument naming the field and the values it accepts.
+class Fields {
+ public:
+  // `value` when it is one of first, first + 1, ... (as many as `names`), else `first`.
+  int Choice(std::initializer_list<std::string_view> name, int32_t value,
+             std::span<const char* const> names, int first = 0) {
+    const int64_t index = int64_t{value} - first;
+    if (index >= 0 && index < std::ssize(names)) return value;
+    if (!status_.ok()) return first;
+    std::string field, accepted;
+    for (std::string_view part : name) field += (field.empty() ? "" : ".") + std::string(part);
+    for (int i = 0; i < std::ssize(names); ++i) {
+      const char* separator = i == 0 ? "" : i + 1 < std::ssize(names) ? ", " : " or ";
+      accepted += fmt::format("{}{} ({})", separator, first + i, names[i]);
+    }
+    status_ = absl::InvalidArgumentError(
+        fmt::format("{}: {} is out of range; expected {}", field, value, accepted));
+    return first;
+  }
+  bool Flag(const char* name, int32_t value) { return Choice({name}, value, kFlagNames) != 0; }
+  DType Dtype(std::initializer_list<std::string_view> name, int32_t value) {
+    return static_cast<DType>(Choice(name, value, kDTypeNames));
+  }
+  TensorView Tensor(std::string_view name, const kjit_tensor& t) {
+    return {t.data, Dtype({name, "dtype"}, t.dtype), t.rows, t.cols, t.row_stride};
+  }
+  IndexView Index(std::string_view name, const kjit_index& i) {
+    return {i.data, static_cast<IndexType>(Choice({name, "type"}, i.type, kIndexNames)), i.size};
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+// A spec's config text (NULL or "": none) read by the op's parser.
+template <class Config>
+absl::StatusOr<std::optional<Config>> ParseConfig(
+    const char* text, absl::StatusOr<Config> (*parse)(std::string_view)) {
+  if (text == nullptr || *text == '\0') return std::optional<Config>();
+  absl::StatusOr<Config> config = parse(text);
+  if (!config.ok()) return Annotate(config.status(), "config");
+  return std::optional<Config>(*std::move(config));
+}
+
+// The machine's CUDA driver (unless compile-only) and NVRTC: KJIT_UNAVAILABLE with the loader's
+// message (what is missing and how to fix it) when one cannot be used.
+absl::Status ToolchainAvailable(bool compile_only) {
+  absl::Status s = compile_only ? absl::OkStatus() : jit::Driver::Get().status();
+  if (s.ok()) s = jit::Nvrtc::Get().status();
+  return s.ok() ? s : absl::UnavailableError(s.message());
+}
+
+// A row count for the queries: what a launch takes.
+absl::Status CheckRows(int64_t rows) {
+  if (rows >= 0 && rows <= INT32_MAX) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      fmt::format("rows: {} is out of range, expected 0 to {}", rows, INT32_MAX));
+}
+
+// `text` in malloc'd memory (kjit_free frees it) for a char** output.
+absl::Status Return(std::string_view text, char** out) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
+  std::memcpy(copy, text.data(), text.size());
+  copy[text.size()] = '\0';
+  *out = copy;
+  return absl::OkStatus();
+}
+
+absl::Status ReturnBuild(const absl::StatusOr<BuildInfo>& b, char** json_out) {
+  if (!b.ok()) return b.status();
+  const nlohmann::json j = {{"key", b->key},       {"target", b->target},  {"origin", b->origin},
+                            {"path", b->path},     {"bytes", b->bytes},    {"nvrtc", b->nvrtc},
+                            {"params", b->params}, {"kernels", b->kernels}};
+  return Return(jit::JsonText(j), json_out);
+}
+
+absl::StatusOr<RuntimeOptions> ToOptions(const kjit_runtime_options& o) {
+  Fields f;
+  RuntimeOptions cpp{.device = o.device,
+                     .target = o.target != nullptr ? o.target : "",
+                     .compile_only = f.Flag("compile_only", o.compile_only),
+                     .disk_cache = f.Flag("disk_cache", o.disk_cache),
+                     .cache_dir = o.cache_dir != nullptr ? o.cache_dir : "",
+                     .tuning_db = o.tuning_db != nullptr ? o.tuning_db : "",
+                     .autotune = f.Flag("autotune", o.autotune)};
+  KJIT_RETURN_IF_ERROR(f.status());
+  if (o.warning != nullptr) {
+    cpp.warnings = [warn = o.warning, data = o.warning_user_data](std::string_view message) {
+      warn(std::string(message).c_str(), data);
+    };
+  }
+  return cpp;
+}
+
+absl::StatusOr<RmsNormSpec> ToSpec(const kjit_rms_norm_spec& c) {
+  Fields f;
+  const int weight_dtype = f.Choice({"weight_dtype"}, c.weight_dtype, kWeightDTypeNames, -1);
+  RmsNormSpec spec{
+      .hidden = c.hidden,
+      .dtype = f.Dtype({"dtype"}, c.dtype),
+      .weight_dtype = weight_dtype < 0 ? std::nullopt : std::optional(DType(weight_dtype)),
+      .eps = c.eps,
+      .weight_offset = c.weight_offset,
+      .casting = RmsNormCasting(f.Choice({"casting"}, c.casting, kCastingNames)),
+      .fused_residual = f.Flag("fused_residual", c.fused_residual)};
+  KJIT_RETURN_IF_ERROR(f.status());
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseRmsNormConfig));
+  return spec;
+}
+
+absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
+  Fields f;
+  CrossEntropySpec spec{
+      .vocab = c.vocab,
+      .dtype = f.Dtype({"dtype"}, c.dtype),
+      .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
+      .ignore_index = c.ignore_index,
+      .reduction = Reduction(f.Choice({"reduction"}, c.reduction, kReductionNames)),
+      .label_smoothing = c.label_smoothing,
+      .lse_square_scale = c.lse_square_scale,
+      .softcap = c.softcap,
+      .argmax = f.Flag("argmax", c.argmax)};
+  KJIT_RETURN_IF_ERROR(f.status());
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
+  return spec;
+}
+
+absl::StatusOr<kjit::RmsNorm> MakeOp(const Runtime& rt, const kjit_rms_norm_spec& c) {
+  KJIT_ASSIGN_OR_RETURN(const RmsNormSpec spec, ToSpec(c));
+  return rt.RmsNorm(spec);
+}
+absl::StatusOr<kjit::CrossEntropy> MakeOp(const Runtime& rt, const kjit_cross_entropy_spec& c) {
+  KJIT_ASSIGN_OR_RETURN(const CrossEntropySpec spec, ToSpec(c));
+  return rt.CrossEntropy(spec);
+}
+
+// kjit_*_create: the op of `spec` on `runtime`, as a new handle in *out.
+template <class Handle, class Spec>
+kjit_status CreateOp(const char* fn, const kjit_runtime* runtime, const Spec* spec, Handle** out) {
+  return Call(fn, [&](const char*) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(Output(fn, "out", out));
+    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"runtime", runtime}, {"spec", spec}}));
+    KJIT_RETURN_IF_ERROR(CheckSize(fn, "spec", *spec));
+    KJIT_ASSIGN_OR_RETURN(auto op, MakeOp(runtime->rt, *spec));
+    *out = new Handle{std::move(op)};
+    return absl::OkStatus();
+  });
+}
+
+// The launches' arguments as the C++ ops take them: each view converted by Fields and named by
+// its field (`.x = f.Tensor("x", a.x)`), so that a message names the C field exactly.
+#define KJIT_VIEW(field) .field = f.Tensor(#field, a.field)
+#define KJIT_INDEX(field) .field = f.Index(#field, a.field)
+#define KJIT_WORKSPACE .workspace = a.workspace, .workspace_bytes = a.workspace_bytes
+RmsNormForwardArgs ToCpp(Fields& f, const kjit_rms_norm_forward_args& a) {
+  return {KJIT_VIEW(x),    KJIT_VIEW(weight),   KJIT_VIEW(y),
+          KJIT_VIEW(rstd), KJIT_VIEW(residual), KJIT_VIEW(residual_out)};
+}
+RmsNormBackwardArgs ToCpp(Fields& f, const kjit_rms_norm_backward_args& a) {
+  return {KJIT_VIEW(dy), KJIT_VIEW(x),  KJIT_VIEW(weight),    KJIT_VIEW(rstd),
+          KJIT_VIEW(dx), KJIT_VIEW(dw), KJIT_VIEW(dresidual), KJIT_WORKSPACE};
+}
+CrossEntropyArgs ToCpp(Fields& f, const kjit_cross_entropy_args& a) {
+  return {KJIT_VIEW(logits),  KJIT_INDEX(targets), KJIT_VIEW(loss),        KJIT_VIEW(lse),
+          KJIT_INDEX(argmax), KJIT_VIEW(grad),     KJIT_VIEW(grad_output), KJIT_WORKSPACE};
+}
+CrossEntropyBackwardArgs ToCpp(Fields& f, const kjit_cross_entropy_backward_args& a) {
+  return {KJIT_VIEW(logits),      KJIT_INDEX(targets), KJIT_VIEW(lse),
+          KJIT_VIEW(grad_output), KJIT_VIEW(grad),     KJIT_WORKSPACE};
+}
+CrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_cross_entropy_rescale_args& a) {
+  return {KJIT_VIEW(grad), KJIT_VIEW(grad_output), KJIT_VIEW(applied)};
+}
+#undef KJIT_VIEW
+#undef KJIT_INDEX
+#undef KJIT_WORKSPACE
+
+// A launch: `op` and `args` checked, then the C++ op's `launch` with the converted arguments.
+template <class Handle, class Args, class Op, class CppArgs>
+kjit_status LaunchOp(const char* fn, const Handle* op, CUstream stream, const Args* args,
+                     absl::Status (Op::*launch)(CUstream, const CppArgs&) const) {
+  return Call(fn, [&](const char*) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"op", op}, {"args", args}}));
+    KJIT_RETURN_IF_ERROR(CheckSize(fn, "args", *args));
+    Fields f;
+    const CppArgs cpp = ToCpp(f, *args);
+    KJIT_RETURN_IF_ERROR(f.status());
+    return (op->op.*launch)(stream, cpp);
+  });
+}
+
+// A query of an op: the output `out_name` and `op` checked (the output cleared), then
+// `query(C++ op)`.
+template <class Handle, class Out, class Query>
+kjit_status QueryOp(const char* fn, const Handle* op, const char* out_name, Out* out,
+                    Query&& query) {
+  return Call(fn, [&](const char*) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(Output(fn, out_name, out));
+    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"op", op}}));
+    return query(op->op);
+  });
+}
+
+// *args zeroed, with its struct_size set: the *_init of the structs whose defaults are all zero.
+template <class Args>
+void InitArgs(Args* args) {
+  if (args != nullptr) *args = Args{.struct_size = sizeof(Args)};
+}
+
+}  // namespace
+}  // namespace kjit
+
+// ---- Library ----------------------------------------------------------------------------------
+
+uint32_t kjit_abi_version(void) { return KJIT_C_ABI_VERSION; }
+
+const char* kjit_version(void) { return KJIT_VERSION; }
+
+kjit_status kjit_full_version(char** out) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::Output(fn, "out", out));
+    return kjit::Return(kjit::FullVersionString(), out);
+  });
+}
+
+const char* kjit_last_error(void) { return kjit::last_error.c_str(); }
+
+const char* kjit_status_name(kjit_status status) {
+  const int code = static_cast<int>(status);
+  return code >= 0 && code < std::ssize(kjit::kStatusNames) ? kjit::kStatusNames[code] : "";
+}
+
+void kjit_free(void* p) { std::free(p); }
+
+// ---- Runtime ----------------------------------------------------------------------------------
+
+void kjit_runtime_options_init(kjit_runtime_options* options) {
+  if (options == nullptr) return;
+  const kjit::RuntimeOptions d;
+  *options = {.struct_size = sizeof(*options),
+              .device = d.device,
+              .target = nullptr,
+              .compile_only = d.compile_only,
+              .disk_cache = d.disk_cache,
+              .cache_dir = nullptr,
+              .tuning_db = nullptr,
+              .autotune = d.autotune,
+              .warning = nullptr,
+              .warning_user_data = nullptr};
+}
+
+kjit_status kjit_runtime_create(const kjit_runtime_options* options, kjit_runtime** out) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::Output(fn, "out", out));
+    kjit_runtime_options defaults;
+    kjit_runtime_options_init(&defaults);
+    const kjit_runtime_options& o = options != nullptr ? *options : defaults;
+    KJIT_RETURN_IF_ERROR(kjit::CheckSize(fn, "options", o));
+    KJIT_ASSIGN_OR_RETURN(const kjit::RuntimeOptions cpp, kjit::ToOptions(o));
+    KJIT_RETURN_IF_ERROR(kjit::ToolchainAvailable(cpp.compile_only));
+    KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create(cpp));
+    *out = new kjit_runtime{std::move(rt)};
+    return absl::OkStatus();
+  });
+}
+
+void kjit_runtime_destroy(kjit_runtime* runtime) { delete runtime; }
+
+kjit_status kjit_runtime_info(const kjit_runtime* runtime, char** json_out) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::Output(fn, "json_out", json_out));
+    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"runtime", runtime}}));
+    const kjit::Runtime& rt = runtime->rt;
+    nlohmann::json info = {{"target", rt.target()},
+                           {"arch", rt.arch()},
+                           {"compile_only", rt.compile_only()},
+                           {"device", nullptr}};
+    if (!rt.compile_only()) {
+      const kjit::DeviceInfo& d = rt.device();
+      info["device"] = {{"ordinal", d.ordinal},
+                        {"name", d.name},
+                        {"compute_capability", d.compute_capability()},
+                        {"sm_count", d.sm_count},
+                        {"total_memory", d.total_memory}};
+    }
+    return kjit::Return(kjit::jit::JsonText(info), json_out);
+  });
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+
+void kjit_rms_norm_spec_init(kjit_rms_norm_spec* spec) {
+  if (spec == nullptr) return;
+  const kjit::RmsNormSpec d;
+  *spec = {.struct_size = sizeof(*spec),
+           .hidden = d.hidden,
+           .dtype = static_cast<int32_t>(d.dtype),
+           .weight_dtype = -1,
+           .eps = d.eps,
+           .weight_offset = d.weight_offset,
+           .casting = static_cast<int32_t>(d.casting),
+           .fused_residual = d.fused_residual,
+           .config = nullptr};
+}
+
+void kjit_rms_norm_forward_args_init(kjit_rms_norm_forward_args* args) { kjit::InitArgs(args); }
+
+void kjit_rms_norm_backward_args_init(kjit_rms_norm_backward_args* args) { kjit::InitArgs(args); }
+
+kjit_status kjit_rms_norm_create(const kjit_runtime* runtime, const kjit_rms_norm_spec* spec,
+                                 kjit_rms_norm** out) {
+  return kjit::CreateOp(__func__, runtime, spec, out);
+}
+
+void kjit_rms_norm_destroy(kjit_rms_norm* op) { delete op; }
+
+kjit_status kjit_rms_norm_forward(const kjit_rms_norm* op, CUstream stream,
+                                  const kjit_rms_norm_forward_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::RmsNorm::Forward);
+}
+
+kjit_status kjit_rms_norm_backward(const kjit_rms_norm* op, CUstream stream,
+                                   const kjit_rms_norm_backward_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::RmsNorm::Backward);
+}
+
+kjit_status kjit_rms_norm_backward_workspace_bytes(const kjit_rms_norm* op, int64_t rows,
+                                                   int64_t* bytes) {
+  return kjit::QueryOp(__func__, op, "bytes", bytes, [&](const kjit::RmsNorm& norm) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    *bytes = norm.BackwardWorkspaceBytes(rows);
+    return absl::OkStatus();
+  });
+}
+
+kjit_status kjit_rms_norm_config_for(const kjit_rms_norm* op, int64_t rows, char** config_out) {
+  return kjit::QueryOp(__func__, op, "config_out", config_out, [&](const kjit::RmsNorm& norm) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    return kjit::Return(norm.ConfigFor(rows).ToString(), config_out);
+  });
+}
+
+kjit_status kjit_rms_norm_build(const kjit_rms_norm* op, char** json_out) {
+  return kjit::QueryOp(__func__, op, "json_out", json_out, [&](const kjit::RmsNorm& norm) {
+    return kjit::ReturnBuild(norm.Build(), json_out);
+  });
+}
+
+// ---- Cross-entropy ----------------------------------------------------------------------------
+
+void kjit_cross_entropy_spec_init(kjit_cross_entropy_spec* spec) {
+  if (spec == nullptr) return;
+  const kjit::CrossEntropySpec d;
+  *spec = {.struct_size = sizeof(*spec),
+           .vocab = d.vocab,
+           .dtype = static_cast<int32_t>(d.dtype),
+           .target_type = static_cast<int32_t>(d.target_type),
+           .ignore_index = d.ignore_index,
+           .reduction = static_cast<int32_t>(d.reduction),
+           .label_smoothing = d.label_smoothing,
+           .lse_square_scale = d.lse_square_scale,
+           .softcap = d.softcap,
+           .argmax = d.argmax,
+           .config = nullptr};
+}
+
+void kjit_cross_entropy_args_init(kjit_cross_entropy_args* args) { kjit::InitArgs(args); }
+
+void kjit_cross_entropy_backward_args_init(kjit_cross_entropy_backward_args* args) {
+  kjit::InitArgs(args);
+}
+
+void kjit_cross_entropy_rescale_args_init(kjit_cross_entropy_rescale_args* args) {
+  kjit::InitArgs(args);
+}
+
+kjit_status kjit_cross_entropy_create(const kjit_runtime* runtime,
+                                      const kjit_cross_entropy_spec* spec,
+                                      kjit_cross_entropy** out) {
+  return kjit::CreateOp(__func__, runtime, spec, out);
+}
+
+void kjit_cross_entropy_destroy(kjit_cross_entropy* op) { delete op; }
+
+kjit_status kjit_cross_entropy_forward(const kjit_cross_entropy* op, CUstream stream,
+                                       const kjit_cross_entropy_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::CrossEntropy::Forward);
+}
+
+kjit_status kjit_cross_entropy_forward_backward(const kjit_cross_entropy* op, CUstream stream,
+                                                const kjit_cross_entropy_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::CrossEntropy::ForwardBackward);
+}
+
+kjit_status kjit_cross_entropy_backward(const kjit_cross_entropy* op, CUstream stream,
+                                        const kjit_cross_entropy_backward_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::CrossEntropy::Backward);
+}
+
+kjit_status kjit_cross_entropy_rescale_gradient(const kjit_cross_entropy* op, CUstream stream,
+                                                const kjit_cross_entropy_rescale_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::CrossEntropy::RescaleGradient);
+}
+
+kjit_status kjit_cross_entropy_workspace_bytes(const kjit_cross_entropy* op, int64_t rows,
+                                               int64_t* bytes) {
+  return kjit::QueryOp(__func__, op, "bytes", bytes, [&](const kjit::CrossEntropy& ce) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    *bytes = ce.WorkspaceBytes(rows);
+    return absl::OkStatus();
+  });
+}
+
+kjit_status kjit_cross_entropy_config_for(const kjit_cross_entropy* op, int64_t rows, int32_t fused,
+                                          char** config_out) {
+  return kjit::QueryOp(__func__, op, "config_out", config_out, [&](const kjit::CrossEntropy& ce) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    kjit::Fields f;
+    const bool fused_pass = f.Flag("fused", fused);
+    KJIT_RETURN_IF_ERROR(f.status());
+    return kjit::Return(ce.ConfigFor(rows, fused_pass).ToString(), config_out);
+  });
+}
+
+kjit_status kjit_cross_entropy_build(const kjit_cross_entropy* op, char** json_out) {
+  return kjit::QueryOp(__func__, op, "json_out", json_out, [&](const kjit::CrossEntropy& ce) {
+    return kjit::ReturnBuild(ce.Build(), json_out);
+  });
+}

@@ -1,0 +1,305 @@
+/* kjit's C API: the same ops as the C++ API (kjit/kjit.h) behind plain C types, for bindings
+ * (Python's ctypes, Rust, Julia, JAX FFI) and for C programs. Link libkjit_c.so
+ * (find_package(kjit) gives kjit::kjit_c).
+ *
+ * Rules that hold for every function:
+ *  - Nothing throws and nothing aborts: each call returns a kjit_status, and when that is not
+ *    KJIT_OK, kjit_last_error() returns a message saying which argument was bad and what was
+ *    expected (thread-local, valid until the thread's next kjit call).
+ *  - Structs passed in start with `struct_size`: set it with the matching *_init function (which
+ *    also sets the defaults) or to sizeof the struct. A size this library does not know is
+ *    rejected, so a binding built against another ABI fails clearly instead of misreading memory.
+ *  - Enum fields are range-checked, and int32_t flags take 0 or 1: another value is
+ *    KJIT_INVALID_ARGUMENT naming the field and the values it accepts.
+ *  - Strings and JSON returned through `char** out` are allocated by kjit; free them with
+ *    kjit_free. A failed call leaves NULL (or 0) in its outputs, handles included.
+ *  - Handles (runtime, ops) are created once and launched many times, from any thread; an op
+ *    keeps its runtime alive, so destroy order does not matter. Destroying NULL does nothing.
+ *  - Launches take a CUstream (a cudaStream_t or torch's stream pointer passes straight in; NULL is
+ *    the legacy default stream), enqueue work and return: no host synchronization and no
+ *    allocation, so they can be captured into CUDA graphs. Device memory is described by
+ *    kjit_tensor (rows x cols elements, rows row_stride elements apart) and kjit_index.
+ *
+ *   kjit_runtime* rt = NULL;
+ *   if (kjit_runtime_create(NULL, &rt) != KJIT_OK) fprintf(stderr, "%s\n", kjit_last_error());
+ *   kjit_cross_entropy_spec spec;
+ *   kjit_cross_entropy_spec_init(&spec);
+ *   spec.vocab = 128256;
+ *   kjit_cross_entropy* ce = NULL;
+ *   kjit_cross_entropy_create(rt, &spec, &ce);
+ *   kjit_cross_entropy_args args;
+ *   kjit_cross_entropy_args_init(&args);
+ *   args.logits = (kjit_tensor){logits, KJIT_BF16, rows, 128256, 128256};
+ *   ... targets, loss, args.grad = args.logits (in place), workspace ...
+ *   kjit_cross_entropy_forward_backward(ce, stream, &args);
+ */
+#ifndef KJIT_KJIT_C_H_
+#define KJIT_KJIT_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kjit/stream.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a struct's layout or a function's meaning changes. */
+#define KJIT_C_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define KJIT_C_EXPORT __attribute__((visibility("default")))
+#else
+#define KJIT_C_EXPORT
+#endif
+
+/* The codes of absl::StatusCode, so that a message and its code mean the same in C and C++. */
+typedef enum kjit_status {
+  KJIT_OK = 0,
+  KJIT_CANCELLED = 1,
+  KJIT_UNKNOWN = 2,
+  KJIT_INVALID_ARGUMENT = 3,
+  KJIT_DEADLINE_EXCEEDED = 4,
+  KJIT_NOT_FOUND = 5,
+  KJIT_ALREADY_EXISTS = 6,
+  KJIT_PERMISSION_DENIED = 7,
+  KJIT_RESOURCE_EXHAUSTED = 8,
+  KJIT_FAILED_PRECONDITION = 9, /* e.g. a launch on a compile-only runtime */
+  KJIT_ABORTED = 10,
+  KJIT_OUT_OF_RANGE = 11,
+  KJIT_UNIMPLEMENTED = 12,
+  KJIT_INTERNAL = 13,    /* a bug in kjit: please report the message */
+  KJIT_UNAVAILABLE = 14, /* no driver, no GPU, no libnvrtc: the message says how to fix it */
+  KJIT_DATA_LOSS = 15,
+  KJIT_UNAUTHENTICATED = 16
+} kjit_status;
+
+typedef enum kjit_dtype { KJIT_F32 = 0, KJIT_F16 = 1, KJIT_BF16 = 2 } kjit_dtype;
+typedef enum kjit_index_type { KJIT_INT32 = 0, KJIT_INT64 = 1 } kjit_index_type;
+typedef enum kjit_reduction {
+  KJIT_REDUCTION_NONE = 0,
+  KJIT_REDUCTION_SUM = 1,
+  KJIT_REDUCTION_MEAN = 2
+} kjit_reduction;
+typedef enum kjit_rms_norm_casting {
+  KJIT_CASTING_LLAMA = 0, /* the normalized x is rounded to the dtype before the weight multiply */
+  KJIT_CASTING_GEMMA = 1  /* fp32 until the store */
+} kjit_rms_norm_casting;
+
+/* rows x cols elements of `dtype` (a kjit_dtype), rows `row_stride` elements apart (>= cols); a
+ * vector is one row. data == NULL means "not given" for optional arguments. */
+typedef struct kjit_tensor {
+  void* data;
+  int32_t dtype;
+  int64_t rows;
+  int64_t cols;
+  int64_t row_stride;
+} kjit_tensor;
+
+/* A contiguous vector of `size` integers of `type` (a kjit_index_type). */
+typedef struct kjit_index {
+  void* data;
+  int32_t type;
+  int64_t size;
+} kjit_index;
+
+/* ---- Library ---------------------------------------------------------------------------- */
+
+/* KJIT_C_ABI_VERSION as this library was built; a binding compares it with its own. */
+KJIT_C_EXPORT uint32_t kjit_abi_version(void);
+/* "0.1.0" (static storage). */
+KJIT_C_EXPORT const char* kjit_version(void);
+/* "kjit 0.1.0 (NVRTC 13.0, CUDA driver 13.0)", or with "none (why)" in place of what is missing. */
+KJIT_C_EXPORT kjit_status kjit_full_version(char** out);
+/* The message of this thread's last failed call ("" when none failed). */
+KJIT_C_EXPORT const char* kjit_last_error(void);
+/* "INVALID_ARGUMENT" for KJIT_INVALID_ARGUMENT... (static storage); "" for a value that is not a
+ * kjit_status. */
+KJIT_C_EXPORT const char* kjit_status_name(kjit_status status);
+/* Frees what kjit returned through a char** out; NULL does nothing. */
+KJIT_C_EXPORT void kjit_free(void* p);
+
+/* ---- Runtime ---------------------------------------------------------------------------- */
+
+/* Receives the library's warnings (an unreadable tuning database, an unwritable cache), possibly
+ * from several threads at once. */
+typedef void (*kjit_warning_fn)(const char* message, void* user_data);
+
+typedef struct kjit_runtime_options {
+  uint32_t struct_size;
+  int32_t device;        /* CUDA device ordinal; default 0 */
+  const char* target;    /* NULL or "": the device's own arch; else "sm_90", "compute_90"... */
+  int32_t compile_only;  /* 1: no driver is touched, kernels are built and cached only; needs
+                            target */
+  int32_t disk_cache;    /* default 1; 0 keeps compiled kernels in memory only */
+  const char* cache_dir; /* NULL: $KJIT_CACHE_DIR, else $XDG_CACHE_HOME/kjit, else ~/.cache/kjit */
+  const char* tuning_db; /* NULL: $KJIT_TUNING_DB, else tuning.json in the cache; "off": none */
+  int32_t autotune;      /* 1: a launch in an untuned row bucket runs kjit-tune first (seconds) */
+  kjit_warning_fn warning; /* NULL: each distinct warning once to stderr */
+  void* warning_user_data;
+} kjit_runtime_options;
+
+typedef struct kjit_runtime kjit_runtime;
+
+KJIT_C_EXPORT void kjit_runtime_options_init(kjit_runtime_options* options);
+/* options NULL: the defaults. KJIT_UNAVAILABLE when there is no driver or GPU, or no libnvrtc (the
+ * message says why and what to do); compile-only runtimes need no driver or GPU. */
+KJIT_C_EXPORT kjit_status kjit_runtime_create(const kjit_runtime_options* options,
+                                              kjit_runtime** out);
+KJIT_C_EXPORT void kjit_runtime_destroy(kjit_runtime* runtime);
+/* JSON: {"target": "sm_90", "arch": 90, "compile_only": false, "device": {"ordinal": 0,
+ * "name": "NVIDIA H200", "compute_capability": 90, "sm_count": 132, "total_memory": ...}}
+ * ("device" is null when compile-only). */
+KJIT_C_EXPORT kjit_status kjit_runtime_info(const kjit_runtime* runtime, char** json_out);
+
+/* ---- RMSNorm (kjit/rms_norm.h says what it computes) ------------------------------------ */
+
+typedef struct kjit_rms_norm_spec {
+  uint32_t struct_size;
+  int64_t hidden;         /* 1 .. 65536 */
+  int32_t dtype;          /* x, y, residual, dy, dx; default KJIT_BF16 */
+  int32_t weight_dtype;   /* -1 (default): dtype */
+  float eps;              /* default 1e-6 */
+  float weight_offset;    /* 1 for Gemma's (1 + w); default 0 */
+  int32_t casting;        /* kjit_rms_norm_casting; default KJIT_CASTING_LLAMA */
+  int32_t fused_residual; /* 1: normalize x + residual, writing the sum to residual_out */
+  const char* config;     /* NULL or "": tuned or heuristic; else "vec=8 fwd=128x1 bwd=512x1" */
+} kjit_rms_norm_spec;
+
+typedef struct kjit_rms_norm_forward_args {
+  uint32_t struct_size;
+  kjit_tensor x;            /* [rows, hidden] */
+  kjit_tensor weight;       /* [hidden] */
+  kjit_tensor y;            /* [rows, hidden]; may be x itself */
+  kjit_tensor rstd;         /* optional fp32 [rows] */
+  kjit_tensor residual;     /* [rows, hidden]; iff fused_residual */
+  kjit_tensor residual_out; /* [rows, hidden]; iff fused_residual; may be residual itself */
+} kjit_rms_norm_forward_args;
+
+typedef struct kjit_rms_norm_backward_args {
+  uint32_t struct_size;
+  kjit_tensor dy;        /* [rows, hidden] */
+  kjit_tensor x;         /* what the forward normalized (its residual_out when fused) */
+  kjit_tensor weight;    /* [hidden] */
+  kjit_tensor rstd;      /* fp32 [rows], from the forward */
+  kjit_tensor dx;        /* [rows, hidden]; may be dy itself */
+  kjit_tensor dw;        /* [hidden], weight dtype */
+  kjit_tensor dresidual; /* optional: the gradient reaching residual_out, added into dx */
+  void* workspace;       /* device memory of at least kjit_rms_norm_backward_workspace_bytes */
+  int64_t workspace_bytes;
+} kjit_rms_norm_backward_args;
+
+typedef struct kjit_rms_norm kjit_rms_norm;
+
+KJIT_C_EXPORT void kjit_rms_norm_spec_init(kjit_rms_norm_spec* spec);
+KJIT_C_EXPORT void kjit_rms_norm_forward_args_init(kjit_rms_norm_forward_args* args);
+KJIT_C_EXPORT void kjit_rms_norm_backward_args_init(kjit_rms_norm_backward_args* args);
+/* Checks the spec (KJIT_INVALID_ARGUMENT names the field). On a GPU runtime it also builds and
+ * loads the kernels of the common case, so that a compile error surfaces here rather than in the
+ * first launch; a compile-only runtime builds nothing until kjit_rms_norm_build. The same holds for
+ * kjit_cross_entropy_create. */
+KJIT_C_EXPORT kjit_status kjit_rms_norm_create(const kjit_runtime* runtime,
+                                               const kjit_rms_norm_spec* spec, kjit_rms_norm** out);
+KJIT_C_EXPORT void kjit_rms_norm_destroy(kjit_rms_norm* op);
+KJIT_C_EXPORT kjit_status kjit_rms_norm_forward(const kjit_rms_norm* op, CUstream stream,
+                                                const kjit_rms_norm_forward_args* args);
+KJIT_C_EXPORT kjit_status kjit_rms_norm_backward(const kjit_rms_norm* op, CUstream stream,
+                                                 const kjit_rms_norm_backward_args* args);
+/* The queries' `rows` is 0 .. 2^31-1, the rows a launch takes. */
+KJIT_C_EXPORT kjit_status kjit_rms_norm_backward_workspace_bytes(const kjit_rms_norm* op,
+                                                                 int64_t rows, int64_t* bytes);
+/* The config a launch of `rows` uses when pointers allow the widest vectors (text form). */
+KJIT_C_EXPORT kjit_status kjit_rms_norm_config_for(const kjit_rms_norm* op, int64_t rows,
+                                                   char** config_out);
+/* Compiles (or finds in the caches) the op's program; works on a compile-only runtime. JSON:
+ * {"key", "target", "origin": "compiled"|"disk cache"|"memory", "path", "bytes", "nvrtc",
+ *  "params": {...}, "kernels": [...]}. */
+KJIT_C_EXPORT kjit_status kjit_rms_norm_build(const kjit_rms_norm* op, char** json_out);
+
+/* ---- Cross-entropy (kjit/cross_entropy.h says what it computes) ------------------------- */
+
+typedef struct kjit_cross_entropy_spec {
+  uint32_t struct_size;
+  int64_t vocab;          /* 2 .. 1,048,576 */
+  int32_t dtype;          /* logits and gradient; default KJIT_BF16 */
+  int32_t target_type;    /* targets and argmax; default KJIT_INT64 */
+  int64_t ignore_index;   /* default -100 */
+  int32_t reduction;      /* kjit_reduction; default KJIT_REDUCTION_MEAN */
+  float label_smoothing;  /* [0, 1) */
+  float lse_square_scale; /* z-loss coefficient, >= 0 */
+  float softcap;          /* 0: off */
+  int32_t argmax;         /* 1: forward writes the predicted token per row */
+  const char* config;     /* NULL or "": tuned or heuristic; else "vec=8 threads=256 ..." */
+} kjit_cross_entropy_spec;
+
+typedef struct kjit_cross_entropy_args {
+  uint32_t struct_size;
+  kjit_tensor logits;      /* [rows, vocab] */
+  kjit_index targets;      /* [rows] */
+  kjit_tensor loss;        /* fp32: [rows] for reduction none, else [1] */
+  kjit_tensor lse;         /* optional fp32 [rows] */
+  kjit_index argmax;       /* [rows]; iff spec.argmax */
+  kjit_tensor grad;        /* forward_backward: [rows, vocab]; may be logits (in place) */
+  kjit_tensor grad_output; /* optional fp32 upstream gradient, read on the device: [1] (sum,
+                              mean) or [rows] (none) */
+  void* workspace;         /* device memory of at least kjit_cross_entropy_workspace_bytes */
+  int64_t workspace_bytes;
+} kjit_cross_entropy_args;
+
+typedef struct kjit_cross_entropy_backward_args {
+  uint32_t struct_size;
+  kjit_tensor logits;      /* [rows, vocab] */
+  kjit_index targets;      /* [rows] */
+  kjit_tensor lse;         /* fp32 [rows], saved by a forward */
+  kjit_tensor grad_output; /* optional, as for forward_backward */
+  kjit_tensor grad;        /* [rows, vocab]; may be logits (in place) */
+  void* workspace;
+  int64_t workspace_bytes;
+} kjit_cross_entropy_backward_args;
+
+/* For an autograd backward that learns the upstream gradient only after forward_backward wrote the
+ * gradient: grad, computed with grad_output = `applied`, becomes the gradient for `grad_output`.
+ * Rows whose grad_output equals applied are not touched, so the usual case (both 1, or both the
+ * same loss scale) costs one small launch, not a pass over the gradient. */
+typedef struct kjit_cross_entropy_rescale_args {
+  uint32_t struct_size;
+  kjit_tensor grad;        /* [rows, vocab], written by forward_backward */
+  kjit_tensor grad_output; /* fp32 [1] or [rows]: the upstream gradient */
+  kjit_tensor applied;     /* fp32, grad_output's shape: what forward_backward used; NULL: 1 */
+} kjit_cross_entropy_rescale_args;
+
+typedef struct kjit_cross_entropy kjit_cross_entropy;
+
+KJIT_C_EXPORT void kjit_cross_entropy_spec_init(kjit_cross_entropy_spec* spec);
+KJIT_C_EXPORT void kjit_cross_entropy_args_init(kjit_cross_entropy_args* args);
+KJIT_C_EXPORT void kjit_cross_entropy_backward_args_init(kjit_cross_entropy_backward_args* args);
+KJIT_C_EXPORT void kjit_cross_entropy_rescale_args_init(kjit_cross_entropy_rescale_args* args);
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_create(const kjit_runtime* runtime,
+                                                    const kjit_cross_entropy_spec* spec,
+                                                    kjit_cross_entropy** out);
+KJIT_C_EXPORT void kjit_cross_entropy_destroy(kjit_cross_entropy* op);
+/* Loss (and lse, argmax); args->grad must be empty. */
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_forward(const kjit_cross_entropy* op, CUstream stream,
+                                                     const kjit_cross_entropy_args* args);
+/* Loss and gradient in one pass over the logits (and lse, argmax). */
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_forward_backward(const kjit_cross_entropy* op,
+                                                              CUstream stream,
+                                                              const kjit_cross_entropy_args* args);
+/* The gradient from the lse a forward saved. */
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_backward(const kjit_cross_entropy* op, CUstream stream,
+                                                      const kjit_cross_entropy_backward_args* args);
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_rescale_gradient(
+    const kjit_cross_entropy* op, CUstream stream, const kjit_cross_entropy_rescale_args* args);
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_workspace_bytes(const kjit_cross_entropy* op,
+                                                             int64_t rows, int64_t* bytes);
+/* fused 1: the forward_backward config; 0: forward and backward's. */
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_config_for(const kjit_cross_entropy* op, int64_t rows,
+                                                        int32_t fused, char** config_out);
+KJIT_C_EXPORT kjit_status kjit_cross_entropy_build(const kjit_cross_entropy* op, char** json_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KJIT_KJIT_C_H_ */

@@ -1,0 +1,269 @@
+"""The ctypes binding of kjit's C API (include/kjit/kjit_c.h): struct layouts, prototypes, loading.
+
+Everything above this module (kjit.Runtime, kjit.torch) goes through `call`, which turns a failed
+status into a KjitError carrying the library's message. The library is libkjit_c.so from the
+wheel's kjit/_native folder (its Abseil and fmt lie beside it), or $KJIT_C_LIBRARY.
+
+    from kjit import _capi
+    lib = _capi.lib()
+    print(lib.kjit_abi_version())
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import threading
+from pathlib import Path
+
+ABI_VERSION = 1  # KJIT_C_ABI_VERSION this binding was written for
+
+NATIVE_DIR = Path(__file__).resolve().parent / "_native"
+
+STATUS_NAMES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+
+DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
+INDEX_TYPES = {"int32": 0, "int64": 1}
+REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+CASTINGS = {"llama": 0, "gemma": 1}
+
+
+class KjitError(RuntimeError):
+    """A kjit call failed; `status` is the C API's status name ("INVALID_ARGUMENT"...)."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class KjitInvalidArgument(KjitError, ValueError):
+    """An argument was bad; the message names it and says what was expected."""
+
+
+class KjitUnavailable(KjitError):
+    """No CUDA driver, GPU or NVRTC: the message says what is missing and how to fix it."""
+
+
+_ERROR_TYPES = {"INVALID_ARGUMENT": KjitInvalidArgument, "UNAVAILABLE": KjitUnavailable}
+
+
+def error(status: str, message: str) -> KjitError:
+    return _ERROR_TYPES.get(status, KjitError)(status, message)
+
+
+# ---- Structs, in the header's order -------------------------------------------------------------
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("rows", ctypes.c_int64),
+                ("cols", ctypes.c_int64), ("row_stride", ctypes.c_int64)]
+
+
+class Index(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("type", ctypes.c_int32), ("size", ctypes.c_int64)]
+
+
+WARNING_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
+
+
+class RuntimeOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("device", ctypes.c_int32),
+                ("target", ctypes.c_char_p), ("compile_only", ctypes.c_int32),
+                ("disk_cache", ctypes.c_int32), ("cache_dir", ctypes.c_char_p),
+                ("tuning_db", ctypes.c_char_p), ("autotune", ctypes.c_int32),
+                ("warning", WARNING_FN), ("warning_user_data", ctypes.c_void_p)]
+
+
+class RmsNormSpec(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("hidden", ctypes.c_int64),
+                ("dtype", ctypes.c_int32), ("weight_dtype", ctypes.c_int32),
+                ("eps", ctypes.c_float), ("weight_offset", ctypes.c_float),
+                ("casting", ctypes.c_int32), ("fused_residual", ctypes.c_int32),
+                ("config", ctypes.c_char_p)]
+
+
+class RmsNormForwardArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("x", Tensor), ("weight", Tensor), ("y", Tensor),
+                ("rstd", Tensor), ("residual", Tensor), ("residual_out", Tensor)]
+
+
+class RmsNormBackwardArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("dy", Tensor), ("x", Tensor),
+                ("weight", Tensor), ("rstd", Tensor), ("dx", Tensor), ("dw", Tensor),
+                ("dresidual", Tensor), ("workspace", ctypes.c_void_p),
+                ("workspace_bytes", ctypes.c_int64)]
+
+
+class CrossEntropySpec(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
+                ("dtype", ctypes.c_int32), ("target_type", ctypes.c_int32),
+                ("ignore_index", ctypes.c_int64), ("reduction", ctypes.c_int32),
+                ("label_smoothing", ctypes.c_float), ("lse_square_scale", ctypes.c_float),
+                ("softcap", ctypes.c_float), ("argmax", ctypes.c_int32),
+                ("config", ctypes.c_char_p)]
+
+
+class CrossEntropyArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
+                ("loss", Tensor), ("lse", Tensor), ("argmax", Index), ("grad", Tensor),
+                ("grad_output", Tensor), ("workspace", ctypes.c_void_p),
+                ("workspace_bytes", ctypes.c_int64)]
+
+
+class CrossEntropyBackwardArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
+                ("lse", Tensor), ("grad_output", Tensor), ("grad", Tensor),
+                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+
+
+class CrossEntropyRescaleArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("grad", Tensor), ("grad_output", Tensor),
+                ("applied", Tensor)]
+
+
+# ---- Prototypes ---------------------------------------------------------------------------------
+
+_H = ctypes.c_void_p  # every handle
+_S = ctypes.c_int     # kjit_status
+_OUT_STR = ctypes.POINTER(ctypes.c_void_p)
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_STREAM = ctypes.c_void_p
+
+_PROTOTYPES = {
+    "kjit_abi_version": (ctypes.c_uint32, []),
+    "kjit_version": (ctypes.c_char_p, []),
+    "kjit_full_version": (_S, [_OUT_STR]),
+    "kjit_last_error": (ctypes.c_char_p, []),
+    "kjit_status_name": (ctypes.c_char_p, [_S]),
+    "kjit_free": (None, [ctypes.c_void_p]),
+    "kjit_runtime_options_init": (None, [ctypes.POINTER(RuntimeOptions)]),
+    "kjit_runtime_create": (_S, [ctypes.POINTER(RuntimeOptions), ctypes.POINTER(_H)]),
+    "kjit_runtime_destroy": (None, [_H]),
+    "kjit_runtime_info": (_S, [_H, _OUT_STR]),
+    "kjit_rms_norm_spec_init": (None, [ctypes.POINTER(RmsNormSpec)]),
+    "kjit_rms_norm_forward_args_init": (None, [ctypes.POINTER(RmsNormForwardArgs)]),
+    "kjit_rms_norm_backward_args_init": (None, [ctypes.POINTER(RmsNormBackwardArgs)]),
+    "kjit_rms_norm_create": (_S, [_H, ctypes.POINTER(RmsNormSpec), ctypes.POINTER(_H)]),
+    "kjit_rms_norm_destroy": (None, [_H]),
+    "kjit_rms_norm_forward": (_S, [_H, _STREAM, ctypes.POINTER(RmsNormForwardArgs)]),
+    "kjit_rms_norm_backward": (_S, [_H, _STREAM, ctypes.POINTER(RmsNormBackwardArgs)]),
+    "kjit_rms_norm_backward_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
+    "kjit_rms_norm_config_for": (_S, [_H, ctypes.c_int64, _OUT_STR]),
+    "kjit_rms_norm_build": (_S, [_H, _OUT_STR]),
+    "kjit_cross_entropy_spec_init": (None, [ctypes.POINTER(CrossEntropySpec)]),
+    "kjit_cross_entropy_args_init": (None, [ctypes.POINTER(CrossEntropyArgs)]),
+    "kjit_cross_entropy_backward_args_init": (None, [ctypes.POINTER(CrossEntropyBackwardArgs)]),
+    "kjit_cross_entropy_rescale_args_init": (None, [ctypes.POINTER(CrossEntropyRescaleArgs)]),
+    "kjit_cross_entropy_create": (_S, [_H, ctypes.POINTER(CrossEntropySpec), ctypes.POINTER(_H)]),
+    "kjit_cross_entropy_destroy": (None, [_H]),
+    "kjit_cross_entropy_forward": (_S, [_H, _STREAM, ctypes.POINTER(CrossEntropyArgs)]),
+    "kjit_cross_entropy_forward_backward": (_S, [_H, _STREAM, ctypes.POINTER(CrossEntropyArgs)]),
+    "kjit_cross_entropy_backward": (_S, [_H, _STREAM, ctypes.POINTER(CrossEntropyBackwardArgs)]),
+    "kjit_cross_entropy_rescale_gradient":
+        (_S, [_H, _STREAM, ctypes.POINTER(CrossEntropyRescaleArgs)]),
+    "kjit_cross_entropy_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
+    "kjit_cross_entropy_config_for": (_S, [_H, ctypes.c_int64, ctypes.c_int32, _OUT_STR]),
+    "kjit_cross_entropy_build": (_S, [_H, _OUT_STR]),
+}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library_path() -> Path:
+    override = os.environ.get("KJIT_C_LIBRARY")
+    return Path(override) if override else NATIVE_DIR / "libkjit_c.so"
+
+
+def _find_pip_nvrtc() -> str | None:
+    """libnvrtc from pip's nvidia-cuda-nvrtc wheel (nvidia/cuda_nvrtc/lib or nvidia/cu13/lib)."""
+    for base in sys.path:
+        for pattern in ("nvidia/cu13/lib/libnvrtc.so.13*", "nvidia/cuda_nvrtc/lib/libnvrtc.so.1*"):
+            found = sorted(glob.glob(os.path.join(base, pattern)))
+            found = [f for f in found if "builtins" not in f and "alt" not in f]
+            if found:
+                return found[0]
+    return None
+
+
+def _point_at_nvrtc() -> None:
+    """Lets the C++ side find pip's libnvrtc when the system has none (it dlopens by name)."""
+    if os.environ.get("KJIT_NVRTC_PATH"):
+        return
+    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "/usr/local/cuda/lib64/libnvrtc.so"):
+        try:
+            ctypes.CDLL(name)
+            return
+        except OSError:
+            pass
+    found = _find_pip_nvrtc()
+    if found:
+        os.environ["KJIT_NVRTC_PATH"] = found
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded C library (loaded once, ABI checked)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = library_path()
+        if not path.exists():
+            raise ImportError(f"kjit: the native library {path} is missing; reinstall the kjit "
+                              "wheel (pip install kjit from this repository) or set "
+                              "KJIT_C_LIBRARY to a libkjit_c.so")
+        _point_at_nvrtc()
+        tune = NATIVE_DIR / "kjit-tune"
+        if "KJIT_TUNE_BIN" not in os.environ and tune.exists():
+            os.environ["KJIT_TUNE_BIN"] = str(tune)
+        loaded = ctypes.CDLL(str(path))
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            fn = getattr(loaded, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        got = loaded.kjit_abi_version()
+        if got != ABI_VERSION:
+            raise ImportError(f"kjit: {path} has C ABI version {got}; this Python package needs "
+                              f"{ABI_VERSION}: reinstall the wheel so both come from one build")
+        _lib = loaded
+        return _lib
+
+
+def call(name: str, *args) -> None:
+    """Calls a kjit_* function that returns a status; raises KjitError unless it is KJIT_OK."""
+    library = lib()
+    status = getattr(library, name)(*args)
+    if status != 0:
+        message = library.kjit_last_error().decode("utf-8", "replace")
+        raise error(STATUS_NAMES.get(status, str(status)), message)
+
+
+def call_string(name: str, *args) -> str:
+    """Calls a kjit_* function whose last argument is a char** out; returns that string."""
+    out = ctypes.c_void_p()
+    call(name, *args, ctypes.byref(out))
+    try:
+        return ctypes.string_at(out.value).decode("utf-8", "replace")
+    finally:
+        lib().kjit_free(out)
+
+
+def call_int64(name: str, *args) -> int:
+    out = ctypes.c_int64()
+    call(name, *args, ctypes.byref(out))
+    return out.value
+
+
+def init(struct_type, init_function: str):
+    """A struct set to the library's defaults by its *_init function."""
+    value = struct_type()
+    getattr(lib(), init_function)(ctypes.byref(value))
+    return value

@@ -1,0 +1,205 @@
+"""kjit's ops from Python without torch: a Runtime and its op handles over the C API.
+
+Launches take device pointers described by kjit.tensor()/kjit.index() and a stream (an int or
+None for the legacy default stream); kjit.torch builds these from torch tensors.
+
+    rt = kjit.Runtime()                                   # GPU 0
+    ce = rt.cross_entropy(vocab=128256, dtype="bf16")
+    ws = ce.workspace_bytes(rows)
+    ce.forward_backward(stream, logits=kjit.tensor(ptr, "bf16", rows, 128256), ...)
+    kjit.Runtime(target="sm_90", compile_only=True).rms_norm(4096).build()   # no GPU needed
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import warnings as _warnings
+from typing import Callable, Optional
+
+from kjit import _capi
+
+
+class KjitWarning(UserWarning):
+    """A warning from the library (an unreadable tuning database, an unwritable cache...)."""
+
+
+def _choice(what: str, value: str, table: dict) -> int:
+    if value not in table:
+        raise ValueError(f"{what}: expected one of {', '.join(map(repr, table))}, got {value!r}")
+    return table[value]
+
+
+def tensor(data: int, dtype: str, rows: int, cols: int, row_stride: Optional[int] = None):
+    """rows x cols elements of dtype ("fp32", "fp16", "bf16") at device address `data`."""
+    return _capi.Tensor(data, _choice("dtype", dtype, _capi.DTYPES), rows, cols,
+                        cols if row_stride is None else row_stride)
+
+
+def vector(data: int, dtype: str, n: int):
+    return tensor(data, dtype, 1, n, n)
+
+
+def index(data: int, type: str, size: int):
+    """A contiguous vector of `size` int32 or int64 at device address `data`."""
+    return _capi.Index(data, _choice("index type", type, _capi.INDEX_TYPES), size)
+
+
+def _encode(text: Optional[str]) -> Optional[bytes]:
+    return None if text is None else text.encode()
+
+
+class _Handle:
+    """Owns one C handle; destroys it with the C API when collected."""
+
+    _destroy = ""
+
+    def __init__(self, handle: ctypes.c_void_p, keep=None):
+        self._handle = handle
+        self._keep = keep  # what must outlive the handle (the runtime's warning callback)
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and handle.value:
+            getattr(_capi.lib(), self._destroy)(handle)
+            self._handle = None
+
+    def _launch(self, function: str, struct_type, stream, fields: dict) -> None:
+        # An args struct's defaults are all zero (kjit_*_args_init), so the constructor sets it.
+        args = struct_type(ctypes.sizeof(struct_type), **fields)
+        _capi.call(function, self._handle, stream, ctypes.byref(args))
+
+
+class RmsNorm(_Handle):
+    """An RMSNorm op for one hidden size and dtype (kjit/rms_norm.h says what it computes)."""
+
+    _destroy = "kjit_rms_norm_destroy"
+
+    def forward(self, stream, **fields) -> None:
+        """fields: x, weight, y, rstd, residual, residual_out (kjit.tensor values)."""
+        self._launch("kjit_rms_norm_forward", _capi.RmsNormForwardArgs, stream, fields)
+
+    def backward(self, stream, **fields) -> None:
+        """fields: dy, x, weight, rstd, dx, dw, dresidual, workspace, workspace_bytes."""
+        self._launch("kjit_rms_norm_backward", _capi.RmsNormBackwardArgs, stream, fields)
+
+    def backward_workspace_bytes(self, rows: int) -> int:
+        return _capi.call_int64("kjit_rms_norm_backward_workspace_bytes", self._handle, rows)
+
+    def config_for(self, rows: int) -> str:
+        return _capi.call_string("kjit_rms_norm_config_for", self._handle, rows)
+
+    def build(self) -> dict:
+        """Compiles (or finds in the caches) the op's kernels; works compile-only."""
+        return json.loads(_capi.call_string("kjit_rms_norm_build", self._handle))
+
+
+class CrossEntropy(_Handle):
+    """A fused cross-entropy op for one vocab, dtype and option set (kjit/cross_entropy.h)."""
+
+    _destroy = "kjit_cross_entropy_destroy"
+
+    def forward(self, stream, **fields) -> None:
+        """fields: logits, targets, loss, lse, argmax, workspace, workspace_bytes."""
+        self._launch("kjit_cross_entropy_forward", _capi.CrossEntropyArgs, stream, fields)
+
+    def forward_backward(self, stream, **fields) -> None:
+        """forward's fields plus grad (may be logits: in place) and grad_output."""
+        self._launch("kjit_cross_entropy_forward_backward", _capi.CrossEntropyArgs, stream,
+                     fields)
+
+    def backward(self, stream, **fields) -> None:
+        """fields: logits, targets, lse, grad_output, grad, workspace, workspace_bytes."""
+        self._launch("kjit_cross_entropy_backward", _capi.CrossEntropyBackwardArgs, stream,
+                     fields)
+
+    def rescale_gradient(self, stream, **fields) -> None:
+        """fields: grad, grad_output, applied (see kjit_cross_entropy_rescale_args)."""
+        self._launch("kjit_cross_entropy_rescale_gradient", _capi.CrossEntropyRescaleArgs, stream,
+                     fields)
+
+    def workspace_bytes(self, rows: int) -> int:
+        return _capi.call_int64("kjit_cross_entropy_workspace_bytes", self._handle, rows)
+
+    def config_for(self, rows: int, fused: bool = True) -> str:
+        return _capi.call_string("kjit_cross_entropy_config_for", self._handle, rows, int(fused))
+
+    def build(self) -> dict:
+        return json.loads(_capi.call_string("kjit_cross_entropy_build", self._handle))
+
+
+class Runtime(_Handle):
+    """kjit's entry point: one GPU (or a compile-only target), its kernel caches, its ops.
+
+    device: the CUDA ordinal. target: "" for the device's own arch, else "sm_90"... compile_only:
+    build and cache kernels without a driver (needs target). cache_dir/tuning_db: as
+    kjit::RuntimeOptions (None follows $KJIT_CACHE_DIR / $KJIT_TUNING_DB). warnings: a callable
+    taking the message; by default each becomes a KjitWarning.
+    """
+
+    _destroy = "kjit_runtime_destroy"
+
+    def __init__(self, device: int = 0, *, target: Optional[str] = None,
+                 compile_only: bool = False, disk_cache: bool = True,
+                 cache_dir: Optional[str] = None, tuning_db: Optional[str] = None,
+                 autotune: bool = False, warnings: Optional[Callable[[str], None]] = None):
+        sink = warnings or (lambda message: _warnings.warn(message, KjitWarning, stacklevel=2))
+        callback = _capi.WARNING_FN(lambda message, _: sink(message.decode("utf-8", "replace")))
+        options = _capi.init(_capi.RuntimeOptions, "kjit_runtime_options_init")
+        options.device = device
+        options.target = _encode(target)
+        options.compile_only = int(compile_only)
+        options.disk_cache = int(disk_cache)
+        options.cache_dir = _encode(cache_dir)
+        options.tuning_db = _encode(tuning_db)
+        options.autotune = int(autotune)
+        options.warning = callback
+        handle = ctypes.c_void_p()
+        _capi.call("kjit_runtime_create", ctypes.byref(options), ctypes.byref(handle))
+        super().__init__(handle, keep=callback)
+        self._info = json.loads(_capi.call_string("kjit_runtime_info", self._handle))
+
+    def info(self) -> dict:
+        """{"target", "arch", "compile_only", "device": {"name", "compute_capability", ...}}."""
+        return dict(self._info)
+
+    @property
+    def target(self) -> str:
+        return self._info["target"]
+
+    def rms_norm(self, hidden: int, dtype: str = "bf16", *, weight_dtype: Optional[str] = None,
+                 eps: float = 1e-6, weight_offset: float = 0.0, casting: str = "llama",
+                 fused_residual: bool = False, config: Optional[str] = None) -> RmsNorm:
+        spec = _capi.init(_capi.RmsNormSpec, "kjit_rms_norm_spec_init")
+        spec.hidden = hidden
+        spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
+        spec.weight_dtype = -1 if weight_dtype is None else _choice(
+            "weight_dtype", weight_dtype, _capi.DTYPES)
+        spec.eps = eps
+        spec.weight_offset = weight_offset
+        spec.casting = _choice("casting", casting, _capi.CASTINGS)
+        spec.fused_residual = int(fused_residual)
+        spec.config = _encode(config)
+        handle = ctypes.c_void_p()
+        _capi.call("kjit_rms_norm_create", self._handle, ctypes.byref(spec), ctypes.byref(handle))
+        return RmsNorm(handle, keep=self)
+
+    def cross_entropy(self, vocab: int, dtype: str = "bf16", *, target_type: str = "int64",
+                      ignore_index: int = -100, reduction: str = "mean",
+                      label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
+                      argmax: bool = False, config: Optional[str] = None) -> CrossEntropy:
+        spec = _capi.init(_capi.CrossEntropySpec, "kjit_cross_entropy_spec_init")
+        spec.vocab = vocab
+        spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
+        spec.target_type = _choice("target_type", target_type, _capi.INDEX_TYPES)
+        spec.ignore_index = ignore_index
+        spec.reduction = _choice("reduction", reduction, _capi.REDUCTIONS)
+        spec.label_smoothing = label_smoothing
+        spec.lse_square_scale = z_loss
+        spec.softcap = softcap
+        spec.argmax = int(argmax)
+        spec.config = _encode(config)
+        handle = ctypes.c_void_p()
+        _capi.call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(handle))
+        return CrossEntropy(handle, keep=self)

@@ -1,0 +1,24 @@
+"""kjit for PyTorch: fused cross-entropy and RMSNorm as autograd ops on CUDA tensors, and
+apply_to(model) for Hugging Face causal LMs.
+
+    import kjit.torch
+    kjit.torch.apply_to(model)                                    # norms + loss swapped
+    loss = kjit.torch.cross_entropy(logits, target, ignore_index=-100)
+    y = kjit.torch.rms_norm(x, weight, eps=1e-6)
+
+The ops are torch.library custom ops (torch.ops.kjit.*) with fake implementations, so
+torch.compile(fullgraph=True) traces through them and CUDA graphs capture them.
+"""
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:  # pragma: no cover - exercised where torch is absent
+    raise ImportError("kjit.torch needs PyTorch (pip install torch); the rest of kjit (kjit.Runtime, "
+                      "python -m kjit doctor) works without it") from e
+
+from kjit.torch.functional import cross_entropy, rms_norm
+from kjit.torch.hf import KjitHFRMSNorm, apply_to
+from kjit.torch.modules import CrossEntropyLoss, RMSNorm
+
+__all__ = ["CrossEntropyLoss", "KjitHFRMSNorm", "RMSNorm", "apply_to", "cross_entropy",
+           "rms_norm"]

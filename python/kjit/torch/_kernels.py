@@ -1,0 +1,308 @@
+"""kjit's kernels as torch.library custom ops ("kjit::..."), with fake (meta) implementations.
+
+These are the opaque units torch.compile and CUDA graphs see: each launches on the current stream,
+allocates only through torch (outputs and workspaces), and never synchronizes with the host.
+Autograd lives one level up (kjit/torch/_autograd.py). Op handles are built once per device and
+spec and kept; `prepare_*` builds the kernels ahead of a CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+from kjit import _capi
+from kjit._runtime import Runtime
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_INDEX_TYPES = {torch.int32: "int32", torch.int64: "int64"}
+
+_lock = threading.Lock()
+_runtimes: dict = {}
+_ops: dict = {}
+
+
+def runtime(device: torch.device) -> Runtime:
+    """The kjit Runtime of a CUDA device (one per device and process)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        rt = _runtimes.get(index)
+        if rt is None:
+            rt = _runtimes[index] = Runtime(index)
+        return rt
+
+
+def _op(kind: str, device: torch.device, **spec):
+    key = (kind, device.index, *spec.values())  # one call site per kind: a fixed order
+    op = _ops.get(key)
+    if op is None:
+        rt = runtime(device)
+        op = getattr(rt, kind)(**spec)
+        with _lock:
+            op = _ops.setdefault(key, op)
+    return op
+
+
+def _stream(device: torch.device) -> int:
+    """The current stream's cudaStream_t (torch's raw accessor, as compiled code uses it)."""
+    return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream",
+                      lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
+def dtype_name(t: torch.Tensor, what: str) -> str:
+    name = _DTYPES.get(t.dtype)
+    if name is None:
+        raise TypeError(f"kjit: {what} must be float32, float16 or bfloat16, got {t.dtype}")
+    return name
+
+
+def index_name(t: torch.Tensor, what: str) -> str:
+    name = _INDEX_TYPES.get(t.dtype)
+    if name is None:
+        raise TypeError(f"kjit: {what} must be int64 or int32, got {t.dtype}")
+    return name
+
+
+def matrix_shape(t: torch.Tensor, what: str) -> tuple:
+    """(rows, row_stride) of t seen as [rows, t.shape[-1]]: its leading dimensions must collapse
+    into one with a single stride and its last dimension must be contiguous (no copy is made)."""
+    cols = t.shape[-1]
+    if t.dim() == 1:
+        return 1, max(cols, 1)
+    if t.stride(-1) != 1 and cols > 1:
+        raise ValueError(f"kjit: {what} must have a contiguous last dimension (stride 1), got "
+                         f"strides {tuple(t.stride())}; call .contiguous() first")
+    rows, row_stride = 1, t.stride(-2) if t.shape[-2] > 1 else max(cols, 1)
+    expected = row_stride
+    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+        if size != 1 and stride != expected:
+            raise ValueError(f"kjit: {what} of shape {tuple(t.shape)} and strides "
+                             f"{tuple(t.stride())} cannot be seen as [rows, {cols}] rows with one "
+                             "stride; call .contiguous() first")
+        expected = stride * size if size != 1 else expected
+        rows *= size
+    if row_stride < cols:
+        raise ValueError(f"kjit: {what}'s rows overlap (row stride {row_stride} < {cols})")
+    return rows, row_stride
+
+
+def as_matrix(t: Optional[torch.Tensor], what: str) -> _capi.Tensor:
+    if t is None:
+        return _capi.Tensor()
+    rows, row_stride = matrix_shape(t, what)
+    return _capi.Tensor(t.data_ptr(), _capi.DTYPES[dtype_name(t, what)], rows, t.shape[-1],
+                        row_stride)
+
+
+def as_vector(t: Optional[torch.Tensor]) -> _capi.Tensor:
+    """A contiguous 1-D (or 0-d) tensor as a kjit vector."""
+    if t is None:
+        return _capi.Tensor()
+    n = t.numel()
+    return _capi.Tensor(t.data_ptr(), _capi.DTYPES[_DTYPES[t.dtype]], 1, n, n)
+
+
+def as_index(t: torch.Tensor, what: str) -> _capi.Index:
+    return _capi.Index(t.data_ptr(), _capi.INDEX_TYPES[index_name(t, what)], t.numel())
+
+
+def _workspace(op, size_of: str, rows: int, device: torch.device) -> torch.Tensor:
+    """A workspace of op.<size_of>(rows) bytes (the size asked of the library once per op and
+    row count)."""
+    key = (id(op), size_of, rows)
+    nbytes = _workspace_bytes.get(key)
+    if nbytes is None:
+        nbytes = _workspace_bytes[key] = getattr(op, size_of)(rows)
+    return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
+
+
+_workspace_bytes: dict = {}  # ops live as long as the process (_ops), so their ids are stable
+
+
+class _Kernel:
+    """One of kjit's launches as both a torch.library custom op, which torch.compile traces, and
+    the plain function behind it, which eager mode calls directly: the same launch without the
+    dispatcher's per-call overhead (tens of microseconds, visible at small shapes)."""
+
+    def __init__(self, fn, op):
+        self.fn, self.op = fn, op
+
+    def __call__(self, *args):
+        return (self.op if torch.compiler.is_compiling() else self.fn)(*args)
+
+    def register_fake(self, fake):
+        self.op.register_fake(fake)
+        return fake
+
+
+def _kernel(name: str, schema: str, mutates_args=()):
+    def wrap(fn):
+        op = torch.library.custom_op(f"kjit::{name}", fn, mutates_args=mutates_args,
+                                     device_types="cuda", schema=schema)
+        return _Kernel(fn, op)
+    return wrap
+
+
+# ---- Cross-entropy -----------------------------------------------------------------------------
+
+def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                     reduction: str, label_smoothing: float, z_loss: float, softcap: float):
+    return _op("cross_entropy", logits.device, vocab=logits.shape[-1],
+               dtype=dtype_name(logits, "logits"), target_type=index_name(target, "target"),
+               ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+               z_loss=z_loss, softcap=softcap)
+
+
+def _loss_like(logits: torch.Tensor, reduction: str) -> torch.Tensor:
+    shape = (logits.shape[0],) if reduction == "none" else ()
+    return torch.empty(shape, dtype=torch.float32, device=logits.device)
+
+
+def _lse_like(logits: torch.Tensor) -> torch.Tensor:
+    return torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+
+
+def _ce_launch(method: str, logits, target, grad, grad_scale, ignore_index, reduction,
+               label_smoothing, z_loss, softcap):
+    op = cross_entropy_op(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                          softcap)
+    rows = logits.shape[0]
+    loss, lse = _loss_like(logits, reduction), _lse_like(logits)
+    workspace = _workspace(op, "workspace_bytes", rows, logits.device)
+    fields = dict(logits=as_matrix(logits, "logits"), targets=as_index(target, "target"),
+                  loss=as_vector(loss), lse=as_vector(lse), workspace=workspace.data_ptr(),
+                  workspace_bytes=workspace.numel())
+    if grad is not None:
+        fields.update(grad=as_matrix(grad, "grad"), grad_output=as_vector(grad_scale))
+    getattr(op, method)(_stream(logits.device), **fields)
+    return loss, lse
+
+
+_SCHEMA_OPTIONS = "int ignore_index, str reduction, float label_smoothing, float z_loss, float softcap"
+
+
+@_kernel("cross_entropy_forward", mutates_args=(),
+         schema=f"(Tensor logits, Tensor target, {_SCHEMA_OPTIONS}) "
+                                "-> (Tensor, Tensor)")
+def cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                          softcap):
+    """Loss and lse; no gradient."""
+    return _ce_launch("forward", logits, target, None, None, ignore_index, reduction,
+                      label_smoothing, z_loss, softcap)
+
+
+@cross_entropy_forward.register_fake
+def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap):
+    return _loss_like(logits, reduction), _lse_like(logits)
+
+
+@_kernel("cross_entropy_forward_backward", mutates_args=(),
+         schema=f"(Tensor logits, Tensor target, Tensor? grad_scale, "
+                                f"{_SCHEMA_OPTIONS}) -> (Tensor, Tensor, Tensor)")
+def cross_entropy_forward_backward(logits, target, grad_scale, ignore_index, reduction,
+                                   label_smoothing, z_loss, softcap):
+    """Loss, lse and the gradient (for upstream gradient grad_scale, 1 when None) in a new
+    tensor: one pass over the logits."""
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    loss, lse = _ce_launch("forward_backward", logits, target, grad, grad_scale, ignore_index,
+                           reduction, label_smoothing, z_loss, softcap)
+    return loss, lse, grad
+
+
+@cross_entropy_forward_backward.register_fake
+def _(logits, target, grad_scale, ignore_index, reduction, label_smoothing, z_loss, softcap):
+    return _loss_like(logits, reduction), _lse_like(logits), torch.empty_like(
+        logits, memory_format=torch.contiguous_format)
+
+
+@_kernel("cross_entropy_forward_backward_", mutates_args=("logits",),
+         schema=f"(Tensor(a!) logits, Tensor target, Tensor? grad_scale, "
+                                f"{_SCHEMA_OPTIONS}) -> (Tensor, Tensor)")
+def cross_entropy_forward_backward_(logits, target, grad_scale, ignore_index, reduction,
+                                    label_smoothing, z_loss, softcap):
+    """As cross_entropy_forward_backward, with the gradient written over the logits."""
+    return _ce_launch("forward_backward", logits, target, logits, grad_scale, ignore_index,
+                      reduction, label_smoothing, z_loss, softcap)
+
+
+@cross_entropy_forward_backward_.register_fake
+def _(logits, target, grad_scale, ignore_index, reduction, label_smoothing, z_loss, softcap):
+    return _loss_like(logits, reduction), _lse_like(logits)
+
+
+@_kernel("cross_entropy_rescale_", mutates_args=("grad",),
+         schema=f"(Tensor(a!) grad, Tensor target, Tensor grad_output, "
+                                f"Tensor? applied, {_SCHEMA_OPTIONS}) -> ()")
+def cross_entropy_rescale_(grad, target, grad_output, applied, ignore_index, reduction,
+                           label_smoothing, z_loss, softcap):
+    """grad (computed for upstream `applied`) becomes the gradient for `grad_output`; rows where
+    the two are equal are not touched (checked on the device)."""
+    op = cross_entropy_op(grad, target, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    op.rescale_gradient(_stream(grad.device), grad=as_matrix(grad, "grad"),
+                        grad_output=as_vector(grad_output), applied=as_vector(applied))
+
+
+# ---- RMSNorm -----------------------------------------------------------------------------------
+
+def rms_norm_op(x, weight, eps, offset, casting, fused_residual):
+    return _op("rms_norm", x.device, hidden=x.shape[-1], dtype=dtype_name(x, "x"),
+               weight_dtype=dtype_name(weight, "weight"), eps=eps, weight_offset=offset,
+               casting=casting, fused_residual=fused_residual)
+
+
+def _rstd_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+
+
+_NORM_OPTIONS = "float eps, float offset, str casting"
+
+
+@_kernel("rms_norm_forward", mutates_args=(),
+         schema=f"(Tensor x, Tensor weight, Tensor? residual, {_NORM_OPTIONS}) "
+                                "-> (Tensor, Tensor, Tensor)")
+def rms_norm_forward(x, weight, residual, eps, offset, casting):
+    """y, rstd and (with a residual) h = x + residual, which y normalizes; else h is empty."""
+    op = rms_norm_op(x, weight, eps, offset, casting, residual is not None)
+    y, rstd = torch.empty(x.shape, dtype=x.dtype, device=x.device), _rstd_like(x)
+    h = torch.empty(x.shape if residual is not None else (0,), dtype=x.dtype, device=x.device)
+    op.forward(_stream(x.device), x=as_matrix(x, "x"), weight=as_matrix(weight, "weight"),
+               y=as_matrix(y, "y"), rstd=as_vector(rstd), residual=as_matrix(residual, "residual"),
+               residual_out=as_matrix(h, "h") if residual is not None else _capi.Tensor())
+    return y, rstd, h
+
+
+@rms_norm_forward.register_fake
+def _(x, weight, residual, eps, offset, casting):
+    h_shape = x.shape if residual is not None else (0,)
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), _rstd_like(x),
+            torch.empty(h_shape, dtype=x.dtype, device=x.device))
+
+
+@_kernel("rms_norm_backward", mutates_args=(),
+         schema=f"(Tensor dy, Tensor x, Tensor weight, Tensor rstd, "
+                                f"Tensor? dresidual, {_NORM_OPTIONS}, bool fused_residual) "
+                                "-> (Tensor, Tensor)")
+def rms_norm_backward(dy, x, weight, rstd, dresidual, eps, offset, casting, fused_residual):
+    """dx (plus dresidual when given) and dw; fused_residual as the forward had it (one program
+    serves both directions)."""
+    op = rms_norm_op(x, weight, eps, offset, casting, fused_residual)
+    rows = matrix_shape(x, "x")[0]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    workspace = _workspace(op, "backward_workspace_bytes", rows, x.device)
+    op.backward(_stream(x.device), dy=as_matrix(dy, "dy"), x=as_matrix(x, "x"),
+                weight=as_matrix(weight, "weight"), rstd=as_vector(rstd), dx=as_matrix(dx, "dx"),
+                dw=as_matrix(dw, "dw"), dresidual=as_matrix(dresidual, "dresidual"),
+                workspace=workspace.data_ptr(), workspace_bytes=workspace.numel())
+    return dx, dw
+
+
+@rms_norm_backward.register_fake
+def _(dy, x, weight, rstd, dresidual, eps, offset, casting, fused_residual):
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(weight.shape, dtype=weight.dtype, device=weight.device))

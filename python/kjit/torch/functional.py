@@ -1,0 +1,215 @@
+"""kjit's ops for torch tensors, with autograd: cross_entropy and rms_norm.
+
+    loss = kjit.torch.cross_entropy(logits, target)           # like F.cross_entropy, fp32 loss
+    y = kjit.torch.rms_norm(x, weight, eps=1e-6)              # like Hugging Face's LlamaRMSNorm
+    y, h = kjit.torch.rms_norm(x, weight, residual=r)         # h = x + r, y = norm(h)
+
+Both run on CUDA tensors on the current stream, work under torch.compile(fullgraph=True) and inside
+CUDA graphs (build the kernels first: run one step before capturing), and never copy their inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from kjit.torch import _kernels
+
+_REDUCTIONS = ("none", "sum", "mean")
+_CASTINGS = ("llama", "gemma")
+
+
+def _check_cuda(what: str, t: torch.Tensor) -> None:
+    if t.device.type != "cuda":
+        raise ValueError(f"kjit: {what} must be a CUDA tensor, got one on {t.device}; kjit's "
+                         "kernels run on NVIDIA GPUs only")
+
+
+def _check_on_one_gpu(*named) -> None:
+    """Each (name, tensor) pair is a CUDA tensor on the first one's device."""
+    first = named[0][1]
+    for what, t in named:
+        _check_cuda(what, t)
+        _same_device(what, t, first)
+
+
+def _same_device(what: str, t: torch.Tensor, reference: torch.Tensor) -> None:
+    if t.device != reference.device:
+        raise ValueError(f"kjit: {what} is on {t.device} but the input is on {reference.device}")
+
+
+def _scale_tensor(scale, shape, device) -> Optional[torch.Tensor]:
+    """grad_scale as the fp32 device tensor the kernel reads: [1] or [rows]."""
+    if scale is None:
+        return None
+    if not isinstance(scale, torch.Tensor):
+        return torch.full(shape, float(scale), dtype=torch.float32, device=device)
+    _same_device("grad_scale", scale, torch.empty(0, device=device))
+    return scale.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, grad_scale, options, inplace, grad_enabled):
+        # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
+        needs_grad = grad_enabled and ctx.needs_input_grad[0]
+        if not needs_grad:
+            loss, lse = _kernels.cross_entropy_forward(logits, target, *options)
+        elif inplace and not torch.compiler.is_compiling():
+            # The gradient overwrites the logits: nothing else is allocated. The version bump makes
+            # autograd refuse (rather than silently misuse) logits that another op saved.
+            loss, lse = _kernels.cross_entropy_forward_backward_(logits, target, grad_scale,
+                                                                 *options)
+            torch.autograd.graph.increment_version(logits)
+            grad = logits
+        else:
+            loss, lse, grad = _kernels.cross_entropy_forward_backward(logits, target, grad_scale,
+                                                                      *options)
+        ctx.mark_non_differentiable(lse)
+        if needs_grad:
+            ctx.save_for_backward(grad, target, grad_scale)
+        ctx.options = options
+        ctx.reduction = options[1]
+        return loss, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss, grad_lse):
+        if getattr(ctx, "ran", False):  # (torch.compile's traced backward runs once anyway)
+            raise RuntimeError("kjit.torch.cross_entropy: backward ran twice on one forward "
+                               "(retain_graph=True?): the fused op computes the gradient in the "
+                               "forward and hands it out once; call cross_entropy again instead")
+        if not torch.compiler.is_compiling():
+            ctx.ran = True
+        grad, target, grad_scale = ctx.saved_tensors
+        shape = (grad.shape[0],) if ctx.reduction == "none" else (1,)
+        upstream = grad_loss.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
+        _kernels.cross_entropy_rescale_(grad, target, upstream, grad_scale, *ctx.options)
+        return grad, None, None, None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  softcap: Optional[float] = None, return_lse: bool = False,
+                  grad_scale: Union[None, float, torch.Tensor] = None,
+                  inplace_backward: bool = True):
+    """torch.nn.functional.cross_entropy for logits [rows, vocab] and class targets [rows], fused:
+    loss and gradient come from one pass over the logits, computed in fp32 whatever their dtype.
+
+    - reduction "mean" averages over the rows whose target is not ignore_index (NaN when there
+      are none, as torch gives); the loss is fp32 (0-d, or [rows] for "none").
+    - z_loss adds z_loss * lse^2 per row; softcap (Gemma 2's final_logit_softcapping) applies
+      softcap * tanh(x / softcap) to the logits first.
+    - return_lse: also return the per-row log-sum-exp (fp32 [rows], not differentiable).
+    - inplace_backward (default): when the logits are an intermediate (the output of lm_head, not
+      a leaf tensor) and need a gradient, it is written over them during the forward, so no
+      [rows, vocab] buffer is allocated; their values are gone after this call, and autograd
+      raises if another op saved them. False allocates the gradient instead (as happens for leaf
+      logits and under torch.compile).
+    - grad_scale: the upstream gradient you expect the loss to receive (1/num_items when you
+      divide a summed loss, a loss scale); the gradient is computed with it. The backward reads
+      the actual upstream gradient on the device and rescales only rows where it differs, so
+      the usual case costs no pass over the gradient.
+    - The backward runs once per forward (the gradient is handed out, not kept): no
+      retain_graph=True double backward, no torch.autograd.gradcheck.
+    - A target outside [0, vocab) other than ignore_index is treated as ignored (torch raises a
+      device-side assert instead; checking here would cost a host synchronization).
+    """
+    for what, t in (("logits", logits), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"kjit: logits must be [rows, vocab], got shape {tuple(logits.shape)}; "
+                         "flatten the leading dimensions (logits.view(-1, vocab))")
+    if target.dim() != 1 or target.shape[0] != logits.shape[0]:
+        raise ValueError(f"kjit: target must be [rows] = [{logits.shape[0]}] class indices, got "
+                         f"shape {tuple(target.shape)}")
+    if target.is_floating_point():
+        raise TypeError("kjit: target must hold class indices (int64 or int32); class "
+                        "probabilities are not supported")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"kjit: softcap must be None or > 0, got {softcap}")
+    _kernels.dtype_name(logits, "logits")
+    _kernels.index_name(target, "target")
+    _kernels.matrix_shape(logits, "logits")
+    _check_on_one_gpu(("logits", logits), ("target", target))
+    target = target if target.is_contiguous() else target.contiguous()
+    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+               float(softcap or 0.0))
+    shape = (logits.shape[0],) if reduction == "none" else (1,)
+    scale = _scale_tensor(grad_scale, shape, logits.device)
+    # Only an intermediate's storage is reused: a leaf's values belong to the caller.
+    inplace = inplace_backward and not logits.is_leaf
+    loss, lse = _CrossEntropy.apply(logits, target, scale, options, inplace,
+                                    torch.is_grad_enabled())
+    return (loss, lse) if return_lse else loss
+
+
+class _RmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, offset, casting):
+        y, rstd, h = _kernels.rms_norm_forward(x, weight, residual, eps, offset, casting)
+        fused = residual is not None
+        ctx.save_for_backward(h if fused else x, weight, rstd)
+        ctx.options = (eps, offset, casting)
+        ctx.fused = fused
+        if not fused:
+            ctx.mark_non_differentiable(h)
+        return y, h
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dh):
+        normalized, weight, rstd = ctx.saved_tensors
+        dy = _contiguous_rows(dy)
+        dh = _contiguous_rows(dh) if ctx.fused and dh is not None else None
+        dx, dw = _kernels.rms_norm_backward(dy, normalized, weight, rstd, dh, *ctx.options,
+                                            ctx.fused)
+        return dx, dw, (dx if ctx.fused else None), None, None, None
+
+
+def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
+    try:
+        _kernels.matrix_shape(t, "gradient")
+        return t
+    except ValueError:
+        return t.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+             casting: str = "llama", offset: float = 0.0,
+             residual: Optional[torch.Tensor] = None):
+    """RMSNorm over the last dimension: y = x * rsqrt(mean(x^2) + eps) * (offset + weight).
+
+    casting "llama" rounds the normalized x to x's dtype before the weight multiply (Hugging
+    Face's LlamaRMSNorm, Qwen2, Mistral); "gemma" stays in fp32 until the store (Gemma2RMSNorm,
+    with offset=1.0). y has x's dtype. With `residual`, h = x + residual is normalized and
+    (y, h) returned: the add of a pre-norm block fused into the norm.
+    """
+    for what, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if casting not in _CASTINGS:
+        raise ValueError(f"kjit: casting must be one of {_CASTINGS}, got {casting!r}")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"kjit: weight must be [hidden] = [{x.shape[-1]}], got shape "
+                         f"{tuple(weight.shape)}")
+    if not weight.is_contiguous():
+        raise ValueError("kjit: weight must be contiguous")
+    _kernels.dtype_name(x, "x")
+    _kernels.dtype_name(weight, "weight")
+    _kernels.matrix_shape(x, "x")
+    _check_on_one_gpu(("x", x), ("weight", weight),
+                      *((("residual", residual),) if residual is not None else ()))
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"kjit: residual must match x ({tuple(x.shape)}, {x.dtype}), got "
+                             f"{tuple(residual.shape)}, {residual.dtype}")
+        _kernels.matrix_shape(residual, "residual")
+    y, h = _RmsNorm.apply(x, weight, residual, float(eps), float(offset), casting)
+    return (y, h) if residual is not None else y

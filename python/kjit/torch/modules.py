@@ -1,0 +1,63 @@
+"""nn.Module forms of kjit's ops: CrossEntropyLoss and RMSNorm.
+
+    loss_fn = kjit.torch.CrossEntropyLoss(ignore_index=-100)
+    norm = kjit.torch.RMSNorm(4096, eps=1e-5).cuda().to(torch.bfloat16)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from kjit.torch.functional import cross_entropy, rms_norm
+
+
+class CrossEntropyLoss(nn.Module):
+    """torch.nn.CrossEntropyLoss over logits [rows, vocab] (see kjit.torch.cross_entropy)."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 softcap: Optional[float] = None, inplace_backward: bool = True):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.inplace_backward = inplace_backward
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, target, ignore_index=self.ignore_index,
+                             reduction=self.reduction, label_smoothing=self.label_smoothing,
+                             z_loss=self.z_loss, softcap=self.softcap,
+                             inplace_backward=self.inplace_backward)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+                f"softcap={self.softcap}")
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension with a learned weight (see kjit.torch.rms_norm). casting
+    "llama" with offset 0 is LlamaRMSNorm (weight starts at 1); "gemma" with offset 1 is
+    Gemma2RMSNorm (weight starts at 0)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, casting: str = "llama",
+                 offset: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        init = torch.zeros if offset else torch.ones
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.eps = eps
+        self.casting = casting
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return rms_norm(x, self.weight, self.eps, casting=self.casting, offset=self.offset,
+                        residual=residual)
+
+    def extra_repr(self) -> str:
+        return (f"{tuple(self.weight.shape)}, eps={self.eps}, casting={self.casting!r}, "
+                f"offset={self.offset}")

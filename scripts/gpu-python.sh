@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (../shared/design/GPU.md): installs the kjit wheel carried in
+# .device-wheel/ into a private folder (the machine reaches no registry; torch, transformers and
+# pytest are there), runs the Python suite with its GPU tests, then `python -m kjit.bench`, writing
+# the logs and the JSON under $OUT. Build the wheel here first:
+#   pip wheel --no-build-isolation --no-deps -w .device-wheel .      (or tests/python/run_wheel_tests.sh)
+# then, through the device tool, with carry [".device-wheel"]: bash scripts/gpu-python.sh
+# PYTEST_ARGS adds pytest arguments (-k ...); SKIP_BENCH=1 skips the benchmark.
+set -uo pipefail
+out=${OUT:-/tmp/kjit-out}
+mkdir -p "$out"
+site=$(mktemp -d)/site
+python3 -m pip install -q --no-deps --no-index --no-compile --target "$site" .device-wheel/kjit-*.whl || exit 1
+export PYTHONPATH=$site PYTHONUNBUFFERED=1 KJIT_CACHE_DIR=$(mktemp -d)/kjit
+status=0
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
+timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -rs -q -p no:cacheprovider tests/python ${PYTEST_ARGS:-} 2>&1 |
+  tee "$out/pytest.log" || status=1
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m kjit.bench --json "$out/bench-python.json" 2>&1 |
+    tee "$out/bench-python.log" || status=1
+fi
+exit $status

@@ -1,0 +1,613 @@
+// The C API (kjit/kjit_c.h) on a machine without a GPU, through libkjit_c.so and its header only:
+// what it exports, the defaults of the *_init functions (against the C++ structs' defaults, whose
+// headers are read for their values and link nothing), NULL arguments, struct sizes and enum
+// fields, the thread-local last error, a runtime without a driver or with the stub driver, and a
+// compile-only runtime that builds both ops, refuses launches and reports warnings.
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kjit/cross_entropy.h"
+#include "kjit/kjit_c.h"
+#include "kjit/rms_norm.h"
+#include "kjit/runtime.h"
+#include "tests/temp_dir.h"
+#include "tests/test_support.h"
+
+namespace kjit {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A string kjit returned through a char** out, freed with kjit_free.
+std::string Take(char* s) {
+  std::unique_ptr<char, decltype(&kjit_free)> owned(s, kjit_free);
+  return s != nullptr ? s : "";
+}
+
+// What a failed call left: its code and this thread's message.
+struct Result {
+  kjit_status status;
+  std::string message;
+};
+Result Last(kjit_status status) { return {status, kjit_last_error()}; }
+
+void ExpectInvalid(const Result& r, const std::string& message_start) {
+  EXPECT_EQ(r.status, KJIT_INVALID_ARGUMENT) << kjit_status_name(r.status) << ": " << r.message;
+  EXPECT_THAT(r.message, StartsWith(message_start));
+}
+
+// ---- the library ------------------------------------------------------------------------------
+
+// The functions the header declares.
+std::set<std::string> DeclaredFunctions() {
+  std::ifstream in(std::string(KJIT_SOURCE_DIR) + "/include/kjit/kjit_c.h");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string header = text.str();
+  static const std::regex declared(R"(KJIT_C_EXPORT[^;]*?\b(kjit_\w+)\s*\()");
+  std::set<std::string> names;
+  for (auto it = std::sregex_iterator(header.begin(), header.end(), declared);
+       it != std::sregex_iterator(); ++it) {
+    names.insert((*it)[1].str());
+  }
+  return names;
+}
+
+TEST(CapiLibrary, ExportsExactlyTheFunctionsOfTheHeader) {
+  const std::set<std::string> declared = DeclaredFunctions();
+  ASSERT_GT(declared.size(), 30u);
+  FILE* nm = ::popen("nm -D --defined-only '" KJIT_C_LIBRARY "'", "r");
+  ASSERT_NE(nm, nullptr);
+  std::map<std::string, std::string> exported;  // name -> nm's type letter
+  std::array<char, 1024> line;
+  while (std::fgets(line.data(), line.size(), nm) != nullptr) {
+    std::istringstream fields(line.data());
+    std::string address, type, name;
+    if (fields >> address >> type >> name) exported[name] = type;
+  }
+  ASSERT_EQ(::pclose(nm), 0) << "nm -D failed on " << KJIT_C_LIBRARY;
+  std::set<std::string> names;
+  for (const auto& [name, type] : exported) {
+    names.insert(name);
+    EXPECT_EQ(type, "T") << name << " is exported, but not as a function";
+  }
+  EXPECT_EQ(names, declared) << "libkjit_c.so must export the header's functions and nothing else";
+}
+
+TEST(CapiLibrary, Versions) {
+  EXPECT_EQ(kjit_abi_version(), uint32_t{KJIT_C_ABI_VERSION});
+  EXPECT_STREQ(kjit_version(), KJIT_EXPECTED_VERSION);
+  char* full = nullptr;
+  ASSERT_EQ(kjit_full_version(&full), KJIT_OK) << kjit_last_error();
+  EXPECT_THAT(Take(full), StartsWith(std::string("kjit ") + KJIT_EXPECTED_VERSION + " (NVRTC "));
+  kjit_free(nullptr);
+}
+
+TEST(CapiLibrary, StatusNamesAreAbslsAndEachCodeHasOne) {
+  EXPECT_STREQ(kjit_status_name(KJIT_OK), "OK");
+  EXPECT_STREQ(kjit_status_name(KJIT_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(kjit_status_name(KJIT_FAILED_PRECONDITION), "FAILED_PRECONDITION");
+  EXPECT_STREQ(kjit_status_name(KJIT_UNAVAILABLE), "UNAVAILABLE");
+  EXPECT_STREQ(kjit_status_name(KJIT_UNAUTHENTICATED), "UNAUTHENTICATED");
+  std::set<std::string> names;
+  for (int s = KJIT_OK; s <= KJIT_UNAUTHENTICATED; ++s) {
+    names.insert(kjit_status_name(static_cast<kjit_status>(s)));
+  }
+  EXPECT_EQ(names.size(), 17u);
+  EXPECT_EQ(names.count(""), 0u);
+  EXPECT_STREQ(kjit_status_name(static_cast<kjit_status>(17)), "");
+}
+
+// ---- the *_init functions ---------------------------------------------------------------------
+
+// What a *_init function makes of a struct full of garbage; its struct_size must be sizeof.
+template <class T>
+T Initialized(void (*init)(T*)) {
+  T v;
+  std::memset(&v, 0xAB, sizeof(v));
+  init(&v);
+  EXPECT_EQ(v.struct_size, sizeof(v));
+  init(nullptr);  // does nothing
+  return v;
+}
+
+TEST(CapiInit, DefaultsAreTheCppDefaults) {
+  const kjit_runtime_options o = Initialized(kjit_runtime_options_init);
+  const RuntimeOptions ro;
+  EXPECT_EQ(o.device, ro.device);
+  EXPECT_EQ(o.target, nullptr);
+  EXPECT_EQ(o.compile_only, ro.compile_only);
+  EXPECT_EQ(o.disk_cache, ro.disk_cache);
+  EXPECT_EQ(o.cache_dir, nullptr);
+  EXPECT_EQ(o.tuning_db, nullptr);
+  EXPECT_EQ(o.autotune, ro.autotune);
+  EXPECT_EQ(o.warning, nullptr);
+  EXPECT_EQ(o.warning_user_data, nullptr);
+
+  const kjit_rms_norm_spec n = Initialized(kjit_rms_norm_spec_init);
+  const RmsNormSpec rn;
+  EXPECT_EQ(n.hidden, rn.hidden);
+  EXPECT_EQ(n.dtype, static_cast<int32_t>(rn.dtype));
+  EXPECT_EQ(n.weight_dtype, -1);
+  EXPECT_FALSE(rn.weight_dtype.has_value());
+  EXPECT_EQ(n.eps, rn.eps);
+  EXPECT_EQ(n.weight_offset, rn.weight_offset);
+  EXPECT_EQ(n.casting, static_cast<int32_t>(rn.casting));
+  EXPECT_EQ(n.fused_residual, rn.fused_residual);
+  EXPECT_EQ(n.config, nullptr);
+
+  const kjit_cross_entropy_spec c = Initialized(kjit_cross_entropy_spec_init);
+  const CrossEntropySpec rc;
+  EXPECT_EQ(c.vocab, rc.vocab);
+  EXPECT_EQ(c.dtype, static_cast<int32_t>(rc.dtype));
+  EXPECT_EQ(c.target_type, static_cast<int32_t>(rc.target_type));
+  EXPECT_EQ(c.ignore_index, rc.ignore_index);
+  EXPECT_EQ(c.reduction, static_cast<int32_t>(rc.reduction));
+  EXPECT_EQ(c.label_smoothing, rc.label_smoothing);
+  EXPECT_EQ(c.lse_square_scale, rc.lse_square_scale);
+  EXPECT_EQ(c.softcap, rc.softcap);
+  EXPECT_EQ(c.argmax, rc.argmax);
+  EXPECT_EQ(c.config, nullptr);
+}
+
+// No view given: every field zero.
+void ExpectEmpty(std::initializer_list<const kjit_tensor*> views,
+                 std::initializer_list<const kjit_index*> indices = {}) {
+  for (const kjit_tensor* t : views) {
+    EXPECT_TRUE(t->data == nullptr && t->dtype == 0 && t->rows == 0 && t->cols == 0 &&
+                t->row_stride == 0);
+  }
+  for (const kjit_index* i : indices)
+    EXPECT_TRUE(i->data == nullptr && i->type == 0 && i->size == 0);
+}
+
+TEST(CapiInit, ArgumentsStartEmpty) {
+  const auto f = Initialized(kjit_rms_norm_forward_args_init);
+  ExpectEmpty({&f.x, &f.weight, &f.y, &f.rstd, &f.residual, &f.residual_out});
+  const auto b = Initialized(kjit_rms_norm_backward_args_init);
+  ExpectEmpty({&b.dy, &b.x, &b.weight, &b.rstd, &b.dx, &b.dw, &b.dresidual});
+  EXPECT_TRUE(b.workspace == nullptr && b.workspace_bytes == 0);
+  const auto a = Initialized(kjit_cross_entropy_args_init);
+  ExpectEmpty({&a.logits, &a.loss, &a.lse, &a.grad, &a.grad_output}, {&a.targets, &a.argmax});
+  EXPECT_TRUE(a.workspace == nullptr && a.workspace_bytes == 0);
+  const auto cb = Initialized(kjit_cross_entropy_backward_args_init);
+  ExpectEmpty({&cb.logits, &cb.lse, &cb.grad_output, &cb.grad}, {&cb.targets});
+  EXPECT_TRUE(cb.workspace == nullptr && cb.workspace_bytes == 0);
+  const auto r = Initialized(kjit_cross_entropy_rescale_args_init);
+  ExpectEmpty({&r.grad, &r.grad_output, &r.applied});
+}
+
+// ---- runtimes without a GPU -------------------------------------------------------------------
+
+// kjit_runtime_create(NULL, ...) from a C program whose driver is `libcuda`.
+testing::CliResult CreateWithDriver(const std::string& libcuda) {
+  testing::TempDir scratch("kjit_capi_test");
+  return testing::RunProgram(KJIT_C_HEADER_TEST, {"runtime_create"},
+                             {{"KJIT_LIBCUDA_PATH", libcuda}}, scratch.path());
+}
+
+TEST(CapiRuntime, WithoutADriverIsUnavailableAndSaysWhy) {
+  const testing::CliResult r = CreateWithDriver("/nonexistent/libcuda.so.1");
+  EXPECT_EQ(r.exit_code, KJIT_UNAVAILABLE) << r.Describe();
+  EXPECT_THAT(r.out, StartsWith("UNAVAILABLE: no CUDA driver")) << r.Describe();
+  EXPECT_THAT(r.out, HasSubstr("/nonexistent/libcuda.so.1")) << r.Describe();
+  EXPECT_THAT(r.out, HasSubstr("fix: install the NVIDIA driver")) << r.Describe();
+}
+
+TEST(CapiRuntime, WithTheStubDriverIsUnavailableAndSaysWhy) {
+  const testing::CliResult r = CreateWithDriver(testing::StubLibcuda());
+  EXPECT_EQ(r.exit_code, KJIT_UNAVAILABLE) << r.Describe();
+  EXPECT_THAT(r.out, StartsWith("UNAVAILABLE: ")) << r.Describe();
+  EXPECT_THAT(r.out, HasSubstr("CUDA_ERROR_STUB_LIBRARY, 34")) << r.Describe();
+  EXPECT_THAT(r.out, HasSubstr("LD_LIBRARY_PATH")) << r.Describe();
+}
+
+TEST(CapiRuntime, CompileOnlyNeedsATarget) {
+  kjit_runtime_options o;
+  kjit_runtime_options_init(&o);
+  o.compile_only = 1;
+  kjit_runtime* rt = reinterpret_cast<kjit_runtime*>(&o);  // overwritten with NULL on failure
+  ExpectInvalid(Last(kjit_runtime_create(&o, &rt)), "target: a compile-only runtime needs");
+  EXPECT_EQ(rt, nullptr);
+}
+
+// Collects the warnings a runtime reports through its callback.
+void Collect(const char* message, void* user_data) {
+  static_cast<std::vector<std::string>*>(user_data)->push_back(message);
+}
+
+TEST(CapiRuntime, WarningsReachTheCallback) {
+  // /proc/self/fdinfo is ours and refuses new files even to root: an unwritable cache directory,
+  // which the runtime reports as a warning and uses read-only.
+  std::vector<std::string> warnings;
+  kjit_runtime_options o;
+  kjit_runtime_options_init(&o);
+  o.target = "sm_90";
+  o.compile_only = 1;
+  o.cache_dir = "/proc/self/fdinfo";
+  o.warning = Collect;
+  o.warning_user_data = &warnings;
+  kjit_runtime* rt = nullptr;
+  ASSERT_EQ(kjit_runtime_create(&o, &rt), KJIT_OK) << kjit_last_error();
+  kjit_runtime_destroy(rt);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("/proc/self/fdinfo is not writable"));
+}
+
+// A compile-only runtime for sm_90 whose disk cache lies in a fresh directory named with a byte
+// that is not UTF-8 (cache paths are bytes), so that the JSON answers must cope with it.
+class CapiCompileOnly : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(tmp_.ok());
+    kjit_runtime_options o;
+    kjit_runtime_options_init(&o);
+    o.target = "sm_90";
+    o.compile_only = 1;
+    o.cache_dir = cache_.c_str();
+    ASSERT_EQ(kjit_runtime_create(&o, &rt_), KJIT_OK) << kjit_last_error();
+    kjit_rms_norm_spec_init(&norm_spec_);
+    norm_spec_.hidden = 4096;
+    kjit_cross_entropy_spec_init(&ce_spec_);
+    ce_spec_.vocab = 32000;
+  }
+  void TearDown() override { kjit_runtime_destroy(rt_); }
+
+  kjit_rms_norm* Norm(const kjit_rms_norm_spec& spec) {
+    kjit_rms_norm* op = nullptr;
+    EXPECT_EQ(kjit_rms_norm_create(rt_, &spec, &op), KJIT_OK) << kjit_last_error();
+    norms_.emplace_back(op, kjit_rms_norm_destroy);
+    return op;
+  }
+  kjit_cross_entropy* Ce(const kjit_cross_entropy_spec& spec) {
+    kjit_cross_entropy* op = nullptr;
+    EXPECT_EQ(kjit_cross_entropy_create(rt_, &spec, &op), KJIT_OK) << kjit_last_error();
+    ces_.emplace_back(op, kjit_cross_entropy_destroy);
+    return op;
+  }
+
+  testing::TempDir tmp_{"kjit_capi_test"};
+  std::string cache_ = tmp_.path() + "/caf\xe9";
+  kjit_runtime* rt_ = nullptr;
+  kjit_rms_norm_spec norm_spec_;
+  kjit_cross_entropy_spec ce_spec_;
+  std::vector<std::unique_ptr<kjit_rms_norm, decltype(&kjit_rms_norm_destroy)>> norms_;
+  std::vector<std::unique_ptr<kjit_cross_entropy, decltype(&kjit_cross_entropy_destroy)>> ces_;
+};
+
+TEST_F(CapiCompileOnly, RuntimeInfo) {
+  char* text = nullptr;
+  ASSERT_EQ(kjit_runtime_info(rt_, &text), KJIT_OK) << kjit_last_error();
+  const nlohmann::json info = nlohmann::json::parse(Take(text));
+  EXPECT_EQ(info["target"], "sm_90");
+  EXPECT_EQ(info["arch"], 90);
+  EXPECT_EQ(info["compile_only"], true);
+  EXPECT_TRUE(info["device"].is_null()) << info.dump();
+}
+
+// kjit_*_build twice: compiled into the cache, then from memory.
+template <class Op>
+void ExpectBuilds(Op* op, kjit_status (*build)(const Op*, char**), const std::string& cache) {
+  for (const char* origin : {"compiled", "memory"}) {
+    char* text = nullptr;
+    ASSERT_EQ(build(op, &text), KJIT_OK) << kjit_last_error();
+    EXPECT_STREQ(kjit_last_error(), "");
+    const std::string json = Take(text);
+    const nlohmann::json b = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(b.is_discarded()) << json;
+    EXPECT_EQ(b["origin"], origin) << json;
+    EXPECT_EQ(b["target"], "sm_90");
+    EXPECT_EQ(b["key"].get<std::string>().size(), 32u) << json;
+    EXPECT_GT(b["bytes"].get<int64_t>(), 0);
+    EXPECT_FALSE(b["nvrtc"].get<std::string>().empty());
+    EXPECT_TRUE(b["params"].is_object() && !b["params"].empty()) << json;
+    EXPECT_TRUE(b["kernels"].is_array() && !b["kernels"].empty()) << json;
+    // The directory's byte 0xE9 comes back as U+FFFD rather than as JSON that does not parse.
+    const std::string ascii = cache.substr(0, cache.size() - 1);
+    EXPECT_THAT(b["path"].get<std::string>(), StartsWith(ascii + "\xEF\xBF\xBD/")) << json;
+  }
+}
+
+TEST_F(CapiCompileOnly, BuildsBothOps) {
+  ExpectBuilds(Norm(norm_spec_), kjit_rms_norm_build, cache_);
+  ExpectBuilds(Ce(ce_spec_), kjit_cross_entropy_build, cache_);
+}
+
+// 16-byte aligned host memory standing in for device buffers: a compile-only runtime checks the
+// arguments, then refuses the launch before anything is read.
+struct alignas(16) Block {
+  unsigned char bytes[16];
+};
+void* Host(std::vector<std::vector<Block>>& keep, size_t bytes) {
+  return keep.emplace_back((bytes + 15) / 16).data();
+}
+kjit_tensor View(void* data, kjit_dtype dtype, int64_t rows, int64_t cols) {
+  return {data, dtype, rows, cols, cols};
+}
+
+TEST_F(CapiCompileOnly, LaunchesAreAFailedPrecondition) {
+  std::vector<std::vector<Block>> mem;
+  const int64_t rows = 3, hidden = norm_spec_.hidden, vocab = ce_spec_.vocab;
+  kjit_rms_norm* norm = Norm(norm_spec_);
+  kjit_rms_norm_forward_args f;
+  kjit_rms_norm_forward_args_init(&f);
+  f.x = View(Host(mem, rows * hidden * 2), KJIT_BF16, rows, hidden);
+  f.weight = View(Host(mem, hidden * 2), KJIT_BF16, 1, hidden);
+  f.y = View(Host(mem, rows * hidden * 2), KJIT_BF16, rows, hidden);
+  const Result forward = Last(kjit_rms_norm_forward(norm, nullptr, &f));
+  EXPECT_EQ(forward.status, KJIT_FAILED_PRECONDITION) << forward.message;
+  EXPECT_THAT(forward.message, HasSubstr("compile-only"));
+
+  kjit_cross_entropy* ce = Ce(ce_spec_);
+  kjit_cross_entropy_args a;
+  kjit_cross_entropy_args_init(&a);
+  a.logits = View(Host(mem, rows * vocab * 2), KJIT_BF16, rows, vocab);
+  a.targets = {Host(mem, rows * 8), KJIT_INT64, rows};
+  a.loss = View(Host(mem, 4), KJIT_F32, 1, 1);
+  a.grad = a.logits;
+  ASSERT_EQ(kjit_cross_entropy_workspace_bytes(ce, rows, &a.workspace_bytes), KJIT_OK);
+  a.workspace = Host(mem, a.workspace_bytes);
+  const Result fused = Last(kjit_cross_entropy_forward_backward(ce, nullptr, &a));
+  EXPECT_EQ(fused.status, KJIT_FAILED_PRECONDITION) << fused.message;
+  EXPECT_THAT(fused.message, HasSubstr("compile-only"));
+
+  // The C++ layer's argument checks come first, and their messages pass through.
+  ExpectInvalid(Last(kjit_cross_entropy_forward(ce, nullptr, &a)), "grad: given to Forward");
+  a.grad = {};
+  EXPECT_EQ(kjit_cross_entropy_forward(ce, nullptr, &a), KJIT_FAILED_PRECONDITION);
+  a.loss.cols = 2;
+  ExpectInvalid(Last(kjit_cross_entropy_forward(ce, nullptr, &a)), "loss:");
+}
+
+TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
+  kjit_rms_norm* norm = reinterpret_cast<kjit_rms_norm*>(this);
+  kjit_rms_norm_spec n = norm_spec_;
+  n.hidden = 0;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)), "hidden:");
+  EXPECT_EQ(norm, nullptr) << "a failed create leaves NULL in *out";
+  n = norm_spec_;
+  n.eps = -1;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)), "eps:");
+  n = norm_spec_;
+  n.config = "vec=8 fwd=128x1";
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)), "config: ");
+  n.config = "vec=3 fwd=128x1 bwd=512x1";
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)), "config: ");
+
+  kjit_cross_entropy* ce = nullptr;
+  kjit_cross_entropy_spec c = ce_spec_;
+  c.vocab = 0;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "vocab:");
+  c = ce_spec_;
+  c.label_smoothing = 1;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "label_smoothing:");
+  c = ce_spec_;
+  c.config = "banana";
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "config: ");
+  // Text that parses into a config the op cannot run: the op's own check names the field.
+  c.config = "vec=16 threads=256 unroll=4 cluster=0 staged=0";  // 32-byte bf16 vectors
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "config.vec:");
+  c.config = "";  // as NULL: the heuristic's
+  EXPECT_NE(Ce(c), nullptr);
+}
+
+// config_for's text, given back as the spec's config, makes an op with that same config.
+TEST_F(CapiCompileOnly, ConfigForRoundTrips) {
+  char* text = nullptr;
+  ASSERT_EQ(kjit_rms_norm_config_for(Norm(norm_spec_), 4096, &text), KJIT_OK) << kjit_last_error();
+  const std::string norm_config = Take(text);
+  EXPECT_THAT(norm_config, StartsWith("vec="));
+  kjit_rms_norm_spec n = norm_spec_;
+  n.config = norm_config.c_str();
+  ASSERT_EQ(kjit_rms_norm_config_for(Norm(n), 1, &text), KJIT_OK) << kjit_last_error();
+  EXPECT_EQ(Take(text), norm_config);
+
+  for (int32_t fused : {0, 1}) {
+    ASSERT_EQ(kjit_cross_entropy_config_for(Ce(ce_spec_), 4096, fused, &text), KJIT_OK)
+        << kjit_last_error();
+    const std::string ce_config = Take(text);
+    EXPECT_THAT(ce_config, StartsWith("vec="));
+    kjit_cross_entropy_spec c = ce_spec_;
+    c.config = ce_config.c_str();
+    ASSERT_EQ(kjit_cross_entropy_config_for(Ce(c), 1, fused, &text), KJIT_OK) << kjit_last_error();
+    EXPECT_EQ(Take(text), ce_config);
+  }
+}
+
+TEST_F(CapiCompileOnly, WorkspaceBytes) {
+  // Cross-entropy (kjit/cross_entropy.h): 16 bytes of counters, then for sum and mean one fp32 loss
+  // per row (at least one), in 16-byte units.
+  kjit_cross_entropy* mean = Ce(ce_spec_);
+  kjit_cross_entropy_spec c = ce_spec_;
+  c.reduction = KJIT_REDUCTION_NONE;
+  kjit_cross_entropy* none = Ce(c);
+  for (const auto& [rows, mean_bytes] : std::map<int64_t, int64_t>{{0, 32}, {7, 48}, {8, 48}}) {
+    int64_t bytes = -1;
+    ASSERT_EQ(kjit_cross_entropy_workspace_bytes(mean, rows, &bytes), KJIT_OK);
+    EXPECT_EQ(bytes, mean_bytes) << rows << " rows";
+    ASSERT_EQ(kjit_cross_entropy_workspace_bytes(none, rows, &bytes), KJIT_OK);
+    EXPECT_EQ(bytes, 16) << rows << " rows";
+  }
+  // RMSNorm (ops/rms_norm/rms_norm.cc): a compile-only runtime counts one SM, so the partial rows
+  // are the floor of 128, of hidden fp32 values each.
+  int64_t bytes = -1;
+  ASSERT_EQ(kjit_rms_norm_backward_workspace_bytes(Norm(norm_spec_), 7, &bytes), KJIT_OK);
+  EXPECT_EQ(bytes, 128 * norm_spec_.hidden * 4);
+
+  ExpectInvalid(Last(kjit_cross_entropy_workspace_bytes(mean, -1, &bytes)), "rows: -1");
+  EXPECT_EQ(bytes, 0) << "a failed call clears its output";
+  ExpectInvalid(
+      Last(kjit_rms_norm_backward_workspace_bytes(Norm(norm_spec_), int64_t{1} << 40, &bytes)),
+      "rows: 1099511627776 is out of range");
+}
+
+// ---- errors -----------------------------------------------------------------------------------
+
+TEST_F(CapiCompileOnly, NullArgumentsAreNamed) {
+  kjit_rms_norm* norm = Norm(norm_spec_);
+  kjit_cross_entropy* ce = Ce(ce_spec_);
+  kjit_rms_norm_forward_args f;
+  kjit_rms_norm_forward_args_init(&f);
+  kjit_cross_entropy_backward_args b;
+  kjit_cross_entropy_backward_args_init(&b);
+  char* text = reinterpret_cast<char*>(&f);  // each failed call leaves NULL (or 0) in its output
+  int64_t bytes = 1;
+  kjit_rms_norm* created = norm;
+  kjit_cross_entropy* ce_created = ce;
+  const std::vector<std::pair<Result, std::string>> cases = {
+      {Last(kjit_full_version(nullptr)), "kjit_full_version: out is NULL"},
+      {Last(kjit_runtime_create(nullptr, nullptr)), "kjit_runtime_create: out is NULL"},
+      {Last(kjit_runtime_info(nullptr, &text)), "kjit_runtime_info: runtime is NULL"},
+      {Last(kjit_runtime_info(rt_, nullptr)), "kjit_runtime_info: json_out is NULL"},
+      {Last(kjit_rms_norm_create(nullptr, &norm_spec_, &created)),
+       "kjit_rms_norm_create: runtime is NULL"},
+      {Last(kjit_cross_entropy_create(rt_, nullptr, &ce_created)),
+       "kjit_cross_entropy_create: spec is NULL"},
+      {Last(kjit_cross_entropy_create(rt_, &ce_spec_, nullptr)),
+       "kjit_cross_entropy_create: out is NULL"},
+      {Last(kjit_rms_norm_forward(nullptr, nullptr, &f)), "kjit_rms_norm_forward: op is NULL"},
+      {Last(kjit_rms_norm_backward(norm, nullptr, nullptr)),
+       "kjit_rms_norm_backward: args is NULL"},
+      {Last(kjit_cross_entropy_backward(nullptr, nullptr, &b)),
+       "kjit_cross_entropy_backward: op is NULL"},
+      {Last(kjit_cross_entropy_rescale_gradient(ce, nullptr, nullptr)),
+       "kjit_cross_entropy_rescale_gradient: args is NULL"},
+      {Last(kjit_cross_entropy_workspace_bytes(ce, 1, nullptr)),
+       "kjit_cross_entropy_workspace_bytes: bytes is NULL"},
+      {Last(kjit_rms_norm_backward_workspace_bytes(nullptr, 1, &bytes)),
+       "kjit_rms_norm_backward_workspace_bytes: op is NULL"},
+      {Last(kjit_rms_norm_config_for(norm, 1, nullptr)),
+       "kjit_rms_norm_config_for: config_out is NULL"},
+      {Last(kjit_cross_entropy_build(nullptr, &text)), "kjit_cross_entropy_build: op is NULL"},
+  };
+  for (const auto& [result, message] : cases) {
+    EXPECT_EQ(result.status, KJIT_INVALID_ARGUMENT) << message;
+    EXPECT_EQ(result.message, message);
+  }
+  EXPECT_EQ(text, nullptr);
+  EXPECT_EQ(bytes, 0);
+  EXPECT_EQ(created, nullptr);
+  EXPECT_EQ(ce_created, nullptr);
+  kjit_runtime_destroy(nullptr);
+  kjit_rms_norm_destroy(nullptr);
+  kjit_cross_entropy_destroy(nullptr);
+}
+
+TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
+  kjit_runtime_options o;
+  kjit_runtime_options_init(&o);
+  o.struct_size -= 8;
+  kjit_runtime* rt = nullptr;
+  const Result options = Last(kjit_runtime_create(&o, &rt));
+  ExpectInvalid(options, "kjit_runtime_create: options->struct_size is " +
+                             std::to_string(sizeof(o) - 8) + ", but kjit_runtime_options is " +
+                             std::to_string(sizeof(o)) + " bytes in this library");
+  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 1"));
+  EXPECT_THAT(options.message, HasSubstr("kjit_runtime_options_init"));
+
+  kjit_cross_entropy_spec c = ce_spec_;
+  c.struct_size = 0;
+  kjit_cross_entropy* ce = nullptr;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                "kjit_cross_entropy_create: spec->struct_size is 0, but kjit_cross_entropy_spec");
+
+  kjit_rms_norm_backward_args b;
+  kjit_rms_norm_backward_args_init(&b);
+  b.struct_size += 8;
+  ExpectInvalid(Last(kjit_rms_norm_backward(Norm(norm_spec_), nullptr, &b)),
+                "kjit_rms_norm_backward: args->struct_size is " + std::to_string(sizeof(b) + 8) +
+                    ", but kjit_rms_norm_backward_args is " + std::to_string(sizeof(b)) + " bytes");
+}
+
+TEST_F(CapiCompileOnly, EnumFieldsAreRangeChecked) {
+  kjit_rms_norm* norm = nullptr;
+  kjit_rms_norm_spec n = norm_spec_;
+  n.dtype = 3;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),
+                "dtype: 3 is out of range; expected 0 (KJIT_F32), 1 (KJIT_F16) or 2 (KJIT_BF16)");
+  n = norm_spec_;
+  n.weight_dtype = -2;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),
+                "weight_dtype: -2 is out of range; expected -1 (dtype's), 0 (KJIT_F32),");
+  n = norm_spec_;
+  n.casting = 2;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),
+                "casting: 2 is out of range; expected 0 (KJIT_CASTING_LLAMA) or 1");
+  n = norm_spec_;
+  n.fused_residual = 2;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),
+                "fused_residual: 2 is out of range; expected 0 (off) or 1 (on)");
+
+  kjit_cross_entropy* ce = nullptr;
+  kjit_cross_entropy_spec c = ce_spec_;
+  c.target_type = 2;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "target_type: 2 is out of range");
+  c = ce_spec_;
+  c.reduction = -1;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                "reduction: -1 is out of range; expected 0 (KJIT_REDUCTION_NONE), 1 "
+                "(KJIT_REDUCTION_SUM) or 2 (KJIT_REDUCTION_MEAN)");
+  c = ce_spec_;
+  c.argmax = -1;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "argmax: -1 is out of range");
+
+  kjit_runtime_options o;
+  kjit_runtime_options_init(&o);
+  o.disk_cache = 7;
+  kjit_runtime* rt = nullptr;
+  ExpectInvalid(Last(kjit_runtime_create(&o, &rt)), "disk_cache: 7 is out of range");
+
+  // The views' dtypes and the index vectors' types, named by the argument.
+  kjit_rms_norm_forward_args f;
+  kjit_rms_norm_forward_args_init(&f);
+  f.residual_out.dtype = 9;
+  ExpectInvalid(Last(kjit_rms_norm_forward(Norm(norm_spec_), nullptr, &f)),
+                "residual_out.dtype: 9 is out of range; expected 0 (KJIT_F32)");
+  kjit_cross_entropy_backward_args b;
+  kjit_cross_entropy_backward_args_init(&b);
+  b.targets.type = 2;
+  ExpectInvalid(Last(kjit_cross_entropy_backward(Ce(ce_spec_), nullptr, &b)),
+                "targets.type: 2 is out of range; expected 0 (KJIT_INT32) or 1 (KJIT_INT64)");
+  char* text = nullptr;
+  ExpectInvalid(Last(kjit_cross_entropy_config_for(Ce(ce_spec_), 1, 2, &text)),
+                "fused: 2 is out of range");
+}
+
+TEST(CapiErrors, TheLastErrorIsPerThreadAndClearedBySuccess) {
+  ASSERT_EQ(kjit_full_version(nullptr), KJIT_INVALID_ARGUMENT);
+  const std::string mine = kjit_last_error();
+  EXPECT_EQ(mine, "kjit_full_version: out is NULL");
+  std::string before, after;
+  std::thread([&] {
+    before = kjit_last_error();
+    EXPECT_EQ(kjit_runtime_create(nullptr, nullptr), KJIT_INVALID_ARGUMENT);
+    after = kjit_last_error();
+  }).join();
+  EXPECT_EQ(before, "") << "another thread's failure is not this one's";
+  EXPECT_EQ(after, "kjit_runtime_create: out is NULL");
+  EXPECT_EQ(kjit_last_error(), mine);
+
+  char* full = nullptr;
+  ASSERT_EQ(kjit_full_version(&full), KJIT_OK);
+  kjit_free(full);
+  EXPECT_STREQ(kjit_last_error(), "");
+}
+
+}  // namespace
+}  // namespace kjit

@@ -1,0 +1,136 @@
+"""The kjit package without torch and without a GPU: what CI checks on a CPU machine."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kjit
+from kjit import _capi
+
+from conftest import HAS_TORCH
+
+
+def _driver_present() -> bool:
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def test_abi_and_version_match_the_native_library():
+    assert kjit.abi_version() == kjit.ABI_VERSION == 1
+    assert kjit.version() == kjit.__version__
+    assert kjit.full_version().startswith(f"kjit {kjit.__version__} (NVRTC ")
+
+
+def test_native_library_and_its_dependencies_come_from_the_wheel():
+    _capi.lib()
+    native = _capi.NATIVE_DIR.resolve()
+    mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+              if line.split()[-1].startswith("/")}
+    bundled = [p for p in mapped if any(n in p for n in ("libabsl_", "libfmt", "libxxhash"))]
+    assert any("libkjit_c.so" in p for p in mapped)
+    assert bundled, "no Abseil/fmt library is mapped: is libkjit_c.so linked against them?"
+    outside = [p for p in bundled if not Path(p).resolve().is_relative_to(native)]
+    assert not outside, f"loaded from outside the wheel ({native}): {outside}"
+
+
+@pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here")
+def test_runtime_without_a_driver_is_a_clear_error(cache_dir):
+    with pytest.raises(kjit.KjitUnavailable) as e:
+        kjit.Runtime()
+    assert e.value.status == "UNAVAILABLE"
+    assert "driver" in str(e.value).lower()
+
+
+def test_compile_only_runtime_builds_both_ops(cache_dir):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    assert rt.target == "sm_90" and rt.info()["compile_only"] is True
+    ce = rt.cross_entropy(vocab=50257, dtype="bf16")
+    first = ce.build()
+    assert first["origin"] == "compiled" and first["target"] == "sm_90" and first["bytes"] > 0
+    assert ce.build()["origin"] == "memory"
+    assert ce.workspace_bytes(1024) >= 16
+    assert "threads=" in ce.config_for(1024)
+    norm = rt.rms_norm(hidden=4095, dtype="fp16", casting="gemma", weight_offset=1.0)
+    assert norm.build()["origin"] == "compiled"
+    assert norm.config_for(7).startswith("vec=")
+    # A second runtime finds the disk cache.
+    again = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    assert again.cross_entropy(vocab=50257, dtype="bf16").build()["origin"] == "disk cache"
+
+
+def test_launch_on_a_compile_only_runtime_is_refused(cache_dir):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    norm = rt.rms_norm(hidden=64)
+    with pytest.raises(kjit.KjitError) as e:
+        norm.forward(None, x=kjit.tensor(0x10000, "bf16", 1, 64),
+                     weight=kjit.vector(0x20000, "bf16", 64), y=kjit.tensor(0x30000, "bf16", 1, 64))
+    assert e.value.status == "FAILED_PRECONDITION"
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda rt: rt.cross_entropy(vocab=0), "vocab"),
+    (lambda rt: rt.cross_entropy(vocab=100, label_smoothing=1.5), "label_smoothing"),
+    (lambda rt: rt.rms_norm(hidden=0), "hidden"),
+    (lambda rt: rt.rms_norm(hidden=64, config="vec=3 fwd=32x1 bwd=32x1"), "vec"),
+])
+def test_invalid_specs_name_the_field(cache_dir, make, field):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    with pytest.raises(kjit.KjitInvalidArgument) as e:
+        make(rt)
+    assert field in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dtype="fp8"), "dtype: expected one of"),
+    (dict(reduction="avg"), "reduction: expected one of"),
+    (dict(target_type="uint8"), "target_type: expected one of"),
+])
+def test_bad_enum_names_are_python_errors(cache_dir, kwargs, message):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    with pytest.raises(ValueError, match=message):
+        rt.cross_entropy(vocab=100, **kwargs)
+
+
+@pytest.mark.skipif(not _driver_present(), reason="no CUDA driver here: a compile-only runtime "
+                    "reads no tuning database")
+def test_warnings_reach_python(cache_dir, tmp_path):
+    db = tmp_path / "tuning.json"
+    db.write_text("{ not json")
+    with pytest.warns(kjit.KjitWarning, match="ignoring the tuning database"):
+        kjit.Runtime(tuning_db=str(db))
+    seen = []
+    kjit.Runtime(tuning_db=str(db), warnings=seen.append)
+    assert len(seen) == 1 and "ignoring the tuning database" in seen[0]
+
+
+def _run_module(*args):
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "kjit", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_python_m_kjit_runs_the_cli(cache_dir):
+    out = _run_module("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("kjit 0.1.0")
+    doctor = _run_module("doctor", "--json")
+    report = json.loads(doctor.stdout)
+    assert report["kjit"] == kjit.__version__
+    assert {"driver", "nvrtc"} <= {f["check"] for f in report["findings"]}
+    tune = _run_module("tune", "--help")
+    assert tune.returncode == 0 and "--model" in tune.stdout
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="torch is installed here")
+def test_kjit_torch_without_torch_says_what_to_install():
+    with pytest.raises(ImportError, match="pip install torch"):
+        import kjit.torch  # noqa: F401

@@ -1,0 +1,84 @@
+"""kjit.torch's argument errors: raised before any kernel or GPU is touched, so they run wherever
+torch is installed (CPU tensors suffice)."""
+
+import pytest
+
+from conftest import needs_torch
+
+pytestmark = needs_torch
+
+if True:  # imported lazily so that collection works without torch
+    try:
+        import torch
+        import kjit.torch as kt
+    except ImportError:
+        pass
+
+
+def test_cpu_tensors_are_refused_naming_the_argument():
+    with pytest.raises(ValueError, match="logits must be a CUDA tensor"):
+        kt.cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="x must be a CUDA tensor"):
+        kt.rms_norm(torch.randn(4, 8), torch.ones(8))
+
+
+@pytest.mark.parametrize("logits, target, error, message", [
+    (lambda: torch.randn(4, 10, dtype=torch.float64), lambda: torch.zeros(4, dtype=torch.long),
+     TypeError, "logits must be float32, float16 or bfloat16"),
+    (lambda: torch.randn(4, 10), lambda: torch.zeros(4), TypeError, "class indices"),
+    (lambda: torch.randn(4, 10), lambda: torch.zeros(4, dtype=torch.int16), TypeError,
+     "target must be int64 or int32"),
+    (lambda: torch.randn(2, 4, 10), lambda: torch.zeros(2, 4, dtype=torch.long), ValueError,
+     r"logits must be \[rows, vocab\]"),
+    (lambda: torch.randn(4, 10), lambda: torch.zeros(5, dtype=torch.long), ValueError,
+     r"target must be \[rows\] = \[4\]"),
+    (lambda: torch.randn(10, 4).t(), lambda: torch.zeros(4, dtype=torch.long), ValueError,
+     "contiguous last dimension"),
+])
+def test_cross_entropy_argument_errors(logits, target, error, message):
+    with pytest.raises(error, match=message):
+        kt.cross_entropy(logits(), target())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(reduction="avg"), "reduction must be one of"),
+    (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
+    (dict(softcap=-1.0), "softcap must be None or > 0"),
+])
+def test_cross_entropy_option_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kt.cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long), **kwargs)
+
+
+@pytest.mark.parametrize("x, weight, kwargs, error, message", [
+    (lambda: torch.randn(4, 8, dtype=torch.float64), lambda: torch.ones(8), {}, TypeError,
+     "x must be float32, float16 or bfloat16"),
+    (lambda: torch.randn(4, 8), lambda: torch.ones(7), {}, ValueError,
+     r"weight must be \[hidden\] = \[8\]"),
+    (lambda: torch.randn(4, 8), lambda: torch.ones(8), dict(casting="t5"), ValueError,
+     "casting must be one of"),
+    (lambda: torch.randn(8, 4).t(), lambda: torch.ones(8), {}, ValueError,
+     "contiguous last dimension"),
+    (lambda: torch.randn(3, 4, 16)[:, :, :8].transpose(0, 1), lambda: torch.ones(8), {},
+     ValueError, "cannot be seen as"),
+])
+def test_rms_norm_argument_errors(x, weight, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        kt.rms_norm(x(), weight(), **kwargs)
+
+
+def test_strided_rows_are_taken_without_a_copy():
+    from kjit.torch import _kernels
+    x = torch.randn(3, 5, 16)[:, :, :8]  # rows 16 elements apart: a matrix with row stride 16
+    assert _kernels.matrix_shape(x, "x") == (15, 16)
+
+
+def test_apply_to_refuses_unsupported_models():
+    class Config:
+        model_type = "gpt2"
+
+    class GPT2LMHeadModel(torch.nn.Module):
+        config = Config()
+
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+        kt.apply_to(GPT2LMHeadModel())
