@@ -186,7 +186,6 @@ def _find_pip_nvrtc() -> str | None:
     for base in sys.path:
         for pattern in ("nvidia/cu13/lib/libnvrtc.so.13*", "nvidia/cuda_nvrtc/lib/libnvrtc.so.1*"):
             found = sorted(glob.glob(os.path.join(base, pattern)))
-            found = [f for f in found if "builtins" not in f and "alt" not in f]
             if found:
                 return found[0]
     return None

@@ -355,8 +355,11 @@ TEST_F(BadInputMatrixTest, CrossEntropyRescaleGradient) {
                        a.applied = TensorView::Vector(a.applied.data, DType::kF32,
                                                       n == 1 ? kRows : int64_t{1});
                      }});
-    for (auto [name, m] :
+    // (not a structured binding: clang 14 cannot capture one in the lambdas below)
+    for (const auto& input :
          {std::pair{std::string("grad_output"), &A::grad_output}, {"applied", &A::applied}}) {
+      const std::string& name = input.first;
+      TensorView A::*m = input.second;
       if (n > 1) {
         AddOverlapCases<A>(cases, "grad", &A::grad, name, m, false);
       } else {  // one value is too short for grad to start inside it

@@ -134,3 +134,14 @@ def test_python_m_kjit_runs_the_cli(cache_dir):
 def test_kjit_torch_without_torch_says_what_to_install():
     with pytest.raises(ImportError, match="pip install torch"):
         import kjit.torch  # noqa: F401
+
+
+def test_pip_nvrtc_is_found_on_sys_path(tmp_path, monkeypatch):
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.13").write_bytes(b"")
+    (lib / "libnvrtc-builtins.so.13.0").write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert _capi._find_pip_nvrtc() == str(lib / "libnvrtc.so.13")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere")])
+    assert _capi._find_pip_nvrtc() is None
