@@ -17,7 +17,7 @@ status=0
 echo "== GPU tests"
 # Not --gtest_brief: when the timeout cuts the suite short (the whole suite takes over 260 s on the
 # H200 with a cold kernel cache), the log still shows which tests ran and which one was running.
-timeout ${TEST_TIMEOUT:-420} $bin/kjit_gpu_tests --gtest_filter="$filter" > "$out/gpu-tests.log" 2>&1 || status=1
+timeout ${TEST_TIMEOUT:-480} $bin/kjit_gpu_tests --gtest_filter="$filter" > "$out/gpu-tests.log" 2>&1 || status=1
 grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure' "$out/gpu-tests.log" | tail -40
 [ $status = 0 ] || echo "GPU tests failed or timed out; the last test started: $(grep '^\[ RUN' "$out/gpu-tests.log" | tail -1)"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
