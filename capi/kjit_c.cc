@@ -67,7 +67,8 @@ static_assert(KJIT_F32 == Int(DType::kF32) && KJIT_F16 == Int(DType::kF16) &&
               KJIT_REDUCTION_SUM == Int(Reduction::kSum) &&
               KJIT_REDUCTION_MEAN == Int(Reduction::kMean) &&
               KJIT_CASTING_LLAMA == Int(RmsNormCasting::kLlama) &&
-              KJIT_CASTING_GEMMA == Int(RmsNormCasting::kGemma));
+              KJIT_CASTING_GEMMA == Int(RmsNormCasting::kGemma) &&
+              KJIT_CASTING_NONE == Int(RmsNormCasting::kNone));
 
 constexpr const char* kStatusNames[] = {
     "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
@@ -80,7 +81,8 @@ constexpr const char* kWeightDTypeNames[] = {"dtype's", "KJIT_F32", "KJIT_F16", 
 constexpr const char* kIndexNames[] = {"KJIT_INT32", "KJIT_INT64"};
 constexpr const char* kReductionNames[] = {"KJIT_REDUCTION_NONE", "KJIT_REDUCTION_SUM",
                                            "KJIT_REDUCTION_MEAN"};
-constexpr const char* kCastingNames[] = {"KJIT_CASTING_LLAMA", "KJIT_CASTING_GEMMA"};
+constexpr const char* kCastingNames[] = {"KJIT_CASTING_LLAMA", "KJIT_CASTING_GEMMA",
+                                         "KJIT_CASTING_NONE"};
 constexpr const char* kFlagNames[] = {"off", "on"};
 
 thread_local std::string last_error;

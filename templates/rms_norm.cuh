@@ -1,16 +1,19 @@
 // RMSNorm forward and backward, specialized for one hidden size, dtype pair and launch shape.
 //
-// y = x * rstd * (offset + w), rstd = 1 / sqrt(mean(x^2) + eps), all in fp32. Casting modes: llama
-// rounds x * rstd to the input dtype before multiplying by the weight (as Hugging Face's LlamaRMSNorm
-// does); gemma keeps everything in fp32 until the final store. Optionally the residual add is fused:
-// h = x + residual is rounded to the dtype, written to residual_out and normalized.
+// y = x * rstd * (offset + w), rstd = 1 / sqrt(mean(x^2) + eps), all in fp32. Casting modes
+// (kCasting, RmsNormCasting's values; include/kjit/rms_norm.h states each exactly): llama (0) rounds
+// x * rstd to the input dtype before multiplying by the weight (as Hugging Face's LlamaRMSNorm
+// does); gemma (1) keeps everything in fp32 until the final store; none (2) rounds every
+// intermediate to the dtype where eager PyTorch in that dtype would (x^2, the mean, + eps, rsqrt,
+// x * rstd, offset + w, the product), the mean accumulated in fp32. Optionally the residual add is
+// fused: h = x + residual is rounded to the dtype, written to residual_out and normalized.
 //
 // Each row is handled by kThreads consecutive threads (a sub-warp, a warp or a whole block); each
 // thread owns the same columns in every row, kVec adjacent elements per access, so loads are 16-byte
 // vectors and the weight gradient can be summed per thread without atomics. The backward writes one
 // fp32 partial dw row per row group; rms_norm_dw_reduce sums them in a fixed order (deterministic).
 //
-//   kjit::rms_norm_forward<kjit::bf16, kjit::bf16, 4096, 128, 1, 8, false, false>
+//   kjit::rms_norm_forward<kjit::bf16, kjit::bf16, 4096, 128, 1, 8, 0, false>
 #pragma once
 
 #include "common.cuh"
@@ -31,10 +34,16 @@ struct RowLayout {
 template <typename T, int kIters, int kVec>
 constexpr bool kKeepRowInRegisters = kIters * kVec * sizeof(T) <= 128;
 
+// An enum, not constexpr variables: those would be emitted as internal symbols whose names carry a
+// per-compile hash, and the CUBIN would differ from one compile to the next.
+enum RmsNormCast : int { kCastLlama = 0, kCastGemma = 1, kCastNone = 2 };
+
 template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, int kVec,
-          bool kGemmaCast, bool kResidual>
+          int kCasting, bool kResidual>
 __global__ void __launch_bounds__(kThreads * kRowsPerBlock)
 rms_norm_forward(const RmsNormForwardParams p) {
+  static_assert(kCasting == kCastLlama || kCasting == kCastGemma || kCasting == kCastNone,
+                "casting: llama, gemma or none");
   using L = RowLayout<kHidden, kThreads, kVec>;
   constexpr bool kKeep = kKeepRowInRegisters<T, L::kIters, kVec>;
   static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
@@ -66,11 +75,17 @@ rms_norm_forward(const RmsNormForwardParams p) {
         store_vec<T, kVec>(res_out, c, v);
       }
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) sumsq += to_float(v.v[k]) * to_float(v.v[k]);
+      for (int k = 0; k < kVec; ++k) {
+        const float sq = to_float(v.v[k]) * to_float(v.v[k]);
+        sumsq += kCasting == kCastNone ? round_to<T>(sq) : sq;
+      }
     }
     if constexpr (kKeep) cached[it] = v;
   }
-  const float rstd = rsqrtf(row_sum<kThreads>(sumsq, smem) / kHidden + p.eps);
+  const float mean = row_sum<kThreads>(sumsq, smem) / kHidden;
+  const float rstd = kCasting == kCastNone
+                         ? round_to<T>(rsqrtf(round_to<T>(round_to<T>(mean) + p.eps)))
+                         : rsqrtf(mean + p.eps);
   if (!live) return;
   if (lane == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
 
@@ -86,8 +101,10 @@ rms_norm_forward(const RmsNormForwardParams p) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       float n = to_float(v.v[k]) * rstd;
-      if constexpr (!kGemmaCast) n = round_to<T>(n);
-      out.v[k] = from_float<T>(n * (p.weight_offset + to_float(wv.v[k])));
+      if constexpr (kCasting != kCastGemma) n = round_to<T>(n);
+      float scale = p.weight_offset + to_float(wv.v[k]);
+      if constexpr (kCasting == kCastNone) scale = round_to<T>(scale);
+      out.v[k] = from_float<T>(n * scale);
     }
     store_vec<T, kVec>(y, c, out);
   }

@@ -11,6 +11,7 @@
 #include "kjit/kjit.h"
 #include "ops/common/json_fields.h"
 #include "ops/registry.h"
+#include "ops/rms_norm/config.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
 
@@ -61,7 +62,7 @@ absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype)
   if (!f.weight_dtype.empty()) {
     KJIT_ASSIGN_OR_RETURN(spec.weight_dtype, ParseDType(f.weight_dtype));
   }
-  spec.casting = f.casting == "gemma" ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
+  KJIT_ASSIGN_OR_RETURN(spec.casting, ops::ParseRmsNormCasting(f.casting));
   spec.fused_residual = f.residual;
   KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(spec));
   return spec;
@@ -177,8 +178,10 @@ Command AddCompileCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--weight-dtype", f->weight_dtype, "Weight dtype (default: --dtype; rms_norm)")
       ->check(DTypeValidator());
-  cmd->add_option("--casting", f->casting, "llama or gemma")
-      ->check(CLI::IsMember({"llama", "gemma"}))
+  cmd->add_option("--casting", f->casting,
+                  "llama, gemma or none: where rms_norm rounds to the dtype (kjit/rms_norm.h; none "
+                  "computes in the dtype, as eager PyTorch would, and needs the weight in it)")
+      ->check(CLI::IsMember({"llama", "gemma", "none"}))
       ->capture_default_str();
   cmd->add_flag("--residual", f->residual, "Fuse the residual add (rms_norm)");
   cmd->add_option("--target-type", f->target_type, "Targets: int32 or int64 (cross_entropy)")

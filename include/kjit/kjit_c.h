@@ -84,7 +84,9 @@ typedef enum kjit_reduction {
 } kjit_reduction;
 typedef enum kjit_rms_norm_casting {
   KJIT_CASTING_LLAMA = 0, /* the normalized x is rounded to the dtype before the weight multiply */
-  KJIT_CASTING_GEMMA = 1  /* fp32 until the store */
+  KJIT_CASTING_GEMMA = 1, /* fp32 until the store */
+  KJIT_CASTING_NONE = 2   /* all in the dtype, rounded where eager PyTorch would (kjit/rms_norm.h);
+                             the weight must have the dtype */
 } kjit_rms_norm_casting;
 
 /* rows x cols elements of `dtype` (a kjit_dtype), rows `row_stride` elements apart (>= cols); a

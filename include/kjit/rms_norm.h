@@ -2,9 +2,11 @@
 //
 // y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w), in fp32, with rstd saved for the backward.
 // Casting kLlama rounds the normalized x to the dtype before the weight multiply (Hugging Face
-// LlamaRMSNorm); kGemma stays in fp32 until the store. fused_residual computes h = x + residual
-// first, writes h to residual_out and normalizes h. The backward writes dx (in place into dy if
-// dx.data == dy.data) and dw, reduced in a fixed order through a caller-provided workspace (no
+// LlamaRMSNorm); kGemma stays in fp32 until the store; kNone computes in the dtype itself, rounding
+// where `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w` does in eager PyTorch
+// (RmsNormCasting states the points). fused_residual computes h = x + residual (rounded to the
+// dtype) first, writes h to residual_out and normalizes h. The backward writes dx (in place into dy
+// if dx.data == dy.data) and dw, reduced in a fixed order through a caller-provided workspace (no
 // allocation and no host synchronization in a launch, so both are CUDA-graph capturable).
 //
 //   KJIT_ASSIGN_OR_RETURN(kjit::RmsNorm norm, rt.RmsNorm({.hidden = 4096, .dtype = DType::kBF16}));
@@ -26,7 +28,31 @@
 
 namespace kjit {
 
-enum class RmsNormCasting { kLlama, kGemma };
+// Where the forward rounds to the dtype T (round() below); every other operation is fp32. In all
+// modes the fused residual sum h = round(x + residual) is rounded, and rstd is saved as fp32.
+//   kLlama: rstd = rsqrt(mean(h^2) + eps); y = round(round(h * rstd) * (weight_offset + w)).
+//   kGemma: rstd as kLlama; y = round(h * rstd * (weight_offset + w)).
+//   kNone:  the whole computation in T, as eager PyTorch computes
+//           `h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (weight_offset + w)` for a
+//           bf16/fp16 h: each op's result is rounded to T, a reduction accumulates in fp32:
+//             s_i  = round(h_i * h_i)
+//             m    = round(sum_i(s_i) / hidden)        (the sum in fp32, in an unspecified order)
+//             a    = round(m + eps)                    (eps as the fp32 spec.eps)
+//             rstd = round(rsqrt(a))                   (saved: a value of T, stored as fp32)
+//             n_i  = round(h_i * rstd)
+//             y_i  = round(n_i * round(weight_offset + w_i))   (round(w_i) = w_i at offset 0)
+//           The weight must have the dtype (weight_dtype unset or equal to dtype). With fp32 the
+//           roundings vanish and kNone equals kLlama and kGemma up to fp32 rounding. Where the
+//           fp32 sum of s_i (or rsqrtf) falls within its own rounding error of a tie of T, rstd may
+//           differ from PyTorch's (and from an exact sum's) by one unit in the last place of T.
+// The backward is the same in every mode: the fp32 gradient of the forward with its roundings
+// other than rstd's taken as the identity, using the saved rstd (for kNone the rounded one):
+//   xhat = h * rstd, g = dy * (weight_offset + w),
+//   dx = round(rstd * (g - xhat * mean(g * xhat)) [+ dresidual]), dw = round_W(sum over rows of
+//   dy * xhat), accumulated in fp32; dx is rounded once to T, dw once to the weight dtype.
+enum class RmsNormCasting { kLlama = 0, kGemma = 1, kNone = 2 };
+
+const char* Name(RmsNormCasting casting);  // "llama", "gemma", "none"
 
 // How the kernels are launched. A config fixes the vector width (elements per access, lowered by
 // the alignment of the actual views), how many threads share one row and how many rows a block
@@ -50,7 +76,7 @@ struct RmsNormConfig {
 struct RmsNormSpec {
   int64_t hidden = 0;                 // 1 .. 65536
   DType dtype = DType::kBF16;         // x, y, residual, dy, dx
-  std::optional<DType> weight_dtype;  // default: dtype
+  std::optional<DType> weight_dtype;  // default: dtype; must be dtype with casting kNone
   float eps = 1e-6f;
   float weight_offset = 0.0f;  // 1 for Gemma's (1 + w)
   RmsNormCasting casting = RmsNormCasting::kLlama;

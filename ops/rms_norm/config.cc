@@ -14,7 +14,24 @@ std::string RmsNormConfig::ToString() const {
                      forward.rows_per_block, backward.threads_per_row, backward.rows_per_block);
 }
 
+const char* Name(RmsNormCasting casting) {
+  switch (casting) {
+    case RmsNormCasting::kLlama: return "llama";
+    case RmsNormCasting::kGemma: return "gemma";
+    case RmsNormCasting::kNone: return "none";
+  }
+  return "?";
+}
+
 namespace ops {
+
+absl::StatusOr<RmsNormCasting> ParseRmsNormCasting(std::string_view text) {
+  for (RmsNormCasting c : {RmsNormCasting::kLlama, RmsNormCasting::kGemma, RmsNormCasting::kNone}) {
+    if (text == Name(c)) return c;
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("casting: '{}' is not a casting (llama, gemma, none)", text));
+}
 
 int MaxVecForHidden(int64_t hidden, int elem_bytes) {
   int vec = 16 / elem_bytes;

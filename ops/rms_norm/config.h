@@ -28,6 +28,10 @@ absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text);
 // it.
 int MaxVecForHidden(int64_t hidden, int elem_bytes);
 
+// The inverse of Name(RmsNormCasting): "llama", "gemma" or "none"; else InvalidArgument
+// "casting: '<text>' is not a casting (llama, gemma, none)".
+absl::StatusOr<RmsNormCasting> ParseRmsNormCasting(std::string_view text);
+
 // A sound default for a hidden size and vector width.
 RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec);
 

@@ -7,18 +7,51 @@
 
 namespace kjit::ops {
 
+namespace {
+
+bool None(const RmsNormMath& m) { return m.casting == RmsNormCasting::kNone; }
+
+// The sum of a row's squares, each rounded to the dtype first under casting none.
+double SumOfSquares(const RmsNormMath& m, const double* h) {
+  double sumsq = 0;
+  for (int64_t c = 0; c < m.hidden; ++c)
+    sumsq += None(m) ? RoundTo(h[c] * h[c], m.dtype) : h[c] * h[c];
+  return sumsq;
+}
+
+// Casting none's rstd = round(rsqrt(round(round(sumsq / hidden) + eps))), the + eps in fp32 with
+// the fp32 eps the kernel is given. The sum is scaled by `sum_factor` and the rsqrt by
+// `rsqrt_factor` to find the extremes an fp32 sum and rsqrtf may reach.
+double NoneRstd(const RmsNormMath& m, double sumsq, double sum_factor, double rsqrt_factor) {
+  const double mean = RoundTo(sumsq * sum_factor / m.hidden, m.dtype);
+  const double a = RoundTo(mean + static_cast<float>(m.eps), m.dtype);  // RoundTo passes fp32
+  return RoundTo(rsqrt_factor / std::sqrt(a), m.dtype);
+}
+
+// The rstd the forward defines for a row whose sum of squares is `sumsq`.
+double Rstd(const RmsNormMath& m, double sumsq) {
+  return None(m) ? NoneRstd(m, sumsq, 1, 1) : 1.0 / std::sqrt(sumsq / m.hidden + m.eps);
+}
+
+}  // namespace
+
 RmsNormForwardResult RmsNormForwardReference(const RmsNormMath& m, int64_t rows,
                                              const std::vector<double>& x,
                                              const std::vector<double>* residual,
-                                             const std::vector<double>& w) {
+                                             const std::vector<double>& w,
+                                             const std::vector<double>* use_rstd) {
   const int64_t H = m.hidden;
+  // An fp32 sum of H terms of one sign, in any order, and its division by H err by at most
+  // (H + 1) units of fp32 rounding (2^-24) relative; rsqrtf by 2 ulps (2^-22); both with room.
+  const double sum_err = (H + 2) * std::ldexp(1.0, -24), rsqrt_err = std::ldexp(1.0, -21);
   RmsNormForwardResult r;
   r.y.resize(rows * H);
   r.rstd.resize(rows);
+  r.rstd_lo.resize(rows);
+  r.rstd_hi.resize(rows);
   if (residual != nullptr) r.residual_out.resize(rows * H);
   std::vector<double> h(H);
   for (int64_t i = 0; i < rows; ++i) {
-    double sumsq = 0;
     for (int64_t c = 0; c < H; ++c) {
       double v = x[i * H + c];
       if (residual != nullptr) {
@@ -26,14 +59,20 @@ RmsNormForwardResult RmsNormForwardReference(const RmsNormMath& m, int64_t rows,
         r.residual_out[i * H + c] = v;
       }
       h[c] = v;
-      sumsq += v * v;
     }
-    const double rstd = 1.0 / std::sqrt(sumsq / H + m.eps);
-    r.rstd[i] = rstd;
+    const double sumsq = SumOfSquares(m, h.data());
+    r.rstd[i] = r.rstd_lo[i] = r.rstd_hi[i] = Rstd(m, sumsq);
+    if (None(m)) {
+      r.rstd_lo[i] = NoneRstd(m, sumsq, 1 + sum_err, 1 - rsqrt_err);
+      r.rstd_hi[i] = NoneRstd(m, sumsq, 1 - sum_err, 1 + rsqrt_err);
+    }
+    const double rstd = use_rstd != nullptr ? (*use_rstd)[i] : r.rstd[i];
     for (int64_t c = 0; c < H; ++c) {
       double n = h[c] * rstd;
-      if (!m.gemma_cast) n = RoundTo(n, m.dtype);
-      r.y[i * H + c] = n * (m.weight_offset + w[c]);
+      if (m.casting != RmsNormCasting::kGemma) n = RoundTo(n, m.dtype);
+      double scale = m.weight_offset + w[c];
+      if (None(m)) scale = RoundTo(scale, m.dtype);
+      r.y[i * H + c] = n * scale;
     }
   }
   return r;
@@ -43,7 +82,8 @@ RmsNormBackwardResult RmsNormBackwardReference(const RmsNormMath& m, int64_t row
                                                const std::vector<double>& dy,
                                                const std::vector<double>& x,
                                                const std::vector<double>& w,
-                                               const std::vector<double>* dresidual) {
+                                               const std::vector<double>* dresidual,
+                                               const std::vector<double>* given_rstd) {
   const int64_t H = m.hidden;
   RmsNormBackwardResult r;
   r.dx.resize(rows * H);
@@ -51,9 +91,8 @@ RmsNormBackwardResult RmsNormBackwardReference(const RmsNormMath& m, int64_t row
   r.dw_abs.assign(H, 0.0);
   r.dx_scale.resize(rows * H);
   for (int64_t i = 0; i < rows; ++i) {
-    double sumsq = 0;
-    for (int64_t c = 0; c < H; ++c) sumsq += x[i * H + c] * x[i * H + c];
-    const double rstd = 1.0 / std::sqrt(sumsq / H + m.eps);
+    const double rstd =
+        given_rstd != nullptr ? (*given_rstd)[i] : Rstd(m, SumOfSquares(m, &x[i * H]));
     double dot = 0, dot_abs = 0;
     for (int64_t c = 0; c < H; ++c) {
       const double term = dy[i * H + c] * (m.weight_offset + w[c]) * x[i * H + c] * rstd;
@@ -80,11 +119,17 @@ RmsNormBackwardResult RmsNormBackwardReference(const RmsNormMath& m, int64_t row
   return r;
 }
 
-RmsNormTolerances RmsNormTolerancesFor(DType dtype, DType weight_dtype, bool gemma_cast) {
+RmsNormTolerances RmsNormTolerancesFor(DType dtype, DType weight_dtype, RmsNormCasting casting) {
   const double r = RoundingRtol(dtype), a = RoundingAtol(dtype);
   RmsNormTolerances t;
-  t.y = {(gemma_cast ? 1 : 3) * r + 1e-5, (gemma_cast ? 1 : 3) * a};
-  t.rstd = {1e-5, 0};
+  switch (casting) {
+    case RmsNormCasting::kLlama: t.y = {3 * r + 1e-5, 3 * a}; break;
+    case RmsNormCasting::kGemma: t.y = {r + 1e-5, a}; break;
+    // Given the kernel's rstd, n and the weight product are exact in fp32: the store alone.
+    case RmsNormCasting::kNone: t.y = {r, a}; break;
+  }
+  // Casting none: within rstd_lo..rstd_hi (CheckRmsNorm), nothing more.
+  t.rstd = {casting == RmsNormCasting::kNone ? 0 : 1e-5, 0};
   t.residual_out = {r, a};
   t.dx = {r + 1e-5, a};
   t.dw = {RoundingRtol(weight_dtype) + 1e-5, RoundingAtol(weight_dtype)};
@@ -111,11 +156,25 @@ std::vector<std::pair<std::string, CompareResult>> CheckRmsNorm(const RmsNormMat
                                                                 const RmsNormOutputs& out,
                                                                 const RmsNormForwardResult& fwd,
                                                                 const RmsNormBackwardResult* bwd) {
-  const RmsNormTolerances tol = RmsNormTolerancesFor(m.dtype, weight_dtype, m.gemma_cast);
+  const RmsNormTolerances tol = RmsNormTolerancesFor(m.dtype, weight_dtype, m.casting);
   std::vector<std::pair<std::string, CompareResult>> results;
   if (out.y)
     results.emplace_back("y", Compare(*out.y, fwd.y, tol.y, RmsNormYAtol(m, rows, fwd.y, tol)));
-  if (out.rstd) results.emplace_back("rstd", Compare(*out.rstd, fwd.rstd, tol.rstd));
+  if (out.rstd && None(m)) {
+    // Anywhere in rstd_lo..rstd_hi (the middle, give or take half the width), and in the dtype.
+    std::vector<double> middle(rows), half_width(rows, 0.0), in_dtype(rows);
+    for (int64_t i = 0; i < rows; ++i) {
+      const double lo = fwd.rstd_lo[i], hi = fwd.rstd_hi[i];
+      const bool point = lo == hi || !std::isfinite(hi - lo);  // NaN and infinite rows too
+      middle[i] = point ? lo : lo + (hi - lo) / 2;
+      if (!point) half_width[i] = (hi - lo) / 2;
+      in_dtype[i] = RoundTo((*out.rstd)[i], m.dtype);
+    }
+    results.emplace_back("rstd", Compare(*out.rstd, middle, tol.rstd, half_width));
+    results.emplace_back("rstd in the dtype", Compare(*out.rstd, in_dtype, {}));
+  } else if (out.rstd) {
+    results.emplace_back("rstd", Compare(*out.rstd, fwd.rstd, tol.rstd));
+  }
   if (out.residual_out) {
     results.emplace_back("residual_out",
                          Compare(*out.residual_out, fwd.residual_out, tol.residual_out));

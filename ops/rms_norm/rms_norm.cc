@@ -32,8 +32,7 @@ std::string ForwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
   return fmt::format("kjit::rms_norm_forward<{}, {}, {}, {}, {}, {}, {}, {}>",
                      DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
                      c.forward.threads_per_row, c.forward.rows_per_block, c.vec,
-                     s.casting == RmsNormCasting::kGemma ? "true" : "false",
-                     s.fused_residual ? "true" : "false");
+                     static_cast<int>(s.casting), s.fused_residual ? "true" : "false");
 }
 std::string BackwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
   return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
@@ -101,6 +100,21 @@ absl::Status ValidateRmsNormSpec(const RmsNormSpec& spec) {
     return absl::InvalidArgumentError(
         fmt::format("weight_offset: {} must be finite", spec.weight_offset));
   }
+  switch (spec.casting) {
+    case RmsNormCasting::kLlama:
+    case RmsNormCasting::kGemma: break;
+    case RmsNormCasting::kNone:
+      if (WeightDType(spec) != spec.dtype) {
+        return absl::InvalidArgumentError(
+            fmt::format("weight_dtype: {} must be the dtype ({}) with casting none, which computes "
+                        "in the dtype",
+                        Name(WeightDType(spec)), Name(spec.dtype)));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(fmt::format(
+          "casting: {} is out of range (llama, gemma, none)", static_cast<int>(spec.casting)));
+  }
   if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateRmsNormConfig(spec, *spec.config));
   return absl::OkStatus();
 }
@@ -114,7 +128,7 @@ absl::StatusOr<jit::Source> ops::RenderRmsNorm(const RmsNormSpec& spec,
       {"hidden", std::to_string(spec.hidden)},
       {"dtype", Name(spec.dtype)},
       {"weight_dtype", Name(WeightDType(spec))},
-      {"casting", spec.casting == RmsNormCasting::kGemma ? "gemma" : "llama"},
+      {"casting", Name(spec.casting)},
       {"fused_residual", spec.fused_residual ? "true" : "false"},
       {"config", config.ToString()},
   };

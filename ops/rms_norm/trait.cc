@@ -15,7 +15,7 @@ std::string Trait::TuningOp(const Spec& s) {
 
 std::string Trait::TuningShape(const Spec& s) {
   std::string shape = fmt::format("hidden={}", s.hidden);
-  if (s.casting == RmsNormCasting::kGemma) shape += " gemma";
+  if (s.casting != RmsNormCasting::kLlama) shape += fmt::format(" {}", Name(s.casting));
   if (s.weight_dtype && *s.weight_dtype != s.dtype) {
     shape += fmt::format(" weight={}", Name(*s.weight_dtype));
   }
@@ -28,7 +28,7 @@ nlohmann::json Trait::ToJson(const Spec& s) {
                       {"dtype", Name(s.dtype)},
                       {"eps", s.eps},
                       {"weight_offset", s.weight_offset},
-                      {"gemma_casting", s.casting == RmsNormCasting::kGemma},
+                      {"casting", Name(s.casting)},
                       {"fused_residual", s.fused_residual}};
   if (s.weight_dtype) j["weight_dtype"] = Name(*s.weight_dtype);
   return j;
@@ -44,8 +44,8 @@ absl::StatusOr<RmsNormSpec> Trait::FromJson(const nlohmann::json& j) {
   }
   KJIT_ASSIGN_OR_RETURN(s.eps, in.Float("eps"));
   KJIT_ASSIGN_OR_RETURN(s.weight_offset, in.Float("weight_offset"));
-  KJIT_ASSIGN_OR_RETURN(const bool gemma, in.Bool("gemma_casting"));
-  s.casting = gemma ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
+  KJIT_ASSIGN_OR_RETURN(const std::string casting, in.String("casting"));
+  KJIT_ASSIGN_OR_RETURN(s.casting, ParseRmsNormCasting(casting));
   KJIT_ASSIGN_OR_RETURN(s.fused_residual, in.Bool("fused_residual"));
   KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
   KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(s));

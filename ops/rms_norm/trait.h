@@ -29,7 +29,8 @@ struct OpTrait<RmsNormSpec> {
   using Trial = RmsNormTrial;
   static constexpr std::string_view kName = "rms_norm";
 
-  // "rms_norm" or "rms_norm+residual"; "hidden=4096", plus " gemma" and " weight=<dtype>".
+  // "rms_norm" or "rms_norm+residual"; "hidden=4096", plus " gemma" or " none" and
+  // " weight=<dtype>". The JSON names the casting as Name(RmsNormCasting) does: "casting": "llama".
   static std::string TuningOp(const Spec& s);
   static std::string TuningShape(const Spec& s);
   static nlohmann::json ToJson(const Spec& s);

@@ -68,15 +68,27 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
               .dtype = dtype,
               .eps = spec.eps,
               .weight_offset = spec.weight_offset,
-              .gemma_cast = spec.casting == RmsNormCasting::kGemma};
+              .casting = spec.casting};
   RmsNormForwardResult f =
       RmsNormForwardReference(t->math_, rows, hx, spec.fused_residual ? &hres : nullptr, hw);
   // The backward normalizes what the forward did: residual_out when fused.
   RmsNormBackwardResult b = RmsNormBackwardReference(
       t->math_, rows, hdy, spec.fused_residual ? f.residual_out : hx, hw, nullptr);
   t->sample_ = SampleRows(rows);
-  t->ref_f_ = {Rows(f.y, hidden, t->sample_), Rows(f.rstd, 1, t->sample_),
-               Rows(f.residual_out, hidden, t->sample_)};
+  t->ref_f_ = {.y = Rows(f.y, hidden, t->sample_),
+               .rstd = Rows(f.rstd, 1, t->sample_),
+               .rstd_lo = Rows(f.rstd_lo, 1, t->sample_),
+               .rstd_hi = Rows(f.rstd_hi, 1, t->sample_),
+               .residual_out = Rows(f.residual_out, hidden, t->sample_)};
+  if (spec.casting == RmsNormCasting::kNone) {
+    // The kernel's rstd may be one ulp from the reference's (reference.h): Check recomputes y with
+    // it from these rows and gives the backward the reference's rstd, which the dx and dw
+    // references used.
+    t->none_ = NoneCheck{.x = Rows(hx, hidden, t->sample_),
+                         .residual = Rows(hres, hidden, t->sample_),
+                         .w = hw,
+                         .rstd = std::vector<float>(f.rstd.begin(), f.rstd.end())};
+  }
   t->ref_b_ = {Rows(b.dx, hidden, t->sample_), std::move(b.dw), std::move(b.dw_abs),
                Rows(b.dx_scale, hidden, t->sample_)};
   return t;
@@ -128,12 +140,19 @@ absl::Status RmsNormTrial::Check(const RmsNorm& op) {
   KJIT_ASSIGN_OR_RETURN(const RmsNormForwardArgs f, ForwardArgs());
   KJIT_ASSIGN_OR_RETURN(const RmsNormBackwardArgs b, BackwardArgs(op));
   KJIT_RETURN_IF_ERROR(op.Forward(nullptr, f));
-  KJIT_RETURN_IF_ERROR(op.Backward(nullptr, b));
   const DType dtype = spec_.dtype, wdtype = spec_.weight_dtype.value_or(dtype);
   const int64_t hidden = spec_.hidden;
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, SampledRows(b_->y, dtype, hidden, sample_));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd,
                         SampledRows(b_->rstd, DType::kF32, 1, sample_));
+  RmsNormForwardResult none_ref_f;
+  if (none_) {
+    KJIT_RETURN_IF_ERROR(b_->rstd.Upload(none_->rstd.data(), none_->rstd.size() * sizeof(float)));
+    none_ref_f =
+        RmsNormForwardReference(math_, static_cast<int64_t>(sample_.size()), none_->x,
+                                spec_.fused_residual ? &none_->residual : nullptr, none_->w, &rstd);
+  }
+  KJIT_RETURN_IF_ERROR(op.Backward(nullptr, b));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> dx, SampledRows(b_->dx, dtype, hidden, sample_));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> dw, DownloadValues(b_->dw, wdtype));
   std::vector<double> residual_out;
@@ -148,7 +167,7 @@ absl::Status RmsNormTrial::Check(const RmsNorm& op) {
                     .residual_out = spec_.fused_residual ? &residual_out : nullptr,
                     .dx = &dx,
                     .dw = &dw},
-                   ref_f_, &ref_b_));
+                   none_ ? none_ref_f : ref_f_, &ref_b_));
 }
 
 absl::StatusOr<TimedWork> RmsNormTrial::Work(const RmsNorm& op, Pass pass) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kjit/device_buffer.h"
@@ -41,6 +42,13 @@ class RmsNormTrial {
   RmsNormMath math_;
   RmsNormForwardResult ref_f_;
   RmsNormBackwardResult ref_b_;
+  // Casting none: the sampled rows' inputs and the weight, for y with the kernel's rstd, and the
+  // reference's rstd of every row, for the backward.
+  struct NoneCheck {
+    std::vector<double> x, residual, w;
+    std::vector<float> rstd;
+  };
+  std::optional<NoneCheck> none_;
 };
 
 }  // namespace kjit::ops

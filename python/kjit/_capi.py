@@ -32,7 +32,7 @@ STATUS_NAMES = {
 DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
 INDEX_TYPES = {"int32": 0, "int64": 1}
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
-CASTINGS = {"llama": 0, "gemma": 1}
+CASTINGS = {"llama": 0, "gemma": 1, "none": 2}
 
 
 class KjitError(RuntimeError):

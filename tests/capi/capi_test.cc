@@ -546,9 +546,15 @@ TEST_F(CapiCompileOnly, EnumFieldsAreRangeChecked) {
   ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),
                 "weight_dtype: -2 is out of range; expected -1 (dtype's), 0 (KJIT_F32),");
   n = norm_spec_;
-  n.casting = 2;
-  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),
-                "casting: 2 is out of range; expected 0 (KJIT_CASTING_LLAMA) or 1");
+  n.casting = 3;
+  ExpectInvalid(
+      Last(kjit_rms_norm_create(rt_, &n, &norm)),
+      "casting: 3 is out of range; expected 0 (KJIT_CASTING_LLAMA), 1 (KJIT_CASTING_GEMMA) "
+      "or 2 (KJIT_CASTING_NONE)");
+  n = norm_spec_;
+  n.casting = KJIT_CASTING_NONE;
+  n.weight_dtype = KJIT_F32;
+  ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)), "weight_dtype: fp32 must be the dtype");
   n = norm_spec_;
   n.fused_residual = 2;
   ExpectInvalid(Last(kjit_rms_norm_create(rt_, &n, &norm)),

@@ -26,7 +26,7 @@ struct Case {
   int64_t rows = 16;
   DType dtype = DType::kBF16;
   DType weight_dtype = DType::kBF16;
-  bool gemma = false;
+  RmsNormCasting casting = RmsNormCasting::kLlama;
   float offset = 0;
   bool residual = false;
   bool in_place = false;  // dx into dy; residual_out into residual
@@ -39,7 +39,7 @@ struct Case {
     return fmt::format(
         "hidden={} rows={} dtype={} wdtype={} cast={} offset={} residual={} "
         "in_place={} pad={} misalign={} scale={} specials={}",
-        hidden, rows, Name(dtype), Name(weight_dtype), gemma ? "gemma" : "llama", offset, residual,
+        hidden, rows, Name(dtype), Name(weight_dtype), kjit::Name(casting), offset, residual,
         in_place, pad, misalign, scale, specials);
   }
   static const char* Name(DType t) { return kjit::Name(t); }
@@ -122,7 +122,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                    .weight_dtype = c.weight_dtype,
                    .eps = 1e-6f,
                    .weight_offset = c.offset,
-                   .casting = c.gemma ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
+                   .casting = c.casting,
                    .fused_residual = c.residual};
   auto norm = rt.RmsNorm(spec);
   ASSERT_TRUE(norm.ok()) << norm.status();
@@ -195,13 +195,6 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   const absl::Status first = run();
   ASSERT_TRUE(first.ok()) << first;
 
-  // References.
-  const ops::RmsNormMath math{
-      .hidden = H, .dtype = c.dtype, .eps = 1e-6, .weight_offset = c.offset, .gemma_cast = c.gemma};
-  const auto ref_f = ops::RmsNormForwardReference(math, R, x, c.residual ? &residual : nullptr, w);
-  const std::vector<double>& normalized = c.residual ? ref_f.residual_out : x;
-  const auto ref_b =
-      ops::RmsNormBackwardReference(math, R, dy, normalized, w, c.residual ? &dresidual : nullptr);
   auto read = [&](const DeviceMatrix& m) {
     auto h = ReadMatrix(m);
     EXPECT_TRUE(h.ok()) << h.status();
@@ -209,6 +202,18 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     return std::move(*h);
   };
   HostImage y = read(dy_m), rstd = read(drstd), dx = read(dx_out), dw = read(d_dw);
+
+  // References. Casting none's rstd may round a near-tie mean either way: the check bounds it, and
+  // y and the backward are computed with the kernel's own (ops/rms_norm/reference.h).
+  const ops::RmsNormMath math{
+      .hidden = H, .dtype = c.dtype, .eps = 1e-6, .weight_offset = c.offset, .casting = c.casting};
+  const std::vector<double>* kernel_rstd =
+      c.casting == RmsNormCasting::kNone ? &rstd.values : nullptr;
+  const auto ref_f =
+      ops::RmsNormForwardReference(math, R, x, c.residual ? &residual : nullptr, w, kernel_rstd);
+  const std::vector<double>& normalized = c.residual ? ref_f.residual_out : x;
+  const auto ref_b = ops::RmsNormBackwardReference(math, R, dy, normalized, w,
+                                                   c.residual ? &dresidual : nullptr, kernel_rstd);
   std::optional<HostImage> ro;
   if (c.residual) ro = read(res_out);
   const ops::RmsNormOutputs outs{.y = &y.values,
@@ -224,7 +229,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
 
   // The check must be able to fail: push one finite y just past its tolerance.
   if (all_ok) {
-    const auto tol = ops::RmsNormTolerancesFor(c.dtype, c.weight_dtype, c.gemma);
+    const auto tol = ops::RmsNormTolerancesFor(c.dtype, c.weight_dtype, c.casting);
     const std::vector<double> atol = ops::RmsNormYAtol(math, R, ref_f.y, tol);
     for (size_t i = 0; i < y.values.size(); ++i) {
       if (!std::isfinite(ref_f.y[i])) continue;
@@ -263,6 +268,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
 }
 
 constexpr int64_t kMaxElements = int64_t{1} << 25;  // keeps the fp64 reference within seconds
+constexpr RmsNormCasting kCastings[] = {RmsNormCasting::kLlama, RmsNormCasting::kGemma,
+                                        RmsNormCasting::kNone};
 
 TEST(RmsNormGpu, ShapesAndDtypes) {
   KJIT_REQUIRE_GPU(rt);
@@ -286,21 +293,52 @@ TEST(RmsNormGpu, EveryOptionCombination) {
   int cases = 0;
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (auto [hidden, rows] : {std::pair<int64_t, int64_t>{7, 3}, {1000, 257}, {4096, 64}}) {
-      for (int bits = 0; bits < 64; ++bits) {
-        Case c{.hidden = hidden, .rows = rows, .dtype = t, .weight_dtype = t};
-        c.gemma = bits & 1;
-        c.offset = (bits & 2) ? 1.0f : 0.0f;
-        c.residual = bits & 4;
-        if (bits & 8) c.weight_dtype = DType::kF32;
-        c.in_place = bits & 16;
-        c.pad = (bits & 32) ? 24 : 0;
-        RunCase(rt, c, 5000 + cases);
-        ++cases;
-        if (::testing::Test::HasFatalFailure()) return;
+      for (RmsNormCasting casting : kCastings) {
+        for (int bits = 0; bits < 32; ++bits) {
+          Case c{.hidden = hidden, .rows = rows, .dtype = t, .weight_dtype = t, .casting = casting};
+          c.offset = (bits & 1) ? 1.0f : 0.0f;
+          c.residual = bits & 2;
+          if (bits & 4) c.weight_dtype = DType::kF32;
+          c.in_place = bits & 8;
+          c.pad = (bits & 16) ? 24 : 0;
+          // Casting none computes in the dtype and refuses another weight dtype
+          // (CastingNoneNeedsTheWeightInTheDtype).
+          if (casting == RmsNormCasting::kNone && c.weight_dtype != t) continue;
+          RunCase(rt, c, 5000 + cases);
+          ++cases;
+          if (::testing::Test::HasFatalFailure()) return;
+        }
       }
     }
   }
   fmt::print("checked {} option cases\n", cases);
+}
+
+// Casting none rounds at every step of the forward (kjit/rms_norm.h), checked tightly: y to half an
+// ulp given the kernel's rstd, and that rstd a value of the dtype within what an fp32 sum allows.
+TEST(RmsNormGpu, CastingNoneShapesAndDtypes) {
+  KJIT_REQUIRE_GPU(rt);
+  int cases = 0;
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t hidden : {1, 7, 4095, 4096, 65536}) {
+      for (int64_t rows : {1, 5, 300}) {
+        for (bool residual : {false, true}) {
+          RunCase(rt,
+                  {.hidden = hidden,
+                   .rows = rows,
+                   .dtype = t,
+                   .weight_dtype = t,
+                   .casting = RmsNormCasting::kNone,
+                   .offset = (cases % 3 == 2) ? 1.0f : 0.0f,
+                   .residual = residual},
+                  3000 + cases);
+          ++cases;
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  fmt::print("checked {} casting-none cases\n", cases);
 }
 
 TEST(RmsNormGpu, MisalignedViewsUseNarrowerVectors) {
@@ -334,19 +372,22 @@ TEST(RmsNormGpu, LargeMagnitudesAndSpecialValues) {
   KJIT_REQUIRE_GPU(rt);
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (int64_t hidden : {7, 1000, 4096, 65536}) {
-      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .scale = 1e4},
-              7000 + hidden);
-      RunCase(rt, {.hidden = hidden, .rows = 5, .dtype = t, .weight_dtype = t, .specials = true},
-              7100 + hidden);
-      RunCase(rt,
-              {.hidden = hidden,
-               .rows = 5,
-               .dtype = t,
-               .weight_dtype = t,
-               .gemma = true,
-               .residual = true,
-               .specials = true},
-              7200 + hidden);
+      auto with = [&](RmsNormCasting casting, double scale, bool residual, bool specials) {
+        return Case{.hidden = hidden,
+                    .rows = 5,
+                    .dtype = t,
+                    .weight_dtype = t,
+                    .casting = casting,
+                    .residual = residual,
+                    .scale = scale,
+                    .specials = specials};
+      };
+      RunCase(rt, with(RmsNormCasting::kLlama, 1e4, false, false), 7000 + hidden);
+      RunCase(rt, with(RmsNormCasting::kLlama, 1, false, true), 7100 + hidden);
+      RunCase(rt, with(RmsNormCasting::kGemma, 1, true, true), 7200 + hidden);
+      // Casting none: fp16 squares of 1e4 overflow to inf, so rstd is 0, as in PyTorch.
+      RunCase(rt, with(RmsNormCasting::kNone, 1e4, false, false), 7300 + hidden);
+      RunCase(rt, with(RmsNormCasting::kNone, 1, true, true), 7400 + hidden);
     }
   }
 }

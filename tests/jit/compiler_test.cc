@@ -36,14 +36,18 @@ TEST(CompilerTest, RmsNormCompilesForEveryDtypeAndTarget) {
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120"}) {
     const jit::Target target = *jit::ParseTarget(arch);
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-      for (DType w : {t, DType::kF32}) {
-        RmsNormSpec spec{.hidden = 4096, .dtype = t, .weight_dtype = w};
+      // Casting none (the whole computation in the dtype) takes only a weight of the dtype.
+      for (auto [w, casting] :
+           {std::pair{t, RmsNormCasting::kLlama}, std::pair{DType::kF32, RmsNormCasting::kLlama},
+            std::pair{t, RmsNormCasting::kNone}}) {
+        RmsNormSpec spec{.hidden = 4096, .dtype = t, .weight_dtype = w, .casting = casting};
         const int vec =
             ops::MaxVecForHidden(4096, static_cast<int>(std::max(SizeOf(t), SizeOf(w))));
         auto src = ops::RenderRmsNorm(spec, ops::DefaultRmsNormConfig(4096, vec));
         ASSERT_TRUE(src.ok()) << src.status();
         auto bin = jit::Compile(nvrtc, *src, target);
-        ASSERT_TRUE(bin.ok()) << arch << " " << Name(t) << "/" << Name(w) << ": " << bin.status();
+        ASSERT_TRUE(bin.ok()) << arch << " " << Name(t) << "/" << Name(w) << " " << Name(casting)
+                              << ": " << bin.status();
         EXPECT_EQ(bin->target, target);
         ASSERT_GE(bin->code.size(), 4u);
         EXPECT_EQ(bin->code.substr(0, 4),
@@ -58,18 +62,18 @@ TEST(CompilerTest, RmsNormCompilesForEveryDtypeAndTarget) {
       }
     }
   }
-  EXPECT_EQ(compiled, 7 * 3 * 2);
+  EXPECT_EQ(compiled, 7 * 3 * 3);
 }
 
 TEST(CompilerTest, EveryOptionAndOddShapeCompiles) {
   const jit::Nvrtc& nvrtc = GetNvrtc();
   const jit::Target target = *jit::ParseTarget("sm_90");
   for (int64_t hidden : {1, 7, 64, 1000, 5120, 65536}) {
-    for (int bits = 0; bits < 4; ++bits) {
+    for (int bits = 0; bits < 6; ++bits) {
       RmsNormSpec spec{.hidden = hidden,
                        .dtype = DType::kBF16,
-                       .casting = (bits & 1) ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
-                       .fused_residual = (bits & 2) != 0};
+                       .casting = static_cast<RmsNormCasting>(bits / 2),  // llama, gemma, none
+                       .fused_residual = (bits & 1) != 0};
       for (int vec : {1, ops::MaxVecForHidden(hidden, 2)}) {
         auto src = ops::RenderRmsNorm(spec, ops::DefaultRmsNormConfig(hidden, vec));
         ASSERT_TRUE(src.ok()) << src.status();

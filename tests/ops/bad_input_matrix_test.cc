@@ -196,6 +196,22 @@ TEST_F(BadInputMatrixTest, RmsNormForward) {
   }
 }
 
+// Casting none computes in the dtype: a weight dtype of its own is refused when the op is made.
+TEST_F(BadInputMatrixTest, RmsNormCastingNoneRefusesAnotherWeightDtype) {
+  for (DType w : {DType::kF32, DType::kF16}) {
+    auto norm = rt_->RmsNorm({.hidden = kCols,
+                              .dtype = DType::kBF16,
+                              .weight_dtype = w,
+                              .casting = RmsNormCasting::kNone});
+    testing::ExpectInvalid(norm.status(), "weight_dtype:");
+  }
+  EXPECT_TRUE(rt_->RmsNorm({.hidden = kCols,
+                            .dtype = DType::kBF16,
+                            .weight_dtype = DType::kBF16,
+                            .casting = RmsNormCasting::kNone})
+                  .ok());
+}
+
 TEST_F(BadInputMatrixTest, RmsNormBackward) {
   auto norm = rt_->RmsNorm({.hidden = kCols, .dtype = DType::kBF16, .weight_dtype = DType::kF32});
   ASSERT_TRUE(norm.ok()) << norm.status();

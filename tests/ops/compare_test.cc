@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kjit/host_convert.h"
 #include "ops/rms_norm/reference.h"
 
 namespace kjit::ops {
@@ -63,6 +64,72 @@ TEST(CompareTest, RmsNormChecksRejectZeroAndPerturbedOutputs) {
   std::vector<double> dx = b.dx;
   dx[77] += 0.05 * std::fabs(dx[77]) + 1e-3;
   EXPECT_FALSE(CheckRmsNorm(m, rows, DType::kBF16, {.dx = &dx}, f, &b)[0].second.ok);
+}
+
+// Casting none's check is tight enough to tell its rounding points apart: a kernel that computed
+// rstd in fp32 (no rounding), or y without rounding x * rstd, fails; one whose rstd rounded a
+// near-tie mean the other way passes once the reference is given that rstd.
+TEST(CompareTest, RmsNormCastingNoneCheckSeesEveryRounding) {
+  const RmsNormMath m{
+      .hidden = 1024, .dtype = DType::kBF16, .eps = 1e-6, .casting = RmsNormCasting::kNone};
+  const int64_t rows = 32, n = rows * m.hidden;
+  std::vector<double> x(n), dy(n), w(m.hidden);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = RoundTo(std::sin(0.37 * i) * 2, m.dtype);
+    dy[i] = RoundTo(std::cos(0.11 * i), m.dtype);
+  }
+  for (int64_t i = 0; i < m.hidden; ++i) w[i] = RoundTo(1 + 0.1 * std::sin(1.3 * i), m.dtype);
+  const auto f = RmsNormForwardReference(m, rows, x, nullptr, w);
+  const auto b = RmsNormBackwardReference(m, rows, dy, x, w, nullptr);
+  auto all_ok = [&](const RmsNormOutputs& out, const RmsNormForwardResult& fwd) {
+    bool ok = true;
+    for (const auto& [name, r] : CheckRmsNorm(m, rows, m.dtype, out, fwd, &b)) ok &= r.ok;
+    return ok;
+  };
+  // What a correct kernel stores passes: y rounded to the dtype, rstd the reference's.
+  std::vector<double> y(n);
+  for (int64_t i = 0; i < n; ++i) y[i] = RoundTo(f.y[i], m.dtype);
+  EXPECT_TRUE(all_ok({.y = &y, .rstd = &f.rstd, .dx = &b.dx, .dw = &b.dw}, f));
+  for (int64_t i = 0; i < rows; ++i) {
+    EXPECT_EQ(RoundTo(f.rstd[i], m.dtype), f.rstd[i]) << "rstd is a value of the dtype";
+    EXPECT_LE(f.rstd_lo[i], f.rstd[i]);
+    EXPECT_GE(f.rstd_hi[i], f.rstd[i]);
+  }
+
+  // rstd in fp32, as llama and gemma compute it: not a value of the dtype, so refused.
+  const RmsNormMath fp32_rstd{.hidden = m.hidden, .dtype = m.dtype, .eps = m.eps};
+  const auto llama = RmsNormForwardReference(fp32_rstd, rows, x, nullptr, w);
+  EXPECT_FALSE(all_ok({.rstd = &llama.rstd}, f));
+  // y with x * rstd left unrounded (gemma's y with none's rstd) differs somewhere by more than
+  // the final rounding.
+  const RmsNormMath gemma{
+      .hidden = m.hidden, .dtype = m.dtype, .eps = m.eps, .casting = RmsNormCasting::kGemma};
+  const auto unrounded = RmsNormForwardReference(gemma, rows, x, nullptr, w, &f.rstd);
+  for (int64_t i = 0; i < n; ++i) y[i] = RoundTo(unrounded.y[i], m.dtype);
+  EXPECT_FALSE(all_ok({.y = &y}, f));
+  // An rstd one ulp off where the sum is far from a tie is refused.
+  std::vector<double> off = f.rstd;
+  int64_t far = -1;
+  for (int64_t i = 0; i < rows && far < 0; ++i) {
+    if (f.rstd_lo[i] == f.rstd_hi[i]) far = i;
+  }
+  ASSERT_GE(far, 0) << "every row near a tie";
+  off[far] = RoundTo(off[far] * (1 + std::ldexp(1.0, -7)), m.dtype);
+  ASSERT_NE(off[far], f.rstd[far]);
+  EXPECT_FALSE(all_ok({.rstd = &off}, f));
+  // The same rstd handed to the reference (as the GPU tests do with the kernel's) moves y with it.
+  const auto with_off = RmsNormForwardReference(m, rows, x, nullptr, w, &off);
+  for (int64_t i = 0; i < n; ++i) y[i] = RoundTo(with_off.y[i], m.dtype);
+  EXPECT_TRUE(all_ok({.y = &y}, with_off));
+  EXPECT_FALSE(all_ok({.y = &y}, f));
+
+  // fp32: casting none equals llama up to fp32 rounding.
+  const RmsNormMath none32{
+      .hidden = m.hidden, .dtype = DType::kF32, .eps = m.eps, .casting = RmsNormCasting::kNone};
+  const RmsNormMath llama32{.hidden = m.hidden, .dtype = DType::kF32, .eps = m.eps};
+  const auto a = RmsNormForwardReference(none32, rows, x, nullptr, w);
+  const auto c = RmsNormForwardReference(llama32, rows, x, nullptr, w);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(a.y[i], c.y[i], 1e-6 * std::fabs(c.y[i]) + 1e-30);
 }
 
 }  // namespace

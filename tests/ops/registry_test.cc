@@ -32,7 +32,8 @@ std::vector<OpSpec> Specs() {
                            .label_smoothing = 0.1f,
                            .lse_square_scale = 1e-4f,
                            .softcap = 30,
-                           .argmax = true}};
+                           .argmax = true},
+          RmsNormSpec{.hidden = 4096, .dtype = DType::kBF16, .casting = RmsNormCasting::kNone}};
 }
 
 TEST(Registry, NamesEveryOpOnce) {
@@ -57,6 +58,9 @@ TEST(Registry, TuningKeysNameTheOptionsThatChangeTheWork) {
   EXPECT_EQ(TuningShape(specs[0]), "hidden=3584 gemma weight=fp32");
   EXPECT_EQ(TuningOp(specs[1]), "cross_entropy");
   EXPECT_EQ(TuningShape(specs[1]), "vocab=256000 softcap smoothing z_loss argmax");
+  EXPECT_EQ(TuningShape(specs[2]), "hidden=4096 none");
+  EXPECT_NE(SpecToJson(specs[2]).find(R"("casting":"none")"), std::string::npos)
+      << SpecToJson(specs[2]);
 }
 
 TEST(Registry, BadJsonIsRefusedNamingTheField) {
@@ -109,6 +113,9 @@ TEST(Registry, SpecNumbersAreCheckedAndTheFieldNamed) {
       {rms, "fused_residual", R"("yes")", R"(fused_residual: must be true or false, got "yes")"},
       {rms, "weight_dtype", R"("bf17")", "weight_dtype: 'bf17' is not supported"},
       {rms, "vocab", "1000", "vocab: is not a field of rms_norm (its fields: op, "},
+      {rms, "casting", R"("t5")", "casting: 't5' is not a casting (llama, gemma, none)"},
+      {rms, "casting", "true", "casting: must be a string, got true"},
+      {rms, "gemma_casting", "true", "gemma_casting: is not a field of rms_norm"},
   };
   for (const auto& c : cases) {
     const std::string json = WithField(c.op, c.field, c.value);

@@ -25,6 +25,47 @@ TEST(RmsNormSpecTest, RejectsBadSpecsNamingTheField) {
   ExpectInvalid(ValidateRmsNormSpec({.hidden = 64, .weight_offset = NAN}), "weight_offset:");
   EXPECT_TRUE(ValidateRmsNormSpec({.hidden = 1}).ok());
   EXPECT_TRUE(ValidateRmsNormSpec({.hidden = 65536, .eps = 0}).ok());
+  ExpectInvalid(ValidateRmsNormSpec({.hidden = 64, .casting = static_cast<RmsNormCasting>(3)}),
+                "casting: 3 is out of range");
+}
+
+// Casting none computes in the dtype: the weight must have it too.
+TEST(RmsNormSpecTest, CastingNoneNeedsTheWeightInTheDtype) {
+  const RmsNormSpec none{.hidden = 64, .dtype = DType::kBF16, .casting = RmsNormCasting::kNone};
+  EXPECT_TRUE(ValidateRmsNormSpec(none).ok());
+  RmsNormSpec s = none;
+  s.weight_dtype = DType::kBF16;
+  EXPECT_TRUE(ValidateRmsNormSpec(s).ok());
+  s.weight_dtype = DType::kF32;
+  ExpectInvalid(ValidateRmsNormSpec(s), "weight_dtype: fp32 must be the dtype (bf16)");
+  s.casting = RmsNormCasting::kLlama;
+  EXPECT_TRUE(ValidateRmsNormSpec(s).ok()) << "llama takes an fp32 weight";
+  s = {.hidden = 64,
+       .dtype = DType::kF32,
+       .weight_dtype = DType::kF32,
+       .casting = RmsNormCasting::kNone};
+  EXPECT_TRUE(ValidateRmsNormSpec(s).ok());
+}
+
+TEST(RmsNormSpecTest, CastingNamesRoundTrip) {
+  for (RmsNormCasting c : {RmsNormCasting::kLlama, RmsNormCasting::kGemma, RmsNormCasting::kNone}) {
+    auto back = ops::ParseRmsNormCasting(Name(c));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, c);
+  }
+  EXPECT_STREQ(Name(RmsNormCasting::kNone), "none");
+  ExpectInvalid(ops::ParseRmsNormCasting("Gemma").status(),
+                "casting: 'Gemma' is not a casting (llama, gemma, none)");
+}
+
+TEST(RmsNormSpecTest, RenderNamesCastingNoneAsTemplateArgument) {
+  auto src =
+      ops::RenderRmsNorm({.hidden = 4096, .dtype = DType::kBF16, .casting = RmsNormCasting::kNone},
+                         ops::DefaultRmsNormConfig(4096, 8));
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(src->name_expressions[0],
+            "kjit::rms_norm_forward<kjit::bf16, kjit::bf16, 4096, 256, 1, 8, 2, false>");
+  EXPECT_EQ(src->params.at("casting"), "none");
 }
 
 TEST(RmsNormSpecTest, RejectsBadConfigs) {
@@ -55,11 +96,12 @@ TEST(RmsNormSpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   ASSERT_TRUE(src.ok()) << src.status();
   ASSERT_EQ(src->name_expressions.size(), 3u);
   EXPECT_EQ(src->name_expressions[0],
-            "kjit::rms_norm_forward<kjit::f16, float, 5120, 640, 1, 4, true, true>");
+            "kjit::rms_norm_forward<kjit::f16, float, 5120, 640, 1, 4, 1, true>");
   EXPECT_EQ(src->name_expressions[2], "kjit::rms_norm_dw_reduce<float, 5120, 32, 32>");
   EXPECT_NE(src->text.find("#include \"rms_norm.cuh\""), std::string::npos);
   EXPECT_EQ(src->text.find("#define"), std::string::npos) << "no -D style specialization";
   EXPECT_EQ(src->params.at("hidden"), "5120");
+  EXPECT_EQ(src->params.at("casting"), "gemma");
   EXPECT_EQ(src->headers.size(), 3u);
 }
 

@@ -61,6 +61,9 @@ def test_compile_only_runtime_builds_both_ops(cache_dir):
     norm = rt.rms_norm(hidden=4095, dtype="fp16", casting="gemma", weight_offset=1.0)
     assert norm.build()["origin"] == "compiled"
     assert norm.config_for(7).startswith("vec=")
+    assert rt.rms_norm(hidden=4096, dtype="bf16", casting="none").build()["origin"] == "compiled"
+    with pytest.raises(kjit.KjitError, match="weight_dtype: fp32 must be the dtype"):
+        rt.rms_norm(hidden=4096, dtype="bf16", weight_dtype="fp32", casting="none")
     # A second runtime finds the disk cache.
     again = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
     assert again.cross_entropy(vocab=50257, dtype="bf16").build()["origin"] == "disk cache"

@@ -57,6 +57,8 @@ def test_cross_entropy_option_errors(kwargs, message):
      r"weight must be \[hidden\] = \[8\]"),
     (lambda: torch.randn(4, 8), lambda: torch.ones(8), dict(casting="t5"), ValueError,
      "casting must be one of"),
+    (lambda: torch.randn(4, 8, dtype=torch.bfloat16), lambda: torch.ones(8),
+     dict(casting="none"), ValueError, "casting 'none' computes in x's dtype"),
     (lambda: torch.randn(8, 4).t(), lambda: torch.ones(8), {}, ValueError,
      "contiguous last dimension"),
     (lambda: torch.randn(3, 4, 16)[:, :, :8].transpose(0, 1), lambda: torch.ones(8), {},

@@ -204,19 +204,39 @@ def test_cross_entropy_is_deterministic():
 
 # ---- RMSNorm ------------------------------------------------------------------------------------
 
-def norm_reference(x, weight, eps, casting, offset, residual=None):
+def none_rstd(xs, eps, dtype):
+    """Casting none's rstd (kjit/rms_norm.h) in float64 from h = xs: round(rsqrt(round(round(
+    mean(round(h^2))) + eps))), the + eps in fp32, every round() to `dtype`."""
+    def rnd(t):
+        return t.to(dtype).double()
+    mean = rnd(rnd(xs * xs).sum(-1, keepdim=True) / xs.shape[-1])
+    return rnd(torch.rsqrt((mean.float() + torch.tensor(eps, dtype=torch.float32)).to(dtype)
+                           .double()))
+
+
+def norm_reference(x, weight, eps, casting, offset, residual=None, rstd=None):
     """float64 forward as Hugging Face rounds it (llama: the normalized x rounded to x's dtype
-    before the weight multiply; gemma: fp32 to the end), and fp64 gradients of the same formula
-    without the rounding."""
+    before the weight multiply; gemma: fp32 to the end; none: every intermediate rounded as
+    kjit/rms_norm.h states, normalizing with `rstd`, the kernel's ([rows, 1]; none_rstd's
+    when not given), since an fp32 mean near a tie may round either way), and fp64 gradients of
+    the same formula without the rounding (none: the formula of its backward, with that rstd)."""
     xs = x.detach().double()
     if residual is not None:  # h = x + residual, rounded to the dtype (as torch's add gives it)
         xs = (xs + residual.detach().double()).to(x.dtype).double()
     xs.requires_grad_()
     w = weight.detach().double().requires_grad_()
-    normed = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)
+    if casting == "none":
+        rs = (none_rstd(xs.detach(), eps, x.dtype) if rstd is None else rstd.double()).detach()
+        # Valued x * rs, with the gradient rs * (g - xhat * mean(g * xhat)) of the backward.
+        q = (xs * rs).pow(2).mean(-1, keepdim=True)
+        normed = xs * rs * (1 - (q - q.detach()) / 2)
+    else:
+        normed = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)
     y_exact = normed * (offset + w)
     if casting == "llama":
         y_rounded = normed.to(x.dtype).double() * (offset + w.detach())
+    elif casting == "none":
+        y_rounded = normed.to(x.dtype).double() * (offset + w.detach()).to(x.dtype).double()
     else:
         y_rounded = y_exact.detach()
     return y_rounded.detach(), y_exact, xs, w
@@ -224,7 +244,7 @@ def norm_reference(x, weight, eps, casting, offset, residual=None):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("hidden", [1, 7, 4095, 4096, 65536])
-@pytest.mark.parametrize("casting", ["llama", "gemma"])
+@pytest.mark.parametrize("casting", ["llama", "gemma", "none"])
 def test_rms_norm_matches_fp64(dtype, hidden, casting, rows=5):
     torch.manual_seed(hidden)
     x = torch.randn(rows, hidden, device="cuda").to(dtype_of(dtype))
@@ -235,7 +255,16 @@ def test_rms_norm_matches_fp64(dtype, hidden, casting, rows=5):
     y = kt.rms_norm(leaf, w, 1e-6, casting=casting, offset=offset)
     dy = torch.randn_like(y)
     y.backward(dy)
-    y_ref, y_exact, xs, w64 = norm_reference(x, weight, 1e-6, casting, offset)
+    rstd = None
+    if casting == "none":
+        # The kernel's rstd: a value of the dtype, at most one unit in its last place from the
+        # exact sum's (rounding a mean near a tie the other way), and what y and the backward use.
+        from kjit.torch import _kernels
+        rstd = _kernels.rms_norm_forward(x, weight, None, 1e-6, offset, "none")[1][:, None]
+        assert torch.equal(rstd, rstd.to(x.dtype).float()), "rstd is not a value of the dtype"
+        chain = none_rstd(x.double(), 1e-6, x.dtype)
+        assert_close(rstd, chain, 2 * RTOL[dtype], 0, "rstd")
+    y_ref, y_exact, xs, w64 = norm_reference(x, weight, 1e-6, casting, offset, rstd=rstd)
     assert y.dtype == x.dtype
     assert_close(y, y_ref, RTOL[dtype], 1e-6, "y")
     y_exact.backward(dy.double())
@@ -244,6 +273,27 @@ def test_rms_norm_matches_fp64(dtype, hidden, casting, rows=5):
                  "dx")
     wscale = w64.grad.abs().max().item()
     assert_close(w.grad, w64.grad, 4 * RTOL[dtype], 1e-3 * wscale + 1e-6, "dw")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("hidden", [4095, 4096])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_none_is_eager_torch_in_the_dtype(dtype, hidden, offset, rows=64):
+    """casting="none" gives the bits of `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) *
+    (offset + w)` in eager PyTorch, except in a row whose fp32 mean lies within its summation
+    error of a tie of the dtype (the two rstd then one unit in the last place apart)."""
+    from kjit.torch import _kernels
+    torch.manual_seed(hidden + int(offset))
+    t = dtype_of(dtype)
+    x = torch.randn(rows, hidden, device="cuda").to(t)
+    w = (torch.randn(hidden, device="cuda") * 0.1 + (0 if offset else 1)).to(t)
+    eager_rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    eager = x * eager_rstd * (offset + w)
+    y, rstd, _ = _kernels.rms_norm_forward(x, w, None, 1e-6, offset, "none")
+    same = rstd == eager_rstd[:, 0].float()
+    assert same.float().mean().item() >= 0.9, f"rstd differs from torch's in {int((~same).sum())}"
+    assert torch.equal(y[same], eager[same])
+    assert torch.equal(kt.rms_norm(x, w, 1e-6, casting="none", offset=offset), y)
 
 
 @pytest.mark.parametrize("hidden", [1, 4096, 65536])

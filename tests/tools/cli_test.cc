@@ -506,6 +506,9 @@ TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
        "kjit: --arch: no target; expected auto or a list such as sm_90,sm_100\n"},
       {Ce({"--label-smoothing", "1"}), "kjit: --label-smoothing: 1 must be in [0, 1)\n"},
       {Ce({"--z-loss", "-1"}), "kjit: --z-loss: -1 must be finite and not negative\n"},
+      // Casting none computes in the dtype: the weight must have it.
+      {Rms({"--casting", "none", "--weight-dtype", "fp32"}),
+       "kjit: --weight-dtype: fp32 must be the dtype (bf16) with casting none"},
       {{"bench", "--dtype", "bf17"},
        "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
       {{"bench", "--op", "cross_entropy", "--hidden", "64"},
@@ -539,6 +542,9 @@ TEST_F(CliTest, FlagsOfAnotherOpAreRefused) {
   // Each op's own flags still go through.
   CliResult rms = Run(Rms({"--weight-dtype", "fp32", "--casting", "gemma", "--residual"}));
   EXPECT_EQ(rms.exit_code, 0) << rms.Describe();
+  rms = Run(Rms({"--casting", "none", "--dtype", "fp16"}));
+  EXPECT_EQ(rms.exit_code, 0) << rms.Describe();
+  EXPECT_TRUE(Contains(rms.out, "casting=none")) << rms.Describe();
   CliResult ce = Run(Ce({"--target-type", "int32", "--reduction", "sum", "--label-smoothing", "0.1",
                          "--z-loss", "0.001", "--softcap", "30", "--argmax"}));
   EXPECT_EQ(ce.exit_code, 0) << ce.Describe();

@@ -160,8 +160,8 @@ std::string Joined(const std::vector<std::string>& args) {
 
 // A valid --spec of each op.
 const nlohmann::json kRmsSpec = {
-    {"op", "rms_norm"},   {"hidden", 256},          {"dtype", "bf16"},        {"eps", 1e-5},
-    {"weight_offset", 0}, {"gemma_casting", false}, {"fused_residual", false}};
+    {"op", "rms_norm"},   {"hidden", 256},      {"dtype", "bf16"},        {"eps", 1e-5},
+    {"weight_offset", 0}, {"casting", "llama"}, {"fused_residual", false}};
 const nlohmann::json kCeSpec = {{"op", "cross_entropy"}, {"vocab", 1000},
                                 {"dtype", "bf16"},       {"target_type", "int64"},
                                 {"ignore_index", -100},  {"reduction", "mean"},

@@ -17,7 +17,7 @@ import torch
 from kjit.torch import _kernels
 
 _REDUCTIONS = ("none", "sum", "mean")
-_CASTINGS = ("llama", "gemma")
+_CASTINGS = ("llama", "gemma", "none")
 
 
 def _check_cuda(what: str, t: torch.Tensor) -> None:
@@ -188,8 +188,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
 
     casting "llama" rounds the normalized x to x's dtype before the weight multiply (Hugging
     Face's LlamaRMSNorm, Qwen2, Mistral); "gemma" stays in fp32 until the store (Gemma2RMSNorm,
-    with offset=1.0). y has x's dtype. With `residual`, h = x + residual is normalized and
-    (y, h) returned: the add of a pre-norm block fused into the norm.
+    with offset=1.0); "none" computes in x's dtype, rounding every intermediate where
+    `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + weight)` does in eager
+    PyTorch (x^2, the mean (accumulated in fp32), + eps, rsqrt, x * rstd, offset + weight and
+    the product), and needs weight in x's dtype. Its backward, as the others', is fp32 with the
+    saved rstd. y has x's dtype. With `residual`, h = x + residual is normalized and (y, h)
+    returned: the add of a pre-norm block fused into the norm.
     """
     for what, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
@@ -201,6 +205,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
                          f"{tuple(weight.shape)}")
     if not weight.is_contiguous():
         raise ValueError("kjit: weight must be contiguous")
+    if casting == "none" and weight.dtype != x.dtype:
+        raise ValueError(f"kjit: casting 'none' computes in x's dtype and needs weight in it "
+                         f"({x.dtype}), got {weight.dtype}")
     _kernels.dtype_name(x, "x")
     _kernels.dtype_name(weight, "weight")
     _kernels.matrix_shape(x, "x")

@@ -43,7 +43,8 @@ class CrossEntropyLoss(nn.Module):
 class RMSNorm(nn.Module):
     """RMSNorm over the last dimension with a learned weight (see kjit.torch.rms_norm). casting
     "llama" with offset 0 is LlamaRMSNorm (weight starts at 1); "gemma" with offset 1 is
-    Gemma2RMSNorm (weight starts at 0)."""
+    Gemma2RMSNorm (weight starts at 0); "none" computes in x's dtype as plain eager PyTorch
+    would (the weight in x's dtype)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, casting: str = "llama",
                  offset: float = 0.0, device=None, dtype=None):
