@@ -1,9 +1,11 @@
 """kjit's kernels as torch.library custom ops ("kjit::..."), with fake (meta) implementations.
 
-These are the opaque units torch.compile and CUDA graphs see: each launches on the current stream,
-allocates only through torch (outputs and workspaces), and never synchronizes with the host.
-Autograd lives one level up (kjit/torch/_autograd.py). Op handles are built once per device and
-spec and kept; `prepare_*` builds the kernels ahead of a CUDA-graph capture.
+These are the opaque units torch.compile traces: each launches on the current stream, allocates
+only through torch (outputs and workspaces), and never synchronizes with the host, so CUDA graphs
+capture them. Eager mode calls the same functions without the dispatcher (_Kernel). Autograd lives
+one level up (kjit/torch/functional.py). Op handles are built once per device and spec and kept;
+creating one builds its default kernels, and a warm-up step before a CUDA-graph capture builds the
+rest.
 """
 
 from __future__ import annotations
