@@ -32,6 +32,10 @@ extern char** environ;
 
 namespace kjit::testing {
 
+inline bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
 // Where the build found the toolkit, else where a runtime image keeps the stub (some toolkits have
 // lib64/ only), so the suite also runs on a machine other than the one that built it.
 inline std::string StubLibcuda() {

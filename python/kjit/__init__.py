@@ -10,6 +10,7 @@ The package needs only the CUDA driver and NVRTC at run time (pip's nvidia-cuda-
 when the system has none); `python -m kjit doctor` says what is missing.
 """
 
+from kjit import _capi
 from kjit._capi import ABI_VERSION, KjitError, KjitInvalidArgument, KjitUnavailable
 from kjit._runtime import (CrossEntropy, KjitWarning, RmsNorm, Runtime, index, tensor,
                            vector)
@@ -21,18 +22,15 @@ __all__ = ["ABI_VERSION", "CrossEntropy", "KjitError", "KjitInvalidArgument", "K
 
 def version() -> str:
     """The native library's version, "0.1.0"."""
-    from kjit import _capi
     return _capi.lib().kjit_version().decode()
 
 
 def full_version() -> str:
     """"kjit 0.1.0 (NVRTC 13.0, CUDA driver 13.0)", or "none (why)" for what is missing."""
-    from kjit import _capi
     return _capi.call_string("kjit_full_version")
 
 
 def abi_version() -> int:
-    from kjit import _capi
     return _capi.lib().kjit_abi_version()
 
 

@@ -22,13 +22,6 @@ ABI_VERSION = 1  # KJIT_C_ABI_VERSION this binding was written for
 
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 
-STATUS_NAMES = {
-    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
-    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}
-
 DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
 INDEX_TYPES = {"int32": 0, "int64": 1}
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -242,7 +235,7 @@ def call(name: str, *args) -> None:
     status = getattr(library, name)(*args)
     if status != 0:
         message = library.kjit_last_error().decode("utf-8", "replace")
-        raise error(STATUS_NAMES.get(status, str(status)), message)
+        raise error(library.kjit_status_name(status).decode() or str(status), message)
 
 
 def call_string(name: str, *args) -> str:

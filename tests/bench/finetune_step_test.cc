@@ -26,9 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using kjit::testing::CliResult;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using kjit::testing::Contains;
 
 class FinetuneStepTest : public ::testing::Test {
  protected:

@@ -30,9 +30,7 @@ using kjit::testing::ScopedEnv;
 
 std::string Msg(const absl::Status& s) { return std::string(ToStd(s.message())); }
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using testing::Contains;
 
 class TempDir {
  public:

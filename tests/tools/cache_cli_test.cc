@@ -35,9 +35,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::CliResult;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using testing::Contains;
 
 // The value after `name` on its own line of `kjit compile`'s text report ("  key ab12").
 std::string Field(const std::string& text, const std::string& name) {

@@ -35,9 +35,7 @@ namespace fs = std::filesystem;
 using testing::CliResult;
 using testing::ReadFile;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using testing::Contains;
 
 // The value printed after `name` on its own line of `kjit compile`'s text report ("  key ab12").
 std::vector<std::string> Fields(const std::string& text, const std::string& name) {

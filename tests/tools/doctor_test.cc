@@ -40,9 +40,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using testing::Contains;
 
 using kjit::testing::CliResult;
 using kjit::testing::StubLibcuda;

@@ -39,14 +39,20 @@ def _same_device(what: str, t: torch.Tensor, reference: torch.Tensor) -> None:
         raise ValueError(f"kjit: {what} is on {t.device} but the input is on {reference.device}")
 
 
+def _per_row(t: torch.Tensor, shape) -> torch.Tensor:
+    """A scalar or [rows] tensor as the contiguous fp32 [1] or [rows] the kernels read."""
+    return t.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
+
+
 def _scale_tensor(scale, shape, device) -> Optional[torch.Tensor]:
     """grad_scale as the fp32 device tensor the kernel reads: [1] or [rows]."""
     if scale is None:
         return None
     if not isinstance(scale, torch.Tensor):
         return torch.full(shape, float(scale), dtype=torch.float32, device=device)
-    _same_device("grad_scale", scale, torch.empty(0, device=device))
-    return scale.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
+    if scale.device != device:
+        raise ValueError(f"kjit: grad_scale is on {scale.device} but the input is on {device}")
+    return _per_row(scale, shape)
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -84,8 +90,8 @@ class _CrossEntropy(torch.autograd.Function):
             ctx.ran = True
         grad, target, grad_scale = ctx.saved_tensors
         shape = (grad.shape[0],) if ctx.reduction == "none" else (1,)
-        upstream = grad_loss.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
-        _kernels.cross_entropy_rescale_(grad, target, upstream, grad_scale, *ctx.options)
+        _kernels.cross_entropy_rescale_(grad, target, _per_row(grad_loss, shape), grad_scale,
+                                        *ctx.options)
         return grad, None, None, None, None, None
 
 

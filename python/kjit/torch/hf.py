@@ -69,12 +69,15 @@ def _norm_eps(name: str, module: nn.Module) -> float:
     return eps
 
 
+def _hf_norms(model: nn.Module) -> list:
+    """(name, module) of each Hugging Face RMSNorm not yet replaced."""
+    return [(name, module) for name, module in model.named_modules()
+            if type(module).__name__.endswith("RMSNorm") and not isinstance(module, KjitHFRMSNorm)]
+
+
 def _replace_norms(model: nn.Module, casting: str, offset: float) -> list:
-    targets = [(name, module) for name, module in model.named_modules()
-               if type(module).__name__.endswith("RMSNorm")
-               and not isinstance(module, KjitHFRMSNorm)]
     replaced = []
-    for name, module in targets:
+    for name, module in _hf_norms(model):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, KjitHFRMSNorm(module, _norm_eps(name, module), casting, offset))
@@ -95,8 +98,7 @@ def _causal_lm_loss(original, inplace_backward):
             labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
             shift_labels = labels[..., 1:]
         target = shift_labels.reshape(-1).to(logits.device)
-        flat = logits.view(-1, vocab_size) if logits.is_contiguous() else logits.reshape(
-            -1, vocab_size)
+        flat = logits.reshape(-1, vocab_size)  # a view of lm_head's output, a copy if it must
         if num_items_in_batch is None:
             return cross_entropy(flat, target, ignore_index=ignore_index,
                                  inplace_backward=inplace_backward)
@@ -132,9 +134,8 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
                          "loss_function; pass cross_entropy=False to patch only the norms")
     casting, offset = _SUPPORTED[model_type]
     if rms_norm:  # checked before anything changes
-        for name, module in model.named_modules():
-            if type(module).__name__.endswith("RMSNorm") and not isinstance(module, KjitHFRMSNorm):
-                _norm_eps(name, module)
+        for name, module in _hf_norms(model):
+            _norm_eps(name, module)
     changed = {"model_type": model_type, "rms_norm": [], "loss": None}
     if rms_norm:
         changed["rms_norm"] = _replace_norms(model, casting, offset)
