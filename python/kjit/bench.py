@@ -5,10 +5,13 @@ bandwidth measured in the same run. Prints a table and writes JSON (--json PATH)
     python -m kjit.bench --json bench.json
     python -m kjit.bench --case ce:16384x128256 --case norm:16384x4096
 
-Times are CUDA-event means over --iters back-to-back iterations after a warm-up, so host overhead
-that the GPU cannot hide (small shapes) counts; the "CUDA graph" row replays the same autograd
-step captured in a graph, which shows its GPU time alone. Peak extra memory is torch's peak allocation beyond
-the inputs during one iteration.
+Each row has three times per call: "us", CUDA events around --iters calls made back to back
+after a warm-up, which counts the host's overhead wherever the GPU cannot hide it (small shapes);
+"gpu_us", the same calls with the host ahead: a sleep kernel holds the stream until every call is
+queued, so the GPU runs them without waiting for the host, as it does in a training step whose
+GEMMs keep it busy; and "host_us", the host's (CPU) time to issue one call. The "CUDA graph" row
+replays the autograd step captured in a graph. Peak extra memory is torch's peak allocation
+beyond the inputs during one iteration. Bandwidth ratios are to the copy, from "gpu_us".
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +32,8 @@ DEFAULT_CASES = ["ce:16384x128256", "ce:4096x128256", "ce:256x128256", "norm:163
                  "norm:256x4096"]
 
 
-def timed(fn, iters: int, warmup: int = 3) -> float:
-    """Mean microseconds per call of fn, over iters calls after warmup."""
+def timed(fn, iters: int, warmup: int = 3) -> dict:
+    """{"us", "gpu_us", "host_us"} of fn (the module's docstring defines them)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -39,7 +43,41 @@ def timed(fn, iters: int, warmup: int = 3) -> float:
         fn()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / iters
+    back_to_back_us = start.elapsed_time(end) * 1000.0 / iters
+    hold_us = 2 * iters * back_to_back_us + 1000
+    for _ in range(4):
+        torch.cuda._sleep(int(hold_us * _cycles_per_us()))
+        start.record()
+        began = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        host_us = (time.perf_counter() - began) * 1e6 / iters
+        # The start event still pending means the GPU was held until the last call was queued.
+        held = not start.query()
+        end.record()
+        torch.cuda.synchronize()
+        if held:
+            return {"us": back_to_back_us, "gpu_us": start.elapsed_time(end) * 1000.0 / iters,
+                    "host_us": host_us}
+        hold_us = 4 * iters * host_us + 1000
+    raise RuntimeError("kjit.bench: the host could not queue the calls ahead of the GPU (a launch "
+                       "queue too small for --iters?); lower --iters")
+
+
+_cycles = []
+
+
+def _cycles_per_us() -> float:
+    """GPU clock cycles per microsecond, as torch.cuda._sleep counts them (measured once)."""
+    if not _cycles:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        _cycles.append(10_000_000 / (start.elapsed_time(end) * 1000.0))
+    return _cycles[0]
 
 
 def graphed(fn):
@@ -70,16 +108,14 @@ def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read plus written per second."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    us = timed(lambda: dst.copy_(src), 20)
+    us = timed(lambda: dst.copy_(src), 20)["gpu_us"]
     return 2 * src.numel() / (us * 1e-6)
 
 
-def _row(name, us, moved_bytes, copy_bw, extra=None, **more):
-    row = {"impl": name, "us": round(us, 2), "bandwidth_ratio": round(moved_bytes / (us * 1e-6)
-                                                                        / copy_bw, 4)}
-    if extra is not None:
-        row["peak_extra_bytes"] = extra
-    row.update(more)
+def _row(name, times, moved_bytes, copy_bw, extra):
+    row = {"impl": name, **{k: round(v, 2) for k, v in times.items()},
+           "bandwidth_ratio": round(moved_bytes / (times["gpu_us"] * 1e-6) / copy_bw, 4),
+           "peak_extra_bytes": extra}
     return row
 
 
@@ -182,6 +218,7 @@ def main(argv=None) -> int:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "kjit": kjit.full_version(), "copy_bytes_per_s": copy_bw, "cases": []}
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s on {report['device']}")
+    print(f"{'case':18} {'impl':34} {'us':>9} {'gpu_us':>9} {'host_us':>8}  {'of copy':>6}  extra")
     for case in args.case or DEFAULT_CASES:
         kind, _, shape = case.partition(":")
         rows, cols = (int(v) for v in shape.split("x"))
@@ -191,8 +228,8 @@ def main(argv=None) -> int:
         results = run(rows, cols, args.iters, copy_bw)
         report["cases"].append({"case": case, "results": results})
         for r in results:
-            print(f"{case:18} {r['impl']:34} {r['us']:10.1f} us  {100 * r['bandwidth_ratio']:5.1f}%"
-                  f"  +{r['peak_extra_bytes'] / 2**20:8.1f} MiB")
+            print(f"{case:18} {r['impl']:34} {r['us']:9.1f} {r['gpu_us']:9.1f} {r['host_us']:8.1f}"
+                  f"  {100 * r['bandwidth_ratio']:5.1f}%  +{r['peak_extra_bytes'] / 2**20:8.1f} MiB")
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
