@@ -75,9 +75,10 @@ constexpr const char* kStatusNames[] = {
     "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
     "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
     "DATA_LOSS", "UNAUTHENTICATED"};
-// The accepted values of the enum fields, from 0 (weight_dtype's from -1).
+// The accepted values of the enum fields, from 0 (weight_dtype's and class_weight_dtype's from -1).
 constexpr const char* kDTypeNames[] = {"KJIT_F32", "KJIT_F16", "KJIT_BF16"};
 constexpr const char* kWeightDTypeNames[] = {"dtype's", "KJIT_F32", "KJIT_F16", "KJIT_BF16"};
+constexpr const char* kClassWeightDTypeNames[] = {"none", "KJIT_F32", "KJIT_F16", "KJIT_BF16"};
 constexpr const char* kIndexNames[] = {"KJIT_INT32", "KJIT_INT64"};
 constexpr const char* kReductionNames[] = {"KJIT_REDUCTION_NONE", "KJIT_REDUCTION_SUM",
                                            "KJIT_REDUCTION_MEAN"};
@@ -277,6 +278,8 @@ absl::StatusOr<RmsNormSpec> ToSpec(const kjit_rms_norm_spec& c) {
 
 absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
   Fields f;
+  const int class_weight_dtype =
+      f.Choice({"class_weight_dtype"}, c.class_weight_dtype, kClassWeightDTypeNames, -1);
   CrossEntropySpec spec{
       .vocab = c.vocab,
       .dtype = f.Dtype({"dtype"}, c.dtype),
@@ -286,7 +289,9 @@ absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
       .label_smoothing = c.label_smoothing,
       .lse_square_scale = c.lse_square_scale,
       .softcap = c.softcap,
-      .argmax = f.Flag("argmax", c.argmax)};
+      .argmax = f.Flag("argmax", c.argmax),
+      .class_weight_dtype =
+          class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype))};
   KJIT_RETURN_IF_ERROR(f.status());
   KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
   return spec;
@@ -328,12 +333,13 @@ RmsNormBackwardArgs ToCpp(Fields& f, const kjit_rms_norm_backward_args& a) {
           KJIT_VIEW(dx), KJIT_VIEW(dw), KJIT_VIEW(dresidual), KJIT_WORKSPACE};
 }
 CrossEntropyArgs ToCpp(Fields& f, const kjit_cross_entropy_args& a) {
-  return {KJIT_VIEW(logits),  KJIT_INDEX(targets), KJIT_VIEW(loss),        KJIT_VIEW(lse),
-          KJIT_INDEX(argmax), KJIT_VIEW(grad),     KJIT_VIEW(grad_output), KJIT_WORKSPACE};
+  return {KJIT_VIEW(logits),      KJIT_INDEX(targets),     KJIT_VIEW(loss),
+          KJIT_VIEW(lse),         KJIT_INDEX(argmax),      KJIT_VIEW(grad),
+          KJIT_VIEW(grad_output), KJIT_VIEW(class_weight), KJIT_WORKSPACE};
 }
 CrossEntropyBackwardArgs ToCpp(Fields& f, const kjit_cross_entropy_backward_args& a) {
-  return {KJIT_VIEW(logits),      KJIT_INDEX(targets), KJIT_VIEW(lse),
-          KJIT_VIEW(grad_output), KJIT_VIEW(grad),     KJIT_WORKSPACE};
+  return {KJIT_VIEW(logits), KJIT_INDEX(targets),     KJIT_VIEW(lse), KJIT_VIEW(grad_output),
+          KJIT_VIEW(grad),   KJIT_VIEW(class_weight), KJIT_WORKSPACE};
 }
 CrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_cross_entropy_rescale_args& a) {
   return {KJIT_VIEW(grad), KJIT_VIEW(grad_output), KJIT_VIEW(applied)};
@@ -528,7 +534,8 @@ void kjit_cross_entropy_spec_init(kjit_cross_entropy_spec* spec) {
            .lse_square_scale = d.lse_square_scale,
            .softcap = d.softcap,
            .argmax = d.argmax,
-           .config = nullptr};
+           .config = nullptr,
+           .class_weight_dtype = -1};
 }
 
 void kjit_cross_entropy_args_init(kjit_cross_entropy_args* args) { kjit::InitArgs(args); }

@@ -17,11 +17,13 @@
 // turns a gradient computed for one upstream gradient into the gradient for another.
 // Ignored rows (target == ignore_index, or out of [0, vocab), which the count kernel also counts)
 // get loss 0 and a zero gradient and are not read unless lse or argmax is wanted. The count kernel
-// runs first and stores the number of valid rows, which the mean divides by; the reduce kernel
+// runs first and stores the number of valid rows (with class weights, their weights summed), which
+// the mean divides by; the reduce kernel
 // sums the per-row losses in a fixed order.
 //
 //   kjit::cross_entropy_staged<kjit::bf16, long long, 128256, 256, 8, /*cluster=*/4,
-//                              kjit::kCeMean, false, false, false, false>  // loss and gradient
+//                              kjit::kCeMean, false, false, false, false,
+//                              kjit::NoClassWeight>  // loss and gradient
 #pragma once
 
 #include "common.cuh"
@@ -46,6 +48,31 @@ template <int kVocab>
 __device__ __forceinline__ bool target_is_valid(long long t, long long ignore_index) {
   return t != ignore_index && t >= 0 && t < kVocab;
 }
+
+// The class-weight type (the row kernels' last template argument) of an op without class
+// weights: every class then weighs 1, and the mean divides by the number of valid rows.
+struct NoClassWeight {};
+template <typename W>
+constexpr bool kHasClassWeights = true;
+template <>
+constexpr bool kHasClassWeights<NoClassWeight> = false;
+
+// Class c's weight (1 without class weights).
+template <typename W>
+__device__ __forceinline__ float class_weight_at(const W* w, long long c) {
+  if constexpr (kHasClassWeights<W>) return to_float(w[c]); else return 1.0f;
+}
+
+// A compensated fp32 sum, added to in a fixed order.
+struct KahanSum {
+  float sum = 0.0f, carry = 0.0f;
+  __device__ __forceinline__ void add(float v) {
+    const float y = v - carry;
+    const float t = sum + y;
+    carry = (t - sum) - y;
+    sum = t;
+  }
+};
 
 // How a row is split over the kRowThreads threads that share it (one block, or every block of a
 // cluster): kBody vectors of kVec elements dealt round-robin (coalesced), kIters per thread at
@@ -171,13 +198,14 @@ struct Zeros {
 };
 
 // Pass 1 state of one thread, or of the whole row once combined. m is in log2 units and never NaN
-// (fmaxf drops NaN); a NaN logit reaches s instead, and so the row's lse.
+// (fmaxf drops NaN); a NaN logit reaches s instead, and so the row's lse. The visitor that adds
+// logits (AddToStats) adds to sum_x itself, as it knows the class weights.
 template <bool kSmoothing, bool kArgmax>
 struct CeStats {
-  static constexpr bool kWantsArgmax = kArgmax;
+  static constexpr bool kWantsArgmax = kArgmax, kWantsSum = kSmoothing;
   float m;         // max of x * log2e seen
   float s;         // sum of 2^(x * log2e - m)
-  float sum_x;     // sum of x (after the softcap), for label smoothing
+  float sum_x;     // sum of w_j x_j (after the softcap; w_j = 1 without class weights), smoothing
   float best;      // largest raw logit; NaN counts as largest (torch.argmax)
   int best_col;    // its first column
 
@@ -201,7 +229,7 @@ struct CeStats {
     const float base = m == neg_inf() ? 0.0f : m;
 #pragma unroll
     for (int k = 0; k < N; ++k) s += fast_exp2(fmaf(x.v[k], kLog2e, -base));
-    add_sum_and_argmax(col, x, raw);
+    add_argmax(col, raw);
   }
 
   // Adds n logits like add() when m already is the max (log2 units) of every logit this state
@@ -218,16 +246,11 @@ struct CeStats {
       for (int k = 0; k + width < N; k += 2 * width) e[k] += e[k + width];
     }
     s += e[0];
-    add_sum_and_argmax(col, x, raw);
+    add_argmax(col, raw);
   }
 
   template <int N>
-  __device__ __forceinline__ void add_sum_and_argmax(int col, const Floats<N>& x,
-                                                     const Floats<N>& raw) {
-    if constexpr (kSmoothing) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) sum_x += x.v[k];
-    }
+  __device__ __forceinline__ void add_argmax(int col, const Floats<N>& raw) {
     if constexpr (kArgmax) {
 #pragma unroll
       for (int k = 0; k < N; ++k) take_if_better(raw.v[k], col + k);
@@ -314,37 +337,56 @@ struct CeMath {
   }
 };
 
-// Pass 1's row visitor: soft-caps a thread's logits and adds them to its statistics, online or, with
-// kBelowMax, to a state whose max is already final (CeStats::add_below_max). (A functor, not a
-// generic lambda: NVRTC treats an unannotated lambda template as host code.)
-template <typename Stats, typename Math, bool kBelowMax = false>
+// Pass 1's row visitor: soft-caps a thread's logits of row r and adds them to its statistics,
+// online or, with kBelowMax, to a state whose max is already final (CeStats::add_below_max), and
+// their sum weighted by their classes' weights for label smoothing. (A functor, not a generic
+// lambda: NVRTC treats an unannotated lambda template as host code.)
+template <typename Stats, typename Row, bool kBelowMax = false>
 struct AddToStats {
   Stats& st;
-  const Math& mt;
+  const Row& r;
   template <int N>
   __device__ __forceinline__ void operator()(int col, const Floats<N>& raw) const {
     Floats<N> xc;
 #pragma unroll
-    for (int k = 0; k < N; ++k) xc.v[k] = mt.capped(raw.v[k]);
+    for (int k = 0; k < N; ++k) xc.v[k] = r.mt.capped(raw.v[k]);
     if constexpr (kBelowMax) st.add_below_max(col, xc, raw); else st.add(col, xc, raw);
+    if constexpr (Stats::kWantsSum) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) st.sum_x += r.class_weight(col + k) * xc.v[k];
+    }
   }
 };
 
-// The gradient of one entry of a valid row, from its raw logit; lse2 is lse in log2 units.
-template <int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap>
+// The gradient of one entry of a valid row, from its raw logit; lse2 is lse in log2 units. With
+// class weights w (row weight w_t, all weights summed W):
+//   grad_j = scale * (p_j (A + 2 z w_t lse) - eps w_j / V - (1 - eps) w_t onehot_j)
+// with A = (1 - eps) w_t + eps W / V (w_t without smoothing); without them w = 1 and A = 1.
+template <int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap, typename W>
 struct Gradient {
   CeMath<kSmoothing, kZLoss, kSoftcap> mt;
+  const W* w;  // the class weights of the row's columns
   int target;
   float lse2;
-  float c1, c0, hit;  // p's factor, the smoothing term and the target's term, times the scale
+  float c1, c0, hit;  // p's factor, the smoothing term (w_j's factor) and the target's, times scale
 
-  __device__ __forceinline__ Gradient(const CeMath<kSmoothing, kZLoss, kSoftcap>& m, int t, float l2,
-                                      float scale)
-      : mt(m), target(t), lse2(l2),
-        // d(z lse^2)/dx_j = 2 z lse p_j
-        c1(scale * (kZLoss ? 1.0f + 2.0f * m.z * (l2 * kLn2) : 1.0f)),
+  __device__ __forceinline__ Gradient(const CeMath<kSmoothing, kZLoss, kSoftcap>& m, const W* cw,
+                                      int t, float l2, float scale, float w_t, float w_total)
+      : mt(m), w(cw), target(t), lse2(l2),
+        c1(scale * p_factor(m, l2, w_t, w_total)),
         c0(scale * (kSmoothing ? m.eps / kVocab : 0.0f)),
-        hit(scale * (kSmoothing ? 1.0f - m.eps : 1.0f)) {}
+        hit(scale * (kSmoothing ? 1.0f - m.eps : 1.0f) * w_t) {}
+
+  // A + 2 z w_t lse: d(z w_t lse^2)/dx_j = 2 z w_t lse p_j.
+  static __device__ __forceinline__ float p_factor(const CeMath<kSmoothing, kZLoss, kSoftcap>& m,
+                                                   float l2, float w_t, float w_total) {
+    if constexpr (!kHasClassWeights<W>) {
+      return kZLoss ? 1.0f + 2.0f * m.z * (l2 * kLn2) : 1.0f;
+    } else {
+      const float a = kSmoothing ? (1.0f - m.eps) * w_t + m.eps * w_total / kVocab : w_t;
+      return kZLoss ? a + 2.0f * m.z * w_t * (l2 * kLn2) : a;
+    }
+  }
 
   // Rewrites N raw logits at columns col.. into their gradient, in fp32 before the single rounding.
   template <int N>
@@ -353,7 +395,10 @@ struct Gradient {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       d[k] = fast_exp2(fmaf(mt.capped(x.v[k]), kLog2e, -lse2)) * c1;
-      if constexpr (kSmoothing) d[k] -= c0;  // c0 = scale * 0 otherwise: NaN for scale = inf
+      // (c0 = scale * 0 otherwise: NaN for scale = inf)
+      if constexpr (kSmoothing) {
+        d[k] -= kHasClassWeights<W> ? c0 * class_weight_at(w, col + k) : c0;
+      }
     }
     if (static_cast<unsigned>(target - col) < static_cast<unsigned>(N)) {  // one vector per row
 #pragma unroll
@@ -365,7 +410,7 @@ struct Gradient {
 };
 
 // The factor every gradient entry of a valid row is multiplied by: the upstream gradient, over the
-// number of valid rows for the mean (a valid row makes it at least 1).
+// number of valid rows (or their weights summed) for the mean.
 // Row kernels overlap the count kernel (programmatic dependent launch): the counters are read
 // only after it has finished.
 template <CrossEntropyReduction kReduction>
@@ -373,30 +418,63 @@ __device__ __forceinline__ float gradient_scale(const CrossEntropyRowParams& p, 
   wait_for_previous_kernel();
   float scale = 1.0f;
   if (p.grad_output != nullptr) scale = p.grad_output[kReduction == kCeNone ? row : 0];
-  if constexpr (kReduction == kCeMean) scale /= static_cast<float>(p.counters->valid_rows);
+  if constexpr (kReduction == kCeMean) scale /= p.counters->mean_divisor;
   return scale;
 }
 
-// What every kernel knows of its row before reading it.
-template <typename T, typename I, int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap>
+// What every kernel knows of its row before reading it. W: the class weights' type, or
+// NoClassWeight.
+template <typename T, typename I, int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          typename W>
 struct CeRow {
   const T* x;
   T* g;
   long long target;
   bool valid;
   CeMath<kSmoothing, kZLoss, kSoftcap> mt;
+  const W* w;  // the class weights of the row's columns (a shard's first class at w[0])
+  float w_t;   // the target's class weight: 1 without class weights, 0 for an ignored row
 
   __device__ __forceinline__ CeRow(const CrossEntropyRowParams& p, long long row)
       : x(static_cast<const T*>(p.logits) + row * p.logits_stride),
         g(static_cast<T*>(p.grad) + row * p.grad_stride),
         target(static_cast<const I*>(p.targets)[row]),
         valid(target_is_valid<kVocab>(target, p.ignore_index)),
-        mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f, p.label_smoothing, p.lse_square_scale} {}
+        mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f, p.label_smoothing, p.lse_square_scale},
+        w(static_cast<const W*>(p.class_weight) + p.class_weight_offset),
+        w_t(valid ? class_weight_at(static_cast<const W*>(p.class_weight), target) : 0.0f) {}
+
+  // The weight of the row's column col.
+  __device__ __forceinline__ float class_weight(int col) const { return class_weight_at(w, col); }
+
+  // All vocab weights summed (label smoothing with class weights): the count kernel's, so read
+  // only after wait_for_previous_kernel.
+  __device__ __forceinline__ float class_weight_total(const CrossEntropyRowParams& p) const {
+    if constexpr (kHasClassWeights<W> && kSmoothing) return p.counters->class_weight_total;
+    return 0.0f;
+  }
+
+  // The loss of a valid row from its lse, capped target logit x_t and sum_x (CeStats):
+  //   w_t ((1 - eps)(lse - x_t) + z lse^2) + eps / V * sum_j w_j (lse - x_j)
+  // (torch.nn.functional.cross_entropy with `weight`, plus the z-loss weighted by the row's
+  // weight); without class weights CeMath::loss, the same with w = 1.
+  __device__ __forceinline__ float loss(const CrossEntropyRowParams& p, float lse, float x_t,
+                                        float sum_x) const {
+    if constexpr (!kHasClassWeights<W>) {
+      return mt.loss(lse, x_t, sum_x, kVocab);
+    } else {
+      float l = kSmoothing ? (1.0f - mt.eps) * w_t * (lse - x_t) +
+                                 mt.eps / kVocab * (class_weight_total(p) * lse - sum_x)
+                           : w_t * (lse - x_t);
+      if constexpr (kZLoss) l += mt.z * w_t * lse * lse;
+      return l;
+    }
+  }
 
   // first_col: the class of the row's first column (a vocab shard's start; 0 for the whole row).
-  __device__ __forceinline__ Gradient<kVocab, kSmoothing, kZLoss, kSoftcap> gradient(
-      float lse2, float scale, long long first_col = 0) const {
-    return {mt, static_cast<int>(target - first_col), lse2, scale};
+  __device__ __forceinline__ Gradient<kVocab, kSmoothing, kZLoss, kSoftcap, W> gradient(
+      const CrossEntropyRowParams& p, float lse2, float scale, long long first_col = 0) const {
+    return {mt, w, static_cast<int>(target - first_col), lse2, scale, w_t, class_weight_total(p)};
   }
 };
 
@@ -407,7 +485,7 @@ template <typename L, int kUnroll, typename Stats, typename Row>
 __device__ __forceinline__ Stats stream_row_stats(const Row& r, int tid, bool read, Stats* smem) {
   Stats st = Stats::identity();
   if (read) {
-    visit_row<L, kUnroll>(r.x, tid, AddToStats<Stats, decltype(r.mt)>{st, r.mt});
+    visit_row<L, kUnroll>(r.x, tid, AddToStats<Stats, Row>{st, r});
     st = block_combine<L::kThreads>(st, smem);
   }
   return st;
@@ -421,7 +499,7 @@ __device__ __forceinline__ void write_row_gradient(const CrossEntropyRowParams& 
                                                    long long first_col = 0) {
   if (r.valid) {
     map_row<L, kUnroll, true>(r.x, r.g, tid,
-                              r.gradient(lse2, gradient_scale<kReduction>(p, row), first_col));
+                              r.gradient(p, lse2, gradient_scale<kReduction>(p, row), first_col));
   } else {
     map_row<L, kUnroll, false>(r.x, r.g, tid, Zeros{});
   }
@@ -440,7 +518,7 @@ __device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long
     const float lse = lse2 * kLn2;
     if (p.lse != nullptr) p.lse[row] = lse;
     if constexpr (Stats::kWantsArgmax) static_cast<I*>(p.argmax)[row] = static_cast<I>(st.best_col);
-    p.row_loss[row] = r.valid ? r.mt.loss(lse, r.mt.capped(x_t), st.sum_x, kVocab) : 0.0f;
+    p.row_loss[row] = r.valid ? r.loss(p, lse, r.mt.capped(x_t), st.sum_x) : 0.0f;
   }
   return lse2;
 }
@@ -449,7 +527,7 @@ __device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long
 // read twice for the gradient (the second time mostly from L2 when rows are short).
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kArgmax, bool kGradient>
+          bool kArgmax, bool kGradient, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_forward(const CrossEntropyRowParams p) {
   using L = CeLayout<kVocab, kThreads, kVec>;
@@ -457,7 +535,7 @@ cross_entropy_forward(const CrossEntropyRowParams p) {
   __shared__ Stats smem[32];
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
 
   // Issued first so that its latency hides behind pass 1.
   float x_t = 0.0f;
@@ -485,7 +563,7 @@ constexpr int kResidentMinBlocks =
 // states in rank order, so all of them get the same lse, bit for bit.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kArgmax>
+          bool kArgmax, typename W>
 __global__ void __launch_bounds__(
     kThreads, (kResidentMinBlocks<kThreads, CeLayout<kVocab, kThreads * kCluster, kVec>::kIters *
                                                 kVec * static_cast<int>(sizeof(T))>))
@@ -502,7 +580,7 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
   const long long row = blockIdx.x / kCluster;
   const int tid = static_cast<int>(rank) * kThreads + threadIdx.x;
   const bool writer = rank == 0 && threadIdx.x == 0;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
   if constexpr (kCluster > 1) {
     if (threadIdx.x == 0) parts.init();
     cluster_arrive();  // publishes parts' mbarrier
@@ -528,7 +606,7 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
       if (u * L::kThreads + tid < L::kBody) raw_max = fmaxf(raw_max, vec_max(v[u]));
     }
     st.m = r.mt.capped(raw_max) * kLog2e;
-    const AddToStats<Stats, decltype(r.mt), true> add{st, r.mt};
+    const AddToStats<Stats, decltype(r), true> add{st, r};
     visit_share<L>(tid, 0, v, add);
     if (owns_tail<L>(tid)) add(tail_col<L>(tid), Floats<1>{{tail}});
     st = block_combine<kThreads>(st, smem);
@@ -540,7 +618,7 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
   }
   const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, writer);
   if (r.valid) {
-    const auto grad = r.gradient(lse2, gradient_scale<kReduction>(p, row));
+    const auto grad = r.gradient(p, lse2, gradient_scale<kReduction>(p, row));
     store_share<L>(r.g, tid, 0, v, grad);
     if (owns_tail<L>(tid)) {
       Floats<1> xt{{tail}};
@@ -590,7 +668,7 @@ constexpr int kStagedPrefetchRows = 24;
 // 16-byte aligned.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kArgmax>
+          bool kArgmax, typename W>
 __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntropyRowParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   static_assert(kCluster == 0, "bulk copies and clusters need sm_90 or newer");
@@ -616,7 +694,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   const int body = length / kVec, tail = length % kVec;
   const int tail_col = begin + body * kVec + tid;
   V* buf = reinterpret_cast<V*>(staged_row);
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
   const bool lse_or_argmax = p.lse != nullptr || kArgmax;
   const bool read = r.valid || lse_or_argmax;  // the same in every block of the row
 
@@ -653,7 +731,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
 #pragma unroll 4
     for (int i = tid; i < body; i += kThreads) raw_max = fmaxf(raw_max, vec_max(buf[i]));
     st.m = r.mt.capped(raw_max) * kLog2e;
-    const AddToStats<Stats, decltype(r.mt), true> add{st, r.mt};
+    const AddToStats<Stats, decltype(r), true> add{st, r};
 #pragma unroll 2
     for (int i = tid; i < body; i += kThreads) {
       Floats<kVec> x = floats_of(buf[i]);
@@ -677,7 +755,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, writer);
 
   if (r.valid) {
-    const auto grad = r.gradient(lse2, scale);
+    const auto grad = r.gradient(p, lse2, scale);
 #pragma unroll 2
     for (int i = tid; i < body; i += kThreads) {
       Floats<kVec> x = floats_of(buf[i]);
@@ -705,13 +783,13 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
 
 // The gradient alone, from the lse a forward saved.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
-          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap>
+          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_backward(const CrossEntropyRowParams p) {
   using L = CeLayout<kVocab, kThreads, kVec>;
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p, row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
   // lse_in is read for valid rows only, as the gradient is.
   write_row_gradient<L, kUnroll, kReduction>(p, row, r, tid, r.valid ? p.lse_in[row] * kLog2e : 0.0f);
 }
@@ -771,47 +849,61 @@ cross_entropy_rescale_gradient(const CrossEntropyRescaleParams p) {
   }
 }
 
-// Counts valid and out-of-range targets into the workspace's counters. One block; integer sums, so
-// the order of the shared-memory atomics does not matter.
-template <typename I, int kVocab, int kThreads>
+// Counts valid and out-of-range targets into the workspace's counters, and with class weights W
+// sums the valid rows' target weights (the mean's divisor) and, for label smoothing, all vocab
+// weights. One block; the counts are integer sums, so the order of the shared-memory atomics does
+// not matter; the weights are summed compensated in a fixed order, then in a fixed tree.
+template <typename I, int kVocab, int kThreads, typename W, bool kSmoothing>
 __global__ void __launch_bounds__(kThreads) cross_entropy_count(const CrossEntropyCountParams p) {
   let_next_kernel_start();  // the row kernel: it waits before reading the counters
   __shared__ unsigned int counts[2];
+  __shared__ float smem[32];
   if (threadIdx.x == 0) counts[0] = counts[1] = 0;
   __syncthreads();
   unsigned int valid = 0, bad = 0;
+  KahanSum row_weights, class_weights;
   const I* t = static_cast<const I*>(p.targets);
+  const W* w = static_cast<const W*>(p.class_weight);
   for (long long r = threadIdx.x; r < p.rows; r += kThreads) {
     const long long v = t[r];
     if (v == p.ignore_index) continue;
-    if (target_is_valid<kVocab>(v, p.ignore_index)) ++valid; else ++bad;
+    if (target_is_valid<kVocab>(v, p.ignore_index)) {
+      ++valid;
+      if constexpr (kHasClassWeights<W>) row_weights.add(class_weight_at(w, v));
+    } else {
+      ++bad;
+    }
   }
   if (valid) atomicAdd(&counts[0], valid);
   if (bad) atomicAdd(&counts[1], bad);
+  float weight_sum = 0.0f, total = 0.0f;
+  if constexpr (kHasClassWeights<W>) {
+    weight_sum = row_sum<kThreads>(row_weights.sum, smem);
+    if constexpr (kSmoothing) {
+      for (int c = threadIdx.x; c < kVocab; c += kThreads) class_weights.add(class_weight_at(w, c));
+      total = row_sum<kThreads>(class_weights.sum, smem);
+    }
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     p.counters->valid_rows = counts[0];
     p.counters->out_of_range_rows = counts[1];
+    p.counters->mean_divisor = kHasClassWeights<W> ? weight_sum : static_cast<float>(counts[0]);
+    p.counters->class_weight_total = total;
   }
 }
 
-// loss = sum of the per-row losses (over the valid rows for the mean: 0/0 = NaN when there are
-// none, as PyTorch gives). Each thread sums a fixed stripe with compensation, then a fixed tree.
+// loss = sum of the per-row losses (for the mean over the count kernel's divisor, the valid rows
+// or their weights: 0/0 = NaN when there are none, as PyTorch gives). Each thread sums a fixed
+// stripe with compensation, then a fixed tree.
 template <int kThreads, CrossEntropyReduction kReduction>
 __global__ void __launch_bounds__(kThreads) cross_entropy_loss_reduce(const CrossEntropyReduceParams p) {
   wait_for_previous_kernel();  // the row kernel, whose end is also the count kernel's
   __shared__ float smem[32];
-  float sum = 0.0f, carry = 0.0f;
-  for (long long r = threadIdx.x; r < p.rows; r += kThreads) {
-    const float y = p.row_loss[r] - carry;
-    const float t = sum + y;
-    carry = (t - sum) - y;
-    sum = t;
-  }
-  sum = row_sum<kThreads>(sum, smem);
-  if (threadIdx.x == 0) {
-    *p.loss = kReduction == kCeMean ? sum / static_cast<float>(p.counters->valid_rows) : sum;
-  }
+  KahanSum stripe;
+  for (long long r = threadIdx.x; r < p.rows; r += kThreads) stripe.add(p.row_loss[r]);
+  const float sum = row_sum<kThreads>(stripe.sum, smem);
+  if (threadIdx.x == 0) *p.loss = kReduction == kCeMean ? sum / p.counters->mean_divisor : sum;
 }
 
 }  // namespace kjit

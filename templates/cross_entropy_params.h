@@ -21,17 +21,20 @@ constexpr int kCeRegistersPerSm = 65536;
 // The workspace starts with these counters. The count kernel, the first of every launch sequence,
 // rewrites them from the targets alone, so after the op they describe its last launch.
 struct CrossEntropyCounters {
-  unsigned int valid_rows;         // targets in [0, vocab) other than ignore_index; the mean's divisor
+  unsigned int valid_rows;         // targets in [0, vocab) other than ignore_index
   unsigned int out_of_range_rows;  // neither ignore_index nor in [0, vocab): treated as ignored
+  float mean_divisor;              // valid_rows, or with class weights the valid rows' weights summed
+  float class_weight_total;        // with class weights and label smoothing: all vocab weights summed
 };
 
 // Reductions sum and mean keep one fp32 loss per row in the workspace from this byte offset on.
 constexpr long long kCrossEntropyRowLossOffset = 16;
 
 struct CrossEntropyCountParams {
-  const void* targets;  // [rows], int32 or int64
+  const void* targets;       // [rows], int32 or int64
   long long rows;
   long long ignore_index;
+  const void* class_weight;  // [vocab] when the op has class weights
   CrossEntropyCounters* counters;
 };
 
@@ -54,6 +57,8 @@ struct CrossEntropyRowParams {
   const CrossEntropyCounters* counters;  // valid_rows divides the mean's gradient
   void* grad;                            // [rows, vocab]; may be logits itself (in place)
   long long grad_stride;
+  const void* class_weight;              // [vocab] (the whole vocab) when the op has class weights
+  long long class_weight_offset;         // the class of the first column (a vocab shard's start)
 };
 
 // CrossEntropy::RescaleGradient: block b rescales tile t = b % tiles of row b / tiles, the

@@ -15,7 +15,7 @@
 // valid rows and computes the same loss.
 //
 //   kjit::sharded_cross_entropy_stats<kjit::bf16, long long, 128256, 64128, 256, 8, 4,
-//                                     false, false, false>
+//                                     false, false, false, kjit::NoClassWeight>
 #pragma once
 
 #include "cross_entropy.cuh"
@@ -25,7 +25,7 @@ namespace kjit {
 
 // Phase 1. Ignored rows are read only when the lse is wanted, as in cross_entropy_forward.
 template <typename T, typename I, int kVocab, int kWidth, int kThreads, int kVec, int kUnroll,
-          bool kSmoothing, bool kZLoss, bool kSoftcap>
+          bool kSmoothing, bool kZLoss, bool kSoftcap, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 sharded_cross_entropy_stats(const ShardedCrossEntropyParams p) {
   using L = CeLayout<kWidth, kThreads, kVec>;
@@ -33,7 +33,7 @@ sharded_cross_entropy_stats(const ShardedCrossEntropyParams p) {
   __shared__ Stats smem[32];
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p.row, row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p.row, row);
 
   const long long col_t = r.target - p.shard_start;
   float x_t = 0.0f;  // 0 where another shard holds the target: the sum over shards is exact
@@ -96,13 +96,13 @@ __global__ void __launch_bounds__(kThreads) sharded_cross_entropy_combine(const 
 // columns of the gradient, whose target column is the target minus the shard's start.
 template <typename T, typename I, int kVocab, int kWidth, int kThreads, int kVec, int kUnroll,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kGradient>
+          bool kGradient, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 sharded_cross_entropy_finish(const ShardedCrossEntropyParams p) {
   using L = CeLayout<kWidth, kThreads, kVec>;
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap> r(p.row, row);
+  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p.row, row);
   const float* s = p.stats + row;
   const long long n = p.row.rows;
   CeStats<kSmoothing, false> st = CeStats<kSmoothing, false>::identity();

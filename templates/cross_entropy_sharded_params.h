@@ -20,7 +20,7 @@ enum ShardStat {
   kShardLocalMax = 0,     // max of x * log2e over the shard's columns; kept for the rescale
   kShardMax = 1,          // the same, then over the whole row
   kShardSumExp = 2,       // sum of 2^(x * log2e - max)
-  kShardSumX = 3,         // sum of x (after the softcap), for label smoothing
+  kShardSumX = 3,         // sum of w_j x_j (after the softcap; w_j = 1 without class weights)
   kShardTargetLogit = 4,  // the target's raw logit in the shard that holds it, 0 in the others
   kShardStatCount = 5,
 };

@@ -27,6 +27,7 @@ struct BenchFlags {
   int64_t vocab = 0;
   int64_t rows = 0;
   std::string dtype = "bf16";
+  std::string class_weights;  // cross_entropy: a dtype; empty: none
   int repeats = 100;
   int device = 0;
   bool json = false;
@@ -99,6 +100,20 @@ std::vector<std::pair<int64_t, int64_t>> Shapes(const BenchFlags& f) {
   return shapes;
 }
 
+// The op at one of the shapes, with the option flags applied.
+absl::StatusOr<ops::OpSpec> SpecFor(const BenchFlags& f, int64_t size, DType dtype) {
+  KJIT_ASSIGN_OR_RETURN(ops::OpSpec spec, ops::BenchSpec(f.op, size, dtype));
+  if (f.class_weights.empty()) return spec;
+  auto* ce = std::get_if<CrossEntropySpec>(&spec);
+  if (ce == nullptr) {
+    return absl::InvalidArgumentError(
+        fmt::format("--class-weights does not apply to --op {}", f.op));
+  }
+  KJIT_ASSIGN_OR_RETURN(ce->class_weight_dtype, ParseDType(f.class_weights));
+  KJIT_RETURN_IF_ERROR(Annotate(ValidateCrossEntropySpec(*ce), "--class-weights"));
+  return spec;
+}
+
 // What CLI11 cannot check once it has parsed the flags, all before any GPU is looked for: --hidden
 // and --vocab each size one op, and each --config is one of the op's.
 absl::Status CheckBenchFlags(const BenchFlags& f, const CLI::App& cmd) {
@@ -111,7 +126,7 @@ absl::Status CheckBenchFlags(const BenchFlags& f, const CLI::App& cmd) {
   }
   const DType dtype = ParseDType(f.dtype).value();  // checked by its validator
   for (const auto& [size, rows] : Shapes(f)) {
-    KJIT_ASSIGN_OR_RETURN(const ops::OpSpec spec, ops::BenchSpec(f.op, size, dtype));
+    KJIT_ASSIGN_OR_RETURN(const ops::OpSpec spec, SpecFor(f, size, dtype));
     for (const std::string& c : f.configs) {
       KJIT_RETURN_IF_ERROR(Annotate(ops::WithConfig(spec, c).status(), "--config"));
     }
@@ -133,7 +148,7 @@ int RunBench(const BenchFlags& f) {
 
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [s, rows] : shapes) {
-    const ops::OpSpec spec = *ops::BenchSpec(f.op, s, dtype);
+    const ops::OpSpec spec = *SpecFor(f, s, dtype);  // checked by CheckBenchFlags
     auto configs = ConfigsFor(*rt, spec, f);
     if (!configs.ok()) return Fail(configs.status());
     auto r = BenchProblem(*rt, **timer, spec, rows, f.repeats, copy_gbps, *configs);
@@ -192,6 +207,10 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")
       ->check(DTypeValidator())
       ->capture_default_str();
+  cmd->add_option("--class-weights", f->class_weights,
+                  "cross_entropy with per-class weights of this dtype (fp32 or --dtype's), "
+                  "uniform in [0.5, 1.5)")
+      ->check(DTypeValidator());
   cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
       ->check(CLI::Range(3, 100000))
       ->capture_default_str();

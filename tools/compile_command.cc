@@ -33,6 +33,7 @@ struct CompileFlags {
   float z_loss = 0;
   float softcap = 0;
   bool argmax = false;
+  std::string class_weights;  // a dtype; empty: none
   std::string arch = "auto";
   bool json = false;
 };
@@ -55,6 +56,7 @@ constexpr OpFlag kOpFlags[] = {
     {"--z-loss", "cross_entropy", "lse_square_scale"},
     {"--softcap", "cross_entropy", "softcap"},
     {"--argmax", "cross_entropy", ""},
+    {"--class-weights", "cross_entropy", "class_weight_dtype"},
 };
 
 absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype) {
@@ -78,6 +80,9 @@ absl::StatusOr<ops::OpSpec> CrossEntropyFromFlags(const CompileFlags& f, DType d
   spec.lse_square_scale = f.z_loss;
   spec.softcap = f.softcap;
   spec.argmax = f.argmax;
+  if (!f.class_weights.empty()) {
+    KJIT_ASSIGN_OR_RETURN(spec.class_weight_dtype, ParseDType(f.class_weights));
+  }
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
   return spec;
 }
@@ -196,6 +201,10 @@ Command AddCompileCommand(CLI::App& app) {
                   "lse_square_scale, the z-loss coefficient (cross_entropy)");
   cmd->add_option("--softcap", f->softcap, "Logit soft-cap, 0 = off (cross_entropy)");
   cmd->add_flag("--argmax", f->argmax, "Also write the predicted token per row (cross_entropy)");
+  cmd->add_option("--class-weights", f->class_weights,
+                  "Per-class weights of this dtype, fp32 or --dtype's (cross_entropy; the "
+                  "weights themselves are a launch argument)")
+      ->check(DTypeValidator());
   cmd->add_option(
          "--arch", f->arch,
          "auto (the GPU present, else sm_90 and sm_100) or a list: sm_90,sm_100,compute_90")

@@ -10,6 +10,17 @@
 // rows for the mean. Everything is computed in fp32; the gradient is rounded once, to the logits'
 // dtype.
 //
+// With class weights w (spec.class_weight_dtype set; torch.nn.functional.cross_entropy's `weight`,
+// whose definition, label smoothing included, this follows; z-loss is kjit's and weighs w_t):
+//   loss = w_t ((1 - eps)(lse - x_t) + z lse^2) + eps / V * sum_j w_j (lse - x_j)
+//   grad = scale * (softmax(x) (A + 2 z w_t lse) - eps w / V - (1 - eps) w_t onehot(t)) [* ...]
+//          with A = (1 - eps) w_t + eps / V * sum_j w_j,
+// and the mean divides by the sum of w_t over the valid rows instead of their count. Weights are
+// used as given, as PyTorch does: negative ones count as negative, a zero sum makes the mean's
+// loss and gradient NaN (inf * 0), and a NaN weight makes NaN what it enters: its row when it is
+// the target's weight (and through the mean's divisor every valid row and the loss), every valid
+// row with label smoothing. Checking the values would cost a host synchronization.
+//
 // Rows whose target is ignore_index get loss 0 and a zero gradient (which is written), and do not
 // count for the mean. A target outside [0, vocab) that is not ignore_index is never used as an
 // index: its row is treated as ignored and counted in CrossEntropyCounters::out_of_range_rows at
@@ -77,6 +88,9 @@ struct CrossEntropySpec {
   float lse_square_scale = 0;  // z-loss coefficient, >= 0
   float softcap = 0;           // 0: off; else > 0, logits become cap * tanh(x / cap)
   bool argmax = false;         // forward writes the predicted token per row
+  // Per-class weights: fp32 or the logits' dtype. Launches then take `class_weight`, a [vocab]
+  // vector read on the device, so one compiled program serves every weight vector.
+  std::optional<DType> class_weight_dtype;
   // Overrides the heuristic (e.g. a tuned config); its vec is an upper bound lowered by alignment.
   std::optional<CrossEntropyConfig> config;
 };
@@ -89,16 +103,18 @@ struct CrossEntropyArgs {
   IndexView argmax;        // [rows] in target_type; required iff spec.argmax
   TensorView grad;         // ForwardBackward: [rows, vocab], dtype; may be logits itself (in place)
   TensorView grad_output;  // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
+  TensorView class_weight;      // [vocab] (1 row) in spec.class_weight_dtype; iff that is set
   void* workspace = nullptr;    // device memory, 16-byte aligned
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
 };
 
 struct CrossEntropyBackwardArgs {
-  TensorView logits;       // [rows, vocab]
-  IndexView targets;       // [rows]
-  TensorView lse;          // fp32 [rows], saved by a forward
-  TensorView grad_output;  // optional, as for ForwardBackward
-  TensorView grad;         // [rows, vocab]; may be logits itself (in place)
+  TensorView logits;        // [rows, vocab]
+  IndexView targets;        // [rows]
+  TensorView lse;           // fp32 [rows], saved by a forward
+  TensorView grad_output;   // optional, as for ForwardBackward
+  TensorView grad;          // [rows, vocab]; may be logits itself (in place)
+  TensorView class_weight;  // as for ForwardBackward (the forward's weights)
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };

@@ -45,8 +45,11 @@
 extern "C" {
 #endif
 
-/* Bumped whenever a struct's layout or a function's meaning changes. */
-#define KJIT_C_ABI_VERSION 1
+/* Bumped whenever a struct's layout or a function's meaning changes. New fields go at the end of a
+ * struct, yet only this version's struct_size is accepted: a binding compares kjit_abi_version().
+ *   2: cross-entropy class weights (kjit_cross_entropy_spec.class_weight_dtype, class_weight in
+ *      kjit_cross_entropy_args and kjit_cross_entropy_backward_args). */
+#define KJIT_C_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define KJIT_C_EXPORT __attribute__((visibility("default")))
@@ -233,6 +236,9 @@ typedef struct kjit_cross_entropy_spec {
   float softcap;          /* 0: off */
   int32_t argmax;         /* 1: forward writes the predicted token per row */
   const char* config;     /* NULL or "": tuned or heuristic; else "vec=8 threads=256 ..." */
+  /* Per-class weights (PyTorch's `weight`): -1 (default) none; else KJIT_F32 or the dtype, and
+   * launches take class_weight. */
+  int32_t class_weight_dtype;
 } kjit_cross_entropy_spec;
 
 typedef struct kjit_cross_entropy_args {
@@ -247,6 +253,8 @@ typedef struct kjit_cross_entropy_args {
                               mean) or [rows] (none) */
   void* workspace;         /* device memory of at least kjit_cross_entropy_workspace_bytes */
   int64_t workspace_bytes;
+  kjit_tensor class_weight; /* [vocab] (one row) in spec.class_weight_dtype, read on the device;
+                               iff that is not -1 */
 } kjit_cross_entropy_args;
 
 typedef struct kjit_cross_entropy_backward_args {
@@ -258,12 +266,14 @@ typedef struct kjit_cross_entropy_backward_args {
   kjit_tensor grad;        /* [rows, vocab]; may be logits (in place) */
   void* workspace;
   int64_t workspace_bytes;
+  kjit_tensor class_weight; /* as for forward_backward: the forward's weights */
 } kjit_cross_entropy_backward_args;
 
 /* For an autograd backward that learns the upstream gradient only after forward_backward wrote the
  * gradient: grad, computed with grad_output = `applied`, becomes the gradient for `grad_output`.
  * Rows whose grad_output equals applied are not touched, so the usual case (both 1, or both the
- * same loss scale) costs one small launch, not a pass over the gradient. */
+ * same loss scale) costs one small launch, not a pass over the gradient. It takes no class weights:
+ * they scale both gradients alike. */
 typedef struct kjit_cross_entropy_rescale_args {
   uint32_t struct_size;
   kjit_tensor grad;        /* [rows, vocab], written by forward_backward */

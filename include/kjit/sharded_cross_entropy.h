@@ -19,7 +19,8 @@
 // Run() does 1 to 3 with NCCL.
 //
 // Options as CrossEntropySpec: ignore_index, every reduction, label smoothing (over the whole
-// vocab), z-loss and softcap (elementwise) all work; lse is written on request; grad_output scales
+// vocab), z-loss, softcap (elementwise) and class weights (every rank passes the whole [vocab]
+// vector) all work; lse is written on request; grad_output scales
 // the gradient. Not in sharded mode: argmax (it would need a cross-rank (max, index) reduction:
 // take it from a separate top-1), the fused resident kernel (the reduction sits between the
 // passes, so both phases stream the shard's row, which is read twice) and Backward from a saved
@@ -60,6 +61,7 @@ struct ShardedCrossEntropySpec {
   float label_smoothing = 0;
   float lse_square_scale = 0;
   float softcap = 0;
+  std::optional<DType> class_weight_dtype;  // as CrossEntropySpec's
   // Overrides the heuristic; cluster must be 0 (both phases stream the row).
   std::optional<CrossEntropyConfig> config;
 
@@ -73,6 +75,7 @@ struct ShardedCrossEntropyArgs {
   TensorView lse;          // optional fp32 [rows]: the whole row's lse
   TensorView grad;         // optional [rows, width]: the shard's gradient; may be logits (in place)
   TensorView grad_output;  // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
+  TensorView class_weight;      // [vocab] (the whole vocab's) iff spec.class_weight_dtype is set
   void* workspace = nullptr;    // device memory, 16-byte aligned; one per shard; holds the stats
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
 };

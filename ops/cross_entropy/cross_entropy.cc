@@ -48,6 +48,9 @@ const char* ReductionDeviceName(Reduction r) {
   return "?";
 }
 const char* Bool(bool b) { return b ? "true" : "false"; }
+const char* ClassWeightType(const CrossEntropySpec& s) {
+  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
+}
 
 // The template arguments the forward and backward kernels share, in their order.
 std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
@@ -57,28 +60,36 @@ std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
                      Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
-  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
-                     Bool(gradient));
+  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
+                     Bool(gradient), ClassWeightType(s));
 }
 // The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
-  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
+  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
                      DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
                      c.vec, c.cluster, ReductionDeviceName(s.reduction),
                      Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0), Bool(s.softcap > 0),
-                     Bool(s.argmax));
+                     Bool(s.argmax), ClassWeightType(s));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
   return c.cluster > 0 ? ClusterExpr("cross_entropy_resident", s, c) : ForwardExpr(s, c, true);
 }
 std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("kjit::cross_entropy_backward<{}>", RowArgs(s, c));
+  return fmt::format("kjit::cross_entropy_backward<{}, {}>", RowArgs(s, c), ClassWeightType(s));
 }
+}  // namespace
+
+std::string ops::CrossEntropyCountExpr(const CrossEntropySpec& s, int threads) {
+  return fmt::format("kjit::cross_entropy_count<{}, {}, {}, {}, {}>",
+                     IndexDeviceType(s.target_type), s.vocab, threads, ClassWeightType(s),
+                     Bool(s.label_smoothing > 0));
+}
+
+namespace {
 std::string CountExpr(const CrossEntropySpec& s) {
-  return fmt::format("kjit::cross_entropy_count<{}, {}, {}>", IndexDeviceType(s.target_type),
-                     s.vocab, kCountThreads);
+  return ops::CrossEntropyCountExpr(s, kCountThreads);
 }
 // The rescale's vectors are the program's (no wider than the views the config was picked for).
 std::string RescaleExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
@@ -154,6 +165,12 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
     return absl::InvalidArgumentError(
         fmt::format("softcap: {} must be 0 (off) or a finite positive cap", spec.softcap));
   }
+  if (spec.class_weight_dtype && *spec.class_weight_dtype != DType::kF32 &&
+      *spec.class_weight_dtype != spec.dtype) {
+    return absl::InvalidArgumentError(
+        fmt::format("class_weight_dtype: {} must be fp32 or the logits' dtype ({})",
+                    Name(*spec.class_weight_dtype), Name(spec.dtype)));
+  }
   if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, 0));
   return absl::OkStatus();
 }
@@ -174,6 +191,7 @@ absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec
       {"argmax", Bool(spec.argmax)},
       {"config", config.ToString()},
   };
+  if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);
   // Order matters: CrossEntropyKernels::Kernel reads them back by position.
   std::vector<std::string> kernels = {CountExpr(spec), ForwardExpr(spec, config, false),
                                       FusedExpr(spec, config), BackwardExpr(spec, config),
@@ -256,6 +274,21 @@ int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
   return s.reduction == Reduction::kNone ? rows : 1;
 }
 
+}  // namespace
+
+absl::Status ops::CheckClassWeight(const TensorView& class_weight,
+                                   const std::optional<DType>& dtype, int64_t vocab) {
+  if (dtype) return internal::CheckMatrix("class_weight", class_weight, *dtype, 1, vocab);
+  if (!class_weight.empty()) {
+    return absl::InvalidArgumentError(
+        "class_weight: given, but the op was created without class weights (set the spec's "
+        "class_weight_dtype)");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // The gradient is the logits themselves (same data and stride: in place) or shares no element.
 absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& logits) {
   if (grad.data == logits.data && grad.row_stride != logits.row_stride) {
@@ -270,12 +303,12 @@ absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& lo
 // the views allow and launches the count kernel, which fills the workspace's counters.
 absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
     const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
-    const TensorView& logits, const IndexView& targets, const TensorView& grad, void* workspace,
-    bool fused) {
+    const TensorView& logits, const IndexView& targets, const TensorView& grad,
+    const TensorView& class_weight, void* workspace, bool fused) {
   const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
                         KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), fused));
-  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index,
+  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index, class_weight.data,
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch((*k)[k->kCount], 1, kCountThreads, stream, &c));
   return k;
@@ -284,7 +317,8 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
 // The row kernels' parameters every mode sets; the outputs are left null.
 CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& logits,
                                 const IndexView& targets, const TensorView& grad,
-                                const TensorView& grad_output, void* workspace) {
+                                const TensorView& grad_output, const TensorView& class_weight,
+                                void* workspace) {
   CrossEntropyRowParams p{};
   p.logits = logits.data;
   p.logits_stride = logits.row_stride;
@@ -298,6 +332,7 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
   p.counters = static_cast<const CrossEntropyCounters*>(workspace);
   p.grad = grad.data;
   p.grad_stride = grad.row_stride;
+  p.class_weight = class_weight.data;
   return p;
 }
 
@@ -392,6 +427,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
         fmt::format("{}: given to Forward, which computes no gradient; use ForwardBackward",
                     a.grad.empty() ? "grad_output" : "grad"));
   }
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -404,18 +440,20 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
                                {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
                               {{"logits", a.logits},
                                {"targets", internal::BytesOf(a.targets)},
-                               {"grad_output", a.grad_output}},
+                               {"grad_output", a.grad_output},
+                               {"class_weight", a.class_weight}},
                               /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
-                                      /*fused=*/gradient));
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad,
+                                      a.class_weight, a.workspace, /*fused=*/gradient));
   float* row_loss =
       s.reduction == Reduction::kNone
           ? static_cast<float*>(a.loss.data)
           : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
-  CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
+  CrossEntropyRowParams p =
+      RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
   p.row_loss = row_loss;
   p.lse = static_cast<float*>(a.lse.data);
   p.argmax = a.argmax.data;
@@ -446,6 +484,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   }
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
   KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -454,14 +493,16 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
       {{"logits", a.logits},
        {"targets", internal::BytesOf(a.targets)},
        {"lse", a.lse},
-       {"grad_output", a.grad_output}},
+       {"grad_output", a.grad_output},
+       {"class_weight", a.class_weight}},
       /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad, a.workspace,
-                                      /*fused=*/false));
-  CrossEntropyRowParams p = RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.workspace);
+                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad,
+                                      a.class_weight, a.workspace, /*fused=*/false));
+  CrossEntropyRowParams p =
+      RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
   p.lse_in = static_cast<const float*>(a.lse.data);
   return rt_->Launch((*k)[k->kBackward], rows, k->config.threads, stream, &p);
 }

@@ -51,12 +51,22 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     r.grad_terms.resize(rows * V);
   }
 
+  const bool weighted = !m.class_weight.empty();
+  auto weight = [&](int64_t c) { return weighted ? m.class_weight[c] : 1.0; };
+  double weight_total = 0, weight_abs_total = 0;  // sum_j w_j and sum_j |w_j|
+  for (int64_t j = 0; j < V; ++j) {
+    weight_total += weight(j);
+    weight_abs_total += std::fabs(weight(j));
+  }
   int64_t valid = 0, bad = 0;
+  double divisor = 0;  // the mean's: valid rows, or their target weights summed
   for (int64_t i = 0; i < rows; ++i) {
-    if (IsValid(m, targets[i]))
+    if (IsValid(m, targets[i])) {
       ++valid;
-    else if (targets[i] != m.ignore_index)
+      divisor += weight(targets[i]);
+    } else if (targets[i] != m.ignore_index) {
       ++bad;
+    }
   }
   r.counters = {static_cast<double>(valid), static_cast<double>(bad)};
   auto capped = [&](double x) { return cap > 0 ? cap * std::tanh(x / cap) : x; };
@@ -74,6 +84,8 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     // lse = max + log sum exp(x - max): NaN when any logit is NaN or +Inf (Inf - Inf), -Inf when
     // all are -Inf, as the kernel (and PyTorch's log_softmax) gives.
     bool nan = false;
+    // sum_x: sum_j w_j x_j (w = 1 without class weights); sum_abs: of |w_j| (|lse| + |x_j|) less
+    // the lse part, added below.
     double mx = -std::numeric_limits<double>::infinity(), sum_x = 0, sum_abs_x = 0;
     for (int64_t j = 0; j < V; ++j) {
       const double c = capped(x[j]);
@@ -81,8 +93,8 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
         nan = true;
       else
         mx = std::max(mx, c);
-      sum_x += c;
-      sum_abs_x += std::fabs(c);
+      sum_x += weight(j) * c;
+      sum_abs_x += std::fabs(weight(j) * c);
     }
     double lse;
     if (nan || mx == std::numeric_limits<double>::infinity()) {
@@ -105,33 +117,47 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
       return;
     }
     const double xt = capped(x[t]);
+    const double wt = weight(t);
     // The same form as the kernel, so that infinities give the same results; terms that are off
     // are left out rather than multiplied by 0 (0 * Inf).
-    double loss = eps > 0 ? lse - (1 - eps) * xt - eps * (sum_x / V) : lse - xt;
-    if (z > 0) loss += z * lse * lse;
+    double loss;
+    if (weighted) {
+      loss = eps > 0 ? (1 - eps) * wt * (lse - xt) + eps / V * (weight_total * lse - sum_x)
+                     : wt * (lse - xt);
+      if (z > 0) loss += z * wt * lse * lse;
+    } else {
+      loss = eps > 0 ? lse - (1 - eps) * xt - eps * (sum_x / V) : lse - xt;
+      if (z > 0) loss += z * lse * lse;
+    }
     r.row_loss[i] = loss;
     // Options that are off add nothing (0 * Inf would make the tolerance NaN for a row holding
     // -Inf logits, as masked vocabularies do).
-    row_terms[i] = 1 + std::fabs(lse) + std::fabs(xt);
-    if (eps > 0) row_terms[i] += eps * sum_abs_x / V;
-    if (z > 0) row_terms[i] += z * lse * lse;
+    row_terms[i] = std::fabs(wt) * (1 + std::fabs(lse) + std::fabs(xt));
+    if (eps > 0) row_terms[i] += eps * (sum_abs_x + weight_abs_total * std::fabs(lse)) / V;
+    if (z > 0) row_terms[i] += std::fabs(wt) * z * lse * lse;
 
     if (!with_grad) return;
     double g = 1;
     if (grad_output != nullptr) g = (*grad_output)[m.reduction == Reduction::kNone ? i : 0];
-    if (m.reduction == Reduction::kMean) g /= static_cast<double>(valid);
-    r.row_scale[i] = std::fabs(g);
-    const double c1 = 1 + 2 * z * lse, c1_abs = 1 + 2 * z * std::fabs(lse);
+    if (m.reduction == Reduction::kMean) g /= divisor;
+    // p's factor A + 2 z w_t lse (Gradient in the template), and its size.
+    const double a = eps > 0 ? (1 - eps) * wt + eps * weight_total / V : wt;
+    const double a_abs =
+        eps > 0 ? (1 - eps) * std::fabs(wt) + eps * weight_abs_total / V : std::fabs(wt);
+    const double c1 = a + 2 * z * wt * lse, c1_abs = a_abs + 2 * z * std::fabs(wt * lse);
+    r.row_scale[i] = std::fabs(g) * c1_abs;
     for (int64_t j = 0; j < V; ++j) {
       const double u = cap > 0 ? x[j] / cap : 0;
       // 1 - tanh^2(u), written without cancellation (as the kernel computes it).
       const double e = std::exp(-2 * std::fabs(u));
       const double slope = cap > 0 ? 4 * e / ((1 + e) * (1 + e)) : 1.0;
       const double p = std::exp(capped(x[j]) - lse);
-      double d = p * c1 - eps / V - (j == t ? 1 - eps : 0);
+      // (Terms that are off are left out: 0 * a NaN weight is NaN, and the kernel omits them.)
+      const double smooth = eps > 0 ? eps * weight(j) / V : 0, hit = j == t ? (1 - eps) * wt : 0;
+      double d = p * c1 - smooth - hit;
       r.grad[i * V + j] = g * d * slope;
       r.grad_terms[i * V + j] =
-          std::fabs(g) * slope * (p * c1_abs + eps / V + (j == t ? 1 - eps : 0));
+          std::fabs(g) * slope * (p * c1_abs + std::fabs(smooth) + std::fabs(hit));
     }
   });
 
@@ -149,9 +175,9 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
       r.loss = {total};
       r.loss_terms = {total_terms};
       break;
-    case Reduction::kMean:  // 0 / 0 = NaN with every row ignored, as PyTorch gives
-      r.loss = {total / static_cast<double>(valid)};
-      r.loss_terms = {valid > 0 ? total_terms / static_cast<double>(valid) : 0.0};
+    case Reduction::kMean:  // 0 / 0 = NaN with every row ignored (or weighing 0), as PyTorch gives
+      r.loss = {total / divisor};
+      r.loss_terms = {divisor != 0 ? total_terms / std::fabs(divisor) : 0.0};
       break;
   }
   return r;

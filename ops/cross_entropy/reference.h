@@ -30,23 +30,29 @@ struct CrossEntropyMath {
   double label_smoothing = 0;
   double lse_square_scale = 0;  // z-loss
   double softcap = 0;           // 0: off
+  // Per-class weights (the values the device holds), [vocab]; empty: none. The loss and gradient
+  // follow kjit/cross_entropy.h (PyTorch's `weight`), the mean divides by the valid rows' w_t.
+  std::vector<double> class_weight;
 };
 
 struct CrossEntropyResult {
-  std::vector<double> loss;       // [rows] (none) or [1]
-  std::vector<double> row_loss;   // [rows]; 0 for ignored rows
-  std::vector<double> lse;        // [rows], every row (ignored ones too)
-  std::vector<double> argmax;     // [rows], every row: first maximal raw logit, NaN the largest
-  std::vector<double> counters;   // {valid_rows, out_of_range_rows}
-  std::vector<double> row_scale;  // [rows]: |upstream gradient / (valid rows for the mean)|
-  std::vector<double> grad;       // [rows * vocab], before the final rounding (when asked)
-  // [rows * vocab]: row_scale * slope * (p (1 + 2 z |lse|) + eps / V + (1 - eps) onehot), the
+  std::vector<double> loss;      // [rows] (none) or [1]
+  std::vector<double> row_loss;  // [rows]; 0 for ignored rows
+  std::vector<double> lse;       // [rows], every row (ignored ones too)
+  std::vector<double> argmax;    // [rows], every row: first maximal raw logit, NaN the largest
+  std::vector<double> counters;  // {valid_rows, out_of_range_rows}
+  // [rows]: |upstream gradient / (the mean's divisor)| times |p's factor| (A + 2 z w_t lse).
+  std::vector<double> row_scale;
+  std::vector<double> grad;  // [rows * vocab], before the final rounding (when asked)
+  // [rows * vocab]: row_scale * slope * (p (|A| + 2 z |w_t lse|) + eps |w_j| / V +
+  // (1 - eps) |w_t| onehot) (w = 1, A = 1 without class weights; Gradient in the template), the
   // size of the terms a gradient entry combines. The kernel's fp32 error is relative to these, not
   // to the entry, which cancels (p - 1 near p = 1, p - eps/V); the soft-cap slope's own rounding
   // scales the whole sum.
   std::vector<double> grad_terms;
-  // Same shape as loss: 1 + |lse| + |x_t| + eps mean|x| + z lse^2 (summed for sum/mean), the size
-  // of what the loss was computed from; 0 for ignored rows, whose loss must be exactly 0.
+  // Same shape as loss: |w_t| (1 + |lse| + |x_t| + z lse^2) + eps mean_j |w_j| (|lse| + |x_j|)
+  // (summed for sum, and over |the divisor| for mean), the size of what the loss was computed
+  // from; 0 for ignored rows, whose loss must be exactly 0.
   std::vector<double> loss_terms;
 };
 
@@ -59,12 +65,14 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
 
 // loss and lse: fp32 arithmetic over the row, relative to the terms (atol = per_terms * terms);
 // argmax and counters: exact; grad: one rounding to the dtype (rtol) plus the fp32 error of p
-// relative to the terms, plus a few fp32 subnormal steps times the row's scale.
+// relative to the terms, plus fp32's smallest normal times the row's scale.
 struct CrossEntropyTolerances {
   Tolerance loss{1e-6, 0}, lse{1e-6, 1e-5}, grad{0, 0};
   double loss_atol_per_terms = 1e-5;
   double grad_atol_per_terms = 5e-5;
-  double grad_atol_per_row_scale = 0x1p-140;
+  // The kernels' exponentials flush p below 2^-126 (fp32's smallest normal) to 0, which the
+  // row's scale then multiplies.
+  double grad_atol_per_row_scale = 0x1p-126;
 };
 CrossEntropyTolerances CrossEntropyTolerancesFor(DType dtype);
 

@@ -46,6 +46,9 @@ std::string OptionArgs(const ShardedCrossEntropySpec& s) {
   return fmt::format("{}, {}, {}", Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
                      Bool(s.softcap > 0));
 }
+const char* ClassWeightType(const ShardedCrossEntropySpec& s) {
+  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
+}
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
   return {.vocab = s.vocab,
@@ -56,6 +59,7 @@ CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
           .label_smoothing = s.label_smoothing,
           .lse_square_scale = s.lse_square_scale,
           .softcap = s.softcap,
+          .class_weight_dtype = s.class_weight_dtype,
           .config = s.config};
 }
 
@@ -115,14 +119,14 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   const std::string shape = ShapeArgs(spec, config), options = OptionArgs(spec);
   const char* reduction = kReductionDeviceNames[static_cast<int>(spec.reduction)];
   auto finish = [&](bool gradient) {
-    return fmt::format("kjit::sharded_cross_entropy_finish<{}, {}, {}, {}>", shape, reduction,
-                       options, Bool(gradient));
+    return fmt::format("kjit::sharded_cross_entropy_finish<{}, {}, {}, {}, {}>", shape, reduction,
+                       options, Bool(gradient), ClassWeightType(spec));
   };
   // Order matters: the Kernel enum reads them back by position.
   std::vector<std::string> kernels = {
-      fmt::format("kjit::cross_entropy_count<{}, {}, {}>", IndexDeviceType(spec.target_type),
-                  spec.vocab, kCountThreads),
-      fmt::format("kjit::sharded_cross_entropy_stats<{}, {}>", shape, options),
+      CrossEntropyCountExpr(UnshardedSpec(checked), kCountThreads),
+      fmt::format("kjit::sharded_cross_entropy_stats<{}, {}, {}>", shape, options,
+                  ClassWeightType(spec)),
       fmt::format("kjit::sharded_cross_entropy_rescale<{}>", kStatsThreads),
       fmt::format("kjit::sharded_cross_entropy_combine<{}>", kStatsThreads),
       finish(false),
@@ -235,6 +239,7 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
     KJIT_RETURN_IF_ERROR(
         internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
   }
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -246,7 +251,8 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
                                {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
                               {{"logits", a.logits},
                                {"targets", internal::BytesOf(a.targets)},
-                               {"grad_output", a.grad_output}},
+                               {"grad_output", a.grad_output},
+                               {"class_weight", a.class_weight}},
                               /*in_place=*/{{"grad", "logits"}}));
   return rt_->NeedsDevice();
 }
@@ -268,6 +274,8 @@ ShardedCrossEntropyParams PhaseParams(const ShardedCrossEntropySpec& s,
   r.softcap = s.softcap;
   r.lse = static_cast<float*>(a.lse.data);
   r.counters = static_cast<const CrossEntropyCounters*>(a.workspace);
+  r.class_weight = a.class_weight.data;
+  r.class_weight_offset = s.shard_start;
   p.shard_start = s.shard_start;
   p.stats = StatsIn(a.workspace);
   return p;
@@ -281,7 +289,7 @@ absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
   const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.ignore_index,
-                            static_cast<CrossEntropyCounters*>(a.workspace)};
+                            a.class_weight.data, static_cast<CrossEntropyCounters*>(a.workspace)};
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[kCount], 1, kCountThreads, stream, &c));
   ShardedCrossEntropyParams p = PhaseParams(op_->spec, a);
   return rt_->Launch((*k)[kStats], a.logits.rows, k->config.threads, stream, &p);

@@ -17,20 +17,23 @@ std::string Trait::TuningShape(const Spec& s) {
   if (s.label_smoothing > 0) shape += " smoothing";
   if (s.lse_square_scale > 0) shape += " z_loss";
   if (s.argmax) shape += " argmax";
+  if (s.class_weight_dtype) shape += " class_weights";
   return shape;
 }
 
 nlohmann::json Trait::ToJson(const Spec& s) {
-  return {{"op", kName},
-          {"vocab", s.vocab},
-          {"dtype", Name(s.dtype)},
-          {"target_type", Name(s.target_type)},
-          {"ignore_index", s.ignore_index},
-          {"reduction", Name(s.reduction)},
-          {"label_smoothing", s.label_smoothing},
-          {"lse_square_scale", s.lse_square_scale},
-          {"softcap", s.softcap},
-          {"argmax", s.argmax}};
+  nlohmann::json j = {{"op", kName},
+                      {"vocab", s.vocab},
+                      {"dtype", Name(s.dtype)},
+                      {"target_type", Name(s.target_type)},
+                      {"ignore_index", s.ignore_index},
+                      {"reduction", Name(s.reduction)},
+                      {"label_smoothing", s.label_smoothing},
+                      {"lse_square_scale", s.lse_square_scale},
+                      {"softcap", s.softcap},
+                      {"argmax", s.argmax}};
+  if (s.class_weight_dtype) j["class_weight_dtype"] = Name(*s.class_weight_dtype);
+  return j;
 }
 
 absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
@@ -58,6 +61,9 @@ absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
   KJIT_ASSIGN_OR_RETURN(s.lse_square_scale, in.Float("lse_square_scale"));
   KJIT_ASSIGN_OR_RETURN(s.softcap, in.Float("softcap"));
   KJIT_ASSIGN_OR_RETURN(s.argmax, in.Bool("argmax"));
+  if (in.Has("class_weight_dtype")) {
+    KJIT_ASSIGN_OR_RETURN(s.class_weight_dtype, in.DTypeOf("class_weight_dtype"));
+  }
   KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(s));
   return s;

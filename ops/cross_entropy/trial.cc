@@ -1,5 +1,7 @@
 #include "ops/cross_entropy/trial.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 namespace kjit::ops {
@@ -31,6 +33,26 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   KJIT_RETURN_IF_ERROR(
       RandomTargets(rt, t->targets_.data(), spec.target_type, rows, 0x5eed, spec.vocab));
 
+  std::vector<double> class_weight;
+  double mean_divisor = static_cast<double>(rows);
+  if (spec.class_weight_dtype) {
+    const DType wt = *spec.class_weight_dtype;
+    KJIT_ASSIGN_OR_RETURN(t->class_weight_,
+                          DeviceBuffer::Create(rt, spec.vocab * static_cast<int64_t>(SizeOf(wt))));
+    KJIT_RETURN_IF_ERROR(RandomFill(rt, t->class_weight_->data(), wt, 1, spec.vocab, spec.vocab,
+                                    0x3e16, 0.5f, 1.5f));
+    KJIT_ASSIGN_OR_RETURN(class_weight, DownloadValues(*t->class_weight_, wt));
+    // The mean divides by every row's target weight (all targets are valid).
+    std::vector<unsigned char> targets(rows * index_bytes);
+    KJIT_RETURN_IF_ERROR(t->targets_.Download(targets.data(), targets.size()));
+    mean_divisor = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t target = 0;  // little-endian: an int32 lands in the low half
+      std::memcpy(&target, &targets[r * index_bytes], index_bytes);
+      mean_divisor += class_weight[target];
+    }
+  }
+
   t->sample_ = SampleRows(rows);
   std::vector<double> logits;
   std::vector<int64_t> sample_targets;
@@ -44,16 +66,18 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
     sample_targets.push_back(target);
   }
   // The sampled rows are checked as a problem of their own with reduction none and each row's
-  // share of the real reduction as its upstream scale (1 / rows for the mean: every target valid).
+  // share of the real reduction as its upstream scale (for the mean 1 / rows, every target being
+  // valid, or 1 / their weights summed).
   t->math_ = {.vocab = spec.vocab,
               .dtype = spec.dtype,
               .ignore_index = spec.ignore_index,
               .reduction = Reduction::kNone,
               .label_smoothing = spec.label_smoothing,
               .lse_square_scale = spec.lse_square_scale,
-              .softcap = spec.softcap};
+              .softcap = spec.softcap,
+              .class_weight = std::move(class_weight)};
   const std::vector<double> scale(t->sample_.size(),
-                                  spec.reduction == Reduction::kMean ? 1.0 / rows : 1.0);
+                                  spec.reduction == Reduction::kMean ? 1.0 / mean_divisor : 1.0);
   t->ref_ = CrossEntropyReference(t->math_, t->checked_rows(), logits, sample_targets, &scale,
                                   /*with_grad=*/true);
   return t;
@@ -70,6 +94,9 @@ CrossEntropyArgs CrossEntropyTrial::Args(bool gradient) const {
                                      spec_.reduction == Reduction::kNone ? rows_ : 1),
           .lse = TensorView::Vector(lse_.data(), DType::kF32, rows_),
           .grad = gradient ? logits : TensorView{},  // in place
+          .class_weight = class_weight_ ? TensorView::Vector(class_weight_->data(),
+                                                             *spec_.class_weight_dtype, spec_.vocab)
+                                        : TensorView{},
           .workspace = workspace_.data(),
           .workspace_bytes = workspace_bytes_};
 }

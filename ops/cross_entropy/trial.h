@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kjit/device_buffer.h"
@@ -15,7 +16,8 @@ namespace kjit::ops {
 
 // Cross-entropy with the gradient in place into the logits (the fused op's main use) and the
 // forward alone. The spec's reduction, options and target type are used as given; every target
-// is valid. Checked on sampled rows: the first and last 16 and 32 spread between.
+// is valid; class weights, when the spec has them, are uniform in [0.5, 1.5). Checked on sampled
+// rows: the first and last 16 and 32 spread between.
 class CrossEntropyTrial {
  public:
   static absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> Create(const Runtime& rt,
@@ -50,6 +52,7 @@ class CrossEntropyTrial {
   int64_t rows_ = 0;
   int64_t workspace_bytes_ = 0;
   DeviceBuffer pristine_, work_, targets_, loss_, lse_, workspace_;
+  std::optional<DeviceBuffer> class_weight_;
   std::vector<int64_t> sample_;
   CrossEntropyMath math_;
   CrossEntropyResult ref_;

@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1  # KJIT_C_ABI_VERSION this binding was written for
+ABI_VERSION = 2  # KJIT_C_ABI_VERSION this binding was written for
 
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 
@@ -99,20 +99,21 @@ class CrossEntropySpec(ctypes.Structure):
                 ("ignore_index", ctypes.c_int64), ("reduction", ctypes.c_int32),
                 ("label_smoothing", ctypes.c_float), ("lse_square_scale", ctypes.c_float),
                 ("softcap", ctypes.c_float), ("argmax", ctypes.c_int32),
-                ("config", ctypes.c_char_p)]
+                ("config", ctypes.c_char_p), ("class_weight_dtype", ctypes.c_int32)]
 
 
 class CrossEntropyArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
                 ("loss", Tensor), ("lse", Tensor), ("argmax", Index), ("grad", Tensor),
                 ("grad_output", Tensor), ("workspace", ctypes.c_void_p),
-                ("workspace_bytes", ctypes.c_int64)]
+                ("workspace_bytes", ctypes.c_int64), ("class_weight", Tensor)]
 
 
 class CrossEntropyBackwardArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
                 ("lse", Tensor), ("grad_output", Tensor), ("grad", Tensor),
-                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64),
+                ("class_weight", Tensor)]
 
 
 class CrossEntropyRescaleArgs(ctypes.Structure):

@@ -100,7 +100,8 @@ class CrossEntropy(_Handle):
     _destroy = "kjit_cross_entropy_destroy"
 
     def forward(self, stream, **fields) -> None:
-        """fields: logits, targets, loss, lse, argmax, workspace, workspace_bytes."""
+        """fields: logits, targets, loss, lse, argmax, workspace, workspace_bytes, and
+        class_weight (a [vocab] vector) iff the op was made with class_weight_dtype."""
         self._launch("kjit_cross_entropy_forward", _capi.CrossEntropyArgs, stream, fields)
 
     def forward_backward(self, stream, **fields) -> None:
@@ -109,12 +110,14 @@ class CrossEntropy(_Handle):
                      fields)
 
     def backward(self, stream, **fields) -> None:
-        """fields: logits, targets, lse, grad_output, grad, workspace, workspace_bytes."""
+        """fields: logits, targets, lse, grad_output, grad, workspace, workspace_bytes,
+        class_weight (as for forward)."""
         self._launch("kjit_cross_entropy_backward", _capi.CrossEntropyBackwardArgs, stream,
                      fields)
 
     def rescale_gradient(self, stream, **fields) -> None:
-        """fields: grad, grad_output, applied (see kjit_cross_entropy_rescale_args)."""
+        """fields: grad, grad_output, applied (see kjit_cross_entropy_rescale_args); no class
+        weights, even for an op that has them."""
         self._launch("kjit_cross_entropy_rescale_gradient", _capi.CrossEntropyRescaleArgs, stream,
                      fields)
 
@@ -187,7 +190,10 @@ class Runtime(_Handle):
     def cross_entropy(self, vocab: int, dtype: str = "bf16", *, target_type: str = "int64",
                       ignore_index: int = -100, reduction: str = "mean",
                       label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
-                      argmax: bool = False, config: Optional[str] = None) -> CrossEntropy:
+                      argmax: bool = False, config: Optional[str] = None,
+                      class_weight_dtype: Optional[str] = None) -> CrossEntropy:
+        """class_weight_dtype: None (no class weights), else "fp32" or dtype: the launches then
+        take class_weight, a [vocab] vector of per-class weights (F.cross_entropy's `weight`)."""
         spec = _capi.init(_capi.CrossEntropySpec, "kjit_cross_entropy_spec_init")
         spec.vocab = vocab
         spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
@@ -199,6 +205,8 @@ class Runtime(_Handle):
         spec.softcap = softcap
         spec.argmax = int(argmax)
         spec.config = _encode(config)
+        spec.class_weight_dtype = -1 if class_weight_dtype is None else _choice(
+            "class_weight_dtype", class_weight_dtype, _capi.DTYPES)
         handle = ctypes.c_void_p()
         _capi.call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(handle))

@@ -62,11 +62,12 @@ int main(int argc, char** argv) {
   kjit_cross_entropy_spec_init(&ce);
   check(ce.struct_size == sizeof ce, "ce.struct_size");
   check(ce.dtype == KJIT_BF16 && ce.target_type == KJIT_INT64 && ce.ignore_index == -100 &&
-            ce.reduction == KJIT_REDUCTION_MEAN && ce.argmax == 0,
+            ce.reduction == KJIT_REDUCTION_MEAN && ce.argmax == 0 && ce.class_weight_dtype == -1,
         "kjit_cross_entropy_spec_init's defaults");
 
   kjit_cross_entropy_args_init(&args);
-  check(args.struct_size == sizeof args && args.workspace == NULL, "cross-entropy args init");
+  check(args.struct_size == sizeof args && args.workspace == NULL && args.class_weight.data == NULL,
+        "cross-entropy args init");
   /* The header's example: a view as a compound literal. */
   args.logits = (kjit_tensor){NULL, KJIT_BF16, 2, 128256, 128256};
   check(args.logits.cols == 128256, "a kjit_tensor compound literal");

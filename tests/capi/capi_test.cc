@@ -2,8 +2,10 @@
 // what it exports, the defaults of the *_init functions (against the C++ structs' defaults, whose
 // headers are read for their values and link nothing), NULL arguments, struct sizes and enum
 // fields, the thread-local last error, a runtime without a driver or with the stub driver, and a
-// compile-only runtime that builds both ops, refuses launches and reports warnings.
+// compile-only runtime that builds both ops, checks their arguments (class weights included),
+// refuses launches and reports warnings.
 #include <array>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -164,6 +166,8 @@ TEST(CapiInit, DefaultsAreTheCppDefaults) {
   EXPECT_EQ(c.softcap, rc.softcap);
   EXPECT_EQ(c.argmax, rc.argmax);
   EXPECT_EQ(c.config, nullptr);
+  EXPECT_EQ(c.class_weight_dtype, -1);
+  EXPECT_FALSE(rc.class_weight_dtype.has_value());
 }
 
 // No view given: every field zero.
@@ -184,10 +188,11 @@ TEST(CapiInit, ArgumentsStartEmpty) {
   ExpectEmpty({&b.dy, &b.x, &b.weight, &b.rstd, &b.dx, &b.dw, &b.dresidual});
   EXPECT_TRUE(b.workspace == nullptr && b.workspace_bytes == 0);
   const auto a = Initialized(kjit_cross_entropy_args_init);
-  ExpectEmpty({&a.logits, &a.loss, &a.lse, &a.grad, &a.grad_output}, {&a.targets, &a.argmax});
+  ExpectEmpty({&a.logits, &a.loss, &a.lse, &a.grad, &a.grad_output, &a.class_weight},
+              {&a.targets, &a.argmax});
   EXPECT_TRUE(a.workspace == nullptr && a.workspace_bytes == 0);
   const auto cb = Initialized(kjit_cross_entropy_backward_args_init);
-  ExpectEmpty({&cb.logits, &cb.lse, &cb.grad_output, &cb.grad}, {&cb.targets});
+  ExpectEmpty({&cb.logits, &cb.lse, &cb.grad_output, &cb.grad, &cb.class_weight}, {&cb.targets});
   EXPECT_TRUE(cb.workspace == nullptr && cb.workspace_bytes == 0);
   const auto r = Initialized(kjit_cross_entropy_rescale_args_init);
   ExpectEmpty({&r.grad, &r.grad_output, &r.applied});
@@ -340,6 +345,19 @@ void* Host(std::vector<std::vector<Block>>& keep, size_t bytes) {
 kjit_tensor View(void* data, kjit_dtype dtype, int64_t rows, int64_t cols) {
   return {data, dtype, rows, cols, cols};
 }
+// Fused cross-entropy arguments on host blocks for `rows` rows of ce's vocab, gradient in place.
+kjit_cross_entropy_args CeArgs(std::vector<std::vector<Block>>& mem, kjit_cross_entropy* ce,
+                               int64_t rows, int64_t vocab) {
+  kjit_cross_entropy_args a;
+  kjit_cross_entropy_args_init(&a);
+  a.logits = View(Host(mem, rows * vocab * 2), KJIT_BF16, rows, vocab);
+  a.targets = {Host(mem, rows * 8), KJIT_INT64, rows};
+  a.loss = View(Host(mem, 4), KJIT_F32, 1, 1);
+  a.grad = a.logits;
+  EXPECT_EQ(kjit_cross_entropy_workspace_bytes(ce, rows, &a.workspace_bytes), KJIT_OK);
+  a.workspace = Host(mem, a.workspace_bytes);
+  return a;
+}
 
 TEST_F(CapiCompileOnly, LaunchesAreAFailedPrecondition) {
   std::vector<std::vector<Block>> mem;
@@ -355,14 +373,7 @@ TEST_F(CapiCompileOnly, LaunchesAreAFailedPrecondition) {
   EXPECT_THAT(forward.message, HasSubstr("compile-only"));
 
   kjit_cross_entropy* ce = Ce(ce_spec_);
-  kjit_cross_entropy_args a;
-  kjit_cross_entropy_args_init(&a);
-  a.logits = View(Host(mem, rows * vocab * 2), KJIT_BF16, rows, vocab);
-  a.targets = {Host(mem, rows * 8), KJIT_INT64, rows};
-  a.loss = View(Host(mem, 4), KJIT_F32, 1, 1);
-  a.grad = a.logits;
-  ASSERT_EQ(kjit_cross_entropy_workspace_bytes(ce, rows, &a.workspace_bytes), KJIT_OK);
-  a.workspace = Host(mem, a.workspace_bytes);
+  kjit_cross_entropy_args a = CeArgs(mem, ce, rows, vocab);
   const Result fused = Last(kjit_cross_entropy_forward_backward(ce, nullptr, &a));
   EXPECT_EQ(fused.status, KJIT_FAILED_PRECONDITION) << fused.message;
   EXPECT_THAT(fused.message, HasSubstr("compile-only"));
@@ -373,6 +384,64 @@ TEST_F(CapiCompileOnly, LaunchesAreAFailedPrecondition) {
   EXPECT_EQ(kjit_cross_entropy_forward(ce, nullptr, &a), KJIT_FAILED_PRECONDITION);
   a.loss.cols = 2;
   ExpectInvalid(Last(kjit_cross_entropy_forward(ce, nullptr, &a)), "loss:");
+}
+
+// Class weights: an op made with class_weight_dtype takes class_weight in every launch (checked by
+// the C++ layer, whose messages name the C field), and an op made without refuses one.
+TEST_F(CapiCompileOnly, ClassWeightsAreTakenByEveryLaunch) {
+  std::vector<std::vector<Block>> mem;
+  const int64_t rows = 3, vocab = ce_spec_.vocab;
+  kjit_cross_entropy_spec c = ce_spec_;
+  c.class_weight_dtype = KJIT_F32;
+  kjit_cross_entropy* weighted = Ce(c);
+  kjit_cross_entropy_args a = CeArgs(mem, weighted, rows, vocab);
+  kjit_cross_entropy_backward_args b;
+  kjit_cross_entropy_backward_args_init(&b);
+  b.logits = a.logits;
+  b.targets = a.targets;
+  b.lse = View(Host(mem, rows * 4), KJIT_F32, 1, rows);
+  b.grad = View(Host(mem, rows * vocab * 2), KJIT_BF16, rows, vocab);
+  b.workspace = a.workspace;
+  b.workspace_bytes = a.workspace_bytes;
+
+  ExpectInvalid(Last(kjit_cross_entropy_forward_backward(weighted, nullptr, &a)),
+                "class_weight: null");
+  ExpectInvalid(Last(kjit_cross_entropy_backward(weighted, nullptr, &b)), "class_weight: null");
+  const kjit_tensor weight = View(Host(mem, vocab * 4), KJIT_F32, 1, vocab);
+  a.class_weight = weight;
+  a.class_weight.cols = vocab - 1;
+  ExpectInvalid(Last(kjit_cross_entropy_forward_backward(weighted, nullptr, &a)),
+                "class_weight: cols is 31999, expected 32000");
+  a.class_weight = weight;
+  a.class_weight.dtype = KJIT_BF16;
+  ExpectInvalid(Last(kjit_cross_entropy_forward_backward(weighted, nullptr, &a)),
+                "class_weight: dtype is bf16, expected fp32");
+  a.class_weight.dtype = 7;
+  ExpectInvalid(Last(kjit_cross_entropy_forward_backward(weighted, nullptr, &a)),
+                "class_weight.dtype: 7 is out of range; expected 0 (KJIT_F32)");
+  // Given and right: every launch passes the checks and reaches the (absent) device.
+  a.class_weight = weight;
+  b.class_weight = weight;
+  EXPECT_EQ(kjit_cross_entropy_forward_backward(weighted, nullptr, &a), KJIT_FAILED_PRECONDITION)
+      << kjit_last_error();
+  EXPECT_EQ(kjit_cross_entropy_backward(weighted, nullptr, &b), KJIT_FAILED_PRECONDITION)
+      << kjit_last_error();
+  kjit_cross_entropy_args f = a;
+  f.grad = {};
+  EXPECT_EQ(kjit_cross_entropy_forward(weighted, nullptr, &f), KJIT_FAILED_PRECONDITION)
+      << kjit_last_error();
+
+  // The op made without class weights refuses them rather than ignoring them.
+  kjit_cross_entropy* plain = Ce(ce_spec_);
+  for (const Result& r : {Last(kjit_cross_entropy_forward(plain, nullptr, &f)),
+                          Last(kjit_cross_entropy_forward_backward(plain, nullptr, &a)),
+                          Last(kjit_cross_entropy_backward(plain, nullptr, &b))}) {
+    ExpectInvalid(r, "class_weight: given, but the op was created without class weights");
+  }
+  // Weights in the logits' dtype.
+  c.class_weight_dtype = KJIT_BF16;
+  ExpectInvalid(Last(kjit_cross_entropy_forward(Ce(c), nullptr, &f)),
+                "class_weight: dtype is fp32, expected bf16");
 }
 
 TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
@@ -397,6 +466,10 @@ TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
   c = ce_spec_;
   c.label_smoothing = 1;
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "label_smoothing:");
+  c = ce_spec_;
+  c.class_weight_dtype = KJIT_F16;  // neither fp32 nor the logits' bf16
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)");
   c = ce_spec_;
   c.config = "banana";
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "config: ");
@@ -518,7 +591,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(options, "kjit_runtime_create: options->struct_size is " +
                              std::to_string(sizeof(o) - 8) + ", but kjit_runtime_options is " +
                              std::to_string(sizeof(o)) + " bytes in this library");
-  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 1"));
+  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 2"));
   EXPECT_THAT(options.message, HasSubstr("kjit_runtime_options_init"));
 
   kjit_cross_entropy_spec c = ce_spec_;
@@ -526,6 +599,25 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   kjit_cross_entropy* ce = nullptr;
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
                 "kjit_cross_entropy_create: spec->struct_size is 0, but kjit_cross_entropy_spec");
+  // A version 1 binding's structs (each ended where version 2 appended its class weights):
+  // refused, rather than read with a garbage tail.
+  c.struct_size = offsetof(kjit_cross_entropy_spec, class_weight_dtype);
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                "kjit_cross_entropy_create: spec->struct_size is " + std::to_string(c.struct_size) +
+                    ", but kjit_cross_entropy_spec is " + std::to_string(sizeof(c)) +
+                    " bytes in this library (kjit C ABI version 2)");
+  kjit_cross_entropy_args a;
+  kjit_cross_entropy_args_init(&a);
+  a.struct_size = offsetof(kjit_cross_entropy_args, class_weight);
+  ExpectInvalid(Last(kjit_cross_entropy_forward(Ce(ce_spec_), nullptr, &a)),
+                "kjit_cross_entropy_forward: args->struct_size is " +
+                    std::to_string(a.struct_size) + ", but kjit_cross_entropy_args is");
+  kjit_cross_entropy_backward_args cb;
+  kjit_cross_entropy_backward_args_init(&cb);
+  cb.struct_size = offsetof(kjit_cross_entropy_backward_args, class_weight);
+  ExpectInvalid(Last(kjit_cross_entropy_backward(Ce(ce_spec_), nullptr, &cb)),
+                "kjit_cross_entropy_backward: args->struct_size is " +
+                    std::to_string(cb.struct_size) + ", but kjit_cross_entropy_backward_args is");
 
   kjit_rms_norm_backward_args b;
   kjit_rms_norm_backward_args_init(&b);
@@ -572,6 +664,14 @@ TEST_F(CapiCompileOnly, EnumFieldsAreRangeChecked) {
   c = ce_spec_;
   c.argmax = -1;
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "argmax: -1 is out of range");
+  for (int32_t bad : {-2, 3}) {
+    c = ce_spec_;
+    c.class_weight_dtype = bad;
+    ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                  "class_weight_dtype: " + std::to_string(bad) +
+                      " is out of range; expected -1 (none), 0 (KJIT_F32), 1 (KJIT_F16) or 2 "
+                      "(KJIT_BF16)");
+  }
 
   kjit_runtime_options o;
   kjit_runtime_options_init(&o);

@@ -3,7 +3,8 @@
 // C layer only converts arguments). RMSNorm forward and backward with and without the fused
 // residual; cross-entropy forward, forward_backward out of place and in place, backward from the
 // lse and rescale_gradient (rows whose grad_output equals `applied` untouched, the others scaled by
-// grad_output / applied). Odd shapes, so that tails and scalar paths run.
+// grad_output / applied), and with class weights (fp32 and bf16) forward_backward and backward.
+// Odd shapes, so that tails and scalar paths run.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -318,6 +319,33 @@ class CapiCrossEntropyGpu : public ::testing::Test {
     ExpectSameBits(*mem_, a.cpp.lse, a.c_lse, "lse");
     if (!a.c_grad.empty()) ExpectSameBits(*mem_, a.cpp.grad, a.c_grad, "grad");
   }
+  // The gradient from a forward's lse (upstream 0.5) through both APIs: the same bits.
+  void ExpectBackwardSame(const CrossEntropy& cpp, kjit_cross_entropy* c, const TensorView& lse,
+                          const TensorView& class_weight) {
+    const TensorView grad_output = mem_->Values({0.5}, DType::kF32);
+    const CrossEntropyBackwardArgs b{.logits = logits_,
+                                     .targets = targets_,
+                                     .lse = lse,
+                                     .grad_output = grad_output,
+                                     .grad = mem_->Output(logits_),
+                                     .class_weight = class_weight,
+                                     .workspace = mem_->Workspace(ws_bytes_),
+                                     .workspace_bytes = ws_bytes_};
+    const TensorView grad = mem_->Output(logits_);
+    kjit_cross_entropy_backward_args cb;
+    kjit_cross_entropy_backward_args_init(&cb);
+    cb.logits = C(logits_);
+    cb.targets = C(targets_);
+    cb.lse = C(lse);
+    cb.grad_output = C(grad_output);
+    cb.grad = C(grad);
+    cb.class_weight = C(class_weight);
+    cb.workspace = mem_->Workspace(ws_bytes_);
+    cb.workspace_bytes = ws_bytes_;
+    Must(cpp.Backward(nullptr, b));
+    MustC(kjit_cross_entropy_backward(c, nullptr, &cb));
+    ExpectSameBits(*mem_, b.grad, grad, "grad from the lse");
+  }
 
   const Runtime* rt_ = nullptr;
   CrossEntropySpec spec_{.vocab = kVocab, .dtype = DType::kBF16};
@@ -353,27 +381,50 @@ TEST_F(CapiCrossEntropyGpu, ForwardBackwardOutOfPlaceAndInPlace) {
 TEST_F(CapiCrossEntropyGpu, BackwardFromTheLse) {
   const Both f = Args(/*grad=*/false, /*in_place=*/false);
   Must(cpp_->Forward(nullptr, f.cpp));
-  const TensorView grad_output = mem_->Values({0.5}, DType::kF32);
-  const CrossEntropyBackwardArgs b{.logits = logits_,
-                                   .targets = targets_,
-                                   .lse = f.cpp.lse,
-                                   .grad_output = grad_output,
-                                   .grad = mem_->Output(logits_),
-                                   .workspace = mem_->Workspace(ws_bytes_),
-                                   .workspace_bytes = ws_bytes_};
-  const TensorView grad = mem_->Output(logits_);
-  kjit_cross_entropy_backward_args cb;
-  kjit_cross_entropy_backward_args_init(&cb);
-  cb.logits = C(logits_);
-  cb.targets = C(targets_);
-  cb.lse = C(f.cpp.lse);
-  cb.grad_output = C(grad_output);
-  cb.grad = C(grad);
-  cb.workspace = mem_->Workspace(ws_bytes_);
-  cb.workspace_bytes = ws_bytes_;
-  Must(cpp_->Backward(nullptr, b));
-  MustC(kjit_cross_entropy_backward(c_.get(), nullptr, &cb));
-  ExpectSameBits(*mem_, b.grad, grad, "grad");
+  ExpectBackwardSame(*cpp_, c_.get(), f.cpp.lse, {});
+}
+
+// Class weights (some zero, the target's among them; label smoothing reads every one), fp32 and in
+// the logits' bf16: forward_backward in place and backward from the lse, through both APIs, the
+// same bits.
+TEST_F(CapiCrossEntropyGpu, ClassWeights) {
+  std::vector<double> weights;
+  for (int64_t j = 0; j < kVocab; ++j) weights.push_back(0.5 * (j % 5));  // class 0: row 0's
+  for (DType weight_dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(Name(weight_dtype));
+    CrossEntropySpec spec{.vocab = kVocab,
+                          .dtype = DType::kBF16,
+                          .label_smoothing = 0.1f,
+                          .class_weight_dtype = weight_dtype};
+    spec.config = Must(rt_->CrossEntropy(spec)).ConfigFor(kRows);
+    const CrossEntropy cpp = Must(rt_->CrossEntropy(spec));
+    const std::string config = spec.config->ToString();
+    kjit_cross_entropy_spec cspec;
+    kjit_cross_entropy_spec_init(&cspec);
+    cspec.vocab = kVocab;
+    cspec.dtype = KJIT_BF16;
+    cspec.label_smoothing = 0.1f;
+    cspec.class_weight_dtype = static_cast<int32_t>(weight_dtype);
+    cspec.config = config.c_str();
+    kjit_cross_entropy* raw = nullptr;
+    MustC(kjit_cross_entropy_create(crt_.get(), &cspec, &raw));
+    std::unique_ptr<kjit_cross_entropy, decltype(&kjit_cross_entropy_destroy)> c(
+        raw, kjit_cross_entropy_destroy);
+    const TensorView w = mem_->Values(weights, weight_dtype);
+
+    Both a = Args(/*grad=*/true, /*in_place=*/true);
+    a.cpp.class_weight = w;
+    a.c.class_weight = C(w);
+    Must(cpp.ForwardBackward(nullptr, a.cpp));
+    MustC(kjit_cross_entropy_forward_backward(c.get(), nullptr, &a.c));
+    ExpectSame(a);
+
+    const Both f = Args(/*grad=*/false, /*in_place=*/false);
+    CrossEntropyArgs forward = f.cpp;
+    forward.class_weight = w;
+    Must(cpp.Forward(nullptr, forward));
+    ExpectBackwardSame(cpp, c.get(), forward.lse, w);
+  }
 }
 
 // rescale_gradient on copies of one forward_backward's gradient: through both APIs, the same bits;

@@ -42,6 +42,14 @@ enum class Targets {
   kAllIgnored,
   kOutOfRange,  // valid, ignored and out-of-range targets mixed
 };
+// Class weights of a case: none, or [vocab] values in the case's weight dtype.
+enum class Weights {
+  kNone,
+  kPositive,  // uniform in [0, 2), every 7th class 0
+  kNegative,  // as kPositive, every 5th class negated
+  kZero,      // all 0: the mean's divisor is 0
+  kNan,       // as kPositive, the target of row 1 NaN
+};
 
 const char* Name(Mode m) {
   return m == Mode::kForward ? "forward" : m == Mode::kBackward ? "backward" : "forward_backward";
@@ -65,6 +73,8 @@ struct Case {
   double scale = 1;       // logits ~ uniform with standard deviation `scale`
   bool specials = false;  // NaN, +Inf, -Inf rows
   Targets targets = Targets::kRandom;
+  Weights weights = Weights::kNone;
+  DType weight_dtype = DType::kF32;
   std::optional<CrossEntropyConfig> config;
 
   CrossEntropySpec Spec() const {
@@ -77,17 +87,19 @@ struct Case {
             .lse_square_scale = z,
             .softcap = softcap,
             .argmax = argmax,
+            .class_weight_dtype =
+                weights == Weights::kNone ? std::nullopt : std::optional<DType>(weight_dtype),
             .config = config};
   }
   std::string Describe() const {
     return fmt::format(
         "vocab={} rows={} dtype={} targets={} ignore={} reduction={} eps={} z={} cap={} argmax={} "
         "lse={} mode={} in_place={} upstream={} pad={} misalign={} scale={} specials={} "
-        "target_kind={} config={}",
+        "target_kind={} weights={} ({}) config={}",
         vocab, rows, kjit::Name(dtype), kjit::Name(target_type), ignore_index,
         kjit::Name(reduction), smoothing, z, softcap, argmax, lse, Name(mode), in_place, upstream,
-        pad, misalign, scale, specials, static_cast<int>(targets),
-        config ? config->ToString() : "default");
+        pad, misalign, scale, specials, static_cast<int>(targets), static_cast<int>(weights),
+        kjit::Name(weight_dtype), config ? config->ToString() : "default");
   }
 };
 
@@ -259,6 +271,22 @@ std::vector<double> MakeLogits(const Case& c, const std::vector<int64_t>& target
   return x;
 }
 
+std::vector<double> MakeWeights(const Case& c, const std::vector<int64_t>& targets,
+                                std::mt19937_64& gen) {
+  if (c.weights == Weights::kNone) return {};
+  std::vector<double> w(c.vocab, 0.0);
+  std::uniform_real_distribution<double> u(0.0, 2.0);
+  for (int64_t j = 0; j < c.vocab; ++j) {
+    if (c.weights == Weights::kZero || j % 7 == 3) continue;
+    w[j] =
+        RoundTo((c.weights == Weights::kNegative && j % 5 == 1 ? -1 : 1) * u(gen), c.weight_dtype);
+  }
+  if (c.weights == Weights::kNan && c.rows > 1 && targets[1] >= 0 && targets[1] < c.vocab) {
+    w[targets[1]] = NAN;
+  }
+  return w;
+}
+
 absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<unsigned char>& image) {
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer b,
                         DeviceBuffer::Create(rt, std::max<size_t>(image.size(), 16)));
@@ -299,6 +327,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   std::mt19937_64 gen(seed);
   const std::vector<int64_t> targets = MakeTargets(c, gen);
   const std::vector<double> logits = MakeLogits(c, targets, gen);
+  const std::vector<double> weights = MakeWeights(c, targets, gen);
   std::vector<double> upstream;
   if (c.upstream) {
     std::uniform_real_distribution<double> u(0.25, 2.0);
@@ -326,6 +355,12 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   }
   const int64_t ws_bytes = ce.WorkspaceBytes(R);
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, DeviceBuffer::Create(rt, ws_bytes));
+  std::optional<DeviceBuffer> d_weights;
+  TensorView class_weight;
+  if (!weights.empty()) {
+    ASSERT_OK_AND_ASSIGN(d_weights, Upload(rt, Encode(weights, c.weight_dtype)));
+    class_weight = TensorView::Vector(d_weights->data(), c.weight_dtype, V);
+  }
 
   const DeviceBuffer* grad_buf = !with_grad ? nullptr : c.in_place ? &d_logits : &*d_grad;
   CrossEntropyArgs args{
@@ -334,6 +369,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       .loss = TensorView::Vector(d_loss.data(), DType::kF32, none ? R : 1),
       .lse = want_lse ? TensorView::Vector(d_lse.data(), DType::kF32, R) : TensorView{},
       .argmax = c.argmax ? IndexView::Of(d_argmax.data(), c.target_type, R) : IndexView{},
+      .class_weight = class_weight,
       .workspace = d_ws.data(),
       .workspace_bytes = ws_bytes};
   const TensorView up =
@@ -346,6 +382,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                                  .targets = args.targets,
                                  .lse = args.lse,
                                  .grad_output = up,
+                                 .class_weight = class_weight,
                                  .workspace = d_ws.data(),
                                  .workspace_bytes = ws_bytes};
   if (with_grad) bargs.grad = lay.View(grad_buf->data());
@@ -364,9 +401,9 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       KJIT_RETURN_IF_ERROR(ce.Forward(nullptr, args));
       // Poison what the forward wrote that the backward must rewrite: the counters.
       KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
-      KJIT_RETURN_IF_ERROR(
-          cu.Check(cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(d_ws.data()), 0xFF, 8, nullptr),
-                   "cuMemsetD8Async"));
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(d_ws.data()),
+                                                       0xFF, sizeof(CrossEntropyCounters), nullptr),
+                                    "cuMemsetD8Async"));
       KJIT_RETURN_IF_ERROR(ce.Backward(nullptr, bargs));
     }
     KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize (kernel fault?)"));
@@ -388,7 +425,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                                    .reduction = c.reduction,
                                    .label_smoothing = c.smoothing,
                                    .lse_square_scale = c.z,
-                                   .softcap = c.softcap};
+                                   .softcap = c.softcap,
+                                   .class_weight = weights};
   const ops::CrossEntropyResult ref = ops::CrossEntropyReference(
       math, R, logits, targets, c.upstream ? &upstream : nullptr, with_grad);
 
@@ -591,6 +629,72 @@ TEST(CrossEntropyGpu, AllRowsIgnored) {
     }
   }
   RunAll(rt, cases, 9000);
+}
+
+// Class weights (PyTorch's `weight`) in every mode and reduction, with every other option on and
+// off, fp32 weights and weights in the logits' dtype, weights with zeros and negatives, odd vocabs,
+// one row, targets at every chunk boundary, all rows ignored, a zero divisor and a NaN weight.
+TEST(CrossEntropyGpu, ClassWeights) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : kDtypes) {
+    for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
+      for (int bits = 0; bits < 8; ++bits) {
+        const int n = static_cast<int>(cases.size());
+        Case c{.vocab = 1000, .rows = 67, .dtype = t, .reduction = red};
+        c.weights = n % 3 == 0 ? Weights::kNegative : Weights::kPositive;
+        c.weight_dtype = n % 2 ? t : DType::kF32;
+        c.smoothing = (bits & 1) ? 0.1f : 0.0f;
+        c.z = (bits & 2) ? 1e-3f : 0.0f;
+        c.softcap = (bits & 4) ? 7.5f : 0.0f;
+        c.upstream = n % 4 != 0;
+        c.scale = n % 5 == 4 ? 30.0 : 1.0;
+        for (Mode m : {Mode::kForward, Mode::kForwardBackward, Mode::kBackward}) {
+          c.mode = m;
+          c.in_place = m != Mode::kForward && (n + static_cast<int>(m)) % 2 == 0;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  for (int64_t vocab : {3, 50257, 128256, 151936}) {
+    for (int64_t rows : {int64_t{1}, std::min<int64_t>(kMaxElements / vocab, 300)}) {
+      Case c{.vocab = vocab, .rows = rows, .in_place = true, .weights = Weights::kPositive};
+      cases.push_back(c);
+      c.smoothing = 0.1f;
+      c.mode = Mode::kBackward;
+      cases.push_back(c);
+    }
+  }
+  for (DType t : {DType::kBF16, DType::kF32}) {
+    for (int64_t vocab : {1000, 128256}) {
+      Case c{.vocab = vocab,
+             .dtype = t,
+             .argmax = true,
+             .targets = Targets::kBoundaries,
+             .weights = Weights::kPositive,
+             .weight_dtype = t};
+      c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
+      cases.push_back(c);
+      c.smoothing = 0.2f;
+      c.reduction = Reduction::kNone;
+      cases.push_back(c);
+    }
+  }
+  for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
+    cases.push_back({.vocab = 1000,
+                     .rows = 33,
+                     .reduction = red,
+                     .targets = Targets::kAllIgnored,
+                     .weights = Weights::kPositive});
+    // A zero divisor: the mean is 0/0 = NaN, and so is its gradient (inf * 0), as PyTorch gives.
+    cases.push_back({.vocab = 1000, .rows = 33, .reduction = red, .weights = Weights::kZero});
+    // A NaN target weight: its row NaN; through the mean's divisor every valid row.
+    cases.push_back({.vocab = 1000, .rows = 33, .reduction = red, .weights = Weights::kNan});
+    cases.push_back(
+        {.vocab = 1000, .rows = 33, .reduction = red, .smoothing = 0.1f, .weights = Weights::kNan});
+  }
+  RunAll(rt, cases, 12000);
 }
 
 TEST(CrossEntropyGpu, OutOfRangeTargetsAreCountedAndIgnored) {

@@ -46,6 +46,7 @@ struct Case {
   bool in_place = false;
   double scale = 1;  // logits ~ normal with this deviation
   bool all_ignored = false;
+  bool weighted = false;  // fp32 class weights in [0, 2), every 7th 0
 
   std::vector<std::pair<int64_t, int64_t>> Shards() const {
     std::vector<std::pair<int64_t, int64_t>> out;
@@ -67,7 +68,11 @@ struct Case {
             .reduction = reduction,
             .label_smoothing = smoothing,
             .lse_square_scale = z,
-            .softcap = softcap};
+            .softcap = softcap,
+            .class_weight_dtype = WeightDtype()};
+  }
+  std::optional<DType> WeightDtype() const {
+    return weighted ? std::optional<DType>(DType::kF32) : std::nullopt;
   }
   CrossEntropySpec Unsharded() const {
     return {.vocab = vocab,
@@ -77,7 +82,8 @@ struct Case {
             .reduction = reduction,
             .label_smoothing = smoothing,
             .lse_square_scale = z,
-            .softcap = softcap};
+            .softcap = softcap,
+            .class_weight_dtype = WeightDtype()};
   }
   ops::CrossEntropyMath Math() const {
     return {.vocab = vocab,
@@ -92,9 +98,9 @@ struct Case {
   std::string Describe() const {
     return fmt::format(
         "vocab={} cuts=[{}] rows={} dtype={} targets={} ignore={} reduction={} "
-        "eps={} z={} cap={} upstream={} in_place={} scale={} all_ignored={}",
+        "eps={} z={} cap={} upstream={} in_place={} scale={} all_ignored={} weighted={}",
         vocab, fmt::join(cuts, ","), rows, Name(dtype), Name(target_type), ignore_index,
-        Name(reduction), smoothing, z, softcap, upstream, in_place, scale, all_ignored);
+        Name(reduction), smoothing, z, softcap, upstream, in_place, scale, all_ignored, weighted);
   }
 };
 
@@ -102,6 +108,7 @@ struct Inputs {
   std::vector<double> logits;  // [rows, vocab], as the device holds them
   std::vector<int64_t> targets;
   std::vector<double> upstream;  // empty: none
+  std::vector<double> weights;   // [vocab] fp32 class weights; empty: none
 };
 
 // Targets cycle through 0, vocab-1 and both sides of every cut, with every 7th row ignored and
@@ -123,6 +130,11 @@ Inputs MakeInputs(const Case& c, uint64_t seed) {
     for (int64_t i = 0; i < c.LossSize(); ++i) {
       in.upstream.push_back(RoundTo((i % 3 == 2 ? -1 : 1) * u(gen), DType::kF32));
     }
+  }
+  if (c.weighted) {
+    std::uniform_real_distribution<double> u(0.0, 2.0);
+    for (int64_t j = 0; j < c.vocab; ++j)
+      in.weights.push_back(j % 7 == 3 ? 0.0 : RoundTo(u(gen), DType::kF32));
   }
   return in;
 }
@@ -203,6 +215,13 @@ absl::StatusOr<Outputs> RunSharded(const Runtime& rt, const Case& c, const Input
     KJIT_ASSIGN_OR_RETURN(d_up, UploadValues(rt, in.upstream, DType::kF32));
   }
 
+  std::optional<DeviceBuffer> d_weights;
+  TensorView class_weight;
+  if (c.weighted) {
+    KJIT_ASSIGN_OR_RETURN(d_weights, UploadValues(rt, in.weights, DType::kF32));
+    class_weight = TensorView::Vector(d_weights->data(), DType::kF32, V);
+  }
+
   std::vector<ShardedCrossEntropy> ops;
   std::vector<DeviceBuffer> ws, loss, lse;
   std::vector<ShardedCrossEntropyArgs> args;
@@ -223,6 +242,7 @@ absl::StatusOr<Outputs> RunSharded(const Runtime& rt, const Case& c, const Input
          .grad = TensorView::Matrix(grad_base + shard.first * es, c.dtype, R, width, V),
          .grad_output = c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, c.LossSize())
                                    : TensorView{},
+         .class_weight = class_weight,
          .workspace = w.data(),
          .workspace_bytes = op.WorkspaceBytes(R)});
     ops.push_back(std::move(op));
@@ -270,9 +290,12 @@ absl::StatusOr<Outputs> RunUnsharded(const Runtime& rt, const Case& c, const Inp
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_loss, Poisoned(rt, c.LossSize() * sizeof(float)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_lse, Poisoned(rt, c.rows * sizeof(float)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_ws, Poisoned(rt, ce.WorkspaceBytes(c.rows)));
-  std::optional<DeviceBuffer> d_up;
+  std::optional<DeviceBuffer> d_up, d_weights;
   if (c.upstream) {
     KJIT_ASSIGN_OR_RETURN(d_up, UploadValues(rt, in.upstream, DType::kF32));
+  }
+  if (c.weighted) {
+    KJIT_ASSIGN_OR_RETURN(d_weights, UploadValues(rt, in.weights, DType::kF32));
   }
   KJIT_RETURN_IF_ERROR(ce.ForwardBackward(
       nullptr,
@@ -283,6 +306,8 @@ absl::StatusOr<Outputs> RunUnsharded(const Runtime& rt, const Case& c, const Inp
        .grad = TensorView::Matrix(d_grad.data(), c.dtype, c.rows, c.vocab),
        .grad_output =
            c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, c.LossSize()) : TensorView{},
+       .class_weight =
+           c.weighted ? TensorView::Vector(d_weights->data(), DType::kF32, c.vocab) : TensorView{},
        .workspace = d_ws.data(),
        .workspace_bytes = ce.WorkspaceBytes(c.rows)}));
   const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
@@ -298,7 +323,8 @@ absl::StatusOr<Outputs> RunUnsharded(const Runtime& rt, const Case& c, const Inp
 // able to fail: an all-zero gradient and one entry pushed past its tolerance are rejected.
 void ExpectMatches(const Case& c, const Inputs& in, const Outputs& sharded,
                    const Outputs& unsharded) {
-  const ops::CrossEntropyMath math = c.Math();
+  ops::CrossEntropyMath math = c.Math();
+  math.class_weight = in.weights;
   const ops::CrossEntropyResult ref = ops::CrossEntropyReference(
       math, c.rows, in.logits, in.targets, c.upstream ? &in.upstream : nullptr, true);
   EXPECT_TRUE(sharded.shards_agree) << "the shards wrote different losses or lse";
@@ -425,6 +451,8 @@ TEST(ShardedCrossEntropyGpu, EveryOptionAndReduction) {
       c.upstream = n % 3 != 0;
       c.in_place = n % 4 == 1;
       c.scale = n % 4 == 3 ? 30.0 : 1.0;
+      cases.push_back(c);
+      c.weighted = true;  // class weights: the target's weight may live in another shard
       cases.push_back(c);
     }
   }

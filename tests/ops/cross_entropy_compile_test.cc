@@ -170,6 +170,11 @@ TEST_F(CrossEntropyCliTest, CompilesEveryDtypeForAnExplicitArch) {
           "--label-smoothing 0.1 --z-loss 1e-4 --softcap 30 --argmax --arch sm_90");
   EXPECT_EQ(options.exit_code, 0) << options.output;
   EXPECT_NE(options.output.find("softcap=30"), std::string::npos) << options.output;
+  const Result weighted =
+      Run("compile --op cross_entropy --vocab 50257 --label-smoothing 0.1 --class-weights bf16 "
+          "--arch sm_90");
+  EXPECT_EQ(weighted.exit_code, 0) << weighted.output;
+  EXPECT_NE(weighted.output.find("class_weight_dtype=bf16"), std::string::npos) << weighted.output;
 }
 
 TEST_F(CrossEntropyCliTest, SizeFlagsAreCheckedPerOp) {

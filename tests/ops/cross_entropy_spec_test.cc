@@ -45,6 +45,13 @@ TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
       ValidateCrossEntropySpec(
           {.vocab = 8, .target_type = IndexType::kInt32, .ignore_index = int64_t{1} << 40}),
       "ignore_index:");
+  ExpectInvalid(ValidateCrossEntropySpec(
+                    {.vocab = 8, .dtype = DType::kBF16, .class_weight_dtype = DType::kF16}),
+                "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)");
+  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 8, .class_weight_dtype = DType::kF32}).ok());
+  EXPECT_TRUE(ValidateCrossEntropySpec(
+                  {.vocab = 8, .dtype = DType::kF16, .class_weight_dtype = DType::kF16})
+                  .ok());
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 2}).ok());
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 1 << 20}).ok());
   EXPECT_TRUE(ValidateCrossEntropySpec(
@@ -182,16 +189,17 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
                                      {.vec = 1, .threads = 256, .unroll = 2});
   ASSERT_TRUE(src.ok()) << src.status();
   ASSERT_EQ(src->name_expressions.size(), 6u);
-  EXPECT_EQ(src->name_expressions[0], "kjit::cross_entropy_count<int, 50257, 1024>");
+  EXPECT_EQ(src->name_expressions[0],
+            "kjit::cross_entropy_count<int, 50257, 1024, kjit::NoClassWeight, true>");
   EXPECT_EQ(src->name_expressions[1],
             "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
-            "false, true, true, false>");
+            "false, true, true, false, kjit::NoClassWeight>");
   EXPECT_EQ(src->name_expressions[2],
             "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
-            "false, true, true, true>");
+            "false, true, true, true, kjit::NoClassWeight>");
   EXPECT_EQ(src->name_expressions[3],
             "kjit::cross_entropy_backward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
-            "false, true>");
+            "false, true, kjit::NoClassWeight>");
   EXPECT_EQ(src->name_expressions[4],
             "kjit::cross_entropy_rescale_gradient<kjit::f16, 50257, 256, 1, 4>");
   EXPECT_EQ(src->name_expressions[5], "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>");
@@ -213,6 +221,15 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
                                    ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
   ASSERT_TRUE(plain.ok() && z.ok());
   EXPECT_NE(plain->text, z->text);
+  // Class weights are a template argument (the weights themselves are a launch argument).
+  auto weighted = ops::RenderCrossEntropy({.vocab = 8, .class_weight_dtype = DType::kF32},
+                                          ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  ASSERT_TRUE(weighted.ok()) << weighted.status();
+  EXPECT_EQ(weighted->name_expressions[0],
+            "kjit::cross_entropy_count<long long, 8, 1024, float, false>");
+  EXPECT_TRUE(weighted->name_expressions[1].ends_with(", float>")) << weighted->name_expressions[1];
+  EXPECT_EQ(weighted->params.at("class_weight_dtype"), "fp32");
+  EXPECT_EQ(plain->params.count("class_weight_dtype"), 0u);
 }
 
 class CompileOnlyCrossEntropyTest : public ::testing::Test {
@@ -387,6 +404,67 @@ TEST_F(CompileOnlyCrossEntropyTest, BackwardNamesEveryBadArgument) {
   ExpectReachesDevice(ce_->Backward(nullptr, a));
 }
 
+// Class weights: a [vocab] vector of the spec's class_weight_dtype in every mode, read only (it
+// may not overlap an output), and refused by an op made without them.
+TEST_F(CompileOnlyCrossEntropyTest, ClassWeightIsCheckedInEveryMode) {
+  auto weighted = rt_->CrossEntropy(
+      {.vocab = V, .dtype = DType::kBF16, .argmax = true, .class_weight_dtype = DType::kF32});
+  ASSERT_TRUE(weighted.ok()) << weighted.status();
+  const TensorView good = TensorView::Vector(Addr(0x9000000), DType::kF32, V);
+  struct Bad {
+    TensorView w;
+    std::string prefix;
+  };
+  const std::vector<Bad> cases = {
+      {{}, "class_weight: null"},
+      {TensorView::Vector(good.data, DType::kF32, V - 1),
+       "class_weight: cols is 999, expected 1000"},
+      {TensorView::Vector(good.data, DType::kF32, V + 1), "class_weight: cols"},
+      {TensorView::Vector(good.data, DType::kBF16, V),
+       "class_weight: dtype is bf16, expected fp32"},
+      {TensorView::Matrix(good.data, DType::kF32, 2, V), "class_weight: rows is 2, expected 1"},
+      {TensorView::Vector(Addr(0x9000002), DType::kF32, V), "class_weight: pointer"},
+      {TensorView::Vector(Addr(0x3000000), DType::kF32, V), "loss: must not alias class_weight"},
+  };
+  for (const Bad& c : cases) {
+    SCOPED_TRACE(c.prefix);
+    CrossEntropyArgs f = Good();
+    f.class_weight = c.w;
+    ExpectInvalid(weighted->Forward(nullptr, f), c.prefix);
+    CrossEntropyArgs fb = GoodWithGrad();
+    fb.class_weight = c.w;
+    ExpectInvalid(weighted->ForwardBackward(nullptr, fb), c.prefix);
+    if (c.prefix.starts_with("class_weight")) {
+      CrossEntropyBackwardArgs b = GoodBackward();
+      b.class_weight = c.w;
+      ExpectInvalid(weighted->Backward(nullptr, b), c.prefix);
+    }
+  }
+  CrossEntropyArgs f = Good();
+  f.class_weight = good;
+  ExpectReachesDevice(weighted->Forward(nullptr, f));
+  CrossEntropyArgs fb = GoodWithGrad();
+  fb.class_weight = good;
+  ExpectReachesDevice(weighted->ForwardBackward(nullptr, fb));
+  CrossEntropyBackwardArgs b = GoodBackward();
+  b.class_weight = good;
+  ExpectReachesDevice(weighted->Backward(nullptr, b));
+  // The unweighted op refuses weights instead of ignoring them.
+  ExpectInvalid(ce_->Forward(nullptr, f), "class_weight: given, but the op was created without");
+  ExpectInvalid(ce_->Backward(nullptr, b), "class_weight: given");
+  // The weighted program compiles for sm_90 (every kernel, bf16 weights with smoothing too).
+  ASSERT_TRUE(weighted->Build().ok());
+  auto smoothed = rt_->CrossEntropy({.vocab = V,
+                                     .dtype = DType::kBF16,
+                                     .label_smoothing = 0.1f,
+                                     .lse_square_scale = 1e-4f,
+                                     .softcap = 30.0f,
+                                     .class_weight_dtype = DType::kBF16});
+  ASSERT_TRUE(smoothed.ok()) << smoothed.status();
+  auto built = smoothed->Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+}
+
 TEST_F(CompileOnlyCrossEntropyTest, ReductionNoneTakesPerRowLossAndUpstream) {
   auto none = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .reduction = Reduction::kNone});
   ASSERT_TRUE(none.ok()) << none.status();
@@ -410,8 +488,9 @@ TEST_F(CompileOnlyCrossEntropyTest, WorkspaceIsCountersPlusOneFloatPerRow) {
   auto none = rt_->CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->WorkspaceBytes(1 << 20), 16) << "only the counters";
-  EXPECT_EQ(sizeof(CrossEntropyCounters), 8u);
+  EXPECT_EQ(sizeof(CrossEntropyCounters), 16u);
   EXPECT_EQ(offsetof(CrossEntropyCounters, out_of_range_rows), 4u);
+  EXPECT_EQ(offsetof(CrossEntropyCounters, mean_divisor), 8u);
 }
 
 }  // namespace

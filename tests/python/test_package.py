@@ -1,5 +1,6 @@
 """The kjit package without torch and without a GPU: what CI checks on a CPU machine."""
 
+import ctypes
 import json
 import os
 import subprocess
@@ -24,9 +25,27 @@ def _driver_present() -> bool:
 
 
 def test_abi_and_version_match_the_native_library():
-    assert kjit.abi_version() == kjit.ABI_VERSION == 1
+    assert kjit.abi_version() == kjit.ABI_VERSION == 2
     assert kjit.version() == kjit.__version__
     assert kjit.full_version().startswith(f"kjit {kjit.__version__} (NVRTC ")
+
+
+@pytest.mark.parametrize("struct, init", [
+    (_capi.RuntimeOptions, "kjit_runtime_options_init"),
+    (_capi.RmsNormSpec, "kjit_rms_norm_spec_init"),
+    (_capi.RmsNormForwardArgs, "kjit_rms_norm_forward_args_init"),
+    (_capi.RmsNormBackwardArgs, "kjit_rms_norm_backward_args_init"),
+    (_capi.CrossEntropySpec, "kjit_cross_entropy_spec_init"),
+    (_capi.CrossEntropyArgs, "kjit_cross_entropy_args_init"),
+    (_capi.CrossEntropyBackwardArgs, "kjit_cross_entropy_backward_args_init"),
+    (_capi.CrossEntropyRescaleArgs, "kjit_cross_entropy_rescale_args_init"),
+])
+def test_ctypes_structs_have_the_librarys_layout(struct, init):
+    # *_init writes sizeof into struct_size and every default, the last field's included.
+    value = _capi.init(struct, init)
+    assert value.struct_size == ctypes.sizeof(struct)
+    if struct is _capi.CrossEntropySpec:
+        assert value.class_weight_dtype == -1 and value.ignore_index == -100
 
 
 def test_native_library_and_its_dependencies_come_from_the_wheel():
@@ -64,6 +83,9 @@ def test_compile_only_runtime_builds_both_ops(cache_dir):
     assert rt.rms_norm(hidden=4096, dtype="bf16", casting="none").build()["origin"] == "compiled"
     with pytest.raises(kjit.KjitError, match="weight_dtype: fp32 must be the dtype"):
         rt.rms_norm(hidden=4096, dtype="bf16", weight_dtype="fp32", casting="none")
+    weighted = rt.cross_entropy(vocab=50257, dtype="bf16", class_weight_dtype="bf16").build()
+    assert weighted["origin"] == "compiled" and weighted["params"]["class_weight_dtype"] == "bf16"
+    assert "class_weight_dtype" not in first["params"]
     # A second runtime finds the disk cache.
     again = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
     assert again.cross_entropy(vocab=50257, dtype="bf16").build()["origin"] == "disk cache"
@@ -78,9 +100,38 @@ def test_launch_on_a_compile_only_runtime_is_refused(cache_dir):
     assert e.value.status == "FAILED_PRECONDITION"
 
 
+def test_class_weights_reach_the_launches(cache_dir):
+    # The arguments are checked before a compile-only runtime refuses the launch.
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    fields = dict(logits=kjit.tensor(0x100000, "bf16", 2, 64), targets=kjit.index(0x200000,
+                  "int64", 2), loss=kjit.vector(0x300000, "fp32", 1), workspace=0x400000,
+                  workspace_bytes=4096)
+    weighted = rt.cross_entropy(vocab=64, class_weight_dtype="fp32")
+    with pytest.raises(kjit.KjitInvalidArgument, match="class_weight: null"):
+        weighted.forward(None, **fields)
+    with pytest.raises(kjit.KjitInvalidArgument,
+                       match="class_weight: dtype is bf16, expected fp32"):
+        weighted.forward(None, **fields, class_weight=kjit.vector(0x500000, "bf16", 64))
+    with pytest.raises(kjit.KjitError) as e:
+        weighted.forward(None, **fields, class_weight=kjit.vector(0x500000, "fp32", 64))
+    assert e.value.status == "FAILED_PRECONDITION"
+    with pytest.raises(kjit.KjitError) as e:
+        weighted.backward(None, logits=fields["logits"], targets=fields["targets"],
+                          lse=kjit.vector(0x600000, "fp32", 2),
+                          grad=kjit.tensor(0x700000, "bf16", 2, 64), workspace=0x400000,
+                          workspace_bytes=4096, class_weight=kjit.vector(0x500000, "fp32", 64))
+    assert e.value.status == "FAILED_PRECONDITION"
+    with pytest.raises(kjit.KjitInvalidArgument, match="class_weight: given, but the op was "
+                       "created without class weights"):
+        rt.cross_entropy(vocab=64).forward(None, **fields,
+                                           class_weight=kjit.vector(0x500000, "fp32", 64))
+
+
 @pytest.mark.parametrize("make, field", [
     (lambda rt: rt.cross_entropy(vocab=0), "vocab"),
     (lambda rt: rt.cross_entropy(vocab=100, label_smoothing=1.5), "label_smoothing"),
+    (lambda rt: rt.cross_entropy(vocab=100, dtype="bf16", class_weight_dtype="fp16"),
+     "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)"),
     (lambda rt: rt.rms_norm(hidden=0), "hidden"),
     (lambda rt: rt.rms_norm(hidden=64, config="vec=3 fwd=32x1 bwd=32x1"), "vec"),
 ])
@@ -96,6 +147,7 @@ def test_invalid_specs_name_the_field(cache_dir, make, field):
     (dict(dtype="fp8"), "dtype: expected one of"),
     (dict(reduction="avg"), "reduction: expected one of"),
     (dict(target_type="uint8"), "target_type: expected one of"),
+    (dict(class_weight_dtype="fp8"), "class_weight_dtype: expected one of"),
 ])
 def test_bad_enum_names_are_python_errors(cache_dir, kwargs, message):
     rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")

@@ -50,6 +50,58 @@ def test_cross_entropy_option_errors(kwargs, message):
         kt.cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long), **kwargs)
 
 
+@pytest.mark.parametrize("weight, logits_dtype, error, message", [
+    (lambda: torch.ones(9), "float32", ValueError,
+     r"weight must be a 1-D tensor of vocab = 10 class weights, got shape \(9,\)"),
+    (lambda: torch.ones(11), "float32", ValueError, r"vocab = 10 class weights, got shape"),
+    (lambda: torch.ones(1, 10), "float32", ValueError,
+     r"weight must be a 1-D tensor of vocab = 10 class weights, got shape \(1, 10\)"),
+    (lambda: torch.tensor(1.0), "float32", ValueError, r"got shape \(\)"),
+    (lambda: torch.ones(10, dtype=torch.float64), "float32", TypeError,
+     r"weight must be float32 or the logits' dtype \(torch.float32\), got torch.float64"),
+    (lambda: torch.ones(10, dtype=torch.float16), "bfloat16", TypeError,
+     r"weight must be float32 or the logits' dtype \(torch.bfloat16\), got torch.float16"),
+    (lambda: torch.ones(10, dtype=torch.long), "float32", TypeError, "weight must be float32"),
+    (lambda: torch.ones(10, device="meta"), "float32", ValueError,
+     "weight is on meta but the input is on cpu"),
+    (lambda: [1.0] * 10, "float32", TypeError,
+     "weight must be a torch.Tensor or None, got list"),
+])
+def test_cross_entropy_weight_errors_name_the_argument(weight, logits_dtype, error, message):
+    logits = torch.randn(4, 10).to(getattr(torch, logits_dtype))
+    target = torch.zeros(4, dtype=torch.long)
+    w = weight()
+    with pytest.raises(error, match=message):
+        kt.cross_entropy(logits, target, w)
+    if isinstance(w, torch.Tensor):  # (torch itself refuses a buffer that is not a tensor)
+        with pytest.raises(error, match=message):
+            kt.CrossEntropyLoss(weight=w)(logits, target)
+
+
+# (dtypes by name: the parameters are made at collection, where torch may be missing)
+@pytest.mark.parametrize("weight, logits_dtype", [
+    (lambda: torch.rand(10), "float32"),
+    (lambda: torch.rand(10), "bfloat16"),                       # fp32 with any logits
+    (lambda: torch.rand(10).to(torch.float16), "float16"),      # the logits' dtype
+    (lambda: torch.rand(20)[::2], "float32"),                   # strided: copied, not refused
+    (lambda: torch.full((10,), float("nan")), "float32"),       # values are not checked
+])
+def test_cross_entropy_good_weights_pass_the_checks(weight, logits_dtype):
+    # Accepted: the call goes on to the next check, which wants CUDA tensors.
+    with pytest.raises(ValueError, match="logits must be a CUDA tensor"):
+        kt.cross_entropy(torch.randn(4, 10).to(getattr(torch, logits_dtype)), torch.zeros(4, dtype=torch.long),
+                         weight=weight())
+
+
+def test_cross_entropy_loss_keeps_weight_as_a_buffer():
+    w = torch.rand(10)
+    loss = kt.CrossEntropyLoss(w, ignore_index=3)
+    assert loss.weight is w and loss.ignore_index == 3
+    assert list(loss.state_dict()) == ["weight"] and not list(loss.parameters())
+    assert loss.to(torch.bfloat16).weight.dtype == torch.bfloat16
+    assert kt.CrossEntropyLoss().weight is None and not kt.CrossEntropyLoss().state_dict()
+
+
 @pytest.mark.parametrize("x, weight, kwargs, error, message", [
     (lambda: torch.randn(4, 8, dtype=torch.float64), lambda: torch.ones(8), {}, TypeError,
      "x must be float32, float16 or bfloat16"),

@@ -197,6 +197,148 @@ def test_cross_entropy_is_deterministic():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+# ---- Cross-entropy with class weights ----------------------------------------------------------
+
+def weighted_reference(logits, target, weight, reduction, label_smoothing):
+    """float64 loss and gradient of torch's own F.cross_entropy with `weight` (the definition kjit
+    follows, label smoothing included)."""
+    x = logits.detach().double().requires_grad_()
+    loss = F.cross_entropy(x, target, weight=weight.double(), ignore_index=-100,
+                           reduction=reduction, label_smoothing=label_smoothing)
+    loss.backward(torch.ones_like(loss))
+    return loss.detach(), x.grad
+
+
+def make_class_weights(target, vocab, dtype, seed=1, low=0.0):
+    """Weights in [low, low + 2) of `dtype`, every seventh class and the first valid row's target
+    weighing 0 (that row's loss then comes from label smoothing only)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    weight = torch.rand(vocab, device="cuda", generator=g) * 2 + low
+    weight[::7] = 0
+    weight[target[target != -100][0]] = 0
+    return weight.to(dtype_of(dtype))
+
+
+def check_weighted_ce(logits, target, weight, reduction, label_smoothing, **kwargs):
+    loss, lse, grad = run_ce(logits, target, weight=weight, reduction=reduction,
+                             label_smoothing=label_smoothing, **kwargs)
+    ref_loss, ref_grad = weighted_reference(logits, target, weight, reduction, label_smoothing)
+    assert loss.dtype == torch.float32
+    assert_close(loss, ref_loss, 1e-5, 1e-5, "loss")
+    assert_close(lse, torch.logsumexp(logits.double(), dim=-1), 1e-6, 1e-5, "lse")
+    atol = 1e-3 * ref_grad.abs().max().item() + 1e-30
+    rtol = RTOL[next(name for name in DTYPES if dtype_of(name) == logits.dtype)]
+    assert_close(grad, ref_grad, rtol, atol, "grad")
+
+
+@pytest.mark.parametrize("dtype, weight_dtype, reduction, label_smoothing", [
+    *(("bf16", "fp32", r, ls) for r in ("mean", "sum", "none") for ls in (0.0, 0.1)),
+    ("bf16", "bf16", "mean", 0.1), ("bf16", "bf16", "none", 0.0),
+    ("fp32", "fp32", "mean", 0.1), ("fp32", "fp32", "sum", 0.0),
+    ("fp16", "fp16", "sum", 0.1),
+])
+def test_cross_entropy_class_weights_match_torch_fp64(dtype, weight_dtype, reduction,
+                                                      label_smoothing):
+    logits, target = make_ce_inputs(37, 50257, dtype)
+    target[3] = -100  # an ignored row whatever the draw
+    weight = make_class_weights(target, 50257, weight_dtype)
+    check_weighted_ce(logits, target, weight, reduction, label_smoothing)
+
+
+def test_cross_entropy_class_weights_every_path():
+    """The module (weight a buffer moved by .cuda()), a leaf's out-of-place gradient, the forward
+    alone, an upstream gradient the backward rescales (the weighted op's rescale), z-loss and
+    softcap alongside, and torch.compile: each against the float64 reference."""
+    vocab = 50257
+    logits, target = make_ce_inputs(24, vocab, "bf16")
+    weight = make_class_weights(target, vocab, "fp32")
+    module = kt.CrossEntropyLoss(weight.cpu(), label_smoothing=0.1).cuda()
+    assert module.weight.device.type == "cuda"
+    ref_loss, ref_grad = weighted_reference(logits, target, weight, "mean", 0.1)
+    leaf = logits.clone().requires_grad_()
+    loss = module(leaf, target)  # a leaf: the gradient is allocated, the logits kept
+    loss.backward()
+    assert torch.equal(leaf.detach(), logits)
+    assert_close(loss, ref_loss, 1e-5, 1e-5, "module loss")
+    assert_close(leaf.grad, ref_grad, RTOL["bf16"], 1e-3 * ref_grad.abs().max().item(),
+                 "module grad")
+    with torch.no_grad():
+        assert_close(kt.cross_entropy(logits, target, weight, label_smoothing=0.1), ref_loss,
+                     1e-5, 1e-5, "forward only")
+
+    up = torch.rand(24, device="cuda") + 0.5
+    _, ref_none = weighted_reference(logits, target, weight, "none", 0.0)
+    leaf = logits.clone().requires_grad_()
+    loss = kt.cross_entropy(leaf.view_as(leaf), target, weight, reduction="none")
+    (grad,) = torch.autograd.grad(loss, leaf, up)
+    expected = ref_none * up[:, None].double()
+    # Rounded twice to bf16: by forward_backward (for upstream 1), then by the rescale.
+    assert_close(grad, expected, 2 * RTOL["bf16"], 1e-3 * expected.abs().max().item(), "rescaled")
+
+    # z-loss (weighing w_t, kjit's) and softcap with weights: the gradient against
+    # ce_reference's formula with the weights put in as include/kjit/cross_entropy.h states.
+    x = logits.detach().double().requires_grad_()
+    capped = 15.0 * torch.tanh(x / 15.0)
+    lse = torch.logsumexp(capped, dim=-1)
+    valid = target != -100
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    w64 = weight.double()
+    w_t = torch.where(valid, w64[safe], torch.zeros_like(lse))
+    per_row = w_t * (lse - capped.gather(1, safe[:, None])[:, 0] + 1e-4 * lse ** 2)
+    per_row = torch.where(valid, per_row, torch.zeros_like(per_row))
+    ref = per_row.sum() / w_t.sum()
+    ref.backward()
+    loss, _, grad = run_ce(logits, target, weight=weight, z_loss=1e-4, softcap=15.0)
+    assert_close(loss, ref.detach(), 1e-5, 1e-5, "z-loss and softcap loss")
+    assert_close(grad, x.grad, RTOL["bf16"], 1e-3 * x.grad.abs().max().item(),
+                 "z-loss and softcap grad")
+
+    compiled = torch.compile(lambda a, t, w: kt.cross_entropy(a, t, w, label_smoothing=0.1),
+                             fullgraph=True)
+    leaf = logits.clone().requires_grad_()
+    loss = compiled(leaf, target, weight)
+    loss.backward()
+    assert_close(loss, ref_loss, 1e-5, 1e-5, "compiled loss")
+    assert_close(leaf.grad, ref_grad, RTOL["bf16"], 1e-3 * ref_grad.abs().max().item(),
+                 "compiled grad")
+
+
+def test_cross_entropy_class_weights_used_as_given_as_torch_does():
+    """Negative weights count as negative; a NaN weight makes NaN the rows it enters (with label
+    smoothing every valid row; without, only the rows targeting it), as torch's loss has it."""
+    vocab = 5000
+    logits, target = make_ce_inputs(32, vocab, "fp32")
+    negative = make_class_weights(target, vocab, "fp32", low=-0.5)
+    assert (negative < 0).any()
+    check_weighted_ce(logits, target, negative, "sum", 0.1)
+    check_weighted_ce(logits, target, negative, "none", 0.0)
+
+    nan_class = next(c for c in range(1, vocab) if not (target == c).any())
+    weight = torch.ones(vocab, device="cuda")
+    weight[nan_class] = float("nan")
+    target[5] = nan_class
+    for label_smoothing in (0.0, 0.1):
+        ours = kt.cross_entropy(logits, target, weight, reduction="none",
+                                label_smoothing=label_smoothing)
+        theirs = F.cross_entropy(logits.double(), target, weight=weight.double(),
+                                 reduction="none", label_smoothing=label_smoothing)
+        assert_close(ours, theirs, 1e-5, 1e-5, f"NaN weight, label_smoothing {label_smoothing}")
+        nan_rows = ours.isnan()
+        expected = (target != -100) if label_smoothing else (target == nan_class)
+        assert torch.equal(nan_rows, expected), (nan_rows, expected)
+
+
+def test_comparator_rejects_a_wrongly_weighted_loss():
+    logits, target = make_ce_inputs(16, 5000, "bf16")
+    weight = make_class_weights(target, 5000, "fp32")
+    ours = kt.cross_entropy(logits, target, weight, reduction="none")
+    theirs, _ = weighted_reference(logits, target, weight, "none", 0.0)
+    assert_close(ours, theirs, 1e-5, 1e-5, "weighted")
+    unweighted, _ = weighted_reference(logits, target, torch.ones_like(weight), "none", 0.0)
+    with pytest.raises(AssertionError, match="elements off"):
+        assert_close(ours, unweighted, 1e-5, 1e-5, "unweighted")
+
+
 # No torch.autograd.gradcheck for cross-entropy: kjit has no float64 kernels, and gradcheck runs the
 # backward several times per forward, which the fused op does not allow (its gradient is computed in
 # the forward and rescaled in place). The float64 comparisons above check the gradient instead.

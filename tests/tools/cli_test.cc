@@ -420,6 +420,9 @@ TEST_F(CliTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
       {Rms({"--softcap", "30"}), "--softcap"},
       {Ce({"--argmax=maybe"}), "--argmax"},
       {Rms({"--argmax"}), "--argmax"},
+      {Ce({"--class-weights", "fp16"}), "--class-weights"},  // neither fp32 nor --dtype (bf16)
+      {Ce({"--class-weights", "int8"}), "--class-weights"},
+      {Rms({"--class-weights", "fp32"}), "--class-weights"},
       {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", ""}, "--arch"},
       {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", ","}, "--arch"},
       {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_10"}, "--arch"},

@@ -153,11 +153,15 @@ def _kernel(name: str, schema: str, mutates_args=()):
 # ---- Cross-entropy -----------------------------------------------------------------------------
 
 def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                     reduction: str, label_smoothing: float, z_loss: float, softcap: float):
+                     reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+                     weight: Optional[torch.Tensor] = None):
+    """The op handle; class weights make another program, keyed by their dtype (the weights
+    themselves are a launch argument)."""
     return _op("cross_entropy", logits.device, vocab=logits.shape[-1],
                dtype=dtype_name(logits, "logits"), target_type=index_name(target, "target"),
                ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
-               z_loss=z_loss, softcap=softcap)
+               z_loss=z_loss, softcap=softcap,
+               class_weight_dtype=None if weight is None else dtype_name(weight, "weight"))
 
 
 def _loss_like(logits: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -169,18 +173,22 @@ def _lse_like(logits: torch.Tensor) -> torch.Tensor:
     return torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
 
 
-def _ce_launch(method: str, logits, target, grad, grad_scale, ignore_index, reduction,
+def _ce_launch(method: str, logits, target, weight, grad, grad_scale, ignore_index, reduction,
                label_smoothing, z_loss, softcap):
     op = cross_entropy_op(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                          softcap)
+                          softcap, weight)
     rows = logits.shape[0]
     loss, lse = _loss_like(logits, reduction), _lse_like(logits)
     workspace = _workspace(op, "workspace_bytes", rows, logits.device)
-    fields = dict(logits=as_matrix(logits, "logits"), targets=as_index(target, "target"),
-                  loss=as_vector(loss), lse=as_vector(lse), workspace=workspace.data_ptr(),
+    matrix = as_matrix(logits, "logits")
+    fields = dict(logits=matrix, targets=as_index(target, "target"), loss=as_vector(loss),
+                  lse=as_vector(lse), workspace=workspace.data_ptr(),
                   workspace_bytes=workspace.numel())
+    if weight is not None:
+        fields.update(class_weight=as_vector(weight))
     if grad is not None:
-        fields.update(grad=as_matrix(grad, "grad"), grad_output=as_vector(grad_scale))
+        fields.update(grad=matrix if grad is logits else as_matrix(grad, "grad"),
+                      grad_output=as_vector(grad_scale))
     getattr(op, method)(_stream(logits.device), **fields)
     return loss, lse
 
@@ -189,62 +197,67 @@ _SCHEMA_OPTIONS = "int ignore_index, str reduction, float label_smoothing, float
 
 
 @_kernel("cross_entropy_forward", mutates_args=(),
-         schema=f"(Tensor logits, Tensor target, {_SCHEMA_OPTIONS}) "
+         schema=f"(Tensor logits, Tensor target, Tensor? weight, {_SCHEMA_OPTIONS}) "
                                 "-> (Tensor, Tensor)")
-def cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                          softcap):
-    """Loss and lse; no gradient."""
-    return _ce_launch("forward", logits, target, None, None, ignore_index, reduction,
+def cross_entropy_forward(logits, target, weight, ignore_index, reduction, label_smoothing,
+                          z_loss, softcap):
+    """Loss and lse; no gradient. weight: the class weights ([vocab], contiguous) or None."""
+    return _ce_launch("forward", logits, target, weight, None, None, ignore_index, reduction,
                       label_smoothing, z_loss, softcap)
 
 
 @cross_entropy_forward.register_fake
-def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap):
+def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
     return _loss_like(logits, reduction), _lse_like(logits)
 
 
 @_kernel("cross_entropy_forward_backward", mutates_args=(),
-         schema=f"(Tensor logits, Tensor target, Tensor? grad_scale, "
+         schema=f"(Tensor logits, Tensor target, Tensor? weight, Tensor? grad_scale, "
                                 f"{_SCHEMA_OPTIONS}) -> (Tensor, Tensor, Tensor)")
-def cross_entropy_forward_backward(logits, target, grad_scale, ignore_index, reduction,
+def cross_entropy_forward_backward(logits, target, weight, grad_scale, ignore_index, reduction,
                                    label_smoothing, z_loss, softcap):
     """Loss, lse and the gradient (for upstream gradient grad_scale, 1 when None) in a new
     tensor: one pass over the logits."""
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    loss, lse = _ce_launch("forward_backward", logits, target, grad, grad_scale, ignore_index,
-                           reduction, label_smoothing, z_loss, softcap)
+    loss, lse = _ce_launch("forward_backward", logits, target, weight, grad, grad_scale,
+                           ignore_index, reduction, label_smoothing, z_loss, softcap)
     return loss, lse, grad
 
 
 @cross_entropy_forward_backward.register_fake
-def _(logits, target, grad_scale, ignore_index, reduction, label_smoothing, z_loss, softcap):
+def _(logits, target, weight, grad_scale, ignore_index, reduction, label_smoothing, z_loss,
+      softcap):
     return _loss_like(logits, reduction), _lse_like(logits), torch.empty_like(
         logits, memory_format=torch.contiguous_format)
 
 
 @_kernel("cross_entropy_forward_backward_", mutates_args=("logits",),
-         schema=f"(Tensor(a!) logits, Tensor target, Tensor? grad_scale, "
+         schema=f"(Tensor(a!) logits, Tensor target, Tensor? weight, Tensor? grad_scale, "
                                 f"{_SCHEMA_OPTIONS}) -> (Tensor, Tensor)")
-def cross_entropy_forward_backward_(logits, target, grad_scale, ignore_index, reduction,
+def cross_entropy_forward_backward_(logits, target, weight, grad_scale, ignore_index, reduction,
                                     label_smoothing, z_loss, softcap):
     """As cross_entropy_forward_backward, with the gradient written over the logits."""
-    return _ce_launch("forward_backward", logits, target, logits, grad_scale, ignore_index,
-                      reduction, label_smoothing, z_loss, softcap)
+    return _ce_launch("forward_backward", logits, target, weight, logits, grad_scale,
+                      ignore_index, reduction, label_smoothing, z_loss, softcap)
 
 
 @cross_entropy_forward_backward_.register_fake
-def _(logits, target, grad_scale, ignore_index, reduction, label_smoothing, z_loss, softcap):
+def _(logits, target, weight, grad_scale, ignore_index, reduction, label_smoothing, z_loss,
+      softcap):
     return _loss_like(logits, reduction), _lse_like(logits)
 
 
 @_kernel("cross_entropy_rescale_", mutates_args=("grad",),
-         schema=f"(Tensor(a!) grad, Tensor target, Tensor grad_output, "
+         schema=f"(Tensor(a!) grad, Tensor target, Tensor? weight, Tensor grad_output, "
                                 f"Tensor? applied, {_SCHEMA_OPTIONS}) -> ()")
-def cross_entropy_rescale_(grad, target, grad_output, applied, ignore_index, reduction,
+def cross_entropy_rescale_(grad, target, weight, grad_output, applied, ignore_index, reduction,
                            label_smoothing, z_loss, softcap):
     """grad (computed for upstream `applied`) becomes the gradient for `grad_output`; rows where
-    the two are equal are not touched (checked on the device)."""
-    op = cross_entropy_op(grad, target, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    the two are equal are not touched (checked on the device). The rescale reads no weights (they
+    scale both gradients alike): weight, the forward's, only picks the forward's op handle, so that
+    no unweighted program is built for it."""
+    op = cross_entropy_op(grad, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                          weight)
     op.rescale_gradient(_stream(grad.device), grad=as_matrix(grad, "grad"),
                         grad_output=as_vector(grad_output), applied=as_vector(applied))
 

@@ -40,7 +40,10 @@ def _same_device(what: str, t: torch.Tensor, reference: torch.Tensor) -> None:
 
 
 def _per_row(t: torch.Tensor, shape) -> torch.Tensor:
-    """A scalar or [rows] tensor as the contiguous fp32 [1] or [rows] the kernels read."""
+    """A scalar or [rows] tensor as the contiguous fp32 [1] or [rows] the kernels read (the
+    kernels take a 0-d tensor as [1]: the usual upstream gradient passes without a copy)."""
+    if t.dtype == torch.float32 and t.numel() == shape[0] and t.is_contiguous():
+        return t.detach()
     return t.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
 
 
@@ -57,24 +60,25 @@ def _scale_tensor(scale, shape, device) -> Optional[torch.Tensor]:
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, grad_scale, options, inplace, grad_enabled):
+    def forward(ctx, logits, target, weight, grad_scale, options, inplace, grad_enabled):
         # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
         needs_grad = grad_enabled and ctx.needs_input_grad[0]
         if not needs_grad:
-            loss, lse = _kernels.cross_entropy_forward(logits, target, *options)
+            loss, lse = _kernels.cross_entropy_forward(logits, target, weight, *options)
         elif inplace and not torch.compiler.is_compiling():
             # The gradient overwrites the logits: nothing else is allocated. The version bump makes
             # autograd refuse (rather than silently misuse) logits that another op saved.
-            loss, lse = _kernels.cross_entropy_forward_backward_(logits, target, grad_scale,
-                                                                 *options)
+            loss, lse = _kernels.cross_entropy_forward_backward_(logits, target, weight,
+                                                                 grad_scale, *options)
             torch.autograd.graph.increment_version(logits)
             grad = logits
         else:
-            loss, lse, grad = _kernels.cross_entropy_forward_backward(logits, target, grad_scale,
-                                                                      *options)
+            loss, lse, grad = _kernels.cross_entropy_forward_backward(logits, target, weight,
+                                                                      grad_scale, *options)
         ctx.mark_non_differentiable(lse)
         if needs_grad:
-            ctx.save_for_backward(grad, target, grad_scale)
+            # The weight only picks the backward's op handle: the rescale reads no weights.
+            ctx.save_for_backward(grad, target, weight, grad_scale)
         ctx.options = options
         ctx.reduction = options[1]
         return loss, lse
@@ -88,14 +92,15 @@ class _CrossEntropy(torch.autograd.Function):
                                "forward and hands it out once; call cross_entropy again instead")
         if not torch.compiler.is_compiling():
             ctx.ran = True
-        grad, target, grad_scale = ctx.saved_tensors
+        grad, target, weight, grad_scale = ctx.saved_tensors
         shape = (grad.shape[0],) if ctx.reduction == "none" else (1,)
-        _kernels.cross_entropy_rescale_(grad, target, _per_row(grad_loss, shape), grad_scale,
-                                        *ctx.options)
-        return grad, None, None, None, None, None
+        _kernels.cross_entropy_rescale_(grad, target, weight, _per_row(grad_loss, shape),
+                                        grad_scale, *ctx.options)
+        return grad, None, None, None, None, None, None  # no gradient for the class weights
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
+                  weight: Optional[torch.Tensor] = None, *, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                   softcap: Optional[float] = None, return_lse: bool = False,
                   grad_scale: Union[None, float, torch.Tensor] = None,
@@ -105,6 +110,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
     - reduction "mean" averages over the rows whose target is not ignore_index (NaN when there
       are none, as torch gives); the loss is fp32 (0-d, or [rows] for "none").
+    - weight: per-class weights, a 1-D tensor of vocab elements on the logits' device, float32
+      or the logits' dtype (F.cross_entropy's `weight`, label smoothing included): a row's loss
+      is scaled by its target's weight and "mean" divides by the sum of the valid rows' target
+      weights. Used as given, as torch does and without a host synchronization: negative
+      weights count as negative, a zero sum makes the mean NaN, a NaN weight makes NaN the
+      rows it enters (include/kjit/cross_entropy.h). The weights get no gradient (torch's
+      CrossEntropyLoss keeps them as a buffer).
     - z_loss adds z_loss * lse^2 per row; softcap (Gemma 2's final_logit_softcapping) applies
       softcap * tanh(x / softcap) to the logits first.
     - return_lse: also return the per-row log-sum-exp (fp32 [rows], not differentiable).
@@ -143,6 +155,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     _kernels.dtype_name(logits, "logits")
     _kernels.index_name(target, "target")
     _kernels.matrix_shape(logits, "logits")
+    if weight is not None:
+        weight = _class_weight(weight, logits)
     _check_on_one_gpu(("logits", logits), ("target", target))
     target = target if target.is_contiguous() else target.contiguous()
     options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
@@ -151,9 +165,25 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     scale = _scale_tensor(grad_scale, shape, logits.device)
     # Only an intermediate's storage is reused: a leaf's values belong to the caller.
     inplace = inplace_backward and not logits.is_leaf
-    loss, lse = _CrossEntropy.apply(logits, target, scale, options, inplace,
+    loss, lse = _CrossEntropy.apply(logits, target, weight, scale, options, inplace,
                                     torch.is_grad_enabled())
     return (loss, lse) if return_lse else loss
+
+
+def _class_weight(weight, logits: torch.Tensor) -> torch.Tensor:
+    """cross_entropy's weight checked against the logits, as the contiguous [vocab] vector the
+    kernels read (a copy only when it is strided: it is small)."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"kjit: weight must be a torch.Tensor or None, got {type(weight).__name__}")
+    vocab = logits.shape[-1]
+    if weight.dim() != 1 or weight.shape[0] != vocab:
+        raise ValueError(f"kjit: weight must be a 1-D tensor of vocab = {vocab} class weights, "
+                         f"got shape {tuple(weight.shape)}")
+    if weight.dtype not in (torch.float32, logits.dtype):
+        raise TypeError(f"kjit: weight must be float32 or the logits' dtype ({logits.dtype}), "
+                        f"got {weight.dtype}")
+    _same_device("weight", weight, logits)
+    return weight.detach().contiguous()
 
 
 class _RmsNorm(torch.autograd.Function):

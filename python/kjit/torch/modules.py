@@ -15,12 +15,17 @@ from kjit.torch.functional import cross_entropy, rms_norm
 
 
 class CrossEntropyLoss(nn.Module):
-    """torch.nn.CrossEntropyLoss over logits [rows, vocab] (see kjit.torch.cross_entropy)."""
+    """torch.nn.CrossEntropyLoss over logits [rows, vocab] (see kjit.torch.cross_entropy). weight,
+    the per-class weights, is a buffer as in torch's: .to() and .cuda() move it, state_dict holds
+    it."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, z_loss: float = 0.0,
+    weight: Optional[torch.Tensor]
+
+    def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                 reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                  softcap: Optional[float] = None, inplace_backward: bool = True):
         super().__init__()
+        self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -29,7 +34,7 @@ class CrossEntropyLoss(nn.Module):
         self.inplace_backward = inplace_backward
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits, target, ignore_index=self.ignore_index,
+        return cross_entropy(logits, target, self.weight, ignore_index=self.ignore_index,
                              reduction=self.reduction, label_smoothing=self.label_smoothing,
                              z_loss=self.z_loss, softcap=self.softcap,
                              inplace_backward=self.inplace_backward)
