@@ -32,6 +32,7 @@
 #include "kjit/kjit.h"
 #include "kjit/version.h"
 #include "ops/common/json_fields.h"
+#include "ops/rms_norm/config.h"
 #include "runtime/tuning_db.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -45,6 +46,8 @@ struct TuneFlags {
   int64_t vocab = 0;
   int64_t hidden = 0;
   std::string dtype = "bf16";
+  std::string casting;        // the norms' casting; empty: the model's (gemma or llama)
+  std::string class_weights;  // the loss's class-weight dtype; empty: none
   std::vector<int64_t> tokens = {1024, 4096, 16384};
   std::string arch = "auto";
   std::optional<int> device;  // --device: the GPU to tune on; unset: GPU 0 if there is one
@@ -77,9 +80,16 @@ absl::Status CheckTuneFlags(const TuneFlags& f, const CLI::App& app) {
   }
   if (given("--spec")) {
     KJIT_RETURN_IF_ERROR(Annotate(ops::SpecFromJson(f.spec).status(), "--spec"));
-    if (given("--dtype")) {
-      return absl::InvalidArgumentError("--dtype does not apply to --spec, which has its dtype");
+    for (const char* flag : {"--dtype", "--casting", "--class-weights"}) {
+      if (given(flag)) {
+        return absl::InvalidArgumentError(
+            fmt::format("{} does not apply to --spec, which has its own", flag));
+      }
     }
+  }
+  if (given("--class-weights") && f.class_weights != "fp32" && f.class_weights != f.dtype) {
+    return absl::InvalidArgumentError(
+        fmt::format("--class-weights {}: must be fp32 or --dtype ({})", f.class_weights, f.dtype));
   }
   // Explicit targets are compile-only runtimes, like --compile-only: nothing is timed on them.
   const bool compile_only = f.compile_only || f.arch != "auto";
@@ -107,21 +117,25 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
   return autotune::ModelPreset(f.model.empty() ? "llama-3.1-8b" : f.model);
 }
 
-// The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, and the loss.
-std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype) {
+// The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, and the loss
+// (--casting and --class-weights, checked by their validators, override the model's choices).
+std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype, const TuneFlags& f) {
+  RmsNormCasting casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
+  if (!f.casting.empty()) casting = ops::ParseRmsNormCasting(f.casting).value();
   std::vector<ops::OpSpec> ops;
   for (bool residual : {false, true}) {
-    ops.push_back(
-        RmsNormSpec{.hidden = m.hidden_size,
-                    .dtype = dtype,
-                    .eps = static_cast<float>(m.rms_norm_eps),
-                    .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
-                    .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
-                    .fused_residual = residual});
+    ops.push_back(RmsNormSpec{.hidden = m.hidden_size,
+                              .dtype = dtype,
+                              .eps = static_cast<float>(m.rms_norm_eps),
+                              .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
+                              .casting = casting,
+                              .fused_residual = residual});
   }
-  ops.push_back(CrossEntropySpec{.vocab = m.vocab_size,
-                                 .dtype = dtype,
-                                 .softcap = static_cast<float>(m.final_logit_softcapping)});
+  CrossEntropySpec loss{.vocab = m.vocab_size,
+                        .dtype = dtype,
+                        .softcap = static_cast<float>(m.final_logit_softcapping)};
+  if (!f.class_weights.empty()) loss.class_weight_dtype = ParseDType(f.class_weights).value();
+  ops.push_back(loss);
   return ops;
 }
 
@@ -191,7 +205,7 @@ int RunTune(const TuneFlags& f) {
   std::vector<ops::OpSpec> ops;
   DType dtype = ParseDType(f.dtype).value();  // checked by its validator
   if (f.spec.empty()) {
-    ops = ModelOps(*model, dtype);
+    ops = ModelOps(*model, dtype, f);
   } else {
     ops = {*ops::SpecFromJson(f.spec)};  // checked by CheckTuneFlags
     dtype = ops::OpDType(ops.front());
@@ -278,6 +292,12 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
   app.add_option("--dtype", f->dtype, "fp32, fp16 or bf16 (not with --spec)")
       ->check(DTypeValidator())
       ->capture_default_str();
+  app.add_option("--casting", f->casting,
+                 "The norms' casting, llama, gemma or none (default: the model's)")
+      ->check(CLI::IsMember({"llama", "gemma", "none"}));
+  app.add_option("--class-weights", f->class_weights,
+                 "Tune the loss with per-class weights of this dtype (fp32 or --dtype)")
+      ->check(DTypeValidator());
   app.add_option("--tokens", f->tokens,
                  "Token counts (rows) to tune at, each rounded up to a "
                  "power of two")

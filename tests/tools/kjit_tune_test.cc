@@ -149,6 +149,36 @@ TEST_F(KjitTuneTest, TunesOneOpFromASpec) {
   EXPECT_NE(r.err.find("--spec: dtype: is missing"), std::string::npos) << r.err;
   r = Run({"--spec", spec, "--model", "llama-3.1-8b"});
   EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  r = Run({"--spec", spec, "--class-weights", "fp32"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("--class-weights does not apply to --spec"), std::string::npos) << r.err;
+  // A weighted loss is its own tuning record, from --spec or from a model's flags.
+  r = Run({"--spec",
+           R"({"op":"cross_entropy","vocab":1000,"dtype":"bf16","target_type":"int64",)"
+           R"("ignore_index":-100,"reduction":"mean","label_smoothing":0,)"
+           R"("lse_square_scale":0,"softcap":0,"argmax":false,)"
+           R"("class_weight_dtype":"bf16"})",
+           "--arch", "sm_90", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(nlohmann::json::parse(r.out)["kernels"][0]["shape"], "vocab=1000 class_weights");
+}
+
+// --casting and --class-weights change the model's ops: its norms' casting, its loss's weights.
+TEST_F(KjitTuneTest, CastingAndClassWeightsOverrideTheModel) {
+  CliResult r = Run({"--vocab", "1000", "--hidden", "64", "--casting", "none", "--class-weights",
+                     "fp32", "--arch", "sm_90", "--tokens", "16", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  std::set<std::string> shapes;
+  const nlohmann::json report = nlohmann::json::parse(r.out);
+  for (const auto& k : report["kernels"]) shapes.insert(k["shape"].get<std::string>());
+  EXPECT_EQ(shapes.count("hidden=64 none"), 1u) << r.out;
+  EXPECT_EQ(shapes.count("vocab=1000 class_weights"), 1u) << r.out;
+  r = Run({"--vocab", "1000", "--hidden", "64", "--class-weights", "fp16"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("--class-weights fp16: must be fp32 or --dtype (bf16)"), std::string::npos)
+      << r.err;
+  r = Run({"--vocab", "1000", "--hidden", "64", "--casting", "t5"});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe();
 }
 
 // The command line as one string, for failure messages.
