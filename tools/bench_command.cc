@@ -12,6 +12,7 @@
 
 #include "jit/json_text.h"
 #include "ops/registry.h"
+#include "ops/rms_norm/config.h"
 #include "runtime/runtime_state.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
@@ -28,6 +29,7 @@ struct BenchFlags {
   int64_t rows = 0;
   std::string dtype = "bf16";
   std::string class_weights;  // cross_entropy: a dtype; empty: none
+  std::string casting;        // rms_norm: llama, gemma or none; empty: the default (llama)
   int repeats = 100;
   int device = 0;
   bool json = false;
@@ -103,14 +105,23 @@ std::vector<std::pair<int64_t, int64_t>> Shapes(const BenchFlags& f) {
 // The op at one of the shapes, with the option flags applied.
 absl::StatusOr<ops::OpSpec> SpecFor(const BenchFlags& f, int64_t size, DType dtype) {
   KJIT_ASSIGN_OR_RETURN(ops::OpSpec spec, ops::BenchSpec(f.op, size, dtype));
-  if (f.class_weights.empty()) return spec;
   auto* ce = std::get_if<CrossEntropySpec>(&spec);
-  if (ce == nullptr) {
-    return absl::InvalidArgumentError(
-        fmt::format("--class-weights does not apply to --op {}", f.op));
+  auto* norm = std::get_if<RmsNormSpec>(&spec);
+  if (!f.class_weights.empty()) {
+    if (ce == nullptr) {
+      return absl::InvalidArgumentError(
+          fmt::format("--class-weights does not apply to --op {}", f.op));
+    }
+    KJIT_ASSIGN_OR_RETURN(ce->class_weight_dtype, ParseDType(f.class_weights));
+    KJIT_RETURN_IF_ERROR(Annotate(ValidateCrossEntropySpec(*ce), "--class-weights"));
   }
-  KJIT_ASSIGN_OR_RETURN(ce->class_weight_dtype, ParseDType(f.class_weights));
-  KJIT_RETURN_IF_ERROR(Annotate(ValidateCrossEntropySpec(*ce), "--class-weights"));
+  if (!f.casting.empty()) {
+    if (norm == nullptr) {
+      return absl::InvalidArgumentError(fmt::format("--casting does not apply to --op {}", f.op));
+    }
+    KJIT_ASSIGN_OR_RETURN(norm->casting, ops::ParseRmsNormCasting(f.casting));
+    KJIT_RETURN_IF_ERROR(Annotate(ValidateRmsNormSpec(*norm), "--casting"));
+  }
   return spec;
 }
 
@@ -211,6 +222,8 @@ Command AddBenchCommand(CLI::App& app) {
                   "cross_entropy with per-class weights of this dtype (fp32 or --dtype's), "
                   "uniform in [0.5, 1.5)")
       ->check(DTypeValidator());
+  cmd->add_option("--casting", f->casting, "rms_norm's casting: llama (default), gemma or none")
+      ->check(CLI::IsMember({"llama", "gemma", "none"}));
   cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
       ->check(CLI::Range(3, 100000))
       ->capture_default_str();

@@ -346,6 +346,32 @@ TEST_F(CliTest, BenchConfigIsCheckedFirst) {
   EXPECT_TRUE(Contains(both.err, "excludes")) << both.Describe();
 }
 
+// Each op's option flags belong to it and take its values, checked before any GPU is looked for.
+TEST_F(CliTest, BenchOptionFlagsAreCheckedFirst) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"bench", "--op", "cross_entropy", "--casting", "none"},
+       "--casting does not apply to --op cross_entropy"},
+      {{"bench", "--op", "rms_norm", "--class-weights", "fp32"},
+       "--class-weights does not apply to --op rms_norm"},
+      {{"bench", "--op", "cross_entropy", "--class-weights", "fp16"},
+       "--class-weights: class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)"},
+      {{"bench", "--op", "rms_norm", "--casting", "t5"}, "--casting"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CliResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, message)) << r.Describe();
+  }
+  // Good ones pass the checks and stop at the missing driver.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"bench", "--op", "rms_norm", "--casting", "none", "--hidden", "64"},
+           {"bench", "--op", "cross_entropy", "--class-weights", "bf16", "--vocab", "1000"}}) {
+    const CliResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "no CUDA driver")) << r.Describe();
+  }
+}
+
 // `kjit compile` of each op with its size and an explicit target, and more flags.
 std::vector<std::string> Rms(std::vector<std::string> more) {
   std::vector<std::string> args = {"compile", "--op",   "rms_norm", "--hidden",
