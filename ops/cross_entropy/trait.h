@@ -67,8 +67,10 @@ struct OpTrait<CrossEntropySpec> {
             .target_type = IndexType::kInt64,
             .reduction = Reduction::kMean};
   }
+  // LLaMA 3's vocab at three token counts, then Gemma 2's, Qwen 2's and GPT-2's.
   static std::vector<std::pair<int64_t, int64_t>> BenchShapes() {
-    return {{128256, 16384}, {128256, 4096}, {128256, 256}};
+    return {{128256, 16384}, {128256, 4096}, {128256, 256},
+            {256000, 8192},  {151936, 8192}, {50257, 16384}};
   }
   static nlohmann::json BenchFields(const Spec& s, const Trial& t, int64_t rows) {
     return {{"vocab", s.vocab},
