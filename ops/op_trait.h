@@ -18,7 +18,7 @@
 //                                         Pass tuned_pass);
 //   static std::optional<Config> Combine(const Config& heuristic, const Config& fastest_forward,
 //                                        const Config& fastest_backward);   // nullopt: n/a
-//   static Config ConfigUsed(const Op&, int64_t rows, Pass);        // what a launch picks
+//   static Config ConfigUsed(const Op&, const Trial&, Pass);   // what a launch on it picks
 //   static constexpr std::string_view kSizeName;   // "hidden": what BenchSpec's size is
 //   static std::vector<Pass> BenchPasses();
 //   static Spec BenchSpec(int64_t size, DType);                       // size: hidden or vocab

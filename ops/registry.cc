@@ -59,7 +59,7 @@ class TrialOf : public AnyTrial {
     return trial_->Work(*op_, pass);
   }
   std::string ConfigUsed(Pass pass) const override {
-    return op_ ? Trait::ConfigUsed(*op_, rows_, pass).ToString() : "";
+    return op_ ? Trait::ConfigUsed(*op_, *trial_, pass).ToString() : "";
   }
   std::string OpConfig() const override { return op_ ? op_->config().ToString() : ""; }
   double Bytes(Pass pass) const override { return trial_->Bytes(pass); }

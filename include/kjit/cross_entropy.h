@@ -149,6 +149,10 @@ class CrossEntropy {
   // Backward, fused = false, the "cross_entropy.forward" record), else config(). Never tunes (with
   // KJIT_AUTOTUNE a launch does).
   CrossEntropyConfig ConfigFor(int64_t rows, bool fused = true) const;
+  // The config a launch on these logits (and a gradient aligned as they are) uses: as above, with
+  // narrower vectors where their address or row stride allows no wider ones (a contiguous bf16
+  // [rows, 50257] has rows 2-byte aligned: scalar accesses).
+  CrossEntropyConfig ConfigFor(const TensorView& logits, bool fused = true) const;
 
   // Loss (and lse, argmax). args.grad must be empty.
   absl::Status Forward(CUstream stream, const CrossEntropyArgs& args) const;

@@ -376,6 +376,12 @@ CrossEntropyRescaleParams RescaleParams(const CrossEntropyRescaleArgs& a, int64_
 const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
 const CrossEntropyConfig& CrossEntropy::config() const { return op_->config; }
 
+CrossEntropyConfig CrossEntropy::ConfigFor(const TensorView& logits, bool fused) const {
+  const int vec = internal::WidestAlignedVec(op_->config.vec, {&logits});
+  return op_->kernels.Locked(
+      [&] { return op_->ConfigFor(logits.rows, vec, /*may_tune=*/false, fused); });
+}
+
 CrossEntropyConfig CrossEntropy::ConfigFor(int64_t rows, bool fused) const {
   return op_->kernels.Locked(
       [&] { return op_->ConfigFor(rows, op_->config.vec, /*may_tune=*/false, fused); });

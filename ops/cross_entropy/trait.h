@@ -54,8 +54,8 @@ struct OpTrait<CrossEntropySpec> {
   static std::optional<Config> Combine(const Config&, const Config&, const Config&) {
     return std::nullopt;
   }
-  static Config ConfigUsed(const Op& op, int64_t rows, Pass pass) {
-    return op.ConfigFor(rows, /*fused=*/pass == Pass::kForwardBackward);
+  static Config ConfigUsed(const Op& op, const Trial& t, Pass pass) {
+    return op.ConfigFor(t.logits(), /*fused=*/pass == Pass::kForwardBackward);
   }
 
   static constexpr std::string_view kSizeName = "vocab";  // the size BenchSpec takes

@@ -32,6 +32,8 @@ class CrossEntropyTrial {
   int64_t rows() const { return rows_; }
   int64_t workspace_bytes() const { return workspace_bytes_; }
   int64_t checked_rows() const { return static_cast<int64_t>(sample_.size()); }
+  // The logits every pass launches on ([rows, vocab], contiguous).
+  TensorView logits() const { return Args(/*gradient=*/false).logits; }
 
  private:
   CrossEntropyTrial(const Runtime& rt, DeviceBuffer pristine, DeviceBuffer work,

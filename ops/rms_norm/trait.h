@@ -49,7 +49,7 @@ struct OpTrait<RmsNormSpec> {
   static std::vector<Pass> PassesToTime(const Config& c, const Config& heuristic, Pass tuned);
   static std::optional<Config> Combine(const Config& heuristic, const Config& fastest_forward,
                                        const Config& fastest_backward);
-  static Config ConfigUsed(const Op& op, int64_t rows, Pass) { return op.ConfigFor(rows); }
+  static Config ConfigUsed(const Op& op, const Trial& t, Pass) { return op.ConfigFor(t.rows()); }
 
   static constexpr std::string_view kSizeName = "hidden";  // the size BenchSpec takes
   static std::vector<Pass> BenchPasses() {
