@@ -61,11 +61,13 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   KJIT_CU_LOAD(cuMemcpyDtoH);
   KJIT_CU_LOAD(cuMemcpyDtoDAsync);
   KJIT_CU_LOAD(cuMemsetD8Async);
+  KJIT_CU_LOAD(cuMemsetD16Async);
   KJIT_CU_LOAD(cuMemsetD32Async);
   KJIT_CU_LOAD(cuStreamCreate);
   KJIT_CU_LOAD(cuStreamDestroy);
   KJIT_CU_LOAD(cuStreamSynchronize);
   KJIT_CU_LOAD(cuStreamIsCapturing);
+  KJIT_CU_LOAD(cuStreamWaitEvent);
   KJIT_CU_LOAD(cuStreamBeginCapture);
   KJIT_CU_LOAD(cuStreamEndCapture);
   KJIT_CU_LOAD(cuGraphInstantiateWithFlags);

@@ -64,11 +64,13 @@ class Driver {
   KJIT_CU_FN(cuMemcpyDtoH);
   KJIT_CU_FN(cuMemcpyDtoDAsync);
   KJIT_CU_FN(cuMemsetD8Async);
+  KJIT_CU_FN(cuMemsetD16Async);
   KJIT_CU_FN(cuMemsetD32Async);
   KJIT_CU_FN(cuStreamCreate);
   KJIT_CU_FN(cuStreamDestroy);
   KJIT_CU_FN(cuStreamSynchronize);
   KJIT_CU_FN(cuStreamIsCapturing);
+  KJIT_CU_FN(cuStreamWaitEvent);
   KJIT_CU_FN(cuStreamBeginCapture);
   KJIT_CU_FN(cuStreamEndCapture);
   KJIT_CU_FN(cuGraphInstantiateWithFlags);

@@ -12,6 +12,7 @@
 #include "kjit/device_info.h"
 #include "kjit/dtype.h"
 #include "kjit/host_convert.h"
+#include "kjit/linear_cross_entropy.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/sharded_cross_entropy.h"

@@ -1,6 +1,7 @@
 // Runtime: the entry point of kjit's API. It owns the kernel caches (in memory and on disk) and,
 // unless it was created compile-only, one GPU's primary context and the target kernels are built
-// for. Ops made from it (RmsNorm, CrossEntropy, ShardedCrossEntropy) keep it alive.
+// for. Ops made from it (RmsNorm, CrossEntropy, ShardedCrossEntropy, LinearCrossEntropy) keep it
+// alive.
 //
 //   KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create());       // GPU 0
 //   KJIT_ASSIGN_OR_RETURN(kjit::RmsNorm norm, rt.RmsNorm({.hidden = 4096}));
@@ -25,9 +26,11 @@ namespace kjit {
 class RmsNorm;
 class CrossEntropy;
 class ShardedCrossEntropy;
+class LinearCrossEntropy;
 struct RmsNormSpec;
 struct CrossEntropySpec;
 struct ShardedCrossEntropySpec;
+struct LinearCrossEntropySpec;
 
 // Receives the library's warnings (an unreadable tuning database, a cache that cannot be written,
 // a tuned record that does not fit). The default prints each distinct message once to stderr.
@@ -84,6 +87,9 @@ class Runtime {
   // Vocab-parallel cross-entropy for one rank's shard (kjit/sharded_cross_entropy.h).
   absl::StatusOr<kjit::ShardedCrossEntropy> ShardedCrossEntropy(
       const ShardedCrossEntropySpec& spec) const;
+  // The lm_head and the loss fused (kjit/linear_cross_entropy.h); needs cuBLASLt to launch.
+  absl::StatusOr<kjit::LinearCrossEntropy> LinearCrossEntropy(
+      const LinearCrossEntropySpec& spec) const;
 
   // What kernels are built for: "sm_90", "sm_100a", "compute_90".
   std::string target() const;

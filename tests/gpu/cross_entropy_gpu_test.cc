@@ -35,6 +35,11 @@
 namespace kjit {
 namespace {
 
+using testing::Download;
+using testing::IndexBytes;
+using testing::IndexValues;
+using testing::Upload;
+
 enum class Mode { kForward, kForwardBackward, kBackward };
 enum class Targets {
   kRandom,      // uniform classes, one row in 8 ignored
@@ -162,35 +167,6 @@ struct Layout {
   }
 };
 
-std::vector<unsigned char> IndexBytes(const std::vector<int64_t>& v, IndexType t) {
-  std::vector<unsigned char> out(v.size() * SizeOf(t));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t == IndexType::kInt32) {
-      const int32_t x = static_cast<int32_t>(v[i]);
-      std::memcpy(&out[i * 4], &x, 4);
-    } else {
-      std::memcpy(&out[i * 8], &v[i], 8);
-    }
-  }
-  return out;
-}
-
-std::vector<double> IndexValues(const std::vector<unsigned char>& bytes, IndexType t) {
-  std::vector<double> out(bytes.size() / SizeOf(t));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t == IndexType::kInt32) {
-      int32_t x;
-      std::memcpy(&x, &bytes[i * 4], 4);
-      out[i] = x;
-    } else {
-      int64_t x;
-      std::memcpy(&x, &bytes[i * 8], 8);
-      out[i] = static_cast<double>(x);
-    }
-  }
-  return out;
-}
-
 // Columns where a thread's share of the row changes hands: 0 and vocab-1, both sides of the
 // first vectors, of every pass over the row (threads * vec elements, and threads * cluster * vec
 // for the fused op's resident layout), of every unrolled batch, of the blocks' shares of a staged
@@ -286,30 +262,6 @@ std::vector<double> MakeWeights(const Case& c, const std::vector<int64_t>& targe
   }
   return w;
 }
-
-absl::StatusOr<DeviceBuffer> Upload(const Runtime& rt, const std::vector<unsigned char>& image) {
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer b,
-                        DeviceBuffer::Create(rt, std::max<size_t>(image.size(), 16)));
-  KJIT_RETURN_IF_ERROR(b.Fill(0xFF));
-  KJIT_RETURN_IF_ERROR(b.Upload(image.data(), image.size()));
-  return b;
-}
-
-absl::StatusOr<std::vector<unsigned char>> Download(const DeviceBuffer& b, size_t bytes) {
-  std::vector<unsigned char> out(bytes);
-  KJIT_RETURN_IF_ERROR(b.Download(out.data(), bytes));
-  return out;
-}
-
-#define ASSERT_OK(expr)             \
-  do {                              \
-    const absl::Status s_ = (expr); \
-    ASSERT_TRUE(s_.ok()) << s_;     \
-  } while (0)
-#define ASSERT_OK_AND_ASSIGN(lhs, expr)                                                \
-  auto KJIT_CONCAT(so_, __LINE__) = (expr);                                            \
-  ASSERT_TRUE(KJIT_CONCAT(so_, __LINE__).ok()) << KJIT_CONCAT(so_, __LINE__).status(); \
-  lhs = std::move(*KJIT_CONCAT(so_, __LINE__))
 
 // Everything one run wrote, as raw bytes (for the determinism check) and decoded.
 struct Outputs {

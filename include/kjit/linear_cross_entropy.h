@@ -1,0 +1,157 @@
+// LinearCrossEntropy: the lm_head and the cross-entropy loss fused, from hidden states to the loss
+// and the gradients of the hidden states, the weight and the bias, without the [rows x vocab]
+// logits in memory. The rows go through in chunks: per chunk, cuBLASLt computes the logits
+// (h Wᵀ + b) into a chunk buffer, kjit's fused cross-entropy turns them into their gradient in
+// place, and cuBLASLt computes d_hidden = dlogits · W and adds dlogitsᵀ · h to the weight's
+// gradient (and the column sums to the bias's). The loss is exactly kjit::CrossEntropy's on the
+// logits rounded to the spec's dtype (kjit/cross_entropy.h has the formulas); for the mean, a count
+// kernel over every target divides the upstream gradient by the valid rows on the device first,
+// so each chunk's gradient is final.
+//
+// Memory beyond the arguments (WorkspaceBytes(rows)), with C = chunk rows, V = vocab, H = hidden,
+// e = the dtype's size and s = the config's streams (1 or 2):
+//   s * C * round_up(V, 16 / e) * e        the chunks' logits (16-byte aligned rows)
+//   + 32 MiB                               cuBLASLt's workspace
+//   + V * H * 4                            the fp32 weight-gradient accumulator, only with
+//                                          WeightGradAccumulation::kFloat32 and a d_weight that
+//                                          is not fp32 itself
+//   + V * 4 (bias) + C * e + O(rows / C)   the bias gradient's accumulator and ones, the counters
+// At C = 1024, V = 128256, bf16 and one stream that is 0.29 GiB, whatever the row count.
+//
+// Launches are graph-safe (no host synchronization, no allocation: the mean's divisor lives on the
+// device) and bit-for-bit repeatable: cuBLASLt's algorithms are chosen once per shape, the GEMMs
+// accumulate the weight gradient chunk after chunk in a fixed order, and the loss is reduced in a
+// fixed order. With two streams the op forks onto an internal stream and joins back, as CUDA graph
+// capture allows; one launch at a time per op object (a mutex orders concurrent callers).
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::LinearCrossEntropy lce, rt.LinearCrossEntropy({
+//       .vocab = 128256, .hidden = 4096, .dtype = DType::kBF16}));
+//   KJIT_RETURN_IF_ERROR(lce.ForwardBackward(stream, {
+//       .hidden_states = h, .weight = w, .targets = t, .loss = loss,
+//       .d_hidden = dh, .d_weight = dw,
+//       .workspace = ws, .workspace_bytes = lce.WorkspaceBytes(rows)}));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kjit/cross_entropy.h"
+#include "kjit/runtime.h"
+#include "kjit/stream.h"
+#include "kjit/tensor.h"
+
+namespace kjit {
+
+// How the op is scheduled; `kjit-tune` measures the best per shape.
+struct LinearCrossEntropyConfig {
+  int64_t chunk_rows = 1024;  // rows whose logits exist at once
+  // 1: everything in order on the caller's stream. 2: each chunk's loss kernel runs on a second
+  // stream beside the next chunk's logits GEMM (two chunk buffers), joined before the op returns.
+  int streams = 1;
+  // The i-th of cuBLASLt's heuristic algorithms for each GEMM (0: its first choice); an index past
+  // the ones offered for a shape falls back to 0.
+  int logits_algo = 0;
+  int d_hidden_algo = 0;
+  int d_weight_algo = 0;
+  // "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
+  std::string ToString() const;
+  bool operator==(const LinearCrossEntropyConfig&) const = default;
+};
+
+// How the weight gradient adds up over the chunks.
+enum class WeightGradAccumulation {
+  // In an fp32 accumulator (the workspace's, or d_weight itself when it is fp32), rounded into
+  // d_weight once at the end. The default: bf16 sums over many chunks lose the small updates.
+  kFloat32,
+  // Straight into d_weight in its own dtype, each chunk's product rounded as it is added: no
+  // accumulator, for when memory matters more.
+  kOutputDtype,
+};
+const char* Name(WeightGradAccumulation a);  // "fp32", "output_dtype"
+
+struct LinearCrossEntropySpec {
+  int64_t vocab = 0;                          // 2 .. 1,048,576
+  int64_t hidden = 0;                         // 1 .. 65536
+  DType dtype = DType::kBF16;                 // hidden states, weight, bias, d_hidden
+  std::optional<DType> weight_grad_dtype;     // d_weight and d_bias: dtype (default) or fp32
+  bool bias = false;                          // logits = h Wᵀ + b
+  IndexType target_type = IndexType::kInt64;  // targets (and argmax)
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  float label_smoothing = 0;   // as kjit::CrossEntropySpec
+  float lse_square_scale = 0;  // z-loss
+  float softcap = 0;           // logits become cap * tanh(x / cap) before the softmax
+  bool argmax = false;         // writes the predicted token per row
+  WeightGradAccumulation weight_grad_accumulation = WeightGradAccumulation::kFloat32;
+  // Overrides the tuning database and the heuristic.
+  std::optional<LinearCrossEntropyConfig> config;
+
+  DType weight_grad() const { return weight_grad_dtype.value_or(dtype); }
+  // The cross-entropy each chunk runs (sum over the chunk; none for reduction none).
+  CrossEntropySpec ChunkLoss() const;
+};
+
+struct LinearCrossEntropyArgs {
+  TensorView hidden_states;  // [rows, hidden], any row_stride >= hidden
+  TensorView weight;         // [vocab, hidden], the lm_head's
+  TensorView bias;           // [vocab] (one row); iff spec.bias
+  IndexView targets;         // [rows]
+  TensorView loss;           // fp32: [rows] for reduction none, else [1]
+  TensorView lse;            // optional fp32 [rows]
+  IndexView argmax;          // [rows] in target_type; required iff spec.argmax
+  TensorView grad_output;    // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
+  // ForwardBackward's outputs; each may be left empty to skip it (the GEMM is not run).
+  TensorView d_hidden;  // [rows, hidden] in dtype
+  TensorView d_weight;  // [vocab, hidden] in weight_grad()
+  TensorView d_bias;    // [vocab] in weight_grad(); only with spec.bias
+  // false: d_weight and d_bias are overwritten; true: the gradients are added to what they hold
+  // (gradient accumulation over micro-batches). d_hidden is always overwritten.
+  bool accumulate = false;
+  void* workspace = nullptr;    // device memory, 256-byte aligned
+  int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
+};
+
+// Checks a spec without a GPU; InvalidArgument names the bad field.
+absl::Status ValidateLinearCrossEntropySpec(const LinearCrossEntropySpec& spec);
+
+namespace internal {
+struct RuntimeState;
+struct LinearCrossEntropyState;
+}  // namespace internal
+
+class LinearCrossEntropy {
+ public:
+  const LinearCrossEntropySpec& spec() const;
+  // The config a launch of `rows` uses: the spec's, else the tuning database's for the nearest
+  // tuned row count, else the heuristic's.
+  LinearCrossEntropyConfig ConfigFor(int64_t rows) const;
+
+  // The loss (and lse, argmax) alone: the gradient outputs must be empty.
+  absl::Status Forward(CUstream stream, const LinearCrossEntropyArgs& args) const;
+  // The loss and the gradients asked for, in one pass over the chunks.
+  absl::Status ForwardBackward(CUstream stream, const LinearCrossEntropyArgs& args) const;
+
+  // Device memory a launch of `rows` needs (see the header comment), for ConfigFor(rows).
+  int64_t WorkspaceBytes(int64_t rows) const;
+  // The bytes of that which the fp32 weight-gradient accumulator takes (0 without one).
+  int64_t AccumulatorBytes() const;
+  // After a launch, the first 8 bytes of the workspace hold the valid and out-of-range target
+  // counts of the whole batch (kjit::CrossEntropyCounters' first two fields).
+
+  // Compiles (or finds in the caches) the op's own kernels and the chunk loss's; works
+  // compile-only.
+  absl::StatusOr<BuildInfo> Build() const;
+
+ private:
+  friend class Runtime;
+  LinearCrossEntropy(std::shared_ptr<internal::RuntimeState> rt,
+                     std::shared_ptr<internal::LinearCrossEntropyState> op)
+      : rt_(std::move(rt)), op_(std::move(op)) {}
+  absl::Status Run(CUstream stream, const LinearCrossEntropyArgs& args, bool gradient) const;
+  std::shared_ptr<internal::RuntimeState> rt_;
+  std::shared_ptr<internal::LinearCrossEntropyState> op_;
+};
+
+}  // namespace kjit

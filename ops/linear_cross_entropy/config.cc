@@ -1,0 +1,72 @@
+#include "ops/linear_cross_entropy/config.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "ops/common/config_text.h"
+
+namespace kjit {
+
+std::string LinearCrossEntropyConfig::ToString() const {
+  return fmt::format("chunk={} streams={} logits_algo={} d_hidden_algo={} d_weight_algo={}",
+                     chunk_rows, streams, logits_algo, d_hidden_algo, d_weight_algo);
+}
+
+const char* Name(WeightGradAccumulation a) {
+  return a == WeightGradAccumulation::kFloat32 ? "fp32" : "output_dtype";
+}
+
+namespace ops {
+
+absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::string_view text) {
+  KJIT_ASSIGN_OR_RETURN(ConfigText t, ConfigText::Split("linear cross-entropy config", text,
+                                                        {"chunk", "streams", "logits_algo",
+                                                         "d_hidden_algo", "d_weight_algo"}));
+  LinearCrossEntropyConfig c;
+  KJIT_ASSIGN_OR_RETURN(const int chunk, t.Int("chunk"));
+  c.chunk_rows = chunk;
+  KJIT_ASSIGN_OR_RETURN(c.streams, t.Int("streams"));
+  KJIT_ASSIGN_OR_RETURN(c.logits_algo, t.Int("logits_algo"));
+  KJIT_ASSIGN_OR_RETURN(c.d_hidden_algo, t.Int("d_hidden_algo"));
+  KJIT_ASSIGN_OR_RETURN(c.d_weight_algo, t.Int("d_weight_algo"));
+  const absl::Status valid = ValidateLinearCrossEntropyConfig(c);
+  if (!valid.ok())
+    return absl::InvalidArgumentError(fmt::format("\"{}\": {}", text, ToStd(valid.message())));
+  return c;
+}
+
+absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c) {
+  if (c.chunk_rows < 1 || c.chunk_rows > kMaxLinearCrossEntropyChunkRows) {
+    return absl::InvalidArgumentError(fmt::format("config.chunk_rows: {} must be in [1, {}]",
+                                                  c.chunk_rows, kMaxLinearCrossEntropyChunkRows));
+  }
+  if (c.streams != 1 && c.streams != 2) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.streams: {} must be 1 (in order) or 2 (loss beside the GEMMs)", c.streams));
+  }
+  for (const auto& [name, algo] : {std::pair<const char*, int>{"logits_algo", c.logits_algo},
+                                   {"d_hidden_algo", c.d_hidden_algo},
+                                   {"d_weight_algo", c.d_weight_algo}}) {
+    if (algo < 0 || algo > 63) {
+      return absl::InvalidArgumentError(
+          fmt::format("config.{}: {} must be an index from 0 to 63", name, algo));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t ChunkRowStride(int64_t vocab, DType dtype) {
+  const int64_t per_vector = 16 / static_cast<int64_t>(SizeOf(dtype));
+  return (vocab + per_vector - 1) / per_vector * per_vector;
+}
+
+LinearCrossEntropyConfig DefaultLinearCrossEntropyConfig(const LinearCrossEntropySpec& spec) {
+  const int64_t row_bytes =
+      ChunkRowStride(spec.vocab, spec.dtype) * static_cast<int64_t>(SizeOf(spec.dtype));
+  const int64_t rows = kLinearCrossEntropyChunkBudgetBytes / row_bytes / 128 * 128;
+  return {.chunk_rows = std::clamp<int64_t>(rows, 128, kMaxLinearCrossEntropyChunkRows)};
+}
+
+}  // namespace ops
+}  // namespace kjit

@@ -1,0 +1,117 @@
+// CublasLt: the cuBLASLt calls the fused linear + cross-entropy op makes, from libcublasLt opened
+// with dlopen on first use (like libcuda, libnvrtc and NCCL), so that nothing else in kjit needs
+// it. $KJIT_CUBLASLT_PATH names the library; without it libcublasLt.so.13, .so.12 and .so are
+// tried on the loader's path (a process that imported torch already has one loaded).
+//
+// LtGemm states a GEMM on row-major views, as a framework would, and keeps one plan (descriptors
+// and cuBLASLt's heuristic list of algorithms) per shape, so a launch makes no host-side search:
+//
+//   KJIT_ASSIGN_OR_RETURN(const CublasLt* lt, CublasLt::Get());
+//   KJIT_ASSIGN_OR_RETURN(std::unique_ptr<LtGemm> gemm, LtGemm::Create(*lt));
+//   // logits = h · Wᵀ (+ bias), the heuristic's first algorithm:
+//   KJIT_RETURN_IF_ERROR(gemm->Run({.a = h, .b = w, .transpose_b = true, .out = logits},
+//                                  workspace, stream));     // kWorkspaceBytes of device memory
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "jit/dynlib.h"
+#include "kjit/status.h"
+#include "kjit/stream.h"
+#include "kjit/tensor.h"
+
+namespace kjit::ops {
+
+class CublasLt {
+ public:
+  // Opened once per process; a failure (no library, a symbol missing) is remembered and returned
+  // as FailedPrecondition naming what was tried and KJIT_CUBLASLT_PATH.
+  static absl::StatusOr<const CublasLt*> Get();
+
+  const std::string& path() const { return lib_.path(); }
+  size_t version() const { return version_; }  // e.g. 130000 for 13.0.0
+  absl::Status Check(cublasStatus_t s, const char* call) const;
+
+#define KJIT_LT_FN(name) decltype(&::name) name = nullptr
+  KJIT_LT_FN(cublasLtCreate);
+  KJIT_LT_FN(cublasLtDestroy);
+  KJIT_LT_FN(cublasLtGetVersion);
+  KJIT_LT_FN(cublasLtGetStatusName);
+  KJIT_LT_FN(cublasLtGetStatusString);
+  KJIT_LT_FN(cublasLtMatmulDescCreate);
+  KJIT_LT_FN(cublasLtMatmulDescDestroy);
+  KJIT_LT_FN(cublasLtMatmulDescSetAttribute);
+  KJIT_LT_FN(cublasLtMatrixLayoutCreate);
+  KJIT_LT_FN(cublasLtMatrixLayoutDestroy);
+  KJIT_LT_FN(cublasLtMatmulPreferenceCreate);
+  KJIT_LT_FN(cublasLtMatmulPreferenceDestroy);
+  KJIT_LT_FN(cublasLtMatmulPreferenceSetAttribute);
+  KJIT_LT_FN(cublasLtMatmulAlgoGetHeuristic);
+  KJIT_LT_FN(cublasLtMatmul);
+#undef KJIT_LT_FN
+
+ private:
+  explicit CublasLt(jit::DynLib lib) : lib_(std::move(lib)) {}
+  static absl::StatusOr<CublasLt> Load();
+  jit::DynLib lib_;
+  size_t version_ = 0;
+};
+
+// One GEMM on row-major views: out = op(a) · op(b) [+ bias] + beta · out, op transposing when
+// asked, accumulated in fp32. a and b share a dtype (bf16, fp16 or fp32); out is that dtype or
+// fp32; bias (a row vector added to every row of out) has out's dtype.
+struct GemmArgs {
+  TensorView a;
+  bool transpose_a = false;
+  TensorView b;
+  bool transpose_b = false;
+  TensorView out;
+  TensorView bias;  // optional [out.cols]
+  float beta = 0;   // 1 adds to what out holds
+  int algo = 0;     // index into cuBLASLt's heuristic list for this shape; out of range: 0
+};
+
+class LtGemm {
+ public:
+  // At most this many algorithms are asked of cuBLASLt's heuristic per shape.
+  static constexpr int kMaxAlgos = 8;
+  // cuBLASLt's recommended workspace on Hopper and Blackwell.
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  // The handle binds to the CUDA context current on the calling thread.
+  static absl::StatusOr<std::unique_ptr<LtGemm>> Create(const CublasLt& lt);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Enqueues on `stream` with `workspace` (kWorkspaceBytes of device memory, the caller's so that
+  // it is counted; GEMMs sharing one must be ordered); no synchronization. InvalidArgument names
+  // the argument whose shape or dtype does not fit. The context must be current.
+  absl::Status Run(const GemmArgs& args, void* workspace, CUstream stream);
+  // How many algorithms cuBLASLt offers for this shape (the range of GemmArgs::algo).
+  absl::StatusOr<int> AlgoCount(const GemmArgs& args);
+
+ private:
+  struct Plan;
+  // transposes, m, n, k, leading dimensions, dtypes of a and out, bias, beta != 0, alignment.
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                         bool, bool, int>;
+  LtGemm(const CublasLt& lt, cublasLtHandle_t handle);
+  absl::StatusOr<Key> KeyOf(const GemmArgs& args) const;
+  absl::StatusOr<const Plan*> PlanFor(const Key& key);
+
+  const CublasLt& lt_;
+  cublasLtHandle_t handle_;
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace kjit::ops

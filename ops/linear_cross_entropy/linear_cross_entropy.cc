@@ -1,0 +1,505 @@
+#include "kjit/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "jit/dtype.h"
+#include "ops/cross_entropy/program.h"
+#include "ops/linear_cross_entropy/config.h"
+#include "ops/linear_cross_entropy/cublaslt.h"
+#include "ops/linear_cross_entropy/program.h"
+#include "runtime/op_kernels.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tensor_checks.h"
+#include "templates/linear_cross_entropy_params.h"
+
+namespace kjit {
+
+namespace {
+
+constexpr int64_t kMaxHidden = 65536;
+constexpr int kCountThreads = 1024;
+constexpr int kReduceThreads = 1024;
+constexpr int kStoreThreads = 256;
+constexpr int kStoreVec = 4;
+constexpr int64_t kAlign = 256;
+
+int64_t AlignUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+const char* Bool(bool b) { return b ? "true" : "false"; }
+
+bool NeedsWeightAccumulator(const LinearCrossEntropySpec& s) {
+  return s.weight_grad_accumulation == WeightGradAccumulation::kFloat32 &&
+         s.weight_grad() != DType::kF32;
+}
+
+std::string StoreExpr(const LinearCrossEntropySpec& s, int vec, bool accumulate) {
+  return fmt::format("kjit::linear_cross_entropy_store<{}, {}, {}, {}>",
+                     DeviceTypeName(s.weight_grad()), kStoreThreads, vec, Bool(accumulate));
+}
+
+}  // namespace
+
+CrossEntropySpec LinearCrossEntropySpec::ChunkLoss() const {
+  return {.vocab = vocab,
+          .dtype = dtype,
+          .target_type = target_type,
+          .ignore_index = ignore_index,
+          .reduction = reduction == Reduction::kNone ? Reduction::kNone : Reduction::kSum,
+          .label_smoothing = label_smoothing,
+          .lse_square_scale = lse_square_scale,
+          .softcap = softcap,
+          .argmax = argmax};
+}
+
+absl::Status ValidateLinearCrossEntropySpec(const LinearCrossEntropySpec& s) {
+  if (s.hidden < 1 || s.hidden > kMaxHidden) {
+    return absl::InvalidArgumentError(
+        fmt::format("hidden: {} is out of range, expected 1 to {}", s.hidden, kMaxHidden));
+  }
+  if (s.weight_grad() != s.dtype && s.weight_grad() != DType::kF32) {
+    return absl::InvalidArgumentError(fmt::format("weight_grad_dtype: {} must be {} or fp32",
+                                                  Name(s.weight_grad()), Name(s.dtype)));
+  }
+  if (s.config) KJIT_RETURN_IF_ERROR(ops::ValidateLinearCrossEntropyConfig(*s.config));
+  // The rest are the loss's options, worded as CrossEntropy words them.
+  return ValidateCrossEntropySpec(s.ChunkLoss());
+}
+
+absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropy(const LinearCrossEntropySpec& s) {
+  KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(s));
+  const CrossEntropySpec loss = s.ChunkLoss();
+  std::map<std::string, std::string> params = {
+      {"op", "linear_cross_entropy"},
+      {"vocab", std::to_string(s.vocab)},
+      {"hidden", std::to_string(s.hidden)},
+      {"dtype", Name(s.dtype)},
+      {"weight_grad_dtype", Name(s.weight_grad())},
+      {"target_type", Name(s.target_type)},
+      {"reduction", Name(s.reduction)},
+  };
+  // Order matters: LinearCrossEntropyKernels reads them back by position.
+  std::vector<std::string> kernels = {
+      CrossEntropyCountExpr(loss, kCountThreads),
+      fmt::format("kjit::linear_cross_entropy_scale<{}>", Bool(s.reduction == Reduction::kMean)),
+      fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
+                  s.reduction == Reduction::kMean ? "kjit::kCeMean" : "kjit::kCeSum")};
+  if (s.weight_grad() != DType::kF32) {
+    for (int vec : {1, kStoreVec}) {
+      for (bool accumulate : {false, true}) kernels.push_back(StoreExpr(s, vec, accumulate));
+    }
+  }
+  return jit::RenderSource("linear_cross_entropy",
+                           {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh",
+                            "linear_cross_entropy_params.h", "linear_cross_entropy.cuh"},
+                           std::move(kernels), std::move(params));
+}
+
+namespace internal {
+
+struct LinearCrossEntropyKernels {
+  enum Kernel { kCount, kScale, kReduce, kStore, kStoreAccumulate, kStoreVec, kStoreVecAccumulate };
+  LoadedProgram program;
+  CUfunction operator[](Kernel k) const { return program.functions[k]; }
+};
+
+struct LinearCrossEntropyState {
+  LinearCrossEntropySpec spec;
+  LinearCrossEntropyConfig config;  // the spec's or the heuristic's
+  std::optional<kjit::CrossEntropy> loss;
+  const jit::Driver* driver = nullptr;
+  // Under mu: one launch sequence at a time, since the GEMM plans, the second stream and its
+  // events are shared.
+  std::mutex mu;
+  std::optional<LinearCrossEntropyKernels> kernels;
+  std::unique_ptr<ops::LtGemm> gemm;
+  CUstream side = nullptr;
+  CUevent logits_ready[2] = {}, loss_done[2] = {};
+
+  ~LinearCrossEntropyState() {
+    if (driver == nullptr) return;
+    for (CUevent e : {logits_ready[0], logits_ready[1], loss_done[0], loss_done[1]}) {
+      if (e) driver->cuEventDestroy(e);
+    }
+    if (side) driver->cuStreamDestroy(side);
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+// Where each part of the caller's workspace lies, for one launch config.
+struct WorkspaceLayout {
+  int64_t counters = 0;  // CrossEntropyCounters, then the scale (one float)
+  int64_t parts = 0;     // one fp32 loss per chunk (sum, mean)
+  int64_t loss_workspace = 0;
+  int64_t ones = 0;      // chunk_rows ones in dtype (bias)
+  int64_t bias_acc = 0;  // fp32 [vocab] (bias, fp32 accumulation into a non-fp32 d_bias)
+  int64_t lt = 0;        // cuBLASLt's
+  int64_t chunks = 0;    // streams chunk buffers
+  int64_t chunk_bytes = 0;
+  int64_t weight_acc = 0;  // fp32 [vocab, hidden]
+  int64_t total = 0;
+};
+
+WorkspaceLayout LayoutFor(const LinearCrossEntropySpec& s, const LinearCrossEntropyConfig& c,
+                          int64_t rows, int64_t loss_workspace_bytes) {
+  const int64_t chunk_rows = std::min(c.chunk_rows, std::max<int64_t>(rows, 1));
+  const int64_t chunks = (std::max<int64_t>(rows, 1) + chunk_rows - 1) / chunk_rows;
+  const int64_t e = static_cast<int64_t>(SizeOf(s.dtype));
+  const bool acc = NeedsWeightAccumulator(s);
+  WorkspaceLayout l;
+  int64_t at = AlignUp(int64_t{sizeof(CrossEntropyCounters)} + 4);
+  l.parts = at;
+  at += AlignUp(chunks * 4);
+  l.loss_workspace = at;
+  at += AlignUp(loss_workspace_bytes);
+  l.ones = at;
+  if (s.bias) at += AlignUp(chunk_rows * e);
+  l.bias_acc = at;
+  if (s.bias && acc) at += AlignUp(s.vocab * 4);
+  l.lt = at;
+  at += static_cast<int64_t>(ops::LtGemm::kWorkspaceBytes);
+  l.chunks = at;
+  l.chunk_bytes = AlignUp(chunk_rows * ops::ChunkRowStride(s.vocab, s.dtype) * e);
+  at += c.streams * l.chunk_bytes;
+  l.weight_acc = at;
+  if (acc) at += AlignUp(s.vocab * s.hidden * 4);
+  l.total = at;
+  return l;
+}
+
+TensorView RowsOf(const TensorView& t, int64_t first, int64_t rows) {
+  TensorView v = t;
+  v.data =
+      static_cast<char*>(t.data) + first * t.row_stride * static_cast<int64_t>(SizeOf(t.dtype));
+  v.rows = rows;
+  return v;
+}
+TensorView ColsOf(const TensorView& t, int64_t first, int64_t cols) {  // of a vector
+  TensorView v = t;
+  if (!t.empty())
+    v.data = static_cast<char*>(t.data) + first * static_cast<int64_t>(SizeOf(t.dtype));
+  v.cols = v.row_stride = cols;
+  return v;
+}
+IndexView PartOf(const IndexView& v, int64_t first, int64_t size) {
+  if (v.empty()) return v;
+  return IndexView::Of(static_cast<char*>(v.data) + first * static_cast<int64_t>(SizeOf(v.type)),
+                       v.type, size);
+}
+
+absl::Status LoadKernels(const internal::RuntimeState& rt, internal::LinearCrossEntropyState& op) {
+  if (op.kernels) return absl::OkStatus();
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderLinearCrossEntropy(op.spec));
+  KJIT_ASSIGN_OR_RETURN(internal::LoadedProgram program, internal::LoadProgram(rt, src));
+  op.kernels.emplace(internal::LinearCrossEntropyKernels{std::move(program)});
+  return absl::OkStatus();
+}
+
+// The GEMM handle, the second stream and its events, made on first use (the context current).
+absl::Status Prepare(const internal::RuntimeState& rt, internal::LinearCrossEntropyState& op,
+                     int streams) {
+  KJIT_RETURN_IF_ERROR(LoadKernels(rt, op));
+  if (!op.gemm) {
+    KJIT_ASSIGN_OR_RETURN(const ops::CublasLt* lt, ops::CublasLt::Get());
+    KJIT_ASSIGN_OR_RETURN(op.gemm, ops::LtGemm::Create(*lt));
+  }
+  if (streams > 1 && op.side == nullptr) {
+    const jit::Driver& cu = *rt.driver;
+    op.driver = rt.driver;
+    KJIT_RETURN_IF_ERROR(
+        cu.Check(cu.cuStreamCreate(&op.side, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
+    for (CUevent* e :
+         {&op.logits_ready[0], &op.logits_ready[1], &op.loss_done[0], &op.loss_done[1]}) {
+      KJIT_RETURN_IF_ERROR(cu.Check(cu.cuEventCreate(e, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const LinearCrossEntropySpec& LinearCrossEntropy::spec() const { return op_->spec; }
+
+LinearCrossEntropyConfig LinearCrossEntropy::ConfigFor(int64_t) const { return op_->config; }
+
+int64_t LinearCrossEntropy::AccumulatorBytes() const {
+  return NeedsWeightAccumulator(op_->spec) ? AlignUp(op_->spec.vocab * op_->spec.hidden * 4) : 0;
+}
+
+int64_t LinearCrossEntropy::WorkspaceBytes(int64_t rows) const {
+  const LinearCrossEntropyConfig c = ConfigFor(rows);
+  const int64_t chunk_rows = std::min(c.chunk_rows, std::max<int64_t>(rows, 1));
+  return LayoutFor(op_->spec, c, rows, op_->loss->WorkspaceBytes(chunk_rows)).total;
+}
+
+absl::StatusOr<BuildInfo> LinearCrossEntropy::Build() const {
+  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderLinearCrossEntropy(op_->spec));
+  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built built, rt_->jit->Build(src, rt_->target));
+  KJIT_RETURN_IF_ERROR(op_->loss->Build().status());
+  return internal::ToBuildInfo(built);
+}
+
+absl::Status LinearCrossEntropy::Forward(CUstream stream, const LinearCrossEntropyArgs& a) const {
+  return Run(stream, a, /*gradient=*/false);
+}
+
+absl::Status LinearCrossEntropy::ForwardBackward(CUstream stream,
+                                                 const LinearCrossEntropyArgs& a) const {
+  return Run(stream, a, /*gradient=*/true);
+}
+
+absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyArgs& a,
+                                     bool gradient) const {
+  using internal::CheckMatrix;
+  const LinearCrossEntropySpec& s = op_->spec;
+  KJIT_RETURN_IF_ERROR(
+      CheckMatrix("hidden_states", a.hidden_states, s.dtype, internal::kAnyRows, s.hidden));
+  const int64_t rows = a.hidden_states.rows;
+  if (rows > INT_MAX) {
+    return absl::InvalidArgumentError(
+        fmt::format("hidden_states: {} rows exceed the {} a launch handles", rows, INT_MAX));
+  }
+  KJIT_RETURN_IF_ERROR(CheckMatrix("weight", a.weight, s.dtype, s.vocab, s.hidden));
+  if (s.bias) {
+    KJIT_RETURN_IF_ERROR(CheckMatrix("bias", a.bias, s.dtype, 1, s.vocab));
+  } else if (!a.bias.empty() || !a.d_bias.empty()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: given, but the op was created without a bias (set the spec's bias)",
+                    a.bias.empty() ? "d_bias" : "bias"));
+  }
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
+  const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
+  KJIT_RETURN_IF_ERROR(CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
+  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
+  if (s.argmax) {
+    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.target_type, rows));
+  } else if (!a.argmax.empty()) {
+    return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
+  }
+  if (gradient) {
+    if (!a.grad_output.empty()) {
+      KJIT_RETURN_IF_ERROR(
+          CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
+    }
+    if (!a.d_hidden.empty())
+      KJIT_RETURN_IF_ERROR(CheckMatrix("d_hidden", a.d_hidden, s.dtype, rows, s.hidden));
+    if (!a.d_weight.empty())
+      KJIT_RETURN_IF_ERROR(CheckMatrix("d_weight", a.d_weight, s.weight_grad(), s.vocab, s.hidden));
+    if (!a.d_bias.empty())
+      KJIT_RETURN_IF_ERROR(CheckMatrix("d_bias", a.d_bias, s.weight_grad(), 1, s.vocab));
+  } else {
+    for (const auto& [name, v] :
+         {std::pair<const char*, const TensorView*>{"grad_output", &a.grad_output},
+          {"d_hidden", &a.d_hidden},
+          {"d_weight", &a.d_weight},
+          {"d_bias", &a.d_bias}}) {
+      if (!v->empty()) {
+        return absl::InvalidArgumentError(fmt::format(
+            "{}: given to Forward, which computes no gradient; use ForwardBackward", name));
+      }
+    }
+  }
+  const LinearCrossEntropyConfig config = ConfigFor(rows);
+  const int64_t chunk_rows = std::min(config.chunk_rows, rows);
+  const int64_t ws_bytes = WorkspaceBytes(rows);
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
+  if (reinterpret_cast<uintptr_t>(a.workspace) % kAlign != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workspace: must be {}-byte aligned (cuBLASLt's and the chunks' buffers)", kAlign));
+  }
+  KJIT_RETURN_IF_ERROR(
+      internal::CheckDisjoint({{"loss", a.loss},
+                               {"lse", a.lse},
+                               {"argmax", internal::BytesOf(a.argmax)},
+                               {"d_hidden", a.d_hidden},
+                               {"d_weight", a.d_weight},
+                               {"d_bias", a.d_bias},
+                               {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
+                              {{"hidden_states", a.hidden_states},
+                               {"weight", a.weight},
+                               {"bias", a.bias},
+                               {"targets", internal::BytesOf(a.targets)},
+                               {"grad_output", a.grad_output}}));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
+  KJIT_RETURN_IF_ERROR(rt_->MakeCurrent());
+
+  internal::LinearCrossEntropyState& op = *op_;
+  std::lock_guard<std::mutex> lock(op.mu);
+  KJIT_RETURN_IF_ERROR(Prepare(*rt_, op, config.streams));
+  const internal::LinearCrossEntropyKernels& k = *op.kernels;
+  const jit::Driver& cu = *rt_->driver;
+  const WorkspaceLayout l = LayoutFor(s, config, rows, op.loss->WorkspaceBytes(chunk_rows));
+  char* ws = static_cast<char*>(a.workspace);
+  auto* counters = reinterpret_cast<CrossEntropyCounters*>(ws + l.counters);
+  auto* scale = reinterpret_cast<float*>(ws + l.counters + sizeof(CrossEntropyCounters));
+  auto* parts = reinterpret_cast<float*>(ws + l.parts);
+  void* lt_workspace = ws + l.lt;
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  const bool reduced = s.reduction != Reduction::kNone;
+
+  // The whole batch's counters, and for sum and mean the scale every chunk's gradient takes.
+  CrossEntropyCountParams count{a.targets.data, rows, s.ignore_index, nullptr, counters};
+  KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kCount], 1, kCountThreads, stream, &count));
+  if (gradient && reduced) {
+    LinearCrossEntropyScaleParams p{counters, static_cast<const float*>(a.grad_output.data), scale};
+    KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kScale], 1, 32, stream, &p, 1, 0, true));
+  }
+  const bool acc = NeedsWeightAccumulator(s);
+  const TensorView weight_sum =
+      acc ? TensorView::Matrix(ws + l.weight_acc, DType::kF32, s.vocab, s.hidden) : a.d_weight;
+  const TensorView bias_sum =
+      acc ? TensorView::Vector(ws + l.bias_acc, DType::kF32, s.vocab) : a.d_bias;
+  // Adding to what d_weight holds from the first chunk on when it is the accumulator itself.
+  const bool add_first = a.accumulate && !acc;
+  const bool want_bias_grad = gradient && !a.d_bias.empty();
+  if (want_bias_grad) {
+    void* ones = ws + l.ones;
+    const CUresult r =
+        s.dtype == DType::kF32
+            ? cu.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ones), 0x3f800000u, chunk_rows,
+                                  stream)
+            : cu.cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(ones),
+                                  s.dtype == DType::kBF16 ? 0x3f80 : 0x3c00, chunk_rows, stream);
+    KJIT_RETURN_IF_ERROR(cu.Check(r, "cuMemsetD16Async"));
+  }
+
+  const int64_t stride = ops::ChunkRowStride(s.vocab, s.dtype);
+  auto chunk_view = [&](int64_t c) {
+    const int64_t first = c * chunk_rows;
+    return TensorView::Matrix(ws + l.chunks + (c % config.streams) * l.chunk_bytes, s.dtype,
+                              std::min(chunk_rows, rows - first), s.vocab, stride);
+  };
+  ops::LtGemm& gemm = *op.gemm;
+  auto logits_gemm = [&](int64_t c) {
+    const TensorView logits = chunk_view(c);
+    return gemm.Run({.a = RowsOf(a.hidden_states, c * chunk_rows, logits.rows),
+                     .b = a.weight,
+                     .transpose_b = true,
+                     .out = logits,
+                     .bias = a.bias,
+                     .algo = config.logits_algo},
+                    lt_workspace, stream);
+  };
+  CUstream loss_stream = config.streams > 1 ? op.side : stream;
+  auto loss_kernel = [&](int64_t c) {
+    const TensorView logits = chunk_view(c);
+    const int64_t first = c * chunk_rows, n = logits.rows;
+    CrossEntropyArgs ce{
+        .logits = logits,
+        .targets = PartOf(a.targets, first, n),
+        .loss = reduced ? TensorView::Vector(parts + c, DType::kF32, 1) : ColsOf(a.loss, first, n),
+        .lse = a.lse.empty() ? TensorView{} : ColsOf(a.lse, first, n),
+        .argmax = PartOf(a.argmax, first, n),
+        .workspace = ws + l.loss_workspace,
+        .workspace_bytes = op.loss->WorkspaceBytes(chunk_rows)};
+    if (!gradient) return op.loss->Forward(loss_stream, ce);
+    ce.grad = logits;  // in place
+    ce.grad_output = reduced
+                         ? TensorView::Vector(scale, DType::kF32, 1)
+                         : (a.grad_output.empty() ? TensorView{} : ColsOf(a.grad_output, first, n));
+    return op.loss->ForwardBackward(loss_stream, ce);
+  };
+  auto gradient_gemms = [&](int64_t c) -> absl::Status {
+    const TensorView dlogits = chunk_view(c);
+    const int64_t first = c * chunk_rows;
+    const TensorView h = RowsOf(a.hidden_states, first, dlogits.rows);
+    if (!a.d_hidden.empty()) {
+      KJIT_RETURN_IF_ERROR(gemm.Run({.a = dlogits,
+                                     .b = a.weight,
+                                     .out = RowsOf(a.d_hidden, first, dlogits.rows),
+                                     .algo = config.d_hidden_algo},
+                                    lt_workspace, stream));
+    }
+    const float beta = c > 0 || add_first ? 1.0f : 0.0f;
+    if (!a.d_weight.empty()) {
+      KJIT_RETURN_IF_ERROR(gemm.Run({.a = dlogits,
+                                     .transpose_a = true,
+                                     .b = h,
+                                     .out = weight_sum,
+                                     .beta = beta,
+                                     .algo = config.d_weight_algo},
+                                    lt_workspace, stream));
+    }
+    if (want_bias_grad) {
+      const TensorView ones = TensorView::Matrix(ws + l.ones, s.dtype, 1, dlogits.rows);
+      KJIT_RETURN_IF_ERROR(
+          gemm.Run({.a = ones, .b = dlogits, .out = bias_sum, .beta = beta}, lt_workspace, stream));
+    }
+    return absl::OkStatus();
+  };
+
+  // One stream: logits, loss, gradients, chunk after chunk. Two: chunk c + 1's logits GEMM is
+  // enqueued before chunk c's gradient GEMMs, so that c's loss kernel (on the second stream) runs
+  // beside it; each buffer's reuse two chunks later follows its gradient GEMMs on `stream`.
+  auto record = [&](CUevent e, CUstream on) {
+    return cu.Check(cu.cuEventRecord(e, on), "cuEventRecord");
+  };
+  auto wait = [&](CUstream on, CUevent e) {
+    return cu.Check(cu.cuStreamWaitEvent(on, e, 0), "cuStreamWaitEvent");
+  };
+  auto start_chunk = [&](int64_t c) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(logits_gemm(c));
+    if (config.streams == 1) return loss_kernel(c);
+    KJIT_RETURN_IF_ERROR(record(op.logits_ready[c % 2], stream));
+    KJIT_RETURN_IF_ERROR(wait(op.side, op.logits_ready[c % 2]));
+    KJIT_RETURN_IF_ERROR(loss_kernel(c));
+    return record(op.loss_done[c % 2], op.side);
+  };
+  KJIT_RETURN_IF_ERROR(start_chunk(0));
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (config.streams > 1) {
+      if (c + 1 < chunks) KJIT_RETURN_IF_ERROR(start_chunk(c + 1));
+      KJIT_RETURN_IF_ERROR(wait(stream, op.loss_done[c % 2]));  // joins the second stream
+    }
+    if (gradient) KJIT_RETURN_IF_ERROR(gradient_gemms(c));
+    if (config.streams == 1 && c + 1 < chunks) KJIT_RETURN_IF_ERROR(start_chunk(c + 1));
+  }
+
+  if (reduced) {
+    CrossEntropyReduceParams r{parts, chunks, counters, static_cast<float*>(a.loss.data)};
+    KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kReduce], 1, kReduceThreads, stream, &r));
+  }
+  if (!acc || !gradient) return absl::OkStatus();
+  auto store = [&](const TensorView& sum, const TensorView& out) -> absl::Status {
+    if (out.empty()) return absl::OkStatus();
+    const bool wide =
+        internal::WidestAlignedVec(kStoreVec, {&out}) == kStoreVec && out.cols % kStoreVec == 0;
+    const auto kernel = wide ? (a.accumulate ? k.kStoreVecAccumulate : k.kStoreVec)
+                             : (a.accumulate ? k.kStoreAccumulate : k.kStore);
+    LinearCrossEntropyStoreParams p{static_cast<const float*>(sum.data), out.data, out.rows,
+                                    out.cols, out.row_stride};
+    const int64_t vectors = out.rows * (out.cols / (wide ? kStoreVec : 1));
+    const int64_t blocks = std::clamp<int64_t>((vectors + kStoreThreads - 1) / kStoreThreads, 1,
+                                               int64_t{rt_->device.sm_count} * 16);
+    return rt_->Launch(k[kernel], blocks, kStoreThreads, stream, &p);
+  };
+  KJIT_RETURN_IF_ERROR(store(weight_sum, a.d_weight));
+  return store(bias_sum, a.d_bias);
+}
+
+absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(
+    const LinearCrossEntropySpec& spec) const {
+  KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(spec));
+  auto op = std::make_shared<internal::LinearCrossEntropyState>();
+  op->spec = spec;
+  op->config = spec.config.value_or(ops::DefaultLinearCrossEntropyConfig(spec));
+  KJIT_ASSIGN_OR_RETURN(op->loss, CrossEntropy(spec.ChunkLoss()));
+  kjit::LinearCrossEntropy lce(state_, op);
+  if (!state_->compile_only) {
+    // Errors surface here, not in the first launch: the kernels, and cuBLASLt's presence.
+    KJIT_RETURN_IF_ERROR(state_->MakeCurrent());
+    std::lock_guard<std::mutex> lock(op->mu);
+    KJIT_RETURN_IF_ERROR(Prepare(*state_, *op, op->config.streams));
+  }
+  return lce;
+}
+
+}  // namespace kjit

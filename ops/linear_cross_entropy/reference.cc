@@ -1,0 +1,206 @@
+#include "ops/linear_cross_entropy/reference.h"
+
+#include "kjit/host_convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace kjit::ops {
+
+namespace {
+
+constexpr double kFp32Unit = 0x1p-24;
+
+// Splits [0, n) over the machine's cores; each index's result is the same whatever the split.
+template <typename F>
+void Parallel(int64_t n, F&& f) {
+  const int64_t workers =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(n, 1));
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += workers) f(i);
+    });
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
+LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpec& s,
+                                                     const LinearCrossEntropyProblem& p,
+                                                     int64_t chunks) {
+  const int64_t R = p.rows, V = p.vocab, H = p.hidden;
+  const bool has_bias = !p.bias.empty();
+  // The device's logits are fp32 sums rounded to the dtype: the reference rounds the exact sums
+  // the same way, and a logit may differ from that only where the sum's fp32 error can reach
+  // across a rounding boundary (then by that boundary's step; for fp32 logits by the error).
+  std::vector<double> logits(R * V), logit_error(R * V, 0.0);
+  Parallel(R, [&](int64_t r) {
+    for (int64_t v = 0; v < V; ++v) {
+      double sum = has_bias ? p.bias[v] : 0.0, magnitude = has_bias ? std::fabs(p.bias[v]) : 0.0;
+      for (int64_t k = 0; k < H; ++k) {
+        const double t = p.hidden_states[r * H + k] * p.weight[v * H + k];
+        sum += t;
+        magnitude += std::fabs(t);
+      }
+      const double nominal = RoundTo(sum, s.dtype), slack = (H + 1) * kFp32Unit * magnitude;
+      logits[r * V + v] = nominal;
+      double error = 0;
+      for (double sign : {-1.0, 1.0}) {
+        error = std::max(error, std::fabs(RoundTo(sum + sign * slack, s.dtype) - nominal));
+        // cuBLASLt's bias epilogue may add the bias to the product already rounded to the dtype.
+        if (has_bias) {
+          const double product = sum - p.bias[v] + sign * slack;
+          error = std::max(
+              error, std::fabs(RoundTo(RoundTo(product, s.dtype) + p.bias[v], s.dtype) - nominal));
+        }
+      }
+      logit_error[r * V + v] = error;
+    }
+  });
+
+  const CrossEntropyMath m{.vocab = V,
+                           .dtype = s.dtype,
+                           .ignore_index = s.ignore_index,
+                           .reduction = s.reduction,
+                           .label_smoothing = s.label_smoothing,
+                           .lse_square_scale = s.lse_square_scale,
+                           .softcap = s.softcap};
+  LinearCrossEntropyResult out;
+  out.loss = CrossEntropyReference(m, R, logits, p.targets,
+                                   p.grad_output.empty() ? nullptr : &p.grad_output, true);
+  const CrossEntropyResult& ce = out.loss;
+  const CrossEntropyTolerances tol = CrossEntropyTolerancesFor(s.dtype);
+
+  // What the logits' possible differences move: p_v by at most p_v (dx_v + sum_j p_j dx_j), lse
+  // by at most sum_j p_j dx_j (row_shift), the soft-cap's slope by 2 dx_v / cap.
+  std::vector<double> row_shift(R, 0.0), grad_error(R * V);
+  const std::vector<double> ce_atol = CrossEntropyGradAtol(m, ce, tol);
+  Parallel(R, [&](int64_t r) {
+    double shift = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      double x = logits[r * V + v];
+      if (s.softcap > 0) x = s.softcap * std::tanh(x / s.softcap);
+      shift += std::exp(x - ce.lse[r]) * logit_error[r * V + v];
+    }
+    row_shift[r] = shift;
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t i = r * V + v;
+      const double dx = logit_error[i];
+      grad_error[i] = tol.grad.rtol * std::fabs(ce.grad[i]) + tol.grad.atol + ce_atol[i] +
+                      2 * (dx + shift) * ce.grad_terms[i] +
+                      (s.softcap > 0 ? 2 * dx / s.softcap * std::fabs(ce.grad[i]) : 0.0);
+    }
+  });
+
+  // The loss and lse: lse moves by at most the logits' error, the loss by twice it (lse - x_t)
+  // times the z-loss factor.
+  const double z = s.lse_square_scale;
+  std::vector<double> row_bound(R, 0.0);
+  int64_t valid = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const bool ok = p.targets[r] != s.ignore_index && p.targets[r] >= 0 && p.targets[r] < V;
+    valid += ok;
+    if (ok) {
+      row_bound[r] = 2 * (row_shift[r] + logit_error[r * V + p.targets[r]]) *
+                     (1 + 2 * z * std::fabs(ce.lse[r]));
+    }
+  }
+  const std::vector<double> lse_atol = [&] {
+    std::vector<double> a(R);
+    for (int64_t r = 0; r < R; ++r) {
+      a[r] = 2 * row_shift[r] + tol.lse.atol + tol.lse.rtol * std::fabs(ce.lse[r]);
+    }
+    return a;
+  }();
+  out.lse_atol = lse_atol;
+  if (s.reduction == Reduction::kNone) {
+    out.loss_atol.resize(R);
+    for (int64_t r = 0; r < R; ++r) {
+      out.loss_atol[r] = row_bound[r] + tol.loss_atol_per_terms * ce.loss_terms[r] +
+                         tol.loss.rtol * std::fabs(ce.loss[r]);
+    }
+  } else {
+    double sum = 0;
+    for (double b : row_bound) sum += b;
+    if (s.reduction == Reduction::kMean && valid > 0) sum /= static_cast<double>(valid);
+    out.loss_atol = {sum + tol.loss_atol_per_terms * ce.loss_terms[0] +
+                     tol.loss.rtol * std::fabs(ce.loss[0])};
+  }
+
+  // The GEMMs: exact sums of the exact gradient, bounded by the gradient's error carried through
+  // plus fp32 summation over the inner dimension and the final rounding (once, or once per chunk
+  // when accumulating in the output dtype).
+  const double rt_out = RoundingRtol(s.dtype), rt_w = RoundingRtol(s.weight_grad());
+  const double roundings =
+      s.weight_grad_accumulation == WeightGradAccumulation::kOutputDtype ? chunks + 1.0 : 1.0;
+  out.d_hidden.assign(R * H, 0.0);
+  out.d_hidden_atol.assign(R * H, 0.0);
+  Parallel(R, [&](int64_t r) {
+    for (int64_t v = 0; v < V; ++v) {
+      const double g = ce.grad[r * V + v], e = grad_error[r * V + v];
+      for (int64_t k = 0; k < H; ++k) {
+        const double w = p.weight[v * H + k];
+        out.d_hidden[r * H + k] += g * w;
+        out.d_hidden_atol[r * H + k] += e * std::fabs(w) + (V + 1) * kFp32Unit * std::fabs(g * w);
+      }
+    }
+    for (int64_t k = 0; k < H; ++k) {
+      out.d_hidden_atol[r * H + k] +=
+          rt_out * std::fabs(out.d_hidden[r * H + k]) + RoundingAtol(s.dtype);
+    }
+  });
+  out.d_weight = p.d_weight_before.empty() ? std::vector<double>(V * H, 0.0) : p.d_weight_before;
+  out.d_weight_atol.assign(V * H, 0.0);
+  out.d_bias = p.d_bias_before.empty() ? std::vector<double>(V, 0.0) : p.d_bias_before;
+  out.d_bias_atol.assign(V, 0.0);
+  Parallel(V, [&](int64_t v) {
+    double magnitude_b = std::fabs(out.d_bias[v]);
+    for (int64_t r = 0; r < R; ++r) {
+      const double g = ce.grad[r * V + v], e = grad_error[r * V + v];
+      out.d_bias[v] += g;
+      out.d_bias_atol[v] += e + (R + 1) * kFp32Unit * std::fabs(g);
+      magnitude_b += std::fabs(g);
+    }
+    out.d_bias_atol[v] += rt_w * (std::fabs(out.d_bias[v]) + (roundings - 1) * magnitude_b) +
+                          RoundingAtol(s.weight_grad());
+    for (int64_t k = 0; k < H; ++k) {
+      const int64_t i = v * H + k;
+      double magnitude = std::fabs(out.d_weight[i]);
+      for (int64_t r = 0; r < R; ++r) {
+        const double g = ce.grad[r * V + v], h = p.hidden_states[r * H + k];
+        out.d_weight[i] += g * h;
+        out.d_weight_atol[i] +=
+            grad_error[r * V + v] * std::fabs(h) + (R + 1) * kFp32Unit * std::fabs(g * h);
+        magnitude += std::fabs(g * h);
+      }
+      out.d_weight_atol[i] += rt_w * (std::fabs(out.d_weight[i]) + (roundings - 1) * magnitude) +
+                              RoundingAtol(s.weight_grad());
+    }
+  });
+  out.logits = std::move(logits);
+  out.logit_error.resize(R);
+  for (int64_t r = 0; r < R; ++r) {
+    out.logit_error[r] = *std::max_element(&logit_error[r * V], &logit_error[r * V] + V);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, CompareResult>> CheckLinearCrossEntropy(
+    const LinearCrossEntropyOutputs& out, const LinearCrossEntropyResult& ref) {
+  std::vector<std::pair<std::string, CompareResult>> results;
+  auto check = [&](const char* name, const std::vector<double>* got,
+                   const std::vector<double>& want, const std::vector<double>& atol) {
+    if (got != nullptr) results.emplace_back(name, Compare(*got, want, {}, atol));
+  };
+  check("loss", out.loss, ref.loss.loss, ref.loss_atol);
+  check("lse", out.lse, ref.loss.lse, ref.lse_atol);
+  check("d_hidden", out.d_hidden, ref.d_hidden, ref.d_hidden_atol);
+  check("d_weight", out.d_weight, ref.d_weight, ref.d_weight_atol);
+  check("d_bias", out.d_bias, ref.d_bias, ref.d_bias_atol);
+  return results;
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,475 @@
+// The fused linear + cross-entropy on the GPU: loss, lse, argmax, d_hidden, d_weight and d_bias
+// against the fp64 reference (ops/linear_cross_entropy/reference.h) on small and odd shapes with
+// every option, chunk boundaries inside the batch, one and two streams, both weight-gradient
+// accumulations, accumulation into existing gradients; bit-for-bit repeatability; a graph capture;
+// and the whole LLaMA 3 lm_head shape against the unfused path (cuBLASLt logits, kjit's
+// cross-entropy, cuBLASLt gradients).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "jit/driver.h"
+#include "kjit/kjit.h"
+#include "ops/common/trial.h"
+#include "ops/linear_cross_entropy/cublaslt.h"
+#include "ops/linear_cross_entropy/reference.h"
+#include "runtime/runtime_state.h"
+#include "tests/gpu/gpu_test_env.h"
+
+namespace kjit {
+namespace {
+
+using testing::Download;
+using testing::IndexBytes;
+using testing::IndexValues;
+using testing::Upload;
+
+enum class Targets { kMixed, kAllIgnored };
+
+struct Case {
+  int64_t rows = 64, vocab = 1000, hidden = 64;
+  DType dtype = DType::kBF16;
+  std::optional<DType> weight_grad_dtype;
+  bool bias = false;
+  Reduction reduction = Reduction::kMean;
+  float smoothing = 0, z_loss = 0, softcap = 0;
+  bool argmax = false;
+  IndexType target_type = IndexType::kInt64;
+  WeightGradAccumulation accumulation = WeightGradAccumulation::kFloat32;
+  bool accumulate = false;   // add to existing d_weight, d_bias
+  bool grad_output = false;  // an upstream gradient other than 1
+  bool forward_only = false;
+  Targets targets = Targets::kMixed;
+  int64_t chunk_rows = 24;
+  int streams = 1;
+
+  LinearCrossEntropySpec Spec() const {
+    return {.vocab = vocab,
+            .hidden = hidden,
+            .dtype = dtype,
+            .weight_grad_dtype = weight_grad_dtype,
+            .bias = bias,
+            .target_type = target_type,
+            .reduction = reduction,
+            .label_smoothing = smoothing,
+            .lse_square_scale = z_loss,
+            .softcap = softcap,
+            .argmax = argmax,
+            .weight_grad_accumulation = accumulation,
+            .config = LinearCrossEntropyConfig{.chunk_rows = chunk_rows, .streams = streams}};
+  }
+  std::string Describe() const {
+    return fmt::format(
+        "rows={} vocab={} hidden={} {} d_weight={} bias={} {} eps={} z={} cap={} argmax={} "
+        "targets={} acc={} accumulate={} grad_output={} forward_only={} ignored={} chunk={} "
+        "streams={}",
+        rows, vocab, hidden, Name(dtype), Name(Spec().weight_grad()), bias, Name(reduction),
+        smoothing, z_loss, softcap, argmax, Name(target_type), Name(accumulation), accumulate,
+        grad_output, forward_only, targets == Targets::kAllIgnored, chunk_rows, streams);
+  }
+};
+
+struct Written {
+  std::vector<unsigned char> loss, lse, argmax, d_hidden, d_weight, d_bias;
+  bool operator==(const Written&) const = default;
+};
+
+void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.Describe());
+  const LinearCrossEntropySpec spec = c.Spec();
+  ASSERT_OK_AND_ASSIGN(LinearCrossEntropy op, rt.LinearCrossEntropy(spec));
+  const int64_t R = c.rows, V = c.vocab, H = c.hidden;
+  const DType wg = spec.weight_grad();
+  const bool none = c.reduction == Reduction::kNone;
+
+  std::mt19937_64 gen(seed);
+  ops::LinearCrossEntropyProblem p{.rows = R, .vocab = V, .hidden = H};
+  // Logits of deviation about 3: softmaxes from flat to peaked.
+  p.hidden_states = RandomValues(gen, R * H, 1.0, 0.0, c.dtype);
+  p.weight = RandomValues(gen, V * H, 3.0 / std::sqrt(static_cast<double>(H)), 0.0, c.dtype);
+  if (c.bias) p.bias = RandomValues(gen, V, 0.5, 0.0, c.dtype);
+  std::uniform_int_distribution<int64_t> token(0, V - 1);
+  p.targets.resize(R);
+  for (int64_t r = 0; r < R; ++r) {
+    p.targets[r] = c.targets == Targets::kAllIgnored || r % 7 == 5 ? -100 : token(gen);
+  }
+  if (c.targets == Targets::kMixed) {
+    p.targets[0] = 0;
+    if (R > 2) p.targets[R - 1] = V - 1;
+    if (R > 3) p.targets[R - 2] = V;  // out of range: counted, ignored
+  }
+  if (c.grad_output) p.grad_output = RandomValues(gen, none ? R : 1, 1.0, 0.5, DType::kF32);
+  if (c.accumulate) {
+    p.d_weight_before = RandomValues(gen, V * H, 0.01, 0.0, wg);
+    if (c.bias) p.d_bias_before = RandomValues(gen, V, 0.01, 0.0, wg);
+  }
+  const int64_t chunks = (R + std::min(c.chunk_rows, R) - 1) / std::min(c.chunk_rows, R);
+  const ops::LinearCrossEntropyResult ref = ops::LinearCrossEntropyReference(spec, p, chunks);
+
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_h, Upload(rt, Encode(p.hidden_states, c.dtype)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, Upload(rt, Encode(p.weight, c.dtype)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_b, Upload(rt, Encode(p.bias, c.dtype)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes(p.targets, c.target_type)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_go, Upload(rt, Encode(p.grad_output, DType::kF32)));
+  const int64_t loss_n = none ? R : 1;
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, Upload(rt, {}, loss_n * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_lse, Upload(rt, {}, R * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_am, Upload(rt, {}, R * SizeOf(c.target_type)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_dh, Upload(rt, {}, R * H * SizeOf(c.dtype)));
+  const std::vector<unsigned char> dw_before = Encode(p.d_weight_before, wg);
+  const std::vector<unsigned char> db_before = Encode(p.d_bias_before, wg);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_dw, Upload(rt, dw_before, V * H * SizeOf(wg)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_db, Upload(rt, db_before, V * SizeOf(wg)));
+  const int64_t ws_bytes = op.WorkspaceBytes(R);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, Upload(rt, {}, ws_bytes));
+
+  LinearCrossEntropyArgs args{
+      .hidden_states = TensorView::Matrix(d_h.data(), c.dtype, R, H),
+      .weight = TensorView::Matrix(d_w.data(), c.dtype, V, H),
+      .bias = c.bias ? TensorView::Vector(d_b.data(), c.dtype, V) : TensorView{},
+      .targets = IndexView::Of(d_t.data(), c.target_type, R),
+      .loss = TensorView::Vector(d_loss.data(), DType::kF32, loss_n),
+      .lse = TensorView::Vector(d_lse.data(), DType::kF32, R),
+      .argmax = c.argmax ? IndexView::Of(d_am.data(), c.target_type, R) : IndexView{},
+      .workspace = d_ws.data(),
+      .workspace_bytes = ws_bytes};
+  if (!c.forward_only) {
+    if (c.grad_output) args.grad_output = TensorView::Vector(d_go.data(), DType::kF32, loss_n);
+    args.d_hidden = TensorView::Matrix(d_dh.data(), c.dtype, R, H);
+    args.d_weight = TensorView::Matrix(d_dw.data(), wg, V, H);
+    if (c.bias) args.d_bias = TensorView::Vector(d_db.data(), wg, V);
+    args.accumulate = c.accumulate;
+  }
+  auto launch = [&](Written* out) {
+    ASSERT_OK(c.forward_only ? op.Forward(nullptr, args) : op.ForwardBackward(nullptr, args));
+    ASSERT_OK_AND_ASSIGN(out->loss, Download(d_loss, loss_n * 4));
+    ASSERT_OK_AND_ASSIGN(out->lse, Download(d_lse, R * 4));
+    if (c.argmax) {
+      ASSERT_OK_AND_ASSIGN(out->argmax, Download(d_am, R * SizeOf(c.target_type)));
+    }
+    if (c.forward_only) return;
+    ASSERT_OK_AND_ASSIGN(out->d_hidden, Download(d_dh, R * H * SizeOf(c.dtype)));
+    ASSERT_OK_AND_ASSIGN(out->d_weight, Download(d_dw, V * H * SizeOf(wg)));
+    if (c.bias) {
+      ASSERT_OK_AND_ASSIGN(out->d_bias, Download(d_db, V * SizeOf(wg)));
+    }
+  };
+  Written first;
+  launch(&first);
+  if (::testing::Test::HasFatalFailure()) return;
+
+  const std::vector<double> loss = Decode(first.loss, DType::kF32),
+                            lse = Decode(first.lse, DType::kF32);
+  const std::vector<double> d_hidden = Decode(first.d_hidden, c.dtype);
+  const std::vector<double> d_weight = Decode(first.d_weight, wg),
+                            d_bias = Decode(first.d_bias, wg);
+  ops::LinearCrossEntropyOutputs outs{.loss = &loss, .lse = &lse};
+  if (!c.forward_only) {
+    outs.d_hidden = &d_hidden;
+    outs.d_weight = &d_weight;
+    if (c.bias) outs.d_bias = &d_bias;
+  }
+  for (const auto& [name, r] : ops::CheckLinearCrossEntropy(outs, ref)) {
+    EXPECT_TRUE(r.ok) << r.Describe(name);
+    EXPECT_GT(r.checked, 0) << name;
+  }
+  if (c.argmax) {
+    // The device's argmax is over its rounded logits: its exact logit is within twice the row's
+    // logit error of the largest.
+    const std::vector<double> am = IndexValues(first.argmax, c.target_type);
+    for (int64_t r = 0; r < R; ++r) {
+      ASSERT_TRUE(am[r] >= 0 && am[r] < V) << "row " << r << ": argmax " << am[r];
+      double best = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) best = std::max(best, ref.logits[r * V + v]);
+      EXPECT_GE(ref.logits[r * V + static_cast<int64_t>(am[r])], best - 2 * ref.logit_error[r])
+          << "row " << r;
+    }
+  }
+  if (!c.forward_only && !c.accumulate) {
+    // The check can fail: a d_weight off by 3% at its largest entry is rejected (10% with a bias,
+    // whose bound allows every logit cuBLASLt's bias epilogue's double rounding).
+    const double factor = c.bias ? 1.10 : 1.03;
+    std::vector<double> off = d_weight;
+    size_t at = 0;
+    for (size_t i = 0; i < off.size(); ++i) {
+      if (std::fabs(ref.d_weight[i]) > std::fabs(ref.d_weight[at])) at = i;
+    }
+    off[at] = ref.d_weight[at] * factor;
+    if (ref.d_weight[at] != 0) {
+      EXPECT_FALSE(ops::Compare(off, ref.d_weight, {}, ref.d_weight_atol).ok)
+          << "an error of " << factor - 1 << " at the largest entry passed";
+    }
+  }
+
+  // Same inputs, same bits (accumulating runs start again from the same gradients).
+  if (c.accumulate) {
+    ASSERT_OK(d_dw.Upload(dw_before.data(), dw_before.size()));
+    if (c.bias) ASSERT_OK(d_db.Upload(db_before.data(), db_before.size()));
+  }
+  ASSERT_OK(d_ws.Fill(0xFF));
+  Written second;
+  launch(&second);
+  EXPECT_TRUE(first == second) << "two launches differ";
+}
+
+void RunAll(const std::vector<Case>& cases) {
+  KJIT_REQUIRE_GPU(rt);
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    RunCase(rt, c, seed++);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(LinearCrossEntropyGpu, DtypesReductionsAndStreams) {
+  std::vector<Case> cases;
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (Reduction r : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+      for (int streams : {1, 2}) {
+        cases.push_back(
+            {.dtype = t, .reduction = r, .grad_output = r != Reduction::kMean, .streams = streams});
+      }
+    }
+  }
+  RunAll(cases);
+}
+
+TEST(LinearCrossEntropyGpu, EveryOption) {
+  std::vector<Case> cases;
+  for (int options = 0; options < 32; ++options) {
+    Case c{.rows = 50, .vocab = 515, .hidden = 40};
+    c.bias = options & 1;
+    c.smoothing = options & 2 ? 0.1f : 0;
+    c.z_loss = options & 4 ? 1e-3f : 0;
+    c.softcap = options & 8 ? 15.0f : 0;
+    c.argmax = options & 16;
+    c.target_type = options % 3 == 0 ? IndexType::kInt32 : IndexType::kInt64;
+    c.streams = 1 + options % 2;
+    cases.push_back(c);
+  }
+  RunAll(cases);
+}
+
+TEST(LinearCrossEntropyGpu, OddShapesOneRowAndAllIgnored) {
+  RunAll({{.rows = 67, .vocab = 50257, .hidden = 96, .chunk_rows = 32, .streams = 2},
+          {.rows = 33, .vocab = 1003, .hidden = 4095, .bias = true, .chunk_rows = 16},
+          {.rows = 1, .vocab = 50257, .hidden = 64, .bias = true},
+          {.rows = 1, .vocab = 2, .hidden = 1, .reduction = Reduction::kSum},
+          {.rows = 40, .vocab = 700, .hidden = 48, .bias = true, .targets = Targets::kAllIgnored},
+          {.rows = 40,
+           .vocab = 700,
+           .hidden = 48,
+           .reduction = Reduction::kSum,
+           .targets = Targets::kAllIgnored,
+           .streams = 2},
+          {.rows = 48, .vocab = 640, .hidden = 64, .chunk_rows = 48},  // one chunk exactly
+          {.rows = 48, .vocab = 640, .hidden = 64, .chunk_rows = 1, .streams = 2}});
+}
+
+TEST(LinearCrossEntropyGpu, WeightGradientAccumulation) {
+  std::vector<Case> cases;
+  for (bool accumulate : {false, true}) {
+    for (auto acc : {WeightGradAccumulation::kFloat32, WeightGradAccumulation::kOutputDtype}) {
+      for (std::optional<DType> wg : {std::optional<DType>{}, std::optional<DType>{DType::kF32}}) {
+        cases.push_back({.rows = 70,
+                         .vocab = 900,
+                         .hidden = 72,
+                         .weight_grad_dtype = wg,
+                         .bias = true,
+                         .accumulation = acc,
+                         .accumulate = accumulate,
+                         .chunk_rows = 16,
+                         .streams = accumulate ? 2 : 1});
+      }
+    }
+  }
+  RunAll(cases);
+}
+
+TEST(LinearCrossEntropyGpu, ForwardOnly) {
+  RunAll({{.argmax = true, .forward_only = true},
+          {.bias = true, .reduction = Reduction::kNone, .forward_only = true, .streams = 2}});
+}
+
+// Graph-safe: captured on a stream of the caller's (two streams: the op forks and joins), the
+// replays give the bits of a direct launch.
+TEST(LinearCrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t R = 300, V = 32000, H = 256;
+  for (int streams : {1, 2}) {
+    SCOPED_TRACE(fmt::format("streams={}", streams));
+    ASSERT_OK_AND_ASSIGN(LinearCrossEntropy op,
+                         rt.LinearCrossEntropy({.vocab = V,
+                                                .hidden = H,
+                                                .bias = true,
+                                                .config = LinearCrossEntropyConfig{
+                                                    .chunk_rows = 128, .streams = streams}}));
+    const jit::Driver& cu = *internal::StateOf(rt).driver;
+    std::mt19937_64 gen(11);
+    ASSERT_OK_AND_ASSIGN(
+        DeviceBuffer d_h,
+        Upload(rt, Encode(RandomValues(gen, R * H, 1, 0, DType::kBF16), DType::kBF16)));
+    ASSERT_OK_AND_ASSIGN(
+        DeviceBuffer d_w,
+        Upload(rt, Encode(RandomValues(gen, V * H, 0.2, 0, DType::kBF16), DType::kBF16)));
+    ASSERT_OK_AND_ASSIGN(
+        DeviceBuffer d_b,
+        Upload(rt, Encode(RandomValues(gen, V, 0.2, 0, DType::kBF16), DType::kBF16)));
+    std::vector<int64_t> t(R);
+    for (int64_t i = 0; i < R; ++i) t[i] = i % 5 == 4 ? -100 : (i * 7919) % V;
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes(t, IndexType::kInt64)));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, Upload(rt, {}, 4));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_dh, Upload(rt, {}, R * H * 2));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_dw, Upload(rt, {}, V * H * 2));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_db, Upload(rt, {}, V * 2));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ws, Upload(rt, {}, op.WorkspaceBytes(R)));
+    const LinearCrossEntropyArgs args{
+        .hidden_states = TensorView::Matrix(d_h.data(), DType::kBF16, R, H),
+        .weight = TensorView::Matrix(d_w.data(), DType::kBF16, V, H),
+        .bias = TensorView::Vector(d_b.data(), DType::kBF16, V),
+        .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+        .loss = TensorView::Vector(d_loss.data(), DType::kF32, 1),
+        .d_hidden = TensorView::Matrix(d_dh.data(), DType::kBF16, R, H),
+        .d_weight = TensorView::Matrix(d_dw.data(), DType::kBF16, V, H),
+        .d_bias = TensorView::Vector(d_db.data(), DType::kBF16, V),
+        .workspace = d_ws.data(),
+        .workspace_bytes = op.WorkspaceBytes(R)};
+    CUstream stream = nullptr;
+    ASSERT_EQ(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    auto outputs = [&](Written* out) {
+      ASSERT_EQ(cu.cuStreamSynchronize(stream), CUDA_SUCCESS);
+      ASSERT_OK_AND_ASSIGN(out->loss, Download(d_loss, 4));
+      ASSERT_OK_AND_ASSIGN(out->d_hidden, Download(d_dh, R * H * 2));
+      ASSERT_OK_AND_ASSIGN(out->d_weight, Download(d_dw, V * H * 2));
+      ASSERT_OK_AND_ASSIGN(out->d_bias, Download(d_db, V * 2));
+      for (const DeviceBuffer* b : {&d_loss, &d_dh, &d_dw, &d_db, &d_ws}) ASSERT_OK(b->Fill(0xFF));
+    };
+    Written direct;
+    ASSERT_OK(op.ForwardBackward(stream, args));
+    outputs(&direct);
+    float loss = 0;
+    std::memcpy(&loss, direct.loss.data(), 4);
+    EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+
+    ASSERT_EQ(cu.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+    const absl::Status captured = op.ForwardBackward(stream, args);
+    CUgraph graph = nullptr;
+    ASSERT_EQ(cu.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+    ASSERT_OK(captured);
+    CUgraphExec exec = nullptr;
+    ASSERT_EQ(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+    for (int replay = 0; replay < 2; ++replay) {
+      ASSERT_EQ(cu.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+      Written replayed;
+      outputs(&replayed);
+      EXPECT_TRUE(replayed == direct) << "replay " << replay << " differs from the direct launch";
+    }
+    EXPECT_EQ(cu.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT_EQ(cu.cuGraphDestroy(graph), CUDA_SUCCESS);
+    EXPECT_EQ(cu.cuStreamDestroy(stream), CUDA_SUCCESS);
+  }
+}
+
+// LLaMA 3's lm_head at 8192 tokens against the unfused path: the whole [8192, 128256] logits from
+// cuBLASLt, kjit's cross-entropy over them (mean, gradient in place), cuBLASLt's d_hidden and an
+// fp32 d_weight. Same math, different GEMM shapes (so a logit may round differently): the loss
+// within 1e-3 relative, each gradient within a few bf16 roundings of its entry plus 2^-8 of the
+// tensor's RMS, and the fused path's d_weight no further from the fp32 one than that.
+TEST(LinearCrossEntropyGpu, LlamaShapeMatchesTheUnfusedPath) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t R = 8192, V = 128256, H = 4096;
+  const jit::Driver& cu = *internal::StateOf(rt).driver;
+  ASSERT_OK_AND_ASSIGN(LinearCrossEntropy op, rt.LinearCrossEntropy({.vocab = V, .hidden = H}));
+  ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy({.vocab = V}));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_h, DeviceBuffer::Create(rt, R * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, DeviceBuffer::Create(rt, V * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, DeviceBuffer::Create(rt, R * 8));
+  ASSERT_OK(ops::RandomFill(rt, d_h.data(), DType::kBF16, R, H, H, 1, -2.0f, 2.0f));
+  ASSERT_OK(ops::RandomFill(rt, d_w.data(), DType::kBF16, V, H, H, 2, -0.05f, 0.05f));
+  ASSERT_OK(ops::RandomTargets(rt, d_t.data(), IndexType::kInt64, R, 3, V));
+  const TensorView h = TensorView::Matrix(d_h.data(), DType::kBF16, R, H);
+  const TensorView w = TensorView::Matrix(d_w.data(), DType::kBF16, V, H);
+  const IndexView t = IndexView::Of(d_t.data(), IndexType::kInt64, R);
+
+  // Fused.
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer f_loss, DeviceBuffer::Create(rt, 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer f_dh, DeviceBuffer::Create(rt, R * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer f_dw, DeviceBuffer::Create(rt, V * H * 2));
+  {
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, DeviceBuffer::Create(rt, op.WorkspaceBytes(R)));
+    ASSERT_OK(op.ForwardBackward(nullptr,
+                                 {.hidden_states = h,
+                                  .weight = w,
+                                  .targets = t,
+                                  .loss = TensorView::Vector(f_loss.data(), DType::kF32, 1),
+                                  .d_hidden = TensorView::Matrix(f_dh.data(), DType::kBF16, R, H),
+                                  .d_weight = TensorView::Matrix(f_dw.data(), DType::kBF16, V, H),
+                                  .workspace = ws.data(),
+                                  .workspace_bytes = op.WorkspaceBytes(R)}));
+    ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  }
+  // Unfused.
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer u_loss, DeviceBuffer::Create(rt, 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer u_dh, DeviceBuffer::Create(rt, R * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer u_dw, DeviceBuffer::Create(rt, V * H * 4));
+  {
+    ASSERT_OK_AND_ASSIGN(const ops::CublasLt* lt, ops::CublasLt::Get());
+    ASSERT_OK_AND_ASSIGN(auto gemm, ops::LtGemm::Create(*lt));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer lt_ws,
+                         DeviceBuffer::Create(rt, ops::LtGemm::kWorkspaceBytes));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer logits, DeviceBuffer::Create(rt, R * V * 2));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer ce_ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(R)));
+    const TensorView x = TensorView::Matrix(logits.data(), DType::kBF16, R, V);
+    ASSERT_OK(gemm->Run({.a = h, .b = w, .transpose_b = true, .out = x}, lt_ws.data(), nullptr));
+    ASSERT_OK(
+        ce.ForwardBackward(nullptr, {.logits = x,
+                                     .targets = t,
+                                     .loss = TensorView::Vector(u_loss.data(), DType::kF32, 1),
+                                     .grad = x,
+                                     .workspace = ce_ws.data(),
+                                     .workspace_bytes = ce.WorkspaceBytes(R)}));
+    ASSERT_OK(
+        gemm->Run({.a = x, .b = w, .out = TensorView::Matrix(u_dh.data(), DType::kBF16, R, H)},
+                  lt_ws.data(), nullptr));
+    ASSERT_OK(gemm->Run({.a = x,
+                         .transpose_a = true,
+                         .b = h,
+                         .out = TensorView::Matrix(u_dw.data(), DType::kF32, V, H)},
+                        lt_ws.data(), nullptr));
+    ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<double> fl, DownloadValues(f_loss, DType::kF32));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> ul, DownloadValues(u_loss, DType::kF32));
+  EXPECT_NEAR(fl[0], ul[0], 1e-3 * std::fabs(ul[0])) << "fused " << fl[0] << " unfused " << ul[0];
+  EXPECT_GT(ul[0], std::log(static_cast<double>(V)) * 0.5);
+
+  auto compare = [](const char* name, const std::vector<double>& got,
+                    const std::vector<double>& want) {
+    double sq = 0;
+    for (double x : want) sq += x * x;
+    const double rms = std::sqrt(sq / static_cast<double>(want.size()));
+    const ops::CompareResult r =
+        ops::Compare(got, want, {.rtol = 4 * 0x1p-8, .atol = rms * 0x1p-8});
+    EXPECT_TRUE(r.ok) << r.Describe(name);
+    fmt::print("{}: rms {:.3g}, worst |fused - unfused| / tolerance {:.3f}\n", name, rms,
+               r.worst_ratio);
+    // The check can fail: a tensor 5% off everywhere is rejected.
+    std::vector<double> off = got;
+    for (double& x : off) x *= 1.05;
+    EXPECT_FALSE(ops::Compare(off, want, {.rtol = 4 * 0x1p-8, .atol = rms * 0x1p-8}).ok) << name;
+  };
+  ASSERT_OK_AND_ASSIGN(std::vector<double> fdh, DownloadValues(f_dh, DType::kBF16));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> udh, DownloadValues(u_dh, DType::kBF16));
+  compare("d_hidden", fdh, udh);
+  ASSERT_OK_AND_ASSIGN(std::vector<double> fdw, DownloadValues(f_dw, DType::kBF16));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> udw, DownloadValues(u_dw, DType::kF32));
+  compare("d_weight", fdw, udw);
+}
+
+}  // namespace
+}  // namespace kjit
