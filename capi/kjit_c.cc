@@ -23,6 +23,7 @@
 #include "jit/nvrtc.h"
 #include "kjit/kjit.h"
 #include "ops/cross_entropy/config.h"
+#include "ops/linear_cross_entropy/config.h"
 #include "ops/rms_norm/config.h"
 
 struct kjit_runtime {
@@ -33,6 +34,9 @@ struct kjit_rms_norm {
 };
 struct kjit_cross_entropy {
   kjit::CrossEntropy op;
+};
+struct kjit_linear_cross_entropy {
+  kjit::LinearCrossEntropy op;
 };
 
 namespace kjit {
@@ -68,7 +72,10 @@ static_assert(KJIT_F32 == Int(DType::kF32) && KJIT_F16 == Int(DType::kF16) &&
               KJIT_REDUCTION_MEAN == Int(Reduction::kMean) &&
               KJIT_CASTING_LLAMA == Int(RmsNormCasting::kLlama) &&
               KJIT_CASTING_GEMMA == Int(RmsNormCasting::kGemma) &&
-              KJIT_CASTING_NONE == Int(RmsNormCasting::kNone));
+              KJIT_CASTING_NONE == Int(RmsNormCasting::kNone) &&
+              KJIT_WEIGHT_GRAD_ACCUMULATION_FP32 == Int(WeightGradAccumulation::kFloat32) &&
+              KJIT_WEIGHT_GRAD_ACCUMULATION_OUTPUT_DTYPE ==
+                  Int(WeightGradAccumulation::kOutputDtype));
 
 constexpr const char* kStatusNames[] = {
     "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
@@ -84,6 +91,8 @@ constexpr const char* kReductionNames[] = {"KJIT_REDUCTION_NONE", "KJIT_REDUCTIO
                                            "KJIT_REDUCTION_MEAN"};
 constexpr const char* kCastingNames[] = {"KJIT_CASTING_LLAMA", "KJIT_CASTING_GEMMA",
                                          "KJIT_CASTING_NONE"};
+constexpr const char* kAccumulationNames[] = {"KJIT_WEIGHT_GRAD_ACCUMULATION_FP32",
+                                              "KJIT_WEIGHT_GRAD_ACCUMULATION_OUTPUT_DTYPE"};
 constexpr const char* kFlagNames[] = {"off", "on"};
 
 thread_local std::string last_error;
@@ -152,6 +161,12 @@ constexpr const char* kStructName<kjit_cross_entropy_backward_args> =
 template <>
 constexpr const char* kStructName<kjit_cross_entropy_rescale_args> =
     "kjit_cross_entropy_rescale_args";
+template <>
+constexpr const char* kStructName<kjit_linear_cross_entropy_spec> =
+    "kjit_linear_cross_entropy_spec";
+template <>
+constexpr const char* kStructName<kjit_linear_cross_entropy_args> =
+    "kjit_linear_cross_entropy_args";
 
 // The struct `name` points to was made for this library's layout of T.
 template <class T>
@@ -297,6 +312,31 @@ absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
   return spec;
 }
 
+absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_spec& c) {
+  Fields f;
+  const int weight_grad_dtype =
+      f.Choice({"weight_grad_dtype"}, c.weight_grad_dtype, kWeightDTypeNames, -1);
+  LinearCrossEntropySpec spec{
+      .vocab = c.vocab,
+      .hidden = c.hidden,
+      .dtype = f.Dtype({"dtype"}, c.dtype),
+      .weight_grad_dtype =
+          weight_grad_dtype < 0 ? std::nullopt : std::optional(DType(weight_grad_dtype)),
+      .bias = f.Flag("bias", c.bias),
+      .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
+      .ignore_index = c.ignore_index,
+      .reduction = Reduction(f.Choice({"reduction"}, c.reduction, kReductionNames)),
+      .label_smoothing = c.label_smoothing,
+      .lse_square_scale = c.lse_square_scale,
+      .softcap = c.softcap,
+      .argmax = f.Flag("argmax", c.argmax),
+      .weight_grad_accumulation = WeightGradAccumulation(
+          f.Choice({"weight_grad_accumulation"}, c.weight_grad_accumulation, kAccumulationNames))};
+  KJIT_RETURN_IF_ERROR(f.status());
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseLinearCrossEntropyConfig));
+  return spec;
+}
+
 absl::StatusOr<kjit::RmsNorm> MakeOp(const Runtime& rt, const kjit_rms_norm_spec& c) {
   KJIT_ASSIGN_OR_RETURN(const RmsNormSpec spec, ToSpec(c));
   return rt.RmsNorm(spec);
@@ -304,6 +344,11 @@ absl::StatusOr<kjit::RmsNorm> MakeOp(const Runtime& rt, const kjit_rms_norm_spec
 absl::StatusOr<kjit::CrossEntropy> MakeOp(const Runtime& rt, const kjit_cross_entropy_spec& c) {
   KJIT_ASSIGN_OR_RETURN(const CrossEntropySpec spec, ToSpec(c));
   return rt.CrossEntropy(spec);
+}
+absl::StatusOr<kjit::LinearCrossEntropy> MakeOp(const Runtime& rt,
+                                                const kjit_linear_cross_entropy_spec& c) {
+  KJIT_ASSIGN_OR_RETURN(const LinearCrossEntropySpec spec, ToSpec(c));
+  return rt.LinearCrossEntropy(spec);
 }
 
 // kjit_*_create: the op of `spec` on `runtime`, as a new handle in *out.
@@ -343,6 +388,21 @@ CrossEntropyBackwardArgs ToCpp(Fields& f, const kjit_cross_entropy_backward_args
 }
 CrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_cross_entropy_rescale_args& a) {
   return {KJIT_VIEW(grad), KJIT_VIEW(grad_output), KJIT_VIEW(applied)};
+}
+LinearCrossEntropyArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_args& a) {
+  return {KJIT_VIEW(hidden_states),
+          KJIT_VIEW(weight),
+          KJIT_VIEW(bias),
+          KJIT_INDEX(targets),
+          KJIT_VIEW(loss),
+          KJIT_VIEW(lse),
+          KJIT_INDEX(argmax),
+          KJIT_VIEW(grad_output),
+          KJIT_VIEW(d_hidden),
+          KJIT_VIEW(d_weight),
+          KJIT_VIEW(d_bias),
+          .accumulate = f.Flag("accumulate", a.accumulate),
+          KJIT_WORKSPACE};
 }
 #undef KJIT_VIEW
 #undef KJIT_INDEX
@@ -600,4 +660,83 @@ kjit_status kjit_cross_entropy_build(const kjit_cross_entropy* op, char** json_o
   return kjit::QueryOp(__func__, op, "json_out", json_out, [&](const kjit::CrossEntropy& ce) {
     return kjit::ReturnBuild(ce.Build(), json_out);
   });
+}
+
+// ---- Linear + cross-entropy -------------------------------------------------------------------
+
+void kjit_linear_cross_entropy_spec_init(kjit_linear_cross_entropy_spec* spec) {
+  if (spec == nullptr) return;
+  const kjit::LinearCrossEntropySpec d;
+  *spec = {.struct_size = sizeof(*spec),
+           .vocab = d.vocab,
+           .hidden = d.hidden,
+           .dtype = static_cast<int32_t>(d.dtype),
+           .weight_grad_dtype = -1,
+           .bias = d.bias,
+           .target_type = static_cast<int32_t>(d.target_type),
+           .ignore_index = d.ignore_index,
+           .reduction = static_cast<int32_t>(d.reduction),
+           .label_smoothing = d.label_smoothing,
+           .lse_square_scale = d.lse_square_scale,
+           .softcap = d.softcap,
+           .argmax = d.argmax,
+           .weight_grad_accumulation = static_cast<int32_t>(d.weight_grad_accumulation),
+           .config = nullptr};
+}
+
+void kjit_linear_cross_entropy_args_init(kjit_linear_cross_entropy_args* args) {
+  kjit::InitArgs(args);
+}
+
+kjit_status kjit_linear_cross_entropy_create(const kjit_runtime* runtime,
+                                             const kjit_linear_cross_entropy_spec* spec,
+                                             kjit_linear_cross_entropy** out) {
+  return kjit::CreateOp(__func__, runtime, spec, out);
+}
+
+void kjit_linear_cross_entropy_destroy(kjit_linear_cross_entropy* op) { delete op; }
+
+kjit_status kjit_linear_cross_entropy_forward(const kjit_linear_cross_entropy* op, CUstream stream,
+                                              const kjit_linear_cross_entropy_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::LinearCrossEntropy::Forward);
+}
+
+kjit_status kjit_linear_cross_entropy_forward_backward(const kjit_linear_cross_entropy* op,
+                                                       CUstream stream,
+                                                       const kjit_linear_cross_entropy_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::LinearCrossEntropy::ForwardBackward);
+}
+
+kjit_status kjit_linear_cross_entropy_workspace_bytes(const kjit_linear_cross_entropy* op,
+                                                      int64_t rows, int64_t* bytes) {
+  return kjit::QueryOp(__func__, op, "bytes", bytes, [&](const kjit::LinearCrossEntropy& lce) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    *bytes = lce.WorkspaceBytes(rows);
+    return absl::OkStatus();
+  });
+}
+
+kjit_status kjit_linear_cross_entropy_accumulator_bytes(const kjit_linear_cross_entropy* op,
+                                                        int64_t rows, int64_t* bytes) {
+  return kjit::QueryOp(__func__, op, "bytes", bytes, [&](const kjit::LinearCrossEntropy& lce) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    *bytes = lce.AccumulatorBytes(rows);
+    return absl::OkStatus();
+  });
+}
+
+kjit_status kjit_linear_cross_entropy_config_for(const kjit_linear_cross_entropy* op, int64_t rows,
+                                                 char** config_out) {
+  return kjit::QueryOp(__func__, op, "config_out", config_out,
+                       [&](const kjit::LinearCrossEntropy& lce) {
+                         KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+                         return kjit::Return(lce.ConfigFor(rows).ToString(), config_out);
+                       });
+}
+
+kjit_status kjit_linear_cross_entropy_build(const kjit_linear_cross_entropy* op, char** json_out) {
+  return kjit::QueryOp(__func__, op, "json_out", json_out,
+                       [&](const kjit::LinearCrossEntropy& lce) {
+                         return kjit::ReturnBuild(lce.Build(), json_out);
+                       });
 }

@@ -23,15 +23,16 @@
 
 #include "kjit/kjit.h"
 #include "ops/cross_entropy/trait.h"
+#include "ops/linear_cross_entropy/trait.h"
 #include "ops/rms_norm/trait.h"
 #include "runtime/tuning_db.h"
 
 namespace kjit::ops {
 
 // The registry: one alternative per op.
-using OpSpec = std::variant<RmsNormSpec, CrossEntropySpec>;
+using OpSpec = std::variant<RmsNormSpec, CrossEntropySpec, LinearCrossEntropySpec>;
 
-// The ops' names ("rms_norm", "cross_entropy"), in OpSpec's order.
+// The ops' names ("rms_norm", "cross_entropy", "linear_cross_entropy"), in OpSpec's order.
 std::vector<std::string> OpNames();
 
 std::string OpName(const OpSpec& op);

@@ -11,10 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/json_text.h"
+#include "ops/linear_cross_entropy/config.h"
 #include "ops/registry.h"
 #include "ops/rms_norm/config.h"
 #include "runtime/runtime_state.h"
 #include "tools/bench.h"
+#include "tools/bench_linear_cross_entropy.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
 
@@ -125,9 +127,33 @@ absl::StatusOr<ops::OpSpec> SpecFor(const BenchFlags& f, int64_t size, DType dty
   return spec;
 }
 
+// The fused lm_head + loss is timed against GEMM baselines rather than through a trial: both
+// sizes apply, and its configs are its own.
+constexpr const char* kLinearCrossEntropy = "linear_cross_entropy";
+
+std::vector<LinearCrossEntropyBenchShape> LinearCrossEntropyShapes(const BenchFlags& f) {
+  std::vector<LinearCrossEntropyBenchShape> shapes = LinearCrossEntropyBenchShapes();
+  if (f.vocab > 0 || f.hidden > 0 || f.rows > 0) {
+    const LinearCrossEntropyBenchShape first = shapes[1];  // LLaMA 3 at 8192 tokens
+    shapes = {{f.vocab > 0 ? f.vocab : first.vocab, f.hidden > 0 ? f.hidden : first.hidden,
+               f.rows > 0 ? f.rows : first.rows}};
+  }
+  return shapes;
+}
+
 // What CLI11 cannot check once it has parsed the flags, all before any GPU is looked for: --hidden
 // and --vocab each size one op, and each --config is one of the op's.
 absl::Status CheckBenchFlags(const BenchFlags& f, const CLI::App& cmd) {
+  if (f.op == kLinearCrossEntropy) {
+    if (!f.class_weights.empty() || !f.casting.empty()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--{} does not apply to --op {}", f.casting.empty() ? "class-weights" : "casting", f.op));
+    }
+    for (const std::string& c : f.configs) {
+      KJIT_RETURN_IF_ERROR(Annotate(ops::ParseLinearCrossEntropyConfig(c).status(), "--config"));
+    }
+    return absl::OkStatus();
+  }
   const std::string own = ops::BenchSizeName(f.op);
   for (const std::string& op : ops::OpNames()) {
     const std::string size = ops::BenchSizeName(op);
@@ -147,7 +173,8 @@ absl::Status CheckBenchFlags(const BenchFlags& f, const CLI::App& cmd) {
 
 int RunBench(const BenchFlags& f) {
   const DType dtype = ParseDType(f.dtype).value();  // checked by its validator
-  const std::vector<std::pair<int64_t, int64_t>> shapes = Shapes(f);
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      f.op == kLinearCrossEntropy ? std::vector<std::pair<int64_t, int64_t>>{} : Shapes(f);
   auto rt = RuntimeOnDevice(f.device);
   if (!rt.ok()) return Fail(rt.status());
   auto timer = GpuTimer::Create(*rt);
@@ -158,7 +185,18 @@ int RunBench(const BenchFlags& f) {
   const double copy_gbps = 2.0 * copy_bytes / (copy->median_us * 1e3);
 
   nlohmann::json results = nlohmann::json::array();
-  for (const auto& [s, rows] : shapes) {
+  if (f.op == kLinearCrossEntropy) {
+    // Each launch is tens of milliseconds: fewer repeats keep a sweep to minutes.
+    const int repeats = std::min(f.repeats, 20);
+    for (const LinearCrossEntropyBenchShape& shape : LinearCrossEntropyShapes(f)) {
+      auto r = BenchLinearCrossEntropy(*rt, **timer, shape, dtype, repeats, copy_gbps, f.sweep,
+                                       f.configs);
+      if (!r.ok()) return Fail(r.status());
+      for (const auto& e : *r) results.push_back(e);
+    }
+  }
+  for (const auto& [s, rows] :
+       f.op == kLinearCrossEntropy ? std::vector<std::pair<int64_t, int64_t>>{} : shapes) {
     const ops::OpSpec spec = *SpecFor(f, s, dtype);  // checked by CheckBenchFlags
     auto configs = ConfigsFor(*rt, spec, f);
     if (!configs.ok()) return Fail(configs.status());
@@ -185,6 +223,17 @@ int RunBench(const BenchFlags& f) {
     fmt::print("{}\n", jit::JsonText(report, 2));
   } else {
     fmt::print("{} ({}), copy {:.0f} GB/s\n", rt->device().name, rt->target(), copy_gbps);
+    if (f.op == kLinearCrossEntropy) {
+      fmt::print("{:<19} {:<38} {:>10} {:>8} {:>9}  {}\n", "impl", "shape", "median_us", "TFLOP/s",
+                 "of GEMMs", "config");
+      for (const auto& e : results) {
+        fmt::print("{:<19} {:<38} {:>10.1f} {:>8.1f} {:>9.3f}  {}\n", e["impl"].get<std::string>(),
+                   e["shape"].get<std::string>(), e["median_us"].get<double>(),
+                   e.value("tflops", 0.0), e.value("ratio_to_gemms", 1.0),
+                   e["config"].get<std::string>());
+      }
+      return 0;
+    }
     fmt::print("{:<13} {:<17} {:<26} {:>10} {:>10} {:>8}  {}\n", "op", "pass", "shape", "median_us",
                "GB/s", "of copy", "config");
     for (const auto& e : results) {
@@ -208,12 +257,13 @@ Command AddBenchCommand(CLI::App& app) {
       ->check(CLI::IsMember(ops::OpNames()))
       ->capture_default_str();
   cmd->add_option("--hidden", f->hidden,
-                  "Hidden size, rms_norm (default: a standard set of shapes)")
+                  "Hidden size, rms_norm and linear_cross_entropy (default: a standard set of "
+                  "shapes)")
       ->check(CLI::Range(1, 65536));
   cmd->add_option(
          "--vocab", f->vocab,
-         "Vocab size, cross_entropy (default: 128256 at 3 row counts, 256000 and 151936 at 8192, "
-         "50257 at 16384)")
+         "Vocab size, cross_entropy and linear_cross_entropy (default: 128256 at 3 row counts, "
+         "256000 and 151936 at 8192, and for cross_entropy 50257 at 16384)")
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--rows", f->rows, "Rows (tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
@@ -235,7 +285,8 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_flag("--json", f->json, "Print the report as JSON");
   cmd->add_flag("--sweep", f->sweep,
                 "Also time every candidate launch config (rms_norm: forward and backward shapes "
-                "separately; cross_entropy: threads, unroll, cluster and staged)");
+                "separately; cross_entropy: threads, unroll, cluster and staged; "
+                "linear_cross_entropy: chunk rows, streams and each GEMM's cuBLASLt algorithm)");
   cmd->add_option(
          "--config", f->configs,
          "Time these launch configs instead of the op's own choice, as kjit-tune prints "

@@ -1,4 +1,5 @@
 // `kjit compile`: render, compile (or find in the cache) one op's kernels and say where they lie.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,21 +43,26 @@ struct CompileFlags {
 // usage error, like a missing size; `field` is the spec field the op's own checks name in their
 // errors ("label_smoothing: 1 must be in [0, 1)"), so that the error names the flag instead.
 struct OpFlag {
-  std::string_view flag, op, field;
+  std::string_view flag;
+  std::vector<std::string_view> ops;
+  std::string_view field;
+  bool AppliesTo(std::string_view op) const {
+    return std::find(ops.begin(), ops.end(), op) != ops.end();
+  }
 };
-constexpr OpFlag kOpFlags[] = {
-    {"--hidden", "rms_norm", "hidden"},
-    {"--weight-dtype", "rms_norm", "weight_dtype"},
-    {"--casting", "rms_norm", ""},
-    {"--residual", "rms_norm", ""},
-    {"--vocab", "cross_entropy", "vocab"},
-    {"--target-type", "cross_entropy", ""},
-    {"--reduction", "cross_entropy", ""},
-    {"--label-smoothing", "cross_entropy", "label_smoothing"},
-    {"--z-loss", "cross_entropy", "lse_square_scale"},
-    {"--softcap", "cross_entropy", "softcap"},
-    {"--argmax", "cross_entropy", ""},
-    {"--class-weights", "cross_entropy", "class_weight_dtype"},
+const OpFlag kOpFlags[] = {
+    {"--hidden", {"rms_norm", "linear_cross_entropy"}, "hidden"},
+    {"--weight-dtype", {"rms_norm"}, "weight_dtype"},
+    {"--casting", {"rms_norm"}, ""},
+    {"--residual", {"rms_norm"}, ""},
+    {"--vocab", {"cross_entropy", "linear_cross_entropy"}, "vocab"},
+    {"--target-type", {"cross_entropy", "linear_cross_entropy"}, ""},
+    {"--reduction", {"cross_entropy", "linear_cross_entropy"}, ""},
+    {"--label-smoothing", {"cross_entropy", "linear_cross_entropy"}, "label_smoothing"},
+    {"--z-loss", {"cross_entropy", "linear_cross_entropy"}, "lse_square_scale"},
+    {"--softcap", {"cross_entropy", "linear_cross_entropy"}, "softcap"},
+    {"--argmax", {"cross_entropy", "linear_cross_entropy"}, ""},
+    {"--class-weights", {"cross_entropy"}, "class_weight_dtype"},
 };
 
 absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype) {
@@ -87,12 +93,33 @@ absl::StatusOr<ops::OpSpec> CrossEntropyFromFlags(const CompileFlags& f, DType d
   return spec;
 }
 
+// The loss's flags as the cross-entropy reads them, with the lm_head's hidden size.
+absl::StatusOr<ops::OpSpec> LinearCrossEntropyFromFlags(const CompileFlags& f, DType dtype) {
+  CompileFlags loss_flags = f;
+  loss_flags.class_weights.clear();
+  KJIT_ASSIGN_OR_RETURN(const ops::OpSpec loss, CrossEntropyFromFlags(loss_flags, dtype));
+  const auto& ce = std::get<CrossEntropySpec>(loss);
+  LinearCrossEntropySpec spec{.vocab = ce.vocab,
+                              .hidden = f.hidden,
+                              .dtype = dtype,
+                              .target_type = ce.target_type,
+                              .reduction = ce.reduction,
+                              .label_smoothing = ce.label_smoothing,
+                              .lse_square_scale = ce.lse_square_scale,
+                              .softcap = ce.softcap,
+                              .argmax = ce.argmax};
+  KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(spec));
+  return spec;
+}
+
 // The op the flags describe (its config left to the op: the tuned or heuristic one). One entry
 // per op with flags of its own: an op missing here is an error, never another op's spec.
 absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
   using FromFlags = absl::StatusOr<ops::OpSpec> (*)(const CompileFlags&, DType);
   static const std::map<std::string_view, FromFlags> kFromFlags = {
-      {"rms_norm", RmsNormFromFlags}, {"cross_entropy", CrossEntropyFromFlags}};
+      {"rms_norm", RmsNormFromFlags},
+      {"cross_entropy", CrossEntropyFromFlags},
+      {"linear_cross_entropy", LinearCrossEntropyFromFlags}};
   KJIT_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
   const auto it = kFromFlags.find(f.op);
   if (it == kFromFlags.end()) {
@@ -106,7 +133,7 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
 absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
   std::vector<std::string_view> others;
   for (const OpFlag& o : kOpFlags) {
-    if (o.op != f.op && cmd.count(std::string(o.flag)) > 0) others.push_back(o.flag);
+    if (!o.AppliesTo(f.op) && cmd.count(std::string(o.flag)) > 0) others.push_back(o.flag);
   }
   if (!others.empty()) {
     return absl::InvalidArgumentError(fmt::format("{} {} not apply to --op {}",
@@ -174,9 +201,9 @@ Command AddCompileCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "compile", "Render and compile one op's kernels (or find them in the cache); no GPU needed");
   cmd->add_option("--op", f->op, "The op")->required()->check(CLI::IsMember(ops::OpNames()));
-  cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm; required)")
+  cmd->add_option("--hidden", f->hidden, "Hidden size (rms_norm, linear_cross_entropy; required)")
       ->check(CLI::Range(1, 65536));
-  cmd->add_option("--vocab", f->vocab, "Vocab size (cross_entropy; required)")
+  cmd->add_option("--vocab", f->vocab, "Vocab size (cross_entropy, linear_cross_entropy; required)")
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")
       ->check(DTypeValidator())

@@ -117,8 +117,9 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
   return autotune::ModelPreset(f.model.empty() ? "llama-3.1-8b" : f.model);
 }
 
-// The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, and the loss
-// (--casting and --class-weights, checked by their validators, override the model's choices).
+// The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, the loss, and
+// the lm_head fused with the loss (--casting and --class-weights, checked by their validators,
+// override the model's choices; the fused op has no class weights and is left out with them).
 std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype, const TuneFlags& f) {
   RmsNormCasting casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
   if (!f.casting.empty()) casting = ops::ParseRmsNormCasting(f.casting).value();
@@ -136,6 +137,10 @@ std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype, c
                         .softcap = static_cast<float>(m.final_logit_softcapping)};
   if (!f.class_weights.empty()) loss.class_weight_dtype = ParseDType(f.class_weights).value();
   ops.push_back(loss);
+  if (f.class_weights.empty()) {
+    ops.push_back(LinearCrossEntropySpec{
+        .vocab = m.vocab_size, .hidden = m.hidden_size, .dtype = dtype, .softcap = loss.softcap});
+  }
   return ops;
 }
 

@@ -22,6 +22,7 @@ class BaselinePath : public Path {
 
   absl::Status Init() {
     KJIT_RETURN_IF_ERROR(AllocateCommon());
+    KJIT_RETURN_IF_ERROR(AllocateMatmul());
     KJIT_ASSIGN_OR_RETURN(loss_, pool_.NewTensor("loss", DType::kF32, 1, 1));
     return absl::OkStatus();
   }

@@ -46,8 +46,8 @@ constexpr double kLossRtol = 1e-4;
 // the paths dy may differ by a bf16 ulp (2^-7 relative at most; the chunked path's matmuls have
 // other shapes), the baseline rounds dy * w to bf16 (2^-8 more), and the results are rounded to
 // bf16 (another ulp): under 0.02 relative in all, below 2^-5, while an all-zero or wrongly scaled
-// gradient fails. The lm_head's gradient, which the chunked path accumulates in bf16 (one rounding
-// per chunk, as Liger-Kernel does), is held to ||a - b|| <= kGradTol ||b|| row by row instead.
+// gradient fails. The lm_head's gradient (a sum over every token, in fp32 over the chunks) is held
+// to ||a - b|| <= kGradTol ||b|| row by row instead.
 constexpr double kGradTol = 1.0 / 32;
 // The lm_head's gradient is compared on this many of its rows: the first targets' rows, which
 // carry the -1/valid terms, and rows spread over the vocab.

@@ -37,16 +37,10 @@ absl::StatusOr<SharedInputs> MakeSharedInputs(const kjit::Runtime& rt, const Pro
   in.valid_targets = p.batch * (p.seq - 1);
   const size_t target_bytes = in.host_targets.size() * sizeof(int64_t);
   KJIT_ASSIGN_OR_RETURN(in.targets, pool.Allocate("targets", target_bytes));
-  KJIT_ASSIGN_OR_RETURN(in.inv_valid, pool.NewTensor("1 / valid targets", DType::kF32, 1, 1));
-  const float inv_valid = static_cast<float>(1.0 / static_cast<double>(in.valid_targets));
   const kjit::jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(in.targets.data()),
                                                 in.host_targets.data(), target_bytes),
                                 "cuMemcpyHtoD"));
-  KJIT_RETURN_IF_ERROR(
-      cu.Check(cu.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(in.inv_valid.view.data), &inv_valid,
-                               sizeof(inv_valid)),
-               "cuMemcpyHtoD"));
   return in;
 }
 
@@ -58,6 +52,10 @@ absl::Status Path::AllocateCommon() {
                         pool_.NewTensor("grad of norm weight", DType::kBF16, 1, p.hidden));
   KJIT_ASSIGN_OR_RETURN(dlm_head_,
                         pool_.NewTensor("grad of lm_head", DType::kBF16, p.vocab, p.hidden));
+  return absl::OkStatus();
+}
+
+absl::Status Path::AllocateMatmul() {
   KJIT_ASSIGN_OR_RETURN(matmul_workspace_,
                         pool_.Allocate("cuBLASLt workspace", LtMatmul::kWorkspaceBytes));
   KJIT_ASSIGN_OR_RETURN(matmul_,

@@ -41,9 +41,6 @@ struct SharedInputs {
   Buffer targets;
   std::vector<int64_t> host_targets;
   int64_t valid_targets = 0;
-  // fp32 [1]: 1 / valid_targets, known when the batch is built on the host (as a data loader
-  // knows it); the chunked loss's upstream gradient.
-  Tensor inv_valid;
 };
 
 absl::StatusOr<SharedInputs> MakeSharedInputs(const kjit::Runtime& rt, const Problem& problem,
@@ -68,8 +65,10 @@ class Path {
  protected:
   Path(const kjit::Runtime& rt, const Problem& problem, const SharedInputs& in, std::string name)
       : rt_(rt), problem_(problem), in_(in), pool_(rt, std::move(name)) {}
-  // The gradients and the matmul (with its workspace), which every path has.
+  // The gradients, which every path has.
   absl::Status AllocateCommon();
+  // The baseline's matmul, with its workspace.
+  absl::Status AllocateMatmul();
 
   const kjit::Runtime& rt_;
   const Problem problem_;
@@ -87,9 +86,8 @@ absl::StatusOr<std::unique_ptr<Path>> MakeBaselinePath(const kjit::Runtime& rt,
                                                        const SharedInputs& in,
                                                        const EagerKernels& kernels);
 
-// kjit's RMSNorm and fused cross-entropy (gradient in place into the bf16 logits). With
-// chunk_rows < tokens the lm_head and the loss run over chunks of rows, so the logits never exist
-// in full (as Liger-Kernel's fused linear cross-entropy does); chunk_rows >= tokens is one chunk.
+// kjit's RMSNorm and its fused lm_head + cross-entropy (kjit::LinearCrossEntropy). With
+// chunk_rows < tokens the logits never exist in full; chunk_rows >= tokens is one chunk.
 absl::StatusOr<std::unique_ptr<Path>> MakeKjitPath(const kjit::Runtime& rt, const Problem& problem,
                                                    const SharedInputs& in, int64_t chunk_rows,
                                                    std::string name);

@@ -85,6 +85,10 @@ typedef enum kjit_reduction {
   KJIT_REDUCTION_SUM = 1,
   KJIT_REDUCTION_MEAN = 2
 } kjit_reduction;
+typedef enum kjit_weight_grad_accumulation {
+  KJIT_WEIGHT_GRAD_ACCUMULATION_FP32 = 0, /* an fp32 accumulator, rounded into d_weight once */
+  KJIT_WEIGHT_GRAD_ACCUMULATION_OUTPUT_DTYPE = 1 /* straight into d_weight, in its dtype */
+} kjit_weight_grad_accumulation;
 typedef enum kjit_rms_norm_casting {
   KJIT_CASTING_LLAMA = 0, /* the normalized x is rounded to the dtype before the weight multiply */
   KJIT_CASTING_GEMMA = 1, /* fp32 until the store */
@@ -203,7 +207,7 @@ KJIT_C_EXPORT void kjit_rms_norm_backward_args_init(kjit_rms_norm_backward_args*
 /* Checks the spec (KJIT_INVALID_ARGUMENT names the field). On a GPU runtime it also builds and
  * loads the kernels of the common case, so that a compile error surfaces here rather than in the
  * first launch; a compile-only runtime builds nothing until kjit_rms_norm_build. The same holds for
- * kjit_cross_entropy_create. */
+ * kjit_cross_entropy_create and kjit_linear_cross_entropy_create. */
 KJIT_C_EXPORT kjit_status kjit_rms_norm_create(const kjit_runtime* runtime,
                                                const kjit_rms_norm_spec* spec, kjit_rms_norm** out);
 KJIT_C_EXPORT void kjit_rms_norm_destroy(kjit_rms_norm* op);
@@ -309,6 +313,83 @@ KJIT_C_EXPORT kjit_status kjit_cross_entropy_workspace_bytes(const kjit_cross_en
 KJIT_C_EXPORT kjit_status kjit_cross_entropy_config_for(const kjit_cross_entropy* op, int64_t rows,
                                                         int32_t fused, char** config_out);
 KJIT_C_EXPORT kjit_status kjit_cross_entropy_build(const kjit_cross_entropy* op, char** json_out);
+
+/* ---- Linear + cross-entropy (kjit/linear_cross_entropy.h says what it computes) ----------
+ * lm_head and the loss fused: from the hidden states to the loss and the gradients of the hidden
+ * states, the weight and the bias, in chunks of rows, without the [rows x vocab] logits in memory.
+ * The GEMMs run in cuBLASLt (loaded at run time: a GPU runtime's create fails with
+ * KJIT_FAILED_PRECONDITION, saying how to fix it, when there is none). */
+
+typedef struct kjit_linear_cross_entropy_spec {
+  uint32_t struct_size;
+  int64_t vocab;                    /* 2 .. 1,048,576 */
+  int64_t hidden;                   /* 1 .. 65536 */
+  int32_t dtype;                    /* hidden states, weight, bias, d_hidden; default KJIT_BF16 */
+  int32_t weight_grad_dtype;        /* d_weight and d_bias: -1 (default) dtype, or KJIT_F32 */
+  int32_t bias;                     /* 1: logits = h W^T + b, and launches take bias */
+  int32_t target_type;              /* targets and argmax; default KJIT_INT64 */
+  int64_t ignore_index;             /* default -100 */
+  int32_t reduction;                /* kjit_reduction; default KJIT_REDUCTION_MEAN */
+  float label_smoothing;            /* [0, 1) */
+  float lse_square_scale;           /* z-loss coefficient, >= 0 */
+  float softcap;                    /* 0: off */
+  int32_t argmax;                   /* 1: launches write the predicted token per row */
+  int32_t weight_grad_accumulation; /* kjit_weight_grad_accumulation; default FP32 */
+  /* NULL or "": tuned or heuristic; else
+   * "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0" (chunk: the rows whose
+   * logits exist at once; streams 2: each chunk's loss beside the next chunk's logits GEMM). */
+  const char* config;
+} kjit_linear_cross_entropy_spec;
+
+typedef struct kjit_linear_cross_entropy_args {
+  uint32_t struct_size;
+  kjit_tensor hidden_states; /* [rows, hidden], any row_stride >= hidden */
+  kjit_tensor weight;        /* [vocab, hidden], the lm_head's */
+  kjit_tensor bias;          /* [vocab] (one row); iff spec.bias */
+  kjit_index targets;        /* [rows] */
+  kjit_tensor loss;          /* fp32: [rows] for reduction none, else [1] */
+  kjit_tensor lse;           /* optional fp32 [rows] */
+  kjit_index argmax;         /* [rows] in target_type; iff spec.argmax */
+  kjit_tensor grad_output;   /* forward_backward: optional fp32 upstream gradient, read on the
+                                device: [1] (sum, mean) or [rows] (none) */
+  /* forward_backward's outputs, each optional (left empty, its GEMM is not run); forward takes
+   * none of them. */
+  kjit_tensor d_hidden; /* [rows, hidden] in dtype, always overwritten */
+  kjit_tensor d_weight; /* [vocab, hidden] in the weight-gradient dtype */
+  kjit_tensor d_bias;   /* [vocab] in the weight-gradient dtype; only with spec.bias */
+  int32_t accumulate;   /* 1: d_weight and d_bias get the gradients added to what they hold */
+  void* workspace;      /* 256-byte aligned device memory of at least
+                           kjit_linear_cross_entropy_workspace_bytes */
+  int64_t workspace_bytes;
+} kjit_linear_cross_entropy_args;
+
+typedef struct kjit_linear_cross_entropy kjit_linear_cross_entropy;
+
+KJIT_C_EXPORT void kjit_linear_cross_entropy_spec_init(kjit_linear_cross_entropy_spec* spec);
+KJIT_C_EXPORT void kjit_linear_cross_entropy_args_init(kjit_linear_cross_entropy_args* args);
+KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_create(
+    const kjit_runtime* runtime, const kjit_linear_cross_entropy_spec* spec,
+    kjit_linear_cross_entropy** out);
+KJIT_C_EXPORT void kjit_linear_cross_entropy_destroy(kjit_linear_cross_entropy* op);
+/* The loss (and lse, argmax) alone: grad_output and the gradient outputs must be empty. */
+KJIT_C_EXPORT kjit_status
+kjit_linear_cross_entropy_forward(const kjit_linear_cross_entropy* op, CUstream stream,
+                                  const kjit_linear_cross_entropy_args* args);
+/* The loss and the gradients asked for, in one pass over the chunks. */
+KJIT_C_EXPORT kjit_status
+kjit_linear_cross_entropy_forward_backward(const kjit_linear_cross_entropy* op, CUstream stream,
+                                           const kjit_linear_cross_entropy_args* args);
+/* The device memory a launch of `rows` needs (the weight-gradient accumulator included). */
+KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_workspace_bytes(
+    const kjit_linear_cross_entropy* op, int64_t rows, int64_t* bytes);
+/* The part of that the fp32 weight-gradient accumulator takes at `rows` (0 without one: output
+   dtype accumulation, an fp32 d_weight, or rows that fit one chunk). */
+KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_accumulator_bytes(
+    const kjit_linear_cross_entropy* op, int64_t rows, int64_t* bytes);
+KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_config_for(const kjit_linear_cross_entropy* op,
+                                                               int64_t rows, char** config_out);
+KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_build(const kjit_linear_cross_entropy* op,
+                                                          char** json_out);
 
 #ifdef __cplusplus
 }

@@ -13,10 +13,12 @@
 //   s * C * round_up(V, 16 / e) * e        the chunks' logits (16-byte aligned rows)
 //   + 32 MiB                               cuBLASLt's workspace
 //   + V * H * 4                            the fp32 weight-gradient accumulator, only with
-//                                          WeightGradAccumulation::kFloat32 and a d_weight that
-//                                          is not fp32 itself
-//   + V * 4 (bias) + C * e + O(rows / C)   the bias gradient's accumulator and ones, the counters
-// At C = 1024, V = 128256, bf16 and one stream that is 0.29 GiB, whatever the row count.
+//                                          WeightGradAccumulation::kFloat32, a d_weight that is
+//                                          not fp32 itself, and more than one chunk
+//   + V * 4 (bias) + C * e + C * 4         the bias gradient's accumulator and ones, the chunk
+//   + O(rows / C)                          loss's per-row losses, the counters and chunk losses
+// At C = 1920 (the heuristic's for V = 128256 in bf16) and one stream that is 0.49 GiB, whatever
+// the row count.
 //
 // Launches are graph-safe (no host synchronization, no allocation: the mean's divisor lives on the
 // device) and bit-for-bit repeatable: cuBLASLt's algorithms are chosen once per shape, the GEMMs
@@ -124,8 +126,11 @@ struct LinearCrossEntropyState;
 class LinearCrossEntropy {
  public:
   const LinearCrossEntropySpec& spec() const;
-  // The config a launch of `rows` uses: the spec's, else the tuning database's for the nearest
-  // tuned row count, else the heuristic's.
+  // The spec's config, else the heuristic's.
+  const LinearCrossEntropyConfig& config() const;
+  // The config a launch of `rows` uses: the spec's, else the tuning database's (kjit-tune's) for
+  // the nearest tuned row count, else config(). A launch never tunes this op (KJIT_AUTOTUNE
+  // leaves it alone: a tuning run takes minutes).
   LinearCrossEntropyConfig ConfigFor(int64_t rows) const;
 
   // The loss (and lse, argmax) alone: the gradient outputs must be empty.
@@ -135,8 +140,9 @@ class LinearCrossEntropy {
 
   // Device memory a launch of `rows` needs (see the header comment), for ConfigFor(rows).
   int64_t WorkspaceBytes(int64_t rows) const;
-  // The bytes of that which the fp32 weight-gradient accumulator takes (0 without one).
-  int64_t AccumulatorBytes() const;
+  // The bytes of that which the fp32 weight-gradient accumulator takes at `rows` (0 without one:
+  // output-dtype accumulation, an fp32 d_weight, or rows that fit one chunk).
+  int64_t AccumulatorBytes(int64_t rows) const;
   // After a launch, the first 8 bytes of the workspace hold the valid and out-of-range target
   // counts of the whole batch (kjit::CrossEntropyCounters' first two fields).
 

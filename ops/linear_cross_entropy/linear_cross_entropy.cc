@@ -13,9 +13,11 @@
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/linear_cross_entropy/program.h"
+#include "ops/linear_cross_entropy/trait.h"
 #include "runtime/op_kernels.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tensor_checks.h"
+#include "runtime/tuned_configs.h"
 #include "templates/linear_cross_entropy_params.h"
 
 namespace kjit {
@@ -32,9 +34,17 @@ constexpr int64_t kAlign = 256;
 int64_t AlignUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 const char* Bool(bool b) { return b ? "true" : "false"; }
 
-bool NeedsWeightAccumulator(const LinearCrossEntropySpec& s) {
+// One chunk's product goes straight into d_weight, rounded once as the accumulator's would be.
+bool NeedsWeightAccumulator(const LinearCrossEntropySpec& s, int64_t chunks) {
   return s.weight_grad_accumulation == WeightGradAccumulation::kFloat32 &&
-         s.weight_grad() != DType::kF32;
+         s.weight_grad() != DType::kF32 && chunks > 1;
+}
+
+int64_t ChunkRows(const LinearCrossEntropyConfig& c, int64_t rows) {
+  return std::min(c.chunk_rows, std::max<int64_t>(rows, 1));
+}
+int64_t Chunks(const LinearCrossEntropyConfig& c, int64_t rows) {
+  return (std::max<int64_t>(rows, 1) + ChunkRows(c, rows) - 1) / ChunkRows(c, rows);
 }
 
 std::string StoreExpr(const LinearCrossEntropySpec& s, int vec, bool accumulate) {
@@ -110,6 +120,10 @@ struct LinearCrossEntropyKernels {
 struct LinearCrossEntropyState {
   LinearCrossEntropySpec spec;
   LinearCrossEntropyConfig config;  // the spec's or the heuristic's
+  // Unless the spec has a config: kjit-tune's per rows bucket (never tuned at a launch: a tuning
+  // run of this op takes minutes). Under config_mu.
+  std::optional<TunedConfigs<LinearCrossEntropyConfig>> tuned;
+  std::mutex config_mu;
   std::optional<kjit::CrossEntropy> loss;
   const jit::Driver* driver = nullptr;
   // Under mu: one launch sequence at a time, since the GEMM plans, the second stream and its
@@ -149,10 +163,9 @@ struct WorkspaceLayout {
 
 WorkspaceLayout LayoutFor(const LinearCrossEntropySpec& s, const LinearCrossEntropyConfig& c,
                           int64_t rows, int64_t loss_workspace_bytes) {
-  const int64_t chunk_rows = std::min(c.chunk_rows, std::max<int64_t>(rows, 1));
-  const int64_t chunks = (std::max<int64_t>(rows, 1) + chunk_rows - 1) / chunk_rows;
+  const int64_t chunk_rows = ChunkRows(c, rows), chunks = Chunks(c, rows);
   const int64_t e = static_cast<int64_t>(SizeOf(s.dtype));
-  const bool acc = NeedsWeightAccumulator(s);
+  const bool acc = NeedsWeightAccumulator(s, chunks);
   WorkspaceLayout l;
   int64_t at = AlignUp(int64_t{sizeof(CrossEntropyCounters)} + 4);
   l.parts = at;
@@ -227,16 +240,23 @@ absl::Status Prepare(const internal::RuntimeState& rt, internal::LinearCrossEntr
 
 const LinearCrossEntropySpec& LinearCrossEntropy::spec() const { return op_->spec; }
 
-LinearCrossEntropyConfig LinearCrossEntropy::ConfigFor(int64_t) const { return op_->config; }
+const LinearCrossEntropyConfig& LinearCrossEntropy::config() const { return op_->config; }
 
-int64_t LinearCrossEntropy::AccumulatorBytes() const {
-  return NeedsWeightAccumulator(op_->spec) ? AlignUp(op_->spec.vocab * op_->spec.hidden * 4) : 0;
+LinearCrossEntropyConfig LinearCrossEntropy::ConfigFor(int64_t rows) const {
+  if (!op_->tuned) return op_->config;
+  std::lock_guard<std::mutex> lock(op_->config_mu);
+  return op_->tuned->For(rows, /*may_tune=*/false).value_or(op_->config);
+}
+
+int64_t LinearCrossEntropy::AccumulatorBytes(int64_t rows) const {
+  return NeedsWeightAccumulator(op_->spec, Chunks(ConfigFor(rows), rows))
+             ? AlignUp(op_->spec.vocab * op_->spec.hidden * 4)
+             : 0;
 }
 
 int64_t LinearCrossEntropy::WorkspaceBytes(int64_t rows) const {
   const LinearCrossEntropyConfig c = ConfigFor(rows);
-  const int64_t chunk_rows = std::min(c.chunk_rows, std::max<int64_t>(rows, 1));
-  return LayoutFor(op_->spec, c, rows, op_->loss->WorkspaceBytes(chunk_rows)).total;
+  return LayoutFor(op_->spec, c, rows, op_->loss->WorkspaceBytes(ChunkRows(c, rows))).total;
 }
 
 absl::StatusOr<BuildInfo> LinearCrossEntropy::Build() const {
@@ -306,9 +326,11 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
       }
     }
   }
+  // One lookup: the layout and the size checked are the same config's.
   const LinearCrossEntropyConfig config = ConfigFor(rows);
-  const int64_t chunk_rows = std::min(config.chunk_rows, rows);
-  const int64_t ws_bytes = WorkspaceBytes(rows);
+  const int64_t chunk_rows = ChunkRows(config, rows);
+  const WorkspaceLayout l = LayoutFor(s, config, rows, op_->loss->WorkspaceBytes(chunk_rows));
+  const int64_t ws_bytes = l.total;
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
   if (reinterpret_cast<uintptr_t>(a.workspace) % kAlign != 0) {
@@ -336,7 +358,6 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
   KJIT_RETURN_IF_ERROR(Prepare(*rt_, op, config.streams));
   const internal::LinearCrossEntropyKernels& k = *op.kernels;
   const jit::Driver& cu = *rt_->driver;
-  const WorkspaceLayout l = LayoutFor(s, config, rows, op.loss->WorkspaceBytes(chunk_rows));
   char* ws = static_cast<char*>(a.workspace);
   auto* counters = reinterpret_cast<CrossEntropyCounters*>(ws + l.counters);
   auto* scale = reinterpret_cast<float*>(ws + l.counters + sizeof(CrossEntropyCounters));
@@ -352,7 +373,7 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
     LinearCrossEntropyScaleParams p{counters, static_cast<const float*>(a.grad_output.data), scale};
     KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kScale], 1, 32, stream, &p, 1, 0, true));
   }
-  const bool acc = NeedsWeightAccumulator(s);
+  const bool acc = NeedsWeightAccumulator(s, chunks);
   const TensorView weight_sum =
       acc ? TensorView::Matrix(ws + l.weight_acc, DType::kF32, s.vocab, s.hidden) : a.d_weight;
   const TensorView bias_sum =
@@ -368,7 +389,8 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
                                   stream)
             : cu.cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(ones),
                                   s.dtype == DType::kBF16 ? 0x3f80 : 0x3c00, chunk_rows, stream);
-    KJIT_RETURN_IF_ERROR(cu.Check(r, "cuMemsetD16Async"));
+    KJIT_RETURN_IF_ERROR(
+        cu.Check(r, s.dtype == DType::kF32 ? "cuMemsetD32Async" : "cuMemsetD16Async"));
   }
 
   const int64_t stride = ops::ChunkRowStride(s.vocab, s.dtype);
@@ -491,6 +513,12 @@ absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(
   auto op = std::make_shared<internal::LinearCrossEntropyState>();
   op->spec = spec;
   op->config = spec.config.value_or(ops::DefaultLinearCrossEntropyConfig(spec));
+  if (!spec.config) {
+    using Trait = ops::OpTrait<LinearCrossEntropySpec>;
+    op->tuned.emplace(*state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
+                      Trait::ToJson(spec).dump(), ops::ParseLinearCrossEntropyConfig,
+                      ops::ValidateLinearCrossEntropyConfig);
+  }
   KJIT_ASSIGN_OR_RETURN(op->loss, CrossEntropy(spec.ChunkLoss()));
   kjit::LinearCrossEntropy lce(state_, op);
   if (!state_->compile_only) {

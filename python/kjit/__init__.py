@@ -1,5 +1,6 @@
 """kjit: JIT-specialized fused kernels for LLM fine-tuning (cross-entropy over large vocabularies,
-RMSNorm), compiled at run time with NVRTC for the GPU at hand and cached on disk.
+lm_head + cross-entropy fused, RMSNorm), compiled at run time with NVRTC for the GPU at hand and
+cached on disk.
 
     import kjit
     kjit.Runtime().cross_entropy(vocab=128256).build()   # compile (or load) the kernels
@@ -12,12 +13,12 @@ when the system has none); `python -m kjit doctor` says what is missing.
 
 from kjit import _capi
 from kjit._capi import ABI_VERSION, KjitError, KjitInvalidArgument, KjitUnavailable
-from kjit._runtime import (CrossEntropy, KjitWarning, RmsNorm, Runtime, index, tensor,
-                           vector)
+from kjit._runtime import (CrossEntropy, KjitWarning, LinearCrossEntropy, RmsNorm, Runtime, index,
+                           tensor, vector)
 
 __all__ = ["ABI_VERSION", "CrossEntropy", "KjitError", "KjitInvalidArgument", "KjitUnavailable",
-           "KjitWarning", "RmsNorm", "Runtime", "abi_version", "full_version", "index", "tensor",
-           "vector", "version"]
+           "KjitWarning", "LinearCrossEntropy", "RmsNorm", "Runtime", "abi_version",
+           "full_version", "index", "tensor", "vector", "version"]
 
 
 def version() -> str:

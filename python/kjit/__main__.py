@@ -23,6 +23,7 @@ def main(argv):
               file=sys.stderr)
         return 1
     _capi._point_at_nvrtc()
+    _capi._point_at_cublaslt()
     os.environ.setdefault("KJIT_TUNE_BIN", str(_capi.NATIVE_DIR / "kjit-tune"))
     sys.stdout.flush()
     os.execv(str(path), [program, *args])

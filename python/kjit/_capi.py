@@ -26,6 +26,7 @@ DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
 INDEX_TYPES = {"int32": 0, "int64": 1}
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 CASTINGS = {"llama": 0, "gemma": 1, "none": 2}
+ACCUMULATIONS = {"fp32": 0, "output_dtype": 1}
 
 
 class KjitError(RuntimeError):
@@ -121,6 +122,25 @@ class CrossEntropyRescaleArgs(ctypes.Structure):
                 ("applied", Tensor)]
 
 
+class LinearCrossEntropySpec(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
+                ("hidden", ctypes.c_int64), ("dtype", ctypes.c_int32),
+                ("weight_grad_dtype", ctypes.c_int32), ("bias", ctypes.c_int32),
+                ("target_type", ctypes.c_int32), ("ignore_index", ctypes.c_int64),
+                ("reduction", ctypes.c_int32), ("label_smoothing", ctypes.c_float),
+                ("lse_square_scale", ctypes.c_float), ("softcap", ctypes.c_float),
+                ("argmax", ctypes.c_int32), ("weight_grad_accumulation", ctypes.c_int32),
+                ("config", ctypes.c_char_p)]
+
+
+class LinearCrossEntropyArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("hidden_states", Tensor), ("weight", Tensor),
+                ("bias", Tensor), ("targets", Index), ("loss", Tensor), ("lse", Tensor),
+                ("argmax", Index), ("grad_output", Tensor), ("d_hidden", Tensor),
+                ("d_weight", Tensor), ("d_bias", Tensor), ("accumulate", ctypes.c_int32),
+                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+
+
 # ---- Prototypes ---------------------------------------------------------------------------------
 
 _H = ctypes.c_void_p  # every handle
@@ -164,6 +184,19 @@ _PROTOTYPES = {
     "kjit_cross_entropy_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
     "kjit_cross_entropy_config_for": (_S, [_H, ctypes.c_int64, ctypes.c_int32, _OUT_STR]),
     "kjit_cross_entropy_build": (_S, [_H, _OUT_STR]),
+    "kjit_linear_cross_entropy_spec_init": (None, [ctypes.POINTER(LinearCrossEntropySpec)]),
+    "kjit_linear_cross_entropy_args_init": (None, [ctypes.POINTER(LinearCrossEntropyArgs)]),
+    "kjit_linear_cross_entropy_create":
+        (_S, [_H, ctypes.POINTER(LinearCrossEntropySpec), ctypes.POINTER(_H)]),
+    "kjit_linear_cross_entropy_destroy": (None, [_H]),
+    "kjit_linear_cross_entropy_forward":
+        (_S, [_H, _STREAM, ctypes.POINTER(LinearCrossEntropyArgs)]),
+    "kjit_linear_cross_entropy_forward_backward":
+        (_S, [_H, _STREAM, ctypes.POINTER(LinearCrossEntropyArgs)]),
+    "kjit_linear_cross_entropy_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
+    "kjit_linear_cross_entropy_accumulator_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
+    "kjit_linear_cross_entropy_config_for": (_S, [_H, ctypes.c_int64, _OUT_STR]),
+    "kjit_linear_cross_entropy_build": (_S, [_H, _OUT_STR]),
 }
 
 _lib = None
@@ -200,6 +233,34 @@ def _point_at_nvrtc() -> None:
         os.environ["KJIT_NVRTC_PATH"] = found
 
 
+def _find_pip_cublaslt() -> str | None:
+    """libcublasLt from pip's nvidia-cublas wheel (nvidia/cu13/lib or nvidia/cublas/lib), which
+    the linear + cross-entropy op's GEMMs use."""
+    for base in sys.path:
+        for pattern in ("nvidia/cu13/lib/libcublasLt.so.13*",
+                        "nvidia/cublas/lib/libcublasLt.so.1*"):
+            found = sorted(glob.glob(os.path.join(base, pattern)))
+            if found:
+                return found[0]
+    return None
+
+
+def _point_at_cublaslt() -> None:
+    """Lets the C++ side find pip's libcublasLt when the system has none (it dlopens by name; a
+    copy torch already loaded answers to its name)."""
+    if os.environ.get("KJIT_CUBLASLT_PATH"):
+        return
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12"):
+        try:
+            ctypes.CDLL(name)
+            return
+        except OSError:
+            pass
+    found = _find_pip_cublaslt()
+    if found:
+        os.environ["KJIT_CUBLASLT_PATH"] = found
+
+
 def lib() -> ctypes.CDLL:
     """The loaded C library (loaded once, ABI checked)."""
     global _lib
@@ -214,6 +275,7 @@ def lib() -> ctypes.CDLL:
                               "wheel (pip install kjit from this repository) or set "
                               "KJIT_C_LIBRARY to a libkjit_c.so")
         _point_at_nvrtc()
+        _point_at_cublaslt()
         tune = NATIVE_DIR / "kjit-tune"
         if "KJIT_TUNE_BIN" not in os.environ and tune.exists():
             os.environ["KJIT_TUNE_BIN"] = str(tune)

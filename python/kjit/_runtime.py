@@ -7,6 +7,7 @@ None for the legacy default stream); kjit.torch builds these from torch tensors.
     ce = rt.cross_entropy(vocab=128256, dtype="bf16")
     ws = ce.workspace_bytes(rows)
     ce.forward_backward(stream, logits=kjit.tensor(ptr, "bf16", rows, 128256), ...)
+    lce = rt.linear_cross_entropy(vocab=128256, hidden=4096, dtype="bf16")   # lm_head + loss
     kjit.Runtime(target="sm_90", compile_only=True).rms_norm(4096).build()   # no GPU needed
 """
 
@@ -131,6 +132,42 @@ class CrossEntropy(_Handle):
         return json.loads(_capi.call_string("kjit_cross_entropy_build", self._handle))
 
 
+class LinearCrossEntropy(_Handle):
+    """lm_head and the cross-entropy fused, from the hidden states to the loss and the gradients
+    of the hidden states, weight and bias, without the logits in memory
+    (kjit/linear_cross_entropy.h)."""
+
+    _destroy = "kjit_linear_cross_entropy_destroy"
+
+    def forward(self, stream, **fields) -> None:
+        """fields: hidden_states, weight, bias (iff the op has one), targets, loss, lse, argmax
+        (iff the op has it), workspace, workspace_bytes (kjit.tensor / kjit.index values)."""
+        self._launch("kjit_linear_cross_entropy_forward", _capi.LinearCrossEntropyArgs, stream,
+                     fields)
+
+    def forward_backward(self, stream, **fields) -> None:
+        """forward's fields plus grad_output and the gradients wanted, each optional: d_hidden,
+        d_weight, d_bias; accumulate=1 adds d_weight and d_bias to what they hold."""
+        self._launch("kjit_linear_cross_entropy_forward_backward", _capi.LinearCrossEntropyArgs,
+                     stream, fields)
+
+    def workspace_bytes(self, rows: int) -> int:
+        """Device memory (256-byte aligned) a launch of `rows` needs, the fp32 weight-gradient
+        accumulator included."""
+        return _capi.call_int64("kjit_linear_cross_entropy_workspace_bytes", self._handle, rows)
+
+    def accumulator_bytes(self, rows: int) -> int:
+        """The part of workspace_bytes(rows) the fp32 weight-gradient accumulator takes (0 when
+        the rows fit one chunk, with output-dtype accumulation or an fp32 d_weight)."""
+        return _capi.call_int64("kjit_linear_cross_entropy_accumulator_bytes", self._handle, rows)
+
+    def config_for(self, rows: int) -> str:
+        return _capi.call_string("kjit_linear_cross_entropy_config_for", self._handle, rows)
+
+    def build(self) -> dict:
+        return json.loads(_capi.call_string("kjit_linear_cross_entropy_build", self._handle))
+
+
 class Runtime(_Handle):
     """kjit's entry point: one GPU (or a compile-only target), its kernel caches, its ops.
 
@@ -211,3 +248,36 @@ class Runtime(_Handle):
         _capi.call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(handle))
         return CrossEntropy(handle, keep=self)
+
+    def linear_cross_entropy(self, vocab: int, hidden: int, dtype: str = "bf16", *,
+                             weight_grad_dtype: Optional[str] = None, bias: bool = False,
+                             target_type: str = "int64", ignore_index: int = -100,
+                             reduction: str = "mean", label_smoothing: float = 0.0,
+                             lse_square_scale: float = 0.0, softcap: float = 0.0,
+                             argmax: bool = False, weight_grad_accumulation: str = "fp32",
+                             config: Optional[str] = None) -> LinearCrossEntropy:
+        """weight_grad_dtype: d_weight's and d_bias's, None (dtype) or "fp32".
+        weight_grad_accumulation: "fp32" (an fp32 accumulator in the workspace unless d_weight is
+        fp32 itself) or "output_dtype" (straight into d_weight). config: None (tuned or
+        heuristic) or "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"."""
+        spec = _capi.init(_capi.LinearCrossEntropySpec, "kjit_linear_cross_entropy_spec_init")
+        spec.vocab = vocab
+        spec.hidden = hidden
+        spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
+        spec.weight_grad_dtype = -1 if weight_grad_dtype is None else _choice(
+            "weight_grad_dtype", weight_grad_dtype, _capi.DTYPES)
+        spec.bias = int(bias)
+        spec.target_type = _choice("target_type", target_type, _capi.INDEX_TYPES)
+        spec.ignore_index = ignore_index
+        spec.reduction = _choice("reduction", reduction, _capi.REDUCTIONS)
+        spec.label_smoothing = label_smoothing
+        spec.lse_square_scale = lse_square_scale
+        spec.softcap = softcap
+        spec.argmax = int(argmax)
+        spec.weight_grad_accumulation = _choice("weight_grad_accumulation",
+                                                weight_grad_accumulation, _capi.ACCUMULATIONS)
+        spec.config = _encode(config)
+        handle = ctypes.c_void_p()
+        _capi.call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(handle))
+        return LinearCrossEntropy(handle, keep=self)

@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   kjit_rms_norm_forward_args forward;
   kjit_cross_entropy_spec ce;
   kjit_cross_entropy_args args;
+  kjit_linear_cross_entropy_spec lce;
+  kjit_linear_cross_entropy_args lce_args;
+  kjit_linear_cross_entropy* lce_op = NULL;
   kjit_rms_norm* op = NULL;
 
   if (argc == 2 && strcmp(argv[1], "runtime_create") == 0) return runtime_create();
@@ -71,6 +74,26 @@ int main(int argc, char** argv) {
   /* The header's example: a view as a compound literal. */
   args.logits = (kjit_tensor){NULL, KJIT_BF16, 2, 128256, 128256};
   check(args.logits.cols == 128256, "a kjit_tensor compound literal");
+
+  kjit_linear_cross_entropy_spec_init(&lce);
+  check(lce.struct_size == sizeof lce, "lce.struct_size");
+  check(lce.dtype == KJIT_BF16 && lce.weight_grad_dtype == -1 && lce.bias == 0 &&
+            lce.target_type == KJIT_INT64 && lce.ignore_index == -100 &&
+            lce.reduction == KJIT_REDUCTION_MEAN &&
+            lce.weight_grad_accumulation == KJIT_WEIGHT_GRAD_ACCUMULATION_FP32 &&
+            lce.config == NULL,
+        "kjit_linear_cross_entropy_spec_init's defaults");
+  kjit_linear_cross_entropy_args_init(&lce_args);
+  check(lce_args.struct_size == sizeof lce_args && lce_args.d_weight.data == NULL &&
+            lce_args.accumulate == 0 && lce_args.workspace_bytes == 0,
+        "linear cross-entropy args init");
+  lce.vocab = 128256;
+  lce.hidden = 4096;
+  check(kjit_linear_cross_entropy_create(NULL, &lce, &lce_op) == KJIT_INVALID_ARGUMENT &&
+            lce_op == NULL,
+        "kjit_linear_cross_entropy_create without a runtime is KJIT_INVALID_ARGUMENT");
+  check(strcmp(kjit_last_error(), "kjit_linear_cross_entropy_create: runtime is NULL") == 0,
+        "the message names the NULL runtime");
 
   check(kjit_rms_norm_create(NULL, &norm, &op) == KJIT_INVALID_ARGUMENT && op == NULL,
         "kjit_rms_norm_create without a runtime is KJIT_INVALID_ARGUMENT");

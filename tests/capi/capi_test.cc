@@ -2,13 +2,14 @@
 // what it exports, the defaults of the *_init functions (against the C++ structs' defaults, whose
 // headers are read for their values and link nothing), NULL arguments, struct sizes and enum
 // fields, the thread-local last error, a runtime without a driver or with the stub driver, and a
-// compile-only runtime that builds both ops, checks their arguments (class weights included),
+// compile-only runtime that builds the ops, checks their arguments (class weights included),
 // refuses launches and reports warnings.
 #include <array>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 
 #include "kjit/cross_entropy.h"
 #include "kjit/kjit_c.h"
+#include "kjit/linear_cross_entropy.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "tests/temp_dir.h"
@@ -168,6 +170,26 @@ TEST(CapiInit, DefaultsAreTheCppDefaults) {
   EXPECT_EQ(c.config, nullptr);
   EXPECT_EQ(c.class_weight_dtype, -1);
   EXPECT_FALSE(rc.class_weight_dtype.has_value());
+
+  const kjit_linear_cross_entropy_spec l = Initialized(kjit_linear_cross_entropy_spec_init);
+  const LinearCrossEntropySpec rl;
+  EXPECT_EQ(l.vocab, rl.vocab);
+  EXPECT_EQ(l.hidden, rl.hidden);
+  EXPECT_EQ(l.dtype, static_cast<int32_t>(rl.dtype));
+  EXPECT_EQ(l.weight_grad_dtype, -1);
+  EXPECT_FALSE(rl.weight_grad_dtype.has_value());
+  EXPECT_EQ(l.bias, rl.bias);
+  EXPECT_EQ(l.target_type, static_cast<int32_t>(rl.target_type));
+  EXPECT_EQ(l.ignore_index, rl.ignore_index);
+  EXPECT_EQ(l.reduction, static_cast<int32_t>(rl.reduction));
+  EXPECT_EQ(l.label_smoothing, rl.label_smoothing);
+  EXPECT_EQ(l.lse_square_scale, rl.lse_square_scale);
+  EXPECT_EQ(l.softcap, rl.softcap);
+  EXPECT_EQ(l.argmax, rl.argmax);
+  EXPECT_EQ(l.weight_grad_accumulation, static_cast<int32_t>(rl.weight_grad_accumulation));
+  EXPECT_EQ(l.weight_grad_accumulation, KJIT_WEIGHT_GRAD_ACCUMULATION_FP32);
+  EXPECT_EQ(l.config, nullptr);
+  EXPECT_FALSE(rl.config.has_value());
 }
 
 // No view given: every field zero.
@@ -196,6 +218,11 @@ TEST(CapiInit, ArgumentsStartEmpty) {
   EXPECT_TRUE(cb.workspace == nullptr && cb.workspace_bytes == 0);
   const auto r = Initialized(kjit_cross_entropy_rescale_args_init);
   ExpectEmpty({&r.grad, &r.grad_output, &r.applied});
+  const auto l = Initialized(kjit_linear_cross_entropy_args_init);
+  ExpectEmpty({&l.hidden_states, &l.weight, &l.bias, &l.loss, &l.lse, &l.grad_output, &l.d_hidden,
+               &l.d_weight, &l.d_bias},
+              {&l.targets, &l.argmax});
+  EXPECT_TRUE(l.accumulate == 0 && l.workspace == nullptr && l.workspace_bytes == 0);
 }
 
 // ---- runtimes without a GPU -------------------------------------------------------------------
@@ -271,6 +298,9 @@ class CapiCompileOnly : public ::testing::Test {
     norm_spec_.hidden = 4096;
     kjit_cross_entropy_spec_init(&ce_spec_);
     ce_spec_.vocab = 32000;
+    kjit_linear_cross_entropy_spec_init(&lce_spec_);
+    lce_spec_.vocab = 1000;
+    lce_spec_.hidden = 64;
   }
   void TearDown() override { kjit_runtime_destroy(rt_); }
 
@@ -286,14 +316,24 @@ class CapiCompileOnly : public ::testing::Test {
     ces_.emplace_back(op, kjit_cross_entropy_destroy);
     return op;
   }
+  kjit_linear_cross_entropy* Lce(const kjit_linear_cross_entropy_spec& spec) {
+    kjit_linear_cross_entropy* op = nullptr;
+    EXPECT_EQ(kjit_linear_cross_entropy_create(rt_, &spec, &op), KJIT_OK) << kjit_last_error();
+    lces_.emplace_back(op, kjit_linear_cross_entropy_destroy);
+    return op;
+  }
 
   testing::TempDir tmp_{"kjit_capi_test"};
   std::string cache_ = tmp_.path() + "/caf\xe9";
   kjit_runtime* rt_ = nullptr;
   kjit_rms_norm_spec norm_spec_;
   kjit_cross_entropy_spec ce_spec_;
+  kjit_linear_cross_entropy_spec lce_spec_;
   std::vector<std::unique_ptr<kjit_rms_norm, decltype(&kjit_rms_norm_destroy)>> norms_;
   std::vector<std::unique_ptr<kjit_cross_entropy, decltype(&kjit_cross_entropy_destroy)>> ces_;
+  std::vector<
+      std::unique_ptr<kjit_linear_cross_entropy, decltype(&kjit_linear_cross_entropy_destroy)>>
+      lces_;
 };
 
 TEST_F(CapiCompileOnly, RuntimeInfo) {
@@ -329,9 +369,10 @@ void ExpectBuilds(Op* op, kjit_status (*build)(const Op*, char**), const std::st
   }
 }
 
-TEST_F(CapiCompileOnly, BuildsBothOps) {
+TEST_F(CapiCompileOnly, BuildsEveryOp) {
   ExpectBuilds(Norm(norm_spec_), kjit_rms_norm_build, cache_);
   ExpectBuilds(Ce(ce_spec_), kjit_cross_entropy_build, cache_);
+  ExpectBuilds(Lce(lce_spec_), kjit_linear_cross_entropy_build, cache_);
 }
 
 // 16-byte aligned host memory standing in for device buffers: a compile-only runtime checks the
@@ -444,6 +485,93 @@ TEST_F(CapiCompileOnly, ClassWeightsAreTakenByEveryLaunch) {
                 "class_weight: dtype is fp32, expected bf16");
 }
 
+// Linear + cross-entropy arguments on host blocks (a 256-byte aligned workspace) for `rows` rows:
+// every output of forward_backward, bias included when the spec has one.
+kjit_linear_cross_entropy_args LceArgs(std::vector<std::vector<Block>>& mem,
+                                       kjit_linear_cross_entropy* op,
+                                       const kjit_linear_cross_entropy_spec& s, int64_t rows) {
+  const auto e = static_cast<int64_t>(s.dtype == KJIT_F32 ? 4 : 2);
+  kjit_linear_cross_entropy_args a;
+  kjit_linear_cross_entropy_args_init(&a);
+  a.hidden_states = View(Host(mem, rows * s.hidden * e), kjit_dtype(s.dtype), rows, s.hidden);
+  a.weight = View(Host(mem, s.vocab * s.hidden * e), kjit_dtype(s.dtype), s.vocab, s.hidden);
+  a.targets = {Host(mem, rows * 8), KJIT_INT64, rows};
+  a.loss = View(Host(mem, 4), KJIT_F32, 1, 1);
+  a.d_hidden = View(Host(mem, rows * s.hidden * e), kjit_dtype(s.dtype), rows, s.hidden);
+  a.d_weight = View(Host(mem, s.vocab * s.hidden * e), kjit_dtype(s.dtype), s.vocab, s.hidden);
+  if (s.bias) {
+    a.bias = View(Host(mem, s.vocab * e), kjit_dtype(s.dtype), 1, s.vocab);
+    a.d_bias = View(Host(mem, s.vocab * e), kjit_dtype(s.dtype), 1, s.vocab);
+  }
+  EXPECT_EQ(kjit_linear_cross_entropy_workspace_bytes(op, rows, &a.workspace_bytes), KJIT_OK)
+      << kjit_last_error();
+  auto* base = static_cast<unsigned char*>(Host(mem, a.workspace_bytes + 256));
+  a.workspace = base + (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
+  return a;
+}
+
+// The linear + cross-entropy's launches: the C++ layer's checks (each message names the C field)
+// come before the compile-only runtime refuses the launch.
+TEST_F(CapiCompileOnly, LinearCrossEntropyLaunchesCheckTheirArguments) {
+  std::vector<std::vector<Block>> mem;
+  const int64_t rows = 5;
+  kjit_linear_cross_entropy_spec s = lce_spec_;
+  s.bias = 1;
+  kjit_linear_cross_entropy* op = Lce(s);
+  const kjit_linear_cross_entropy_args good = LceArgs(mem, op, s, rows);
+  const Result fused = Last(kjit_linear_cross_entropy_forward_backward(op, nullptr, &good));
+  EXPECT_EQ(fused.status, KJIT_FAILED_PRECONDITION) << fused.message;
+  EXPECT_THAT(fused.message, HasSubstr("compile-only"));
+  kjit_linear_cross_entropy_args a = good;
+  a.accumulate = 1;
+  a.grad_output = View(Host(mem, 4), KJIT_F32, 1, 1);
+  EXPECT_EQ(kjit_linear_cross_entropy_forward_backward(op, nullptr, &a), KJIT_FAILED_PRECONDITION)
+      << kjit_last_error();
+
+  ExpectInvalid(Last(kjit_linear_cross_entropy_forward(op, nullptr, &good)),
+                "d_hidden: given to Forward, which computes no gradient");
+  kjit_linear_cross_entropy_args f = good;
+  f.d_hidden = f.d_weight = f.d_bias = {};
+  EXPECT_EQ(kjit_linear_cross_entropy_forward(op, nullptr, &f), KJIT_FAILED_PRECONDITION)
+      << kjit_last_error();
+
+  const std::vector<std::pair<std::function<void(kjit_linear_cross_entropy_args&)>, std::string>>
+      cases = {
+          {[](auto& x) { x.hidden_states.cols = 63; }, "hidden_states: cols is 63, expected 64"},
+          {[](auto& x) { x.hidden_states.dtype = KJIT_F16; },
+           "hidden_states: dtype is fp16, expected bf16"},
+          {[](auto& x) { x.weight.rows = 999; }, "weight: rows is 999, expected 1000"},
+          {[](auto& x) { x.bias = {}; }, "bias: null pointer"},
+          {[](auto& x) { x.targets.size = 4; }, "targets:"},
+          {[](auto& x) { x.loss.cols = 5; }, "loss: cols is 5, expected 1"},
+          {[](auto& x) { x.lse = View(x.loss.data, KJIT_F32, 1, 4); },
+           "lse: cols is 4, expected 5"},
+          {[](auto& x) { x.argmax = x.targets; }, "argmax: given, but the op was created without"},
+          {[](auto& x) { x.d_hidden.rows = 4; }, "d_hidden: rows is 4, expected 5"},
+          {[](auto& x) { x.d_weight.dtype = KJIT_F32; }, "d_weight: dtype is fp32, expected bf16"},
+          {[](auto& x) { x.d_bias.cols = 999; }, "d_bias: cols is 999, expected 1000"},
+          {[](auto& x) { x.workspace_bytes -= 1; }, "workspace_bytes: "},
+          {[](auto& x) { x.workspace = static_cast<char*>(x.workspace) + 16; },
+           "workspace: must be 256-byte aligned"},
+          {[](auto& x) { x.d_hidden = x.hidden_states; }, "d_hidden: must not alias hidden_states"},
+          // The C layer's own: enum fields and flags.
+          {[](auto& x) { x.accumulate = 2; }, "accumulate: 2 is out of range; expected 0 (off)"},
+          {[](auto& x) { x.d_weight.dtype = 9; }, "d_weight.dtype: 9 is out of range"},
+          {[](auto& x) { x.argmax.type = -1; }, "argmax.type: -1 is out of range"},
+      };
+  for (const auto& [change, message] : cases) {
+    kjit_linear_cross_entropy_args bad = good;
+    change(bad);
+    ExpectInvalid(Last(kjit_linear_cross_entropy_forward_backward(op, nullptr, &bad)), message);
+  }
+  // An op made without a bias refuses one rather than ignoring it.
+  kjit_linear_cross_entropy* plain = Lce(lce_spec_);
+  kjit_linear_cross_entropy_args b = LceArgs(mem, plain, lce_spec_, rows);
+  b.d_bias = good.d_bias;
+  ExpectInvalid(Last(kjit_linear_cross_entropy_forward_backward(plain, nullptr, &b)),
+                "d_bias: given, but the op was created without a bias");
+}
+
 TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
   kjit_rms_norm* norm = reinterpret_cast<kjit_rms_norm*>(this);
   kjit_rms_norm_spec n = norm_spec_;
@@ -478,6 +606,38 @@ TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "config.vec:");
   c.config = "";  // as NULL: the heuristic's
   EXPECT_NE(Ce(c), nullptr);
+
+  kjit_linear_cross_entropy* lce = reinterpret_cast<kjit_linear_cross_entropy*>(this);
+  const std::vector<std::pair<std::function<void(kjit_linear_cross_entropy_spec&)>, std::string>>
+      lce_cases = {
+          {[](auto& x) { x.hidden = 0; }, "hidden: 0 is out of range, expected 1 to 65536"},
+          {[](auto& x) { x.hidden = 65537; }, "hidden: 65537 is out of range"},
+          {[](auto& x) { x.vocab = 1; }, "vocab:"},
+          {[](auto& x) { x.weight_grad_dtype = KJIT_F16; },
+           "weight_grad_dtype: fp16 must be bf16 or fp32"},
+          {[](auto& x) { x.label_smoothing = 1; }, "label_smoothing:"},
+          {[](auto& x) { x.lse_square_scale = -1; }, "lse_square_scale:"},
+          {[](auto& x) { x.softcap = -1; }, "softcap:"},
+          {[](auto& x) { x.config = "banana"; }, "config: "},
+          {[](auto& x) {
+             x.config = "chunk=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
+           },
+           "config: "},
+          {[](auto& x) {
+             x.config = "chunk=64 streams=3 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
+           },
+           "config: "},
+      };
+  for (const auto& [change, message] : lce_cases) {
+    kjit_linear_cross_entropy_spec l = lce_spec_;
+    change(l);
+    ExpectInvalid(Last(kjit_linear_cross_entropy_create(rt_, &l, &lce)), message);
+    EXPECT_EQ(lce, nullptr) << "a failed create leaves NULL in *out";
+  }
+  kjit_linear_cross_entropy_spec l = lce_spec_;
+  l.config = "";  // as NULL: the heuristic's
+  l.weight_grad_dtype = KJIT_F32;
+  EXPECT_NE(Lce(l), nullptr);
 }
 
 // config_for's text, given back as the spec's config, makes an op with that same config.
@@ -501,6 +661,15 @@ TEST_F(CapiCompileOnly, ConfigForRoundTrips) {
     ASSERT_EQ(kjit_cross_entropy_config_for(Ce(c), 1, fused, &text), KJIT_OK) << kjit_last_error();
     EXPECT_EQ(Take(text), ce_config);
   }
+
+  ASSERT_EQ(kjit_linear_cross_entropy_config_for(Lce(lce_spec_), 4096, &text), KJIT_OK)
+      << kjit_last_error();
+  EXPECT_THAT(Take(text), StartsWith("chunk="));
+  const std::string lce_config = "chunk=32 streams=2 logits_algo=1 d_hidden_algo=2 d_weight_algo=3";
+  kjit_linear_cross_entropy_spec l = lce_spec_;
+  l.config = lce_config.c_str();
+  ASSERT_EQ(kjit_linear_cross_entropy_config_for(Lce(l), 1, &text), KJIT_OK) << kjit_last_error();
+  EXPECT_EQ(Take(text), lce_config);
 }
 
 TEST_F(CapiCompileOnly, WorkspaceBytes) {
@@ -523,6 +692,32 @@ TEST_F(CapiCompileOnly, WorkspaceBytes) {
   ASSERT_EQ(kjit_rms_norm_backward_workspace_bytes(Norm(norm_spec_), 7, &bytes), KJIT_OK);
   EXPECT_EQ(bytes, 128 * norm_spec_.hidden * 4);
 
+  // Linear + cross-entropy: the fp32 weight-gradient accumulator (vocab x hidden x 4 bytes) only
+  // for fp32 accumulation into a d_weight that is not fp32, and the workspace holds it.
+  const int64_t vh4 = lce_spec_.vocab * lce_spec_.hidden * 4;
+  kjit_linear_cross_entropy_spec l = lce_spec_;
+  l.config = "chunk=32 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";  // 4 chunks
+  const auto accumulator = [&](const kjit_linear_cross_entropy_spec& spec) {
+    kjit_linear_cross_entropy* op = Lce(spec);
+    int64_t acc = -1, ws = -1;
+    EXPECT_EQ(kjit_linear_cross_entropy_accumulator_bytes(op, 100, &acc), KJIT_OK)
+        << kjit_last_error();
+    EXPECT_EQ(kjit_linear_cross_entropy_workspace_bytes(op, 100, &ws), KJIT_OK);
+    EXPECT_GE(ws, acc + (int64_t{32} << 20)) << "cuBLASLt's 32 MiB and the accumulator";
+    return std::pair(acc, ws);
+  };
+  const auto [acc_bf16, ws_bf16] = accumulator(l);
+  EXPECT_EQ(acc_bf16, vh4);
+  l.weight_grad_accumulation = KJIT_WEIGHT_GRAD_ACCUMULATION_OUTPUT_DTYPE;
+  const auto [acc_out, ws_out] = accumulator(l);
+  EXPECT_EQ(acc_out, 0);
+  EXPECT_EQ(ws_bf16 - ws_out, vh4);
+  l.weight_grad_accumulation = KJIT_WEIGHT_GRAD_ACCUMULATION_FP32;
+  l.weight_grad_dtype = KJIT_F32;  // d_weight is the accumulator
+  EXPECT_EQ(accumulator(l).first, 0);
+  ExpectInvalid(Last(kjit_linear_cross_entropy_workspace_bytes(Lce(lce_spec_), -1, &bytes)),
+                "rows: -1");
+
   ExpectInvalid(Last(kjit_cross_entropy_workspace_bytes(mean, -1, &bytes)), "rows: -1");
   EXPECT_EQ(bytes, 0) << "a failed call clears its output";
   ExpectInvalid(
@@ -543,6 +738,11 @@ TEST_F(CapiCompileOnly, NullArgumentsAreNamed) {
   int64_t bytes = 1;
   kjit_rms_norm* created = norm;
   kjit_cross_entropy* ce_created = ce;
+  kjit_linear_cross_entropy* lce = Lce(lce_spec_);
+  kjit_linear_cross_entropy* lce_created = lce;
+  int64_t acc_bytes = 1;
+  kjit_linear_cross_entropy_args l;
+  kjit_linear_cross_entropy_args_init(&l);
   const std::vector<std::pair<Result, std::string>> cases = {
       {Last(kjit_full_version(nullptr)), "kjit_full_version: out is NULL"},
       {Last(kjit_runtime_create(nullptr, nullptr)), "kjit_runtime_create: out is NULL"},
@@ -568,6 +768,22 @@ TEST_F(CapiCompileOnly, NullArgumentsAreNamed) {
       {Last(kjit_rms_norm_config_for(norm, 1, nullptr)),
        "kjit_rms_norm_config_for: config_out is NULL"},
       {Last(kjit_cross_entropy_build(nullptr, &text)), "kjit_cross_entropy_build: op is NULL"},
+      {Last(kjit_linear_cross_entropy_create(nullptr, &lce_spec_, &lce_created)),
+       "kjit_linear_cross_entropy_create: runtime is NULL"},
+      {Last(kjit_linear_cross_entropy_create(rt_, nullptr, &lce_created)),
+       "kjit_linear_cross_entropy_create: spec is NULL"},
+      {Last(kjit_linear_cross_entropy_forward(nullptr, nullptr, &l)),
+       "kjit_linear_cross_entropy_forward: op is NULL"},
+      {Last(kjit_linear_cross_entropy_forward_backward(lce, nullptr, nullptr)),
+       "kjit_linear_cross_entropy_forward_backward: args is NULL"},
+      {Last(kjit_linear_cross_entropy_workspace_bytes(lce, 1, nullptr)),
+       "kjit_linear_cross_entropy_workspace_bytes: bytes is NULL"},
+      {Last(kjit_linear_cross_entropy_accumulator_bytes(nullptr, 100, &acc_bytes)),
+       "kjit_linear_cross_entropy_accumulator_bytes: op is NULL"},
+      {Last(kjit_linear_cross_entropy_config_for(lce, 1, nullptr)),
+       "kjit_linear_cross_entropy_config_for: config_out is NULL"},
+      {Last(kjit_linear_cross_entropy_build(nullptr, &text)),
+       "kjit_linear_cross_entropy_build: op is NULL"},
   };
   for (const auto& [result, message] : cases) {
     EXPECT_EQ(result.status, KJIT_INVALID_ARGUMENT) << message;
@@ -577,9 +793,12 @@ TEST_F(CapiCompileOnly, NullArgumentsAreNamed) {
   EXPECT_EQ(bytes, 0);
   EXPECT_EQ(created, nullptr);
   EXPECT_EQ(ce_created, nullptr);
+  EXPECT_EQ(lce_created, nullptr);
+  EXPECT_EQ(acc_bytes, 0);
   kjit_runtime_destroy(nullptr);
   kjit_rms_norm_destroy(nullptr);
   kjit_cross_entropy_destroy(nullptr);
+  kjit_linear_cross_entropy_destroy(nullptr);
 }
 
 TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
@@ -618,6 +837,23 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(Last(kjit_cross_entropy_backward(Ce(ce_spec_), nullptr, &cb)),
                 "kjit_cross_entropy_backward: args->struct_size is " +
                     std::to_string(cb.struct_size) + ", but kjit_cross_entropy_backward_args is");
+
+  kjit_linear_cross_entropy_spec l = lce_spec_;
+  l.struct_size -= 8;
+  kjit_linear_cross_entropy* lce = nullptr;
+  ExpectInvalid(Last(kjit_linear_cross_entropy_create(rt_, &l, &lce)),
+                "kjit_linear_cross_entropy_create: spec->struct_size is " +
+                    std::to_string(sizeof(l) - 8) + ", but kjit_linear_cross_entropy_spec is " +
+                    std::to_string(sizeof(l)) +
+                    " bytes in this library (kjit C ABI version 2); "
+                    "set it with kjit_linear_cross_entropy_spec_init");
+  kjit_linear_cross_entropy_args la;
+  kjit_linear_cross_entropy_args_init(&la);
+  la.struct_size = 0;
+  ExpectInvalid(Last(kjit_linear_cross_entropy_forward_backward(Lce(lce_spec_), nullptr, &la)),
+                "kjit_linear_cross_entropy_forward_backward: args->struct_size is 0, but "
+                "kjit_linear_cross_entropy_args is " +
+                    std::to_string(sizeof(la)) + " bytes");
 
   kjit_rms_norm_backward_args b;
   kjit_rms_norm_backward_args_init(&b);
@@ -671,6 +907,28 @@ TEST_F(CapiCompileOnly, EnumFieldsAreRangeChecked) {
                   "class_weight_dtype: " + std::to_string(bad) +
                       " is out of range; expected -1 (none), 0 (KJIT_F32), 1 (KJIT_F16) or 2 "
                       "(KJIT_BF16)");
+  }
+
+  kjit_linear_cross_entropy* lce = nullptr;
+  const std::vector<std::pair<std::function<void(kjit_linear_cross_entropy_spec&)>, std::string>>
+      lce_cases = {
+          {[](auto& x) { x.dtype = -1; }, "dtype: -1 is out of range; expected 0 (KJIT_F32)"},
+          {[](auto& x) { x.weight_grad_dtype = 3; },
+           "weight_grad_dtype: 3 is out of range; expected -1 (dtype's), 0 (KJIT_F32), 1 "
+           "(KJIT_F16) or 2 (KJIT_BF16)"},
+          {[](auto& x) { x.bias = 2; }, "bias: 2 is out of range; expected 0 (off) or 1 (on)"},
+          {[](auto& x) { x.target_type = 2; }, "target_type: 2 is out of range"},
+          {[](auto& x) { x.reduction = 3; }, "reduction: 3 is out of range"},
+          {[](auto& x) { x.argmax = -1; }, "argmax: -1 is out of range"},
+          {[](auto& x) { x.weight_grad_accumulation = 2; },
+           "weight_grad_accumulation: 2 is out of range; expected 0 "
+           "(KJIT_WEIGHT_GRAD_ACCUMULATION_FP32) or 1 "
+           "(KJIT_WEIGHT_GRAD_ACCUMULATION_OUTPUT_DTYPE)"},
+      };
+  for (const auto& [change, message] : lce_cases) {
+    kjit_linear_cross_entropy_spec l = lce_spec_;
+    change(l);
+    ExpectInvalid(Last(kjit_linear_cross_entropy_create(rt_, &l, &lce)), message);
   }
 
   kjit_runtime_options o;

@@ -3,8 +3,10 @@
 // C layer only converts arguments). RMSNorm forward and backward with and without the fused
 // residual; cross-entropy forward, forward_backward out of place and in place, backward from the
 // lse and rescale_gradient (rows whose grad_output equals `applied` untouched, the others scaled by
-// grad_output / applied), and with class weights (fp32 and bf16) forward_backward and backward.
-// Odd shapes, so that tails and scalar paths run.
+// grad_output / applied), and with class weights (fp32 and bf16) forward_backward and backward;
+// the fused linear + cross-entropy's forward, forward_backward and forward_backward accumulating
+// into existing gradients, with one and two streams. Odd shapes, so that tails and scalar paths
+// run.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -489,6 +491,139 @@ TEST_F(CapiCrossEntropyGpu, RescaleGradient) {
     EXPECT_EQ(wrong, 0);
   }
 }
+
+// Linear + cross-entropy through both APIs: 77 rows in chunks of 32 (a short last chunk), a bias,
+// argmax, label smoothing and z-loss, an upstream gradient, one and two streams (the parameter);
+// forward, forward_backward, and forward_backward adding to existing gradients. Each API has its
+// own op, outputs and workspace, and every output must have the same bits.
+class CapiLinearCrossEntropyGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(CapiLinearCrossEntropyGpu, SameBitsAsTheCppApi) {
+  KJIT_REQUIRE_GPU(rt);
+  const int streams = GetParam();
+  const int64_t rows = 77, vocab = 1000, hidden = 64;
+  const LinearCrossEntropySpec spec{
+      .vocab = vocab,
+      .hidden = hidden,
+      .dtype = DType::kBF16,
+      .bias = true,
+      .label_smoothing = 0.05f,
+      .lse_square_scale = 1e-4f,
+      .argmax = true,
+      .config = LinearCrossEntropyConfig{.chunk_rows = 32, .streams = streams}};
+  const LinearCrossEntropy cpp = Must(rt.LinearCrossEntropy(spec));
+  const std::string config = spec.config->ToString();
+
+  auto crt = CRuntime();
+  kjit_linear_cross_entropy_spec cspec;
+  kjit_linear_cross_entropy_spec_init(&cspec);
+  cspec.vocab = vocab;
+  cspec.hidden = hidden;
+  cspec.dtype = KJIT_BF16;
+  cspec.bias = 1;
+  cspec.label_smoothing = 0.05f;
+  cspec.lse_square_scale = 1e-4f;
+  cspec.argmax = 1;
+  cspec.config = config.c_str();
+  kjit_linear_cross_entropy* raw = nullptr;
+  MustC(kjit_linear_cross_entropy_create(crt.get(), &cspec, &raw));
+  std::unique_ptr<kjit_linear_cross_entropy, decltype(&kjit_linear_cross_entropy_destroy)> c(
+      raw, kjit_linear_cross_entropy_destroy);
+
+  char* text = nullptr;
+  MustC(kjit_linear_cross_entropy_config_for(c.get(), rows, &text));
+  EXPECT_EQ(std::string(text), cpp.ConfigFor(rows).ToString());
+  kjit_free(text);
+  int64_t ws_bytes = -1, acc_bytes = -1;
+  MustC(kjit_linear_cross_entropy_workspace_bytes(c.get(), rows, &ws_bytes));
+  EXPECT_EQ(ws_bytes, cpp.WorkspaceBytes(rows));
+  MustC(kjit_linear_cross_entropy_accumulator_bytes(c.get(), rows, &acc_bytes));
+  EXPECT_EQ(acc_bytes, cpp.AccumulatorBytes(rows));
+  EXPECT_GT(acc_bytes, 0) << "bf16 d_weight: an fp32 accumulator";
+
+  Memory mem(rt);
+  const TensorView h = mem.Random(DType::kBF16, rows, hidden);
+  const TensorView w = mem.Random(DType::kBF16, vocab, hidden);
+  const TensorView b = mem.Random(DType::kBF16, 1, vocab);
+  const IndexView targets = mem.Targets(rows, vocab, /*ignored_row=*/5);
+  const TensorView grad_output = mem.Values({0.75}, DType::kF32);
+  const TensorView d_weight_before = mem.Random(DType::kBF16, vocab, hidden);
+  const TensorView d_bias_before = mem.Random(DType::kBF16, 1, vocab);
+
+  struct Outputs {
+    TensorView loss, lse, argmax, d_hidden, d_weight, d_bias;
+  };
+  auto outputs = [&](bool accumulate) {
+    return Outputs{.loss = mem.Output(TensorView::Vector(nullptr, DType::kF32, 1)),
+                   .lse = mem.Output(TensorView::Vector(nullptr, DType::kF32, rows)),
+                   // int64 argmax: the bytes of 2 * rows floats
+                   .argmax = mem.Output(TensorView::Vector(nullptr, DType::kF32, 2 * rows)),
+                   .d_hidden = mem.Output(h),
+                   .d_weight = accumulate ? mem.Copy(d_weight_before) : mem.Output(w),
+                   .d_bias = accumulate ? mem.Copy(d_bias_before) : mem.Output(b)};
+  };
+  struct Mode {
+    const char* name;
+    bool gradient, accumulate;
+  };
+  for (const Mode& m : {Mode{"forward", false, false}, Mode{"forward_backward", true, false},
+                        Mode{"forward_backward accumulating", true, true}}) {
+    SCOPED_TRACE(m.name);
+    const Outputs o = outputs(m.accumulate), co = outputs(m.accumulate);
+    LinearCrossEntropyArgs a{.hidden_states = h,
+                             .weight = w,
+                             .bias = b,
+                             .targets = targets,
+                             .loss = o.loss,
+                             .lse = o.lse,
+                             .argmax = IndexView::Of(o.argmax.data, IndexType::kInt64, rows),
+                             .workspace = mem.Workspace(ws_bytes),
+                             .workspace_bytes = ws_bytes};
+    kjit_linear_cross_entropy_args ca;
+    kjit_linear_cross_entropy_args_init(&ca);
+    ca.hidden_states = C(h);
+    ca.weight = C(w);
+    ca.bias = C(b);
+    ca.targets = C(targets);
+    ca.loss = C(co.loss);
+    ca.lse = C(co.lse);
+    ca.argmax = C(IndexView::Of(co.argmax.data, IndexType::kInt64, rows));
+    ca.workspace = mem.Workspace(ws_bytes);
+    ca.workspace_bytes = ws_bytes;
+    if (m.gradient) {
+      a.grad_output = grad_output;
+      a.d_hidden = o.d_hidden;
+      a.d_weight = o.d_weight;
+      a.d_bias = o.d_bias;
+      a.accumulate = m.accumulate;
+      ca.grad_output = C(grad_output);
+      ca.d_hidden = C(co.d_hidden);
+      ca.d_weight = C(co.d_weight);
+      ca.d_bias = C(co.d_bias);
+      ca.accumulate = m.accumulate;
+      Must(cpp.ForwardBackward(nullptr, a));
+      MustC(kjit_linear_cross_entropy_forward_backward(c.get(), nullptr, &ca));
+    } else {
+      Must(cpp.Forward(nullptr, a));
+      MustC(kjit_linear_cross_entropy_forward(c.get(), nullptr, &ca));
+    }
+    ExpectSameBits(mem, o.loss, co.loss, "loss");
+    ExpectSameBits(mem, o.lse, co.lse, "lse");
+    ExpectSameBits(mem, o.argmax, co.argmax, "argmax");
+    // A launch that wrote nothing would leave the 0xFF bytes: a NaN loss.
+    const std::vector<double> loss = Decode(mem.Read(co.loss), DType::kF32);
+    EXPECT_TRUE(std::isfinite(loss[0])) << loss[0];
+    if (!m.gradient) continue;
+    ExpectSameBits(mem, o.d_hidden, co.d_hidden, "d_hidden");
+    ExpectSameBits(mem, o.d_weight, co.d_weight, "d_weight");
+    ExpectSameBits(mem, o.d_bias, co.d_bias, "d_bias");
+    EXPECT_NE(FirstDifference(mem.Read(co.d_weight), mem.Read(d_weight_before)), -1)
+        << "d_weight was not written";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Streams, CapiLinearCrossEntropyGpu, ::testing::Values(1, 2),
+                         [](const auto& info) { return info.param == 1 ? "One" : "Two"; });
 
 }  // namespace
 }  // namespace kjit

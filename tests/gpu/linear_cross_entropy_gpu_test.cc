@@ -191,9 +191,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     }
   }
   if (!c.forward_only && !c.accumulate) {
-    // The check can fail: a d_weight off by 3% at its largest entry is rejected (10% with a bias,
-    // whose bound allows every logit cuBLASLt's bias epilogue's double rounding).
-    const double factor = c.bias ? 1.10 : 1.03;
+    // The check can fail: a d_weight off by 3% at its largest entry is rejected.
+    const double factor = 1.03;
     std::vector<double> off = d_weight;
     size_t at = 0;
     for (size_t i = 0; i < off.size(); ++i) {
@@ -372,6 +371,51 @@ TEST(LinearCrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
     EXPECT_EQ(cu.cuGraphExecDestroy(exec), CUDA_SUCCESS);
     EXPECT_EQ(cu.cuGraphDestroy(graph), CUDA_SUCCESS);
     EXPECT_EQ(cu.cuStreamDestroy(stream), CUDA_SUCCESS);
+  }
+}
+
+// The workspace formula of kjit/linear_cross_entropy.h at LLaMA 3's shape, and no device memory
+// taken beyond it by a launch (the driver's free memory around two launches, the second after
+// cuBLASLt's plans exist).
+TEST(LinearCrossEntropyGpu, TakesNoMemoryBeyondItsWorkspace) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t R = 8192, V = 128256, H = 4096;
+  const jit::Driver& cu = *internal::StateOf(rt).driver;
+  ASSERT_OK_AND_ASSIGN(LinearCrossEntropy op, rt.LinearCrossEntropy({.vocab = V, .hidden = H}));
+  const int64_t ws_bytes = op.WorkspaceBytes(R);
+  EXPECT_EQ(op.AccumulatorBytes(R), V * H * 4);
+  EXPECT_LE(ws_bytes - op.AccumulatorBytes(R), int64_t{1} << 29) << "over 0.5 GiB besides fp32";
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_h, DeviceBuffer::Create(rt, R * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, DeviceBuffer::Create(rt, V * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, DeviceBuffer::Create(rt, R * 8));
+  ASSERT_OK(ops::RandomFill(rt, d_h.data(), DType::kBF16, R, H, H, 1, -2.0f, 2.0f));
+  ASSERT_OK(ops::RandomFill(rt, d_w.data(), DType::kBF16, V, H, H, 2, -0.02f, 0.02f));
+  ASSERT_OK(ops::RandomTargets(rt, d_t.data(), IndexType::kInt64, R, 3, V));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer loss, DeviceBuffer::Create(rt, 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer dh, DeviceBuffer::Create(rt, R * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer dw, DeviceBuffer::Create(rt, V * H * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, DeviceBuffer::Create(rt, ws_bytes));
+  const LinearCrossEntropyArgs args{
+      .hidden_states = TensorView::Matrix(d_h.data(), DType::kBF16, R, H),
+      .weight = TensorView::Matrix(d_w.data(), DType::kBF16, V, H),
+      .targets = IndexView::Of(d_t.data(), IndexType::kInt64, R),
+      .loss = TensorView::Vector(loss.data(), DType::kF32, 1),
+      .d_hidden = TensorView::Matrix(dh.data(), DType::kBF16, R, H),
+      .d_weight = TensorView::Matrix(dw.data(), DType::kBF16, V, H),
+      .workspace = ws.data(),
+      .workspace_bytes = ws_bytes};
+  for (int launch = 0; launch < 2; ++launch) {
+    ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+    size_t free_before = 0, free_after = 0, total = 0;
+    ASSERT_EQ(cu.cuMemGetInfo(&free_before, &total), CUDA_SUCCESS);
+    ASSERT_OK(op.ForwardBackward(nullptr, args));
+    ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+    ASSERT_EQ(cu.cuMemGetInfo(&free_after, &total), CUDA_SUCCESS);
+    const int64_t grown = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+    fmt::print("launch {}: workspace {} MiB ({} MiB fp32 accumulator), device memory taken {} B\n",
+               launch, ws_bytes >> 20, op.AccumulatorBytes(R) >> 20, grown);
+    // The first launch may grow the driver's local-memory pool; the logits alone are 2 GiB.
+    EXPECT_LE(grown, launch == 0 ? 32 << 20 : 0) << "launch " << launch;
   }
 }
 

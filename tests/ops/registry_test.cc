@@ -38,7 +38,7 @@ std::vector<OpSpec> Specs() {
 
 TEST(Registry, NamesEveryOpOnce) {
   const std::vector<std::string> names = OpNames();
-  EXPECT_EQ(names, (std::vector<std::string>{"rms_norm", "cross_entropy"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"rms_norm", "cross_entropy", "linear_cross_entropy"}));
 }
 
 TEST(Registry, SpecsRoundTripThroughJson) {

@@ -39,6 +39,8 @@ def test_abi_and_version_match_the_native_library():
     (_capi.CrossEntropyArgs, "kjit_cross_entropy_args_init"),
     (_capi.CrossEntropyBackwardArgs, "kjit_cross_entropy_backward_args_init"),
     (_capi.CrossEntropyRescaleArgs, "kjit_cross_entropy_rescale_args_init"),
+    (_capi.LinearCrossEntropySpec, "kjit_linear_cross_entropy_spec_init"),
+    (_capi.LinearCrossEntropyArgs, "kjit_linear_cross_entropy_args_init"),
 ])
 def test_ctypes_structs_have_the_librarys_layout(struct, init):
     # *_init writes sizeof into struct_size and every default, the last field's included.
@@ -46,6 +48,9 @@ def test_ctypes_structs_have_the_librarys_layout(struct, init):
     assert value.struct_size == ctypes.sizeof(struct)
     if struct is _capi.CrossEntropySpec:
         assert value.class_weight_dtype == -1 and value.ignore_index == -100
+    if struct is _capi.LinearCrossEntropySpec:
+        assert value.weight_grad_dtype == -1 and value.ignore_index == -100
+        assert value.weight_grad_accumulation == 0 and value.config is None
 
 
 def test_native_library_and_its_dependencies_come_from_the_wheel():
@@ -91,6 +96,52 @@ def test_compile_only_runtime_builds_both_ops(cache_dir):
     assert again.cross_entropy(vocab=50257, dtype="bf16").build()["origin"] == "disk cache"
 
 
+def test_compile_only_runtime_builds_the_linear_cross_entropy(cache_dir):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    chunk32 = "chunk=32 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
+    lce = rt.linear_cross_entropy(vocab=1000, hidden=64, dtype="bf16", bias=True, config=chunk32)
+    built = lce.build()
+    assert built["origin"] == "compiled" and built["params"]["op"] == "linear_cross_entropy"
+    assert lce.build()["origin"] == "memory"
+    assert lce.accumulator_bytes(100) == 1000 * 64 * 4  # fp32 sums for a bf16 d_weight
+    assert lce.accumulator_bytes(32) == 0  # one chunk writes d_weight directly
+    assert lce.workspace_bytes(100) >= (32 << 20) + lce.accumulator_bytes(100)
+    assert lce.config_for(100).startswith("chunk=")
+    config = "chunk=32 streams=2 logits_algo=0 d_hidden_algo=1 d_weight_algo=0"
+    assert rt.linear_cross_entropy(1000, 64, config=config).config_for(5) == config
+    lean = rt.linear_cross_entropy(1000, 64, weight_grad_accumulation="output_dtype", config=chunk32)
+    assert lean.accumulator_bytes(100) == 0
+    assert lce.workspace_bytes(100) - lean.workspace_bytes(100) >= lce.accumulator_bytes(100)
+    fp32_grad = rt.linear_cross_entropy(1000, 64, weight_grad_dtype="fp32", config=chunk32)
+    assert fp32_grad.accumulator_bytes(100) == 0
+
+
+def test_linear_cross_entropy_launches_check_their_arguments(cache_dir):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    lce = rt.linear_cross_entropy(vocab=64, hidden=32, dtype="bf16")
+    ws = lce.workspace_bytes(2)
+    fields = dict(hidden_states=kjit.tensor(0x100000, "bf16", 2, 32),
+                  weight=kjit.tensor(0x200000, "bf16", 64, 32),
+                  targets=kjit.index(0x300000, "int64", 2), loss=kjit.vector(0x400000, "fp32", 1),
+                  workspace=0x1000000, workspace_bytes=ws)
+    with pytest.raises(kjit.KjitError) as e:
+        lce.forward(None, **fields)
+    assert e.value.status == "FAILED_PRECONDITION"
+    with pytest.raises(kjit.KjitError) as e:
+        lce.forward_backward(None, **fields, d_hidden=kjit.tensor(0x500000, "bf16", 2, 32),
+                             d_weight=kjit.tensor(0x600000, "bf16", 64, 32), accumulate=1)
+    assert e.value.status == "FAILED_PRECONDITION"
+    with pytest.raises(kjit.KjitInvalidArgument, match="d_hidden: given to Forward"):
+        lce.forward(None, **fields, d_hidden=kjit.tensor(0x500000, "bf16", 2, 32))
+    with pytest.raises(kjit.KjitInvalidArgument, match="weight: cols is 31, expected 32"):
+        lce.forward(None, **dict(fields, weight=kjit.tensor(0x200000, "bf16", 64, 31)))
+    with pytest.raises(kjit.KjitInvalidArgument, match="bias: given, but the op was created "
+                       "without a bias"):
+        lce.forward(None, **fields, bias=kjit.vector(0x700000, "bf16", 64))
+    with pytest.raises(kjit.KjitInvalidArgument, match="accumulate: 2 is out of range"):
+        lce.forward_backward(None, **fields, accumulate=2)
+
+
 def test_launch_on_a_compile_only_runtime_is_refused(cache_dir):
     rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
     norm = rt.rms_norm(hidden=64)
@@ -133,6 +184,14 @@ def test_class_weights_reach_the_launches(cache_dir):
     (lambda rt: rt.cross_entropy(vocab=100, dtype="bf16", class_weight_dtype="fp16"),
      "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)"),
     (lambda rt: rt.rms_norm(hidden=0), "hidden"),
+    (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=0), "hidden: 0 is out of range"),
+    (lambda rt: rt.linear_cross_entropy(vocab=1, hidden=64), "vocab"),
+    (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, weight_grad_dtype="fp16"),
+     "weight_grad_dtype: fp16 must be bf16 or fp32"),
+    (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, softcap=-1.0), "softcap"),
+    (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, config="chunk=0 streams=1 "
+                                        "logits_algo=0 d_hidden_algo=0 d_weight_algo=0"),
+     "config: "),
     (lambda rt: rt.rms_norm(hidden=64, config="vec=3 fwd=32x1 bwd=32x1"), "vec"),
 ])
 def test_invalid_specs_name_the_field(cache_dir, make, field):
@@ -153,6 +212,18 @@ def test_bad_enum_names_are_python_errors(cache_dir, kwargs, message):
     rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
     with pytest.raises(ValueError, match=message):
         rt.cross_entropy(vocab=100, **kwargs)
+    if "class_weight_dtype" not in kwargs:
+        with pytest.raises(ValueError, match=message):
+            rt.linear_cross_entropy(vocab=100, hidden=64, **kwargs)
+
+
+def test_bad_linear_cross_entropy_enum_names_are_python_errors(cache_dir):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    with pytest.raises(ValueError, match="weight_grad_accumulation: expected one of 'fp32', "
+                       "'output_dtype', got 'bf16'"):
+        rt.linear_cross_entropy(100, 64, weight_grad_accumulation="bf16")
+    with pytest.raises(ValueError, match="weight_grad_dtype: expected one of"):
+        rt.linear_cross_entropy(100, 64, weight_grad_dtype="fp64")
 
 
 @pytest.mark.skipif(not _driver_present(), reason="no CUDA driver here: a compile-only runtime "
@@ -200,3 +271,13 @@ def test_pip_nvrtc_is_found_on_sys_path(tmp_path, monkeypatch):
     assert _capi._find_pip_nvrtc() == str(lib / "libnvrtc.so.13")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere")])
     assert _capi._find_pip_nvrtc() is None
+
+
+def test_pip_cublaslt_is_found_on_sys_path(tmp_path, monkeypatch):
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcublasLt.so.13").write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert _capi._find_pip_cublaslt() == str(lib / "libcublasLt.so.13")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere")])
+    assert _capi._find_pip_cublaslt() is None

@@ -127,6 +127,97 @@ def test_strided_rows_are_taken_without_a_copy():
     assert _kernels.matrix_shape(x, "x") == (15, 16)
 
 
+# ---- Linear + cross-entropy ----------------------------------------------------------------------
+# (shapes and dtypes by name or lambda: the parameters are made at collection, where torch may be
+# missing)
+
+def _lce_inputs(rows=4, vocab=10, hidden=8, dtype="float32"):
+    t = getattr(torch, dtype)
+    return (torch.randn(rows, hidden).to(t), torch.randn(vocab, hidden).to(t),
+            torch.zeros(rows, dtype=torch.long), torch.randn(vocab).to(t))
+
+
+def test_linear_cross_entropy_refuses_cpu_tensors_naming_the_argument():
+    h, w, t, b = _lce_inputs()
+    with pytest.raises(ValueError, match="hidden must be a CUDA tensor"):
+        kt.linear_cross_entropy(h, w, t, b)
+    with pytest.raises(ValueError, match="hidden must be a CUDA tensor"):
+        kt.LinearCrossEntropyLoss()(h, w, t)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda h, w, t, b: (h.double(), w, t, b), TypeError,
+     "hidden must be float32, float16 or bfloat16"),
+    (lambda h, w, t, b: (h, w.to(torch.bfloat16), t, b), TypeError,
+     r"weight must have hidden's dtype \(torch.float32\), got torch.bfloat16"),
+    (lambda h, w, t, b: (h, w, t, b.half()), TypeError,
+     r"bias must have hidden's dtype \(torch.float32\), got torch.float16"),
+    (lambda h, w, t, b: (h, w, t.float(), b), TypeError, "class indices"),
+    (lambda h, w, t, b: (h, w, t.short(), b), TypeError, "target must be int64 or int32"),
+    (lambda h, w, t, b: (h.view(2, 2, 8), w, t, b), ValueError,
+     r"hidden must be \[rows, hidden_size\], got shape \(2, 2, 8\)"),
+    (lambda h, w, t, b: (h[:0], w, t[:0], b), ValueError, "hidden has no rows"),
+    (lambda h, w, t, b: (h, w[:, :7], t, b), ValueError,
+     r"weight must be \[vocab, hidden_size\] = \[vocab, 8\], got shape \(10, 7\)"),
+    (lambda h, w, t, b: (h, w[0], t, b), ValueError, r"weight must be \[vocab, hidden_size\]"),
+    (lambda h, w, t, b: (h, w, t[:3], b), ValueError, r"target must be \[rows\] = \[4\]"),
+    (lambda h, w, t, b: (h, w, t, b[:9]), ValueError,
+     r"bias must be \[vocab\] = \[10\], got shape \(9,\)"),
+    (lambda h, w, t, b: (h, w, t, b.view(1, 10)), ValueError, r"bias must be \[vocab\]"),
+    (lambda h, w, t, b: (h, w, t, [0.0] * 10), TypeError,
+     "bias must be a torch.Tensor or None, got list"),
+    (lambda h, w, t, b: (h, w.tolist(), t, b), TypeError,
+     "weight must be a torch.Tensor, got list"),
+    (lambda h, w, t, b: (torch.randn(8, 4).t(), w, t, b), ValueError,
+     "hidden must have a contiguous last dimension"),
+    (lambda h, w, t, b: (h, torch.randn(8, 10).t(), t, b), ValueError,
+     "weight must have a contiguous last dimension"),
+])
+def test_linear_cross_entropy_argument_errors_name_the_argument(change, error, message):
+    args = change(*_lce_inputs())
+    with pytest.raises(error, match=message):
+        kt.linear_cross_entropy(*args)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(reduction="avg"), "reduction must be one of"),
+    (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
+    (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\)"),
+    (dict(lse_square_scale=-1e-4), "lse_square_scale must be >= 0"),
+    (dict(softcap=-1.0), r"softcap must be >= 0 \(0: off\)"),
+    (dict(softcap=float("nan")), "softcap must be >= 0"),
+])
+def test_linear_cross_entropy_option_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kt.linear_cross_entropy(*_lce_inputs(), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        kt.LinearCrossEntropyLoss(**kwargs)(*_lce_inputs())
+
+
+@pytest.mark.parametrize("dtype, bias, kwargs", [
+    ("float32", True, {}), ("bfloat16", False, {}), ("float16", True, dict(softcap=None)),
+    ("float32", True, dict(reduction="none", label_smoothing=0.1, lse_square_scale=1e-4,
+                           softcap=30.0)),
+])
+def test_linear_cross_entropy_good_arguments_pass_the_checks(dtype, bias, kwargs):
+    h, w, t, b = _lce_inputs(dtype=dtype)
+    # Accepted: the call goes on to the device check, which wants CUDA tensors.
+    with pytest.raises(ValueError, match="hidden must be a CUDA tensor"):
+        kt.linear_cross_entropy(h, w, t.int(), b if bias else None, **kwargs)
+
+
+def test_linear_cross_entropy_loss_module_owns_no_parameters():
+    loss = kt.LinearCrossEntropyLoss(ignore_index=3, lse_square_scale=1e-4)
+    assert not list(loss.parameters()) and not loss.state_dict()
+    assert "ignore_index=3" in repr(loss) and "lse_square_scale=0.0001" in repr(loss)
+
+
+def test_linear_cross_entropy_custom_ops_are_registered():
+    from kjit.torch import _kernels  # noqa: F401 (registers them)
+    for name in ("linear_cross_entropy_forward", "linear_cross_entropy_forward_backward"):
+        assert hasattr(torch.ops.kjit, name), name
+
+
 def test_apply_to_refuses_unsupported_models():
     class Config:
         model_type = "gpt2"

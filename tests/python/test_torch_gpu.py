@@ -1,4 +1,5 @@
-"""kjit.torch on a GPU: every op and option against float64 torch references, autograd, torch.compile,
+"""kjit.torch on a GPU: every op and option against float64 torch references (the fused linear +
+cross-entropy against F.cross_entropy of the logits), autograd, torch.compile,
 CUDA graphs and apply_to on small Hugging Face models. Skips visibly without torch or a GPU.
 
 Tolerances: |out - ref| <= atol + rtol * |ref| elementwise, with rtol one rounding of the output
@@ -342,6 +343,212 @@ def test_comparator_rejects_a_wrongly_weighted_loss():
 # No torch.autograd.gradcheck for cross-entropy: kjit has no float64 kernels, and gradcheck runs the
 # backward several times per forward, which the fused op does not allow (its gradient is computed in
 # the forward and rescaled in place). The float64 comparisons above check the gradient instead.
+
+
+# ---- Linear + cross-entropy ---------------------------------------------------------------------
+# Inputs on a lattice the GEMM computes exactly in every dtype (hidden in {-1/4, 0, 1/4}, weight in
+# {-1, 0, 1}, bias in quarters of [-2, 2]: logits are quarters below 32, which even bf16 holds), so
+# that the fp64 reference sees the very logits kjit's loss reads. What remains is the loss's fp32
+# math (rtol 1e-5) and, for the gradients, the logits' gradient rounded to the dtype in its chunk
+# buffer before the gradient GEMMs (fp32 accumulation) and each output's final rounding: at most
+# 2^-9 of sum_j |dlogits_j| |w_j| <= 2 * 2^-9 of the gradient's scale in bf16. Hence rtol two of
+# the dtype's roundings and atol LCE_ATOL of the largest reference gradient (four times that
+# bound); test_lce_comparator_rejects_... shows a 2% error in one element failing.
+
+LCE_ATOL = {"fp32": 1e-5, "fp16": 2 ** -9, "bf16": 2 ** -6}
+
+
+def make_lce_inputs(rows, vocab, hidden, dtype, bias=True, seed=0, target_type=None):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = dtype_of(dtype)
+    h = (torch.randint(-1, 2, (rows, hidden), device="cuda", generator=g) / 4).to(t)
+    w = torch.randint(-1, 2, (vocab, hidden), device="cuda", generator=g).to(t)
+    b = (torch.randint(-8, 9, (vocab,), device="cuda", generator=g) / 4).to(t) if bias else None
+    target = torch.randint(0, vocab, (rows,), device="cuda", generator=g)
+    if rows > 2:  # the first and last class always appear
+        target[0], target[1] = 0, vocab - 1
+    target[torch.rand(rows, device="cuda", generator=g) < 0.2] = -100
+    if rows > 3:
+        target[3] = -100  # an ignored row whatever the draw
+    return h, w, b, target.to(target_type or torch.int64)
+
+
+def lce_reference(h, w, b, target, up, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
+                  softcap=0.0):
+    """float64 loss and gradients (for upstream gradient `up`) of torch's own
+    F.cross_entropy(h @ w.T + b), soft-capped and with z-loss as include/kjit/cross_entropy.h
+    defines them."""
+    h64 = h.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_() if b is not None else None
+    logits = F.linear(h64, w64, b64)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    target = target.long()
+    per_row = F.cross_entropy(logits, target, ignore_index=-100, reduction="none",
+                              label_smoothing=label_smoothing)
+    valid = target != -100
+    if lse_square_scale:
+        z = lse_square_scale * torch.logsumexp(logits, dim=-1) ** 2
+        per_row = per_row + torch.where(valid, z, torch.zeros_like(z))
+    if reduction == "none":
+        loss = per_row
+    elif reduction == "sum":
+        loss = per_row.sum()
+    else:
+        loss = per_row.sum() / valid.sum()
+    loss.backward(up.double())
+    return loss.detach(), h64.grad, w64.grad, (b64.grad if b is not None else None)
+
+
+def run_lce(h, w, b, target, up, **kwargs):
+    """kjit's loss and gradients through autograd, every input a leaf that requires grad."""
+    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+    bl = b.clone().requires_grad_() if b is not None else None
+    loss = kt.linear_cross_entropy(hl, wl, target, bl, **kwargs)
+    loss.backward(up)
+    return loss, hl.grad, wl.grad, (bl.grad if bl is not None else None)
+
+
+def upstream(reduction, rows, seed=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.rand(rows if reduction == "none" else (), device="cuda", generator=g) + 0.5
+
+
+def check_lce(rows, vocab, hidden, dtype, reduction="mean", bias=True, target_type=None,
+              **options):
+    h, w, b, target = make_lce_inputs(rows, vocab, hidden, dtype, bias, target_type=target_type)
+    up = upstream(reduction, rows)
+    got = run_lce(h, w, b, target, up, reduction=reduction, **options)
+    ref = lce_reference(h, w, b, target, up, reduction, **options)
+    assert got[0].dtype == torch.float32
+    assert_close(got[0], ref[0], 1e-5, 1e-5, "loss")
+    for name, out, expected, t in zip(("d_hidden", "d_weight", "d_bias"), got[1:], ref[1:],
+                                      (h, w, b)):
+        if expected is None:
+            assert out is None
+            continue
+        assert out.dtype == t.dtype and out.shape == t.shape, name
+        atol = LCE_ATOL[dtype] * expected.abs().max().item() + 1e-30
+        assert_close(out, expected, 2 * RTOL[dtype], atol, name)
+    return got, ref
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_matches_torch_fp64(dtype, reduction):
+    check_lce(77, 1000, 64, dtype, reduction)
+
+
+@pytest.mark.parametrize("options", [
+    dict(label_smoothing=0.1), dict(lse_square_scale=1e-3), dict(softcap=5.0),
+    dict(bias=False, target_type="int32"),
+    dict(label_smoothing=0.05, lse_square_scale=1e-3, softcap=8.0, reduction="none"),
+])
+def test_linear_cross_entropy_options(options):
+    options = dict(options)
+    if "target_type" in options:
+        options["target_type"] = getattr(torch, options["target_type"])
+    check_lce(77, 1000, 64, "bf16", **options)
+
+
+def test_linear_cross_entropy_larger_shape():
+    check_lce(300, 50257, 256, "bf16")
+
+
+def test_linear_cross_entropy_grads_only_for_inputs_that_require_them():
+    h, w, b, target = make_lce_inputs(40, 1000, 64, "bf16")
+    ref_loss, ref_dh, ref_dw, ref_db = lce_reference(h, w, b, target, torch.ones((), device="cuda"))
+    with torch.no_grad():
+        forward_only = kt.linear_cross_entropy(h, w, target, b)
+    assert_close(forward_only, ref_loss, 1e-5, 1e-5, "forward only")
+    hl = h.clone().requires_grad_()  # a frozen lm_head (LoRA): d_hidden alone
+    loss = kt.linear_cross_entropy(hl, w, target, b)
+    loss.backward()
+    assert_close(loss, forward_only, 1e-6, 1e-6, "the fused pass's loss")
+    assert_close(hl.grad, ref_dh, 2 * RTOL["bf16"], LCE_ATOL["bf16"] * ref_dh.abs().max().item(),
+                 "d_hidden alone")
+    wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
+    kt.linear_cross_entropy(h, wl, target, bl).backward()
+    assert_close(wl.grad, ref_dw, 2 * RTOL["bf16"], LCE_ATOL["bf16"] * ref_dw.abs().max().item(),
+                 "d_weight without d_hidden")
+    assert_close(bl.grad, ref_db, 2 * RTOL["bf16"], LCE_ATOL["bf16"] * ref_db.abs().max().item(),
+                 "d_bias without d_hidden")
+    assert not kt.linear_cross_entropy(h, w, target, b).requires_grad
+
+
+def test_linear_cross_entropy_gradients_accumulate_and_backward_runs_once():
+    h, w, b, target = make_lce_inputs(40, 1000, 64, "fp32")
+    wl = w.clone().requires_grad_()
+    kt.linear_cross_entropy(h, wl, target, b).backward()
+    once = wl.grad.clone()
+    kt.linear_cross_entropy(h, wl, target, b).backward()  # autograd adds into .grad
+    assert_close(wl.grad, 2 * once, 1e-6, 0, "accumulated d_weight")
+    loss = kt.linear_cross_entropy(h.clone().requires_grad_(), wl, target, b)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
+def test_linear_cross_entropy_is_deterministic():
+    h, w, b, target = make_lce_inputs(300, 5000, 128, "bf16")
+    up = torch.ones((), device="cuda")
+    a, b_ = run_lce(h, w, b, target, up), run_lce(h, w, b, target, up)
+    assert all(torch.equal(x, y) for x, y in zip(a, b_))
+
+
+def test_lce_comparator_rejects_a_perturbed_weight_gradient():
+    (_, _, dw, _), (_, _, ref_dw, _) = check_lce(77, 1000, 64, "bf16")
+    perturbed = dw.clone()
+    perturbed.view(-1)[123] += 0.02 * ref_dw.abs().max().to(perturbed.dtype)
+    with pytest.raises(AssertionError, match="elements off"):
+        assert_close(perturbed, ref_dw, 2 * RTOL["bf16"],
+                     LCE_ATOL["bf16"] * ref_dw.abs().max().item(), "d_weight")
+
+
+class TinyHead(torch.nn.Module if "torch" in globals() else object):
+    """An lm_head (with a bias) and its loss: kjit's fused op, or the logits and kjit's loss."""
+
+    def __init__(self, vocab=1000, hidden=64, fused=True):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, hidden)
+        self.head = torch.nn.Linear(hidden, vocab)
+        self.loss = kt.LinearCrossEntropyLoss(label_smoothing=0.1)
+        self.fused = fused
+
+    def forward(self, x, labels):
+        h = torch.tanh(self.proj(x))
+        if self.fused:
+            return self.loss(h, self.head.weight, labels, self.head.bias)
+        return kt.cross_entropy(self.head(h), labels, label_smoothing=0.1)
+
+
+def test_linear_cross_entropy_torch_compile_fullgraph():
+    torch.manual_seed(0)
+    eager = TinyHead().cuda().to(torch.bfloat16)
+    compiled_model = copy.deepcopy(eager)
+    unfused = copy.deepcopy(eager)
+    unfused.fused = False
+    compiled = torch.compile(compiled_model, fullgraph=True)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(96, 64, device="cuda", generator=g).to(torch.bfloat16)
+    labels = torch.randint(0, 1000, (96,), device="cuda", generator=g)
+    labels[:5] = -100
+    losses = []
+    for model in (eager, compiled, unfused):
+        loss = model(x, labels)
+        (loss * 2).backward()  # an upstream gradient of 2
+        losses.append(loss)
+    # (Inductor may fuse proj's bias add and the tanh, rounding h once rather than twice.)
+    assert_close(losses[1], losses[0], 1e-3, 1e-3, "compiled loss")
+    # The unfused path rounds the logits to bf16 as lm_head's output too: the same loss up to
+    # the GEMMs' summation order.
+    assert_close(losses[2], losses[0], 1e-3, 1e-3, "unfused loss")
+    for (name, p), q, u in zip(eager.named_parameters(), compiled_model.parameters(),
+                               unfused.parameters()):
+        scale = p.grad.abs().max().item()
+        assert_close(q.grad, p.grad, 2 ** -6, 2e-2 * scale, f"compiled grad {name}")
+        assert_close(u.grad, p.grad, 2 ** -6, 2e-2 * scale, f"unfused grad {name}")
 
 
 # ---- RMSNorm ------------------------------------------------------------------------------------

@@ -64,11 +64,11 @@ json Finding(const json& doctor, const std::string& check) {
   return nullptr;
 }
 
-// PrebuildInto's report: ok, and its three kernels in the cache, exactly when `stored`.
+// PrebuildInto's report: ok, and its four kernels in the cache, exactly when `stored`.
 void ExpectPrebuilt(const json& report, bool stored) {
   EXPECT_EQ(report["ok"], stored);
   EXPECT_EQ(report["stored"], stored);
-  ASSERT_EQ(report["kernels"].size(), 3u) << report;
+  ASSERT_EQ(report["kernels"].size(), 4u) << report;
   for (const json& k : report["kernels"]) {
     EXPECT_EQ(k["stored"], stored) << k;
     EXPECT_EQ(k["path"] != "", stored) << k;
@@ -91,7 +91,7 @@ class CacheCliTest : public ::testing::Test {
   CliResult Kjit(const std::vector<std::string>& args) {
     return testing::RunKjit(args, env_, root_);
   }
-  // `kjit-tune --compile-only --json` of a small model's three kernels for sm_90, into `cache`.
+  // `kjit-tune --compile-only --json` of a small model's four kernels for sm_90, into `cache`.
   CliResult PrebuildInto(const std::string& cache) {
     env_["KJIT_CACHE_DIR"] = cache;
     return testing::RunProgram(
@@ -139,7 +139,7 @@ TEST_F(CacheCliTest, KjitTuneWithANonUtf8CachePathBuildsEveryKernel) {
   cache_ = root_ + "/caf\xe9";
   const CliResult r = PrebuildInto(cache_);
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "3 of 3 kernels ready")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "4 of 4 kernels ready")) << r.err;
   EXPECT_FALSE(Contains(r.err, "crashed")) << r.err;
   const json report = ParseOut(r);
   ExpectPrebuilt(report, true);

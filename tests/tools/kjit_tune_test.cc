@@ -60,9 +60,10 @@ TEST_F(KjitTuneTest, CompileOnlyFillsTheCacheSoASecondRunCompilesNothing) {
     EXPECT_TRUE(fs::exists(k["path"].get<std::string>())) << k.dump();
   }
   EXPECT_EQ(targets, (std::set<std::string>{"sm_90", "sm_100"}));
-  EXPECT_EQ(ops, (std::set<std::string>{"rms_norm", "rms_norm+residual", "cross_entropy"}));
+  EXPECT_EQ(ops, (std::set<std::string>{"rms_norm", "rms_norm+residual", "cross_entropy",
+                                        "linear_cross_entropy"}));
   EXPECT_NE(first.err.find("nothing is timed"), std::string::npos) << first.err;
-  EXPECT_NE(first.err.find("6 of 6 kernels ready"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("8 of 8 kernels ready"), std::string::npos) << first.err;
 
   const CliResult second = Run({"--model", "llama-3.2-1b", "--compile-only", "--json"});
   ASSERT_EQ(second.exit_code, 0) << second.Describe();
@@ -80,7 +81,7 @@ TEST_F(KjitTuneTest, ReadsAHuggingFaceConfigFile) {
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   const auto report = nlohmann::json::parse(r.out);
   EXPECT_EQ(report["vocab_size"], 1000);
-  EXPECT_EQ(report["kernels"].size(), 3u);
+  EXPECT_EQ(report["kernels"].size(), 4u);
 }
 
 TEST_F(KjitTuneTest, BadInputGetsAClearErrorAndExitCode) {
@@ -369,7 +370,7 @@ TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
   EXPECT_EQ(failures.size(), 2u) << report["failures"].dump();
   EXPECT_NE(failures[crash].find("crashed: signal 6"), std::string::npos) << failures[crash];
   EXPECT_NE(failures[hang].find("hung: no answer in 10 s"), std::string::npos) << failures[hang];
-  EXPECT_EQ(report["kernels"].size(), 3u);
+  EXPECT_EQ(report["kernels"].size(), 4u);
   for (const auto& k : report["kernels"]) EXPECT_EQ(k["origin"], "compiled") << k.dump();
   // Every pruned config carries its reason.
   EXPECT_FALSE(report["pruned"].empty());

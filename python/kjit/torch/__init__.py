@@ -1,9 +1,10 @@
-"""kjit for PyTorch: fused cross-entropy and RMSNorm as autograd ops on CUDA tensors, and
-apply_to(model) for Hugging Face causal LMs.
+"""kjit for PyTorch: fused cross-entropy, lm_head + cross-entropy and RMSNorm as autograd ops on
+CUDA tensors, and apply_to(model) for Hugging Face causal LMs.
 
     import kjit.torch
     kjit.torch.apply_to(model)                                    # norms + loss swapped
     loss = kjit.torch.cross_entropy(logits, target, ignore_index=-100)
+    loss = kjit.torch.linear_cross_entropy(hidden, lm_head.weight, target)   # no logits in memory
     y = kjit.torch.rms_norm(x, weight, eps=1e-6)
 
 The ops are torch.library custom ops (torch.ops.kjit.*) with fake implementations, so
@@ -16,9 +17,9 @@ except ImportError as e:  # pragma: no cover - exercised where torch is absent
     raise ImportError("kjit.torch needs PyTorch (pip install torch); the rest of kjit (kjit.Runtime, "
                       "python -m kjit doctor) works without it") from e
 
-from kjit.torch.functional import cross_entropy, rms_norm
+from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 from kjit.torch.hf import KjitHFRMSNorm, apply_to
-from kjit.torch.modules import CrossEntropyLoss, RMSNorm
+from kjit.torch.modules import CrossEntropyLoss, LinearCrossEntropyLoss, RMSNorm
 
-__all__ = ["CrossEntropyLoss", "KjitHFRMSNorm", "RMSNorm", "apply_to", "cross_entropy",
-           "rms_norm"]
+__all__ = ["CrossEntropyLoss", "KjitHFRMSNorm", "LinearCrossEntropyLoss", "RMSNorm", "apply_to",
+           "cross_entropy", "linear_cross_entropy", "rms_norm"]

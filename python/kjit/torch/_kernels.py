@@ -262,6 +262,100 @@ def cross_entropy_rescale_(grad, target, weight, grad_output, applied, ignore_in
                         grad_output=as_vector(grad_output), applied=as_vector(applied))
 
 
+# ---- Linear + cross-entropy --------------------------------------------------------------------
+
+def linear_cross_entropy_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                            has_bias: bool, weight_grad: bool, ignore_index: int, reduction: str,
+                            label_smoothing: float, lse_square_scale: float, softcap: float):
+    """The op handle. weight_grad: whether its launches compute d_weight or d_bias, which then add
+    up over the chunks in fp32 (the accumulator, vocab x hidden x 4 bytes, lies in the workspace)
+    and are rounded to the weight's dtype once; without, the op has no accumulator, so a frozen
+    lm_head (LoRA) or a forward alone costs no such workspace. Both share one compiled program."""
+    return _op("linear_cross_entropy", hidden.device, vocab=weight.shape[0],
+               hidden=weight.shape[1], dtype=dtype_name(hidden, "hidden"), bias=has_bias,
+               target_type=index_name(target, "target"), ignore_index=ignore_index,
+               reduction=reduction, label_smoothing=label_smoothing,
+               lse_square_scale=lse_square_scale, softcap=softcap,
+               weight_grad_accumulation="fp32" if weight_grad else "output_dtype")
+
+
+def _lce_gradients_like(hidden, weight, bias, want_d_hidden, want_d_weight, want_d_bias):
+    """d_hidden, d_weight and d_bias, each in its input's shape and dtype, or empty ([0]) when not
+    wanted (a custom op returns tensors, not None)."""
+    def like(t, wanted):
+        if wanted:
+            return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return torch.empty((0,), dtype=hidden.dtype, device=hidden.device)
+    return (like(hidden, want_d_hidden), like(weight, want_d_weight),
+            like(bias, want_d_bias and bias is not None))
+
+
+def _lce_launch(method, hidden, weight, target, bias, grad_output, want, ignore_index, reduction,
+                label_smoothing, lse_square_scale, softcap):
+    gradient = method == "forward_backward"
+    op = linear_cross_entropy_op(hidden, weight, target, bias is not None,
+                                 gradient and (want[1] or want[2]), ignore_index, reduction,
+                                 label_smoothing, lse_square_scale, softcap)
+    rows = hidden.shape[0]
+    loss = _loss_like(hidden, reduction)
+    workspace = _workspace(op, "workspace_bytes", rows, hidden.device)
+    fields = dict(hidden_states=as_matrix(hidden, "hidden"), weight=as_matrix(weight, "weight"),
+                  bias=as_vector(bias), targets=as_index(target, "target"), loss=as_vector(loss),
+                  workspace=workspace.data_ptr(), workspace_bytes=workspace.numel())
+    grads = ()
+    if gradient:
+        grads = _lce_gradients_like(hidden, weight, bias, *want)
+        d_hidden, d_weight, d_bias = grads
+        fields.update(grad_output=as_vector(grad_output),
+                      d_hidden=as_matrix(d_hidden, "d_hidden") if want[0] else _capi.Tensor(),
+                      d_weight=as_matrix(d_weight, "d_weight") if want[1] else _capi.Tensor(),
+                      d_bias=as_vector(d_bias) if want[2] and bias is not None else _capi.Tensor())
+    getattr(op, method)(_stream(hidden.device), **fields)
+    return (loss, *grads)
+
+
+_LCE_OPTIONS = ("int ignore_index, str reduction, float label_smoothing, float lse_square_scale, "
+                "float softcap")
+
+
+@_kernel("linear_cross_entropy_forward", mutates_args=(),
+         schema=f"(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, {_LCE_OPTIONS}) "
+                "-> Tensor")
+def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
+                                 label_smoothing, lse_square_scale, softcap):
+    """The loss of the logits hidden @ weight.T + bias; no gradient."""
+    (loss,) = _lce_launch("forward", hidden, weight, target, bias, None, (False,) * 3, ignore_index,
+                          reduction, label_smoothing, lse_square_scale, softcap)
+    return loss
+
+
+@linear_cross_entropy_forward.register_fake
+def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,
+      softcap):
+    return _loss_like(hidden, reduction)
+
+
+@_kernel("linear_cross_entropy_forward_backward", mutates_args=(),
+         schema="(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? grad_output, "
+                f"bool d_hidden, bool d_weight, bool d_bias, {_LCE_OPTIONS}) "
+                "-> (Tensor, Tensor, Tensor, Tensor)")
+def linear_cross_entropy_forward_backward(hidden, weight, target, bias, grad_output, d_hidden,
+                                          d_weight, d_bias, ignore_index, reduction,
+                                          label_smoothing, lse_square_scale, softcap):
+    """The loss and the gradients asked for (each in its input's shape and dtype, else empty),
+    for upstream gradient grad_output (fp32 [1] or [rows]; 1 when None), in one pass."""
+    return _lce_launch("forward_backward", hidden, weight, target, bias, grad_output,
+                       (d_hidden, d_weight, d_bias), ignore_index, reduction, label_smoothing,
+                       lse_square_scale, softcap)
+
+
+@linear_cross_entropy_forward_backward.register_fake
+def _(hidden, weight, target, bias, grad_output, d_hidden, d_weight, d_bias, ignore_index,
+      reduction, label_smoothing, lse_square_scale, softcap):
+    return (_loss_like(hidden, reduction),
+            *_lce_gradients_like(hidden, weight, bias, d_hidden, d_weight, d_bias))
+
+
 # ---- RMSNorm -----------------------------------------------------------------------------------
 
 def rms_norm_op(x, weight, eps, offset, casting, fused_residual):

@@ -1,10 +1,11 @@
-"""kjit's ops for torch tensors, with autograd: cross_entropy and rms_norm.
+"""kjit's ops for torch tensors, with autograd: cross_entropy, linear_cross_entropy and rms_norm.
 
     loss = kjit.torch.cross_entropy(logits, target)           # like F.cross_entropy, fp32 loss
+    loss = kjit.torch.linear_cross_entropy(h, lm_head.weight, target)   # no logits in memory
     y = kjit.torch.rms_norm(x, weight, eps=1e-6)              # like Hugging Face's LlamaRMSNorm
     y, h = kjit.torch.rms_norm(x, weight, residual=r)         # h = x + r, y = norm(h)
 
-Both run on CUDA tensors on the current stream, work under torch.compile(fullgraph=True) and inside
+All run on CUDA tensors on the current stream, work under torch.compile(fullgraph=True) and inside
 CUDA graphs (build the kernels first: run one step before capturing), and never copy their inputs.
 """
 
@@ -184,6 +185,134 @@ def _class_weight(weight, logits: torch.Tensor) -> torch.Tensor:
                         f"got {weight.dtype}")
     _same_device("weight", weight, logits)
     return weight.detach().contiguous()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, options, grad_enabled):
+        # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
+        want = (grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1],
+                grad_enabled and bias is not None and ctx.needs_input_grad[3])
+        ctx.want, ctx.options, ctx.reduction = want, options, options[1]
+        if not any(want):
+            loss = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias, *options)
+        elif ctx.reduction == "none":
+            # Each row's loss gets its own upstream gradient and d_weight sums over the rows, so a
+            # gradient computed now could not be rescaled: the backward runs the fused pass with
+            # the upstream gradient instead (the logits GEMM runs twice).
+            loss = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias, *options)
+            ctx.save_for_backward(hidden, weight, target, bias)
+        else:
+            # The gradients for upstream gradient 1, computed now (as Liger-Kernel's fused linear
+            # cross-entropy does): the backward only scales them.
+            loss, d_hidden, d_weight, d_bias = _kernels.linear_cross_entropy_forward_backward(
+                hidden, weight, target, bias, None, *want, *options)
+            ctx.save_for_backward(d_hidden, d_weight, d_bias)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        if getattr(ctx, "ran", False):  # (torch.compile's traced backward runs once anyway)
+            raise RuntimeError("kjit.torch.linear_cross_entropy: backward ran twice on one forward "
+                               "(retain_graph=True?): the fused op computes the gradients in the "
+                               "forward and hands them out once; call linear_cross_entropy again "
+                               "instead")
+        if not torch.compiler.is_compiling():
+            ctx.ran = True
+        if ctx.reduction == "none":
+            hidden, weight, target, bias = ctx.saved_tensors
+            _, *grads = _kernels.linear_cross_entropy_forward_backward(
+                hidden, weight, target, bias, _per_row(grad_loss, (hidden.shape[0],)), *ctx.want,
+                *ctx.options)
+        else:
+            scale = grad_loss.detach()
+            # In place in eager mode (the saved gradients are handed out once); out of place
+            # under torch.compile, which functionalizes the graph anyway.
+            inplace = not torch.compiler.is_compiling()
+            grads = [(g.mul_(scale) if inplace else g * scale) if wanted else None
+                     for g, wanted in zip(ctx.saved_tensors, ctx.want)]
+        d_hidden, d_weight, d_bias = (g if wanted else None for g, wanted in zip(grads, ctx.want))
+        return d_hidden, d_weight, None, d_bias, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, *, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         lse_square_scale: float = 0.0,
+                         softcap: Optional[float] = 0.0) -> torch.Tensor:
+    """F.cross_entropy(hidden @ weight.T + bias, target, ...) fused: the lm_head GEMM and the loss
+    run over chunks of rows (cuBLASLt GEMMs, kjit's cross-entropy), so the [rows, vocab] logits
+    never exist in memory (include/kjit/linear_cross_entropy.h).
+
+    - hidden [rows, hidden_size] (flatten the leading dimensions), weight [vocab, hidden_size]
+      (lm_head's), bias [vocab] or None, all in one dtype (float32, float16 or bfloat16) on one
+      GPU; target [rows] class indices (int64 or int32). The loss is fp32: 0-d, or [rows] for
+      reduction "none". The logits are computed in the dtype (rounded as lm_head's output
+      would be), the loss from them in fp32.
+    - ignore_index, reduction and label_smoothing as F.cross_entropy's ("mean" over the rows
+      whose target is not ignore_index: NaN when there are none); lse_square_scale adds
+      lse_square_scale * lse^2 per row (z-loss); softcap > 0 applies softcap * tanh(x / softcap)
+      to the logits first (Gemma 2; 0 or None: off). A target outside [0, vocab) is treated as
+      ignored.
+    - Autograd: only the inputs that require grad get gradients (none: the forward alone runs).
+      For "mean" and "sum" the gradients are computed in the forward pass, as Liger-Kernel's
+      fused linear cross-entropy does, and the backward scales them by the upstream gradient:
+      d_hidden in hidden's dtype, d_weight and d_bias summed over the chunks in fp32 (a
+      vocab x hidden_size x 4-byte workspace while the op runs) and rounded to the weight's dtype
+      once. For "none" the backward runs the fused pass with the per-row upstream gradient.
+    - The backward runs once per forward (no retain_graph=True double backward).
+    """
+    for what, t in (("hidden", hidden), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"kjit: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if hidden.dim() != 2:
+        raise ValueError(f"kjit: hidden must be [rows, hidden_size], got shape "
+                         f"{tuple(hidden.shape)}; flatten the leading dimensions "
+                         "(hidden.view(-1, hidden_size))")
+    rows, size = hidden.shape
+    if rows == 0:
+        raise ValueError("kjit: hidden has no rows; the op needs at least one")
+    if weight.dim() != 2 or weight.shape[1] != size:
+        raise ValueError(f"kjit: weight must be [vocab, hidden_size] = [vocab, {size}], got shape "
+                         f"{tuple(weight.shape)}")
+    vocab = weight.shape[0]
+    if target.dim() != 1 or target.shape[0] != rows:
+        raise ValueError(f"kjit: target must be [rows] = [{rows}] class indices, got shape "
+                         f"{tuple(target.shape)}")
+    if target.is_floating_point():
+        raise TypeError("kjit: target must hold class indices (int64 or int32); class "
+                        "probabilities are not supported")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != vocab):
+        raise ValueError(f"kjit: bias must be [vocab] = [{vocab}], got shape {tuple(bias.shape)}")
+    _kernels.dtype_name(hidden, "hidden")
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(f"kjit: {what} must have hidden's dtype ({hidden.dtype}), got "
+                            f"{t.dtype}")
+    _kernels.index_name(target, "target")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
+    if not lse_square_scale >= 0:
+        raise ValueError(f"kjit: lse_square_scale must be >= 0, got {lse_square_scale}")
+    softcap = 0.0 if softcap is None else softcap
+    if not softcap >= 0:
+        raise ValueError(f"kjit: softcap must be >= 0 (0: off), got {softcap}")
+    _kernels.matrix_shape(hidden, "hidden")
+    _kernels.matrix_shape(weight, "weight")
+    _check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
+                      *((("bias", bias),) if bias is not None else ()))
+    target = target if target.is_contiguous() else target.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()  # (differentiable: its gradient reaches the strided bias)
+    options = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale),
+               float(softcap))
+    return _LinearCrossEntropy.apply(hidden, weight, target, bias, options,
+                                     torch.is_grad_enabled())
 
 
 class _RmsNorm(torch.autograd.Function):

@@ -1,6 +1,7 @@
-"""nn.Module forms of kjit's ops: CrossEntropyLoss and RMSNorm.
+"""nn.Module forms of kjit's ops: CrossEntropyLoss, LinearCrossEntropyLoss and RMSNorm.
 
     loss_fn = kjit.torch.CrossEntropyLoss(ignore_index=-100)
+    lce = kjit.torch.LinearCrossEntropyLoss()         # lce(hidden, lm_head.weight, target)
     norm = kjit.torch.RMSNorm(4096, eps=1e-5).cuda().to(torch.bfloat16)
 """
 
@@ -11,7 +12,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from kjit.torch.functional import cross_entropy, rms_norm
+from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 
 
 class CrossEntropyLoss(nn.Module):
@@ -43,6 +44,34 @@ class CrossEntropyLoss(nn.Module):
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
                 f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
                 f"softcap={self.softcap}")
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """lm_head and the loss fused (see kjit.torch.linear_cross_entropy): called with the hidden
+    states [rows, hidden_size], lm_head's weight [vocab, hidden_size], the targets [rows] and
+    optionally lm_head's bias; it owns no parameters (the lm_head keeps its weight)."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, lse_square_scale: float = 0.0,
+                 softcap: float = 0.0):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return linear_cross_entropy(hidden, weight, target, bias, ignore_index=self.ignore_index,
+                                    reduction=self.reduction,
+                                    label_smoothing=self.label_smoothing,
+                                    lse_square_scale=self.lse_square_scale, softcap=self.softcap)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, "
+                f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}")
 
 
 class RMSNorm(nn.Module):

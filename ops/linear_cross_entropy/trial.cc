@@ -1,0 +1,149 @@
+#include "ops/linear_cross_entropy/trial.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "ops/common/compare.h"
+#include "ops/linear_cross_entropy/cublaslt.h"
+
+namespace kjit::ops {
+
+namespace {
+
+enum Buffer { kHidden, kWeight, kTargets, kLoss, kDHidden, kDWeight, kWorkspace };
+
+// 4 roundings of the dtype relative, plus 2^-8 of the tensor's RMS.
+CompareResult CompareGradient(const std::vector<double>& got, const std::vector<double>& want,
+                              DType dtype) {
+  double sq = 0;
+  for (double x : want) sq += x * x;
+  const double rms = std::sqrt(sq / static_cast<double>(std::max<size_t>(want.size(), 1)));
+  return Compare(got, want, {.rtol = 4 * RoundingRtol(dtype), .atol = rms * 0x1p-8});
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial::Create(
+    const Runtime& rt, const LinearCrossEntropySpec& spec, int64_t rows) {
+  std::unique_ptr<LinearCrossEntropyTrial> t(new LinearCrossEntropyTrial(rt));
+  t->spec_ = spec;
+  t->spec_.config.reset();
+  t->rows_ = rows;
+  const int64_t V = spec.vocab, H = spec.hidden;
+  const int64_t e = static_cast<int64_t>(SizeOf(spec.dtype));
+  const int64_t wg = static_cast<int64_t>(SizeOf(spec.weight_grad()));
+  KJIT_ASSIGN_OR_RETURN(LinearCrossEntropy heuristic, rt.LinearCrossEntropy(t->spec_));
+  // The largest workspace any config of the search space asks for is the heuristic's: its chunk
+  // fills the budget, and two streams halve it.
+  t->workspace_bytes_ = heuristic.WorkspaceBytes(rows);
+  for (int64_t bytes :
+       {rows * H * e, V * H * e, rows * static_cast<int64_t>(SizeOf(spec.target_type)),
+        int64_t{4} * (spec.reduction == Reduction::kNone ? rows : 1), rows * H * e, V * H * wg,
+        t->workspace_bytes_}) {
+    KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes));
+    t->buffers_.push_back(std::move(b));
+  }
+  const float w_range = 1.5f / std::sqrt(static_cast<float>(H));
+  KJIT_RETURN_IF_ERROR(
+      RandomFill(rt, t->buffers_[kHidden].data(), spec.dtype, rows, H, H, 0x5eed, -2, 2));
+  KJIT_RETURN_IF_ERROR(
+      RandomFill(rt, t->buffers_[kWeight].data(), spec.dtype, V, H, H, 0x5eee, -w_range, w_range));
+  KJIT_RETURN_IF_ERROR(
+      RandomTargets(rt, t->buffers_[kTargets].data(), spec.target_type, rows, 0x5eed, V));
+  t->sampled_vocab_rows_ = SampleRows(V);
+
+  // The unfused path, once.
+  CrossEntropySpec loss_spec = spec.ChunkLoss();
+  loss_spec.reduction = spec.reduction == Reduction::kNone ? Reduction::kSum : spec.reduction;
+  KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(loss_spec));
+  KJIT_ASSIGN_OR_RETURN(const CublasLt* lt, CublasLt::Get());
+  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<LtGemm> gemm, LtGemm::Create(*lt));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer lt_ws, DeviceBuffer::Create(rt, LtGemm::kWorkspaceBytes));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer logits, DeviceBuffer::Create(rt, rows * V * e));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ce_ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(rows)));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_weight, DeviceBuffer::Create(rt, V * H * 4));
+  const TensorView x = TensorView::Matrix(logits.data(), spec.dtype, rows, V);
+  const TensorView h = TensorView::Matrix(t->buffers_[kHidden].data(), spec.dtype, rows, H);
+  const TensorView w = TensorView::Matrix(t->buffers_[kWeight].data(), spec.dtype, V, H);
+  KJIT_RETURN_IF_ERROR(
+      gemm->Run({.a = h, .b = w, .transpose_b = true, .out = x}, lt_ws.data(), nullptr));
+  KJIT_RETURN_IF_ERROR(ce.ForwardBackward(
+      nullptr, {.logits = x,
+                .targets = IndexView::Of(t->buffers_[kTargets].data(), spec.target_type, rows),
+                .loss = TensorView::Vector(t->buffers_[kLoss].data(), DType::kF32, 1),
+                .grad = x,
+                .workspace = ce_ws.data(),
+                .workspace_bytes = ce.WorkspaceBytes(rows)}));
+  KJIT_RETURN_IF_ERROR(
+      gemm->Run({.a = x,
+                 .b = w,
+                 .out = TensorView::Matrix(t->buffers_[kDHidden].data(), spec.dtype, rows, H)},
+                lt_ws.data(), nullptr));
+  KJIT_RETURN_IF_ERROR(gemm->Run({.a = x,
+                                  .transpose_a = true,
+                                  .b = h,
+                                  .out = TensorView::Matrix(d_weight.data(), DType::kF32, V, H)},
+                                 lt_ws.data(), nullptr));
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> loss,
+                        DownloadValues(t->buffers_[kLoss], DType::kF32, 0, 4));
+  t->loss_ = loss[0];
+  KJIT_ASSIGN_OR_RETURN(t->d_hidden_, DownloadValues(t->buffers_[kDHidden], spec.dtype));
+  KJIT_ASSIGN_OR_RETURN(t->d_weight_rows_,
+                        SampledRows(d_weight, DType::kF32, H, t->sampled_vocab_rows_));
+  return t;
+}
+
+LinearCrossEntropyArgs LinearCrossEntropyTrial::Args(const LinearCrossEntropy& op) const {
+  const LinearCrossEntropySpec& s = op.spec();
+  const int64_t R = rows_;
+  return {
+      .hidden_states = TensorView::Matrix(buffers_[kHidden].data(), s.dtype, R, s.hidden),
+      .weight = TensorView::Matrix(buffers_[kWeight].data(), s.dtype, s.vocab, s.hidden),
+      .targets = IndexView::Of(buffers_[kTargets].data(), s.target_type, R),
+      .loss = TensorView::Vector(buffers_[kLoss].data(), DType::kF32,
+                                 s.reduction == Reduction::kNone ? R : 1),
+      .d_hidden = TensorView::Matrix(buffers_[kDHidden].data(), s.dtype, R, s.hidden),
+      .d_weight = TensorView::Matrix(buffers_[kDWeight].data(), s.weight_grad(), s.vocab, s.hidden),
+      .workspace = buffers_[kWorkspace].data(),
+      .workspace_bytes = op.WorkspaceBytes(R)};
+}
+
+absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op) {
+  if (op.WorkspaceBytes(rows_) > workspace_bytes_) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config {} needs a {}-byte workspace, more than the heuristic's {} the trial holds",
+        op.ConfigFor(rows_).ToString(), op.WorkspaceBytes(rows_), workspace_bytes_));
+  }
+  for (Buffer b : {kLoss, kDHidden, kDWeight}) KJIT_RETURN_IF_ERROR(buffers_[b].Fill(0xFF));
+  KJIT_RETURN_IF_ERROR(op.ForwardBackward(nullptr, Args(op)));
+  std::vector<std::pair<std::string, CompareResult>> results;
+  if (spec_.reduction != Reduction::kNone) {
+    KJIT_ASSIGN_OR_RETURN(std::vector<double> loss,
+                          DownloadValues(buffers_[kLoss], DType::kF32, 0, 4));
+    results.emplace_back("loss", Compare(loss, {loss_}, {.rtol = 1e-3}));
+  }
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> dh, DownloadValues(buffers_[kDHidden], spec_.dtype));
+  results.emplace_back("d_hidden", CompareGradient(dh, d_hidden_, spec_.dtype));
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> dw, SampledRows(buffers_[kDWeight], spec_.weight_grad(),
+                                                            spec_.hidden, sampled_vocab_rows_));
+  results.emplace_back("d_weight", CompareGradient(dw, d_weight_rows_, spec_.weight_grad()));
+  return Mismatches(fmt::format("linear_cross_entropy {}", op.ConfigFor(rows_).ToString()),
+                    results);
+}
+
+absl::StatusOr<TimedWork> LinearCrossEntropyTrial::Work(const LinearCrossEntropy& op, Pass pass) {
+  if (pass != Pass::kForwardBackward) {
+    return absl::InvalidArgumentError(
+        fmt::format("pass: linear_cross_entropy times forward_backward, not {}", Name(pass)));
+  }
+  const LinearCrossEntropyArgs args = Args(op);
+  return TimedWork{.launch = [&op, args] { return op.ForwardBackward(nullptr, args); }};
+}
+
+double LinearCrossEntropyTrial::Bytes(Pass) const {
+  const double e = static_cast<double>(SizeOf(spec_.dtype));
+  return e * (2.0 * rows_ * spec_.hidden + 2.0 * spec_.vocab * spec_.hidden);
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,158 @@
+"""kjit.torch.linear_cross_entropy's autograd wiring without a GPU: the two kernels replaced by a
+float64 torch implementation of what they compute (include/kjit/linear_cross_entropy.h) on CPU
+tensors, so that which launch runs with which gradients asked for, how the backward applies the
+upstream gradient, and the reduction "none" path are checked against F.cross_entropy wherever torch
+is installed. (tests/python/test_torch_gpu.py checks the real kernels.)"""
+
+import pytest
+
+from conftest import needs_torch
+
+pytestmark = needs_torch
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import kjit.torch as kt
+    from kjit.torch import _kernels, functional
+except ImportError:
+    pass
+
+
+def _loss(h, w, t, b, ignore_index, reduction, label_smoothing, lse_square_scale, softcap):
+    logits = F.linear(h, w, b)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    per_row = F.cross_entropy(logits, t.long(), ignore_index=ignore_index, reduction="none",
+                              label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    z = lse_square_scale * torch.logsumexp(logits, dim=-1) ** 2
+    per_row = per_row + torch.where(valid, z, torch.zeros_like(z))
+    if reduction == "none":
+        return per_row
+    return per_row.sum() if reduction == "sum" else per_row.sum() / valid.sum()
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernels as torch code on the CPU; returns the launches made, in order."""
+    made = []
+
+    def forward(h, w, t, b, *options):
+        made.append(("forward",))
+        with torch.no_grad():
+            return _loss(h.double(), w.double(), t, None if b is None else b.double(),
+                         *options).float()
+
+    def forward_backward(h, w, t, b, grad_output, d_h, d_w, d_b, *options):
+        made.append(("forward_backward", d_h, d_w, d_b, grad_output is not None))
+        inputs = [x.detach().double().requires_grad_(wanted) if x is not None else None
+                  for x, wanted in ((h, d_h), (w, d_w), (b, d_b))]
+        with torch.enable_grad():
+            loss = _loss(inputs[0], inputs[1], t, inputs[2], *options)
+            up = torch.ones_like(loss) if grad_output is None else grad_output.double().reshape(
+                loss.shape)
+            wanted = [x for x in inputs if x is not None and x.requires_grad]
+            grads = iter(torch.autograd.grad(loss, wanted, up))
+        out = [next(grads).to(x.dtype) if x is not None and x.requires_grad else
+               torch.empty(0, dtype=h.dtype) for x in inputs]
+        return (loss.detach().float(), *out)
+
+    monkeypatch.setattr(_kernels, "linear_cross_entropy_forward", forward)
+    monkeypatch.setattr(_kernels, "linear_cross_entropy_forward_backward", forward_backward)
+    monkeypatch.setattr(functional, "_check_on_one_gpu", lambda *named: None)
+    return made
+
+
+def _inputs(rows=6, vocab=11, hidden=5, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, hidden, generator=g)
+    w = torch.randn(vocab, hidden, generator=g)
+    b = torch.randn(vocab, generator=g) if bias else None
+    t = torch.randint(0, vocab, (rows,), generator=g)
+    t[2] = -100
+    return h, w, t, b
+
+
+def _reference(h, w, t, b, up, **options):
+    leaves = [x.detach().double().requires_grad_() if x is not None else None for x in (h, w, b)]
+    opts = dict(ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
+                softcap=0.0)
+    opts.update(options)
+    loss = _loss(leaves[0], leaves[1], t, leaves[2], *opts.values())
+    loss.backward(up.double())
+    return loss.detach(), [x.grad if x is not None else None for x in leaves]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", [{}, dict(label_smoothing=0.1, lse_square_scale=1e-3,
+                                              softcap=3.0)])
+def test_gradients_match_torch_for_every_reduction(launches, reduction, options):
+    h, w, t, b = _inputs()
+    leaves = [x.clone().requires_grad_() for x in (h, w, b)]
+    up = torch.rand(6 if reduction == "none" else ()) + 0.5
+    loss = kt.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], reduction=reduction,
+                                   **options)
+    loss.backward(up)
+    ref_loss, ref_grads = _reference(h, w, t, b, up, reduction=reduction, **options)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-6, atol=1e-6)
+    for leaf, ref in zip(leaves, ref_grads):
+        assert leaf.grad.dtype == leaf.dtype
+        torch.testing.assert_close(leaf.grad.double(), ref, rtol=1e-5, atol=1e-6)
+    if reduction == "none":  # the forward, then the fused pass with the per-row gradient
+        assert launches == [("forward",), ("forward_backward", True, True, True, True)]
+    else:  # the gradients in the forward, for upstream 1, scaled by the backward
+        assert launches == [("forward_backward", True, True, True, False)]
+
+
+@pytest.mark.parametrize("requires, expected", [
+    ((True, False, False), [("forward_backward", True, False, False, False)]),
+    ((False, True, False), [("forward_backward", False, True, False, False)]),
+    ((False, False, True), [("forward_backward", False, False, True, False)]),
+    ((False, True, True), [("forward_backward", False, True, True, False)]),
+    ((False, False, False), [("forward",)]),
+])
+def test_only_the_gradients_required_are_computed(launches, requires, expected):
+    h, w, t, b = _inputs()
+    leaves = [x.clone().requires_grad_(r) for x, r in zip((h, w, b), requires)]
+    loss = kt.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2])
+    assert launches == expected
+    if not any(requires):
+        assert not loss.requires_grad
+        return
+    loss.backward()
+    _, ref_grads = _reference(h, w, t, b, torch.ones(()))
+    for leaf, r, ref in zip(leaves, requires, ref_grads):
+        if r:
+            torch.testing.assert_close(leaf.grad.double(), ref, rtol=1e-5, atol=1e-6)
+        else:
+            assert leaf.grad is None
+
+
+def test_no_grad_runs_the_forward_alone(launches):
+    h, w, t, b = _inputs()
+    for x in (h, w, b):
+        x.requires_grad_()
+    with torch.no_grad():
+        kt.linear_cross_entropy(h, w, t, b)
+    assert launches == [("forward",)]
+
+
+def test_no_bias_and_backward_once(launches):
+    h, w, t, _ = _inputs(bias=False)
+    hl = h.clone().requires_grad_()
+    loss = kt.linear_cross_entropy(hl, w, t)
+    assert launches == [("forward_backward", True, False, False, False)]
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
+def test_a_strided_bias_gets_its_gradient(launches):
+    h, w, t, _ = _inputs()
+    wide = torch.randn(11, 2, requires_grad=True)
+    loss = kt.linear_cross_entropy(h, w, t, wide[:, 0])
+    loss.backward()
+    _, (_, _, ref_db) = _reference(h, w, t, wide[:, 0].detach(), torch.ones(()))
+    torch.testing.assert_close(wide.grad[:, 0].double(), ref_db, rtol=1e-5, atol=1e-6)
+    assert torch.count_nonzero(wide.grad[:, 1]) == 0

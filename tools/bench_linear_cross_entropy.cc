@@ -1,0 +1,318 @@
+// `kjit bench --op linear_cross_entropy`: the fused lm_head + loss against, in the same run, the
+// three GEMMs alone (cuBLASLt's first choices, the floor the op is held to), the unfused path
+// (the whole logits materialized, kjit's cross-entropy in place, the two gradient GEMMs) and the
+// loss kernel alone on the whole logits (its share of the time). Each fused config is checked
+// against the unfused path's loss and d_hidden before it is timed. Memory: the op's workspace,
+// split into the fp32 weight-gradient accumulator and the rest, and the device memory a launch
+// takes beyond it (cuMemGetInfo around the first launch).
+#include "tools/bench_linear_cross_entropy.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ops/common/compare.h"
+#include "ops/common/trial.h"
+#include "ops/linear_cross_entropy/config.h"
+#include "ops/linear_cross_entropy/cublaslt.h"
+#include "runtime/runtime_state.h"
+#include "tools/bench.h"
+
+namespace kjit::tools {
+
+namespace {
+
+using autotune::GpuTimer;
+using autotune::Timing;
+
+struct Problem {
+  int64_t vocab, hidden, rows;
+  DType dtype;
+  DeviceBuffer h, w, targets, loss, d_hidden, d_weight;
+  TensorView H() const { return TensorView::Matrix(h.data(), dtype, rows, hidden); }
+  TensorView W() const { return TensorView::Matrix(w.data(), dtype, vocab, hidden); }
+  IndexView T() const { return IndexView::Of(targets.data(), IndexType::kInt64, rows); }
+  TensorView Loss() const { return TensorView::Vector(loss.data(), DType::kF32, 1); }
+  TensorView DHidden() const { return TensorView::Matrix(d_hidden.data(), dtype, rows, hidden); }
+  TensorView DWeight() const { return TensorView::Matrix(d_weight.data(), dtype, vocab, hidden); }
+  double Flops() const { return 6.0 * rows * vocab * hidden; }
+  // The fewest bytes: the inputs read, the gradients written.
+  double Bytes() const {
+    return static_cast<double>(SizeOf(dtype)) * (2.0 * rows * hidden + 2.0 * vocab * hidden);
+  }
+};
+
+absl::StatusOr<Problem> MakeProblem(const Runtime& rt, int64_t vocab, int64_t hidden, int64_t rows,
+                                    DType dtype) {
+  const size_t e = SizeOf(dtype);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer h, DeviceBuffer::Create(rt, rows * hidden * e));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Create(rt, vocab * hidden * e));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer t, DeviceBuffer::Create(rt, rows * 8));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer loss, DeviceBuffer::Create(rt, 4));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dh, DeviceBuffer::Create(rt, rows * hidden * e));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer dw, DeviceBuffer::Create(rt, vocab * hidden * e));
+  // Logits of deviation about 2: uniform h in [-2, 2), W in +-1.5 / sqrt(hidden).
+  const float w_range = 1.5f / std::sqrt(static_cast<float>(hidden));
+  KJIT_RETURN_IF_ERROR(ops::RandomFill(rt, h.data(), dtype, rows, hidden, hidden, 1, -2, 2));
+  KJIT_RETURN_IF_ERROR(
+      ops::RandomFill(rt, w.data(), dtype, vocab, hidden, hidden, 2, -w_range, w_range));
+  KJIT_RETURN_IF_ERROR(ops::RandomTargets(rt, t.data(), IndexType::kInt64, rows, 3, vocab));
+  return Problem{vocab,         hidden,       rows,         dtype,
+                 std::move(h),  std::move(w), std::move(t), std::move(loss),
+                 std::move(dh), std::move(dw)};
+}
+
+// What the unfused path computed, for the fused configs' check.
+struct Expected {
+  double loss = 0;
+  std::vector<double> d_hidden;
+};
+
+absl::Status CheckAgainst(const Expected& want, const Problem& p, const std::string& what) {
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> loss, DownloadValues(p.loss, DType::kF32));
+  if (!(std::fabs(loss[0] - want.loss) <= 1e-3 * std::fabs(want.loss))) {
+    return absl::InternalError(
+        fmt::format("{}: loss {} against the unfused path's {}", what, loss[0], want.loss));
+  }
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> dh, DownloadValues(p.d_hidden, p.dtype));
+  double sq = 0;
+  for (double x : want.d_hidden) sq += x * x;
+  const double rms = std::sqrt(sq / static_cast<double>(want.d_hidden.size()));
+  const ops::CompareResult r =
+      ops::Compare(dh, want.d_hidden, {.rtol = 4 * 0x1p-8, .atol = rms * 0x1p-8});
+  if (!r.ok) return absl::InternalError(fmt::format("{}: {}", what, r.Describe("d_hidden")));
+  return absl::OkStatus();
+}
+
+// The device memory in use (all processes), for what a launch takes beyond its workspace.
+absl::StatusOr<int64_t> UsedBytes(const Runtime& rt) {
+  const jit::Driver& cu = *internal::StateOf(rt).driver;
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize"));
+  size_t free = 0, total = 0;
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemGetInfo(&free, &total), "cuMemGetInfo"));
+  return static_cast<int64_t>(total - free);
+}
+
+class Bench {
+ public:
+  Bench(const Runtime& rt, GpuTimer& timer, int repeats, double copy_gbps, Problem& p)
+      : rt_(rt), timer_(timer), repeats_(repeats), copy_gbps_(copy_gbps), p_(p) {}
+
+  absl::Status Baselines();
+  absl::Status Fused(const std::optional<LinearCrossEntropyConfig>& config,
+                     WeightGradAccumulation accumulation);
+  // Configs around the default: chunk sizes and streams, then each GEMM's algorithms.
+  absl::StatusOr<std::vector<LinearCrossEntropyConfig>> Sweep();
+  nlohmann::json entries() const { return entries_; }
+
+ private:
+  std::string Shape() const {
+    return fmt::format("vocab={} hidden={} rows={}", p_.vocab, p_.hidden, p_.rows);
+  }
+  // `flops`: the GEMM work the entry did (one GEMM is a third of the op's; negative: none).
+  void Add(const std::string& impl, const std::string& config, const Timing& t,
+           nlohmann::json extra, double flops = 0) {
+    extra["impl"] = impl;
+    extra["vocab"] = p_.vocab;
+    extra["hidden"] = p_.hidden;
+    extra["rows"] = p_.rows;
+    if (flops >= 0) extra["tflops"] = (flops > 0 ? flops : p_.Flops()) / (t.median_us * 1e6);
+    if (gemms_us_ > 0) extra["ratio_to_gemms"] = t.median_us / gemms_us_;
+    entries_.push_back(BenchEntry({.op = "linear_cross_entropy",
+                                   .pass = "forward_backward",
+                                   .shape = Shape(),
+                                   .config = config,
+                                   .dtype = p_.dtype,
+                                   .heuristic = config == "heuristic",
+                                   .bytes = p_.Bytes(),
+                                   .extra = std::move(extra)},
+                                  t, copy_gbps_));
+  }
+
+  const Runtime& rt_;
+  GpuTimer& timer_;
+  int repeats_;
+  double copy_gbps_;
+  Problem& p_;
+  Expected expected_;
+  double gemms_us_ = 0;
+  std::vector<int> algo_counts_ = {1, 1, 1};  // logits, d_hidden, d_weight at the default chunk
+  nlohmann::json entries_ = nlohmann::json::array();
+};
+
+absl::Status Bench::Baselines() {
+  KJIT_ASSIGN_OR_RETURN(const ops::CublasLt* lt, ops::CublasLt::Get());
+  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<ops::LtGemm> gemm, ops::LtGemm::Create(*lt));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer lt_ws,
+                        DeviceBuffer::Create(rt_, ops::LtGemm::kWorkspaceBytes));
+  KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt_.CrossEntropy({.vocab = p_.vocab, .dtype = p_.dtype}));
+  const int64_t e = static_cast<int64_t>(SizeOf(p_.dtype));
+  KJIT_ASSIGN_OR_RETURN(const int64_t used_before, UsedBytes(rt_));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer logits, DeviceBuffer::Create(rt_, p_.rows * p_.vocab * e));
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ce_ws, DeviceBuffer::Create(rt_, ce.WorkspaceBytes(p_.rows)));
+  KJIT_ASSIGN_OR_RETURN(const int64_t used_after, UsedBytes(rt_));
+  const TensorView x = TensorView::Matrix(logits.data(), p_.dtype, p_.rows, p_.vocab);
+  const ops::GemmArgs g_logits{.a = p_.H(), .b = p_.W(), .transpose_b = true, .out = x};
+  const ops::GemmArgs g_hidden{.a = x, .b = p_.W(), .out = p_.DHidden()};
+  const ops::GemmArgs g_weight{.a = x, .transpose_a = true, .b = p_.H(), .out = p_.DWeight()};
+  auto run = [&](const ops::GemmArgs& g) { return gemm->Run(g, lt_ws.data(), nullptr); };
+  auto loss = [&] {
+    return ce.ForwardBackward(nullptr, {.logits = x,
+                                        .targets = p_.T(),
+                                        .loss = p_.Loss(),
+                                        .grad = x,
+                                        .workspace = ce_ws.data(),
+                                        .workspace_bytes = ce.WorkspaceBytes(p_.rows)});
+  };
+  auto unfused = [&]() -> absl::Status {
+    KJIT_RETURN_IF_ERROR(run(g_logits));
+    KJIT_RETURN_IF_ERROR(loss());
+    KJIT_RETURN_IF_ERROR(run(g_hidden));
+    return run(g_weight);
+  };
+  KJIT_RETURN_IF_ERROR(unfused());
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> l, DownloadValues(p_.loss, DType::kF32));
+  expected_.loss = l[0];
+  KJIT_ASSIGN_OR_RETURN(expected_.d_hidden, DownloadValues(p_.d_hidden, p_.dtype));
+
+  KJIT_ASSIGN_OR_RETURN(Timing gemms, timer_.Time(repeats_, [&]() -> absl::Status {
+    KJIT_RETURN_IF_ERROR(run(g_logits));
+    KJIT_RETURN_IF_ERROR(run(g_hidden));
+    return run(g_weight);
+  }));
+  gemms_us_ = gemms.median_us;
+  Add("gemms", "cuBLASLt heuristic", gemms, {});
+  for (const auto& [name, g] :
+       {std::pair<const char*, const ops::GemmArgs*>{"gemm_logits", &g_logits},
+        {"gemm_d_hidden", &g_hidden},
+        {"gemm_d_weight", &g_weight}}) {
+    KJIT_ASSIGN_OR_RETURN(Timing t, timer_.Time(repeats_, [&] { return run(*g); }));
+    Add(name, "cuBLASLt heuristic", t, {}, p_.Flops() / 3);
+  }
+  KJIT_ASSIGN_OR_RETURN(Timing t_loss, timer_.Time(repeats_, loss, [&] { return run(g_logits); }));
+  Add("loss_kernel", ce.ConfigFor(x).ToString(), t_loss, {}, /*flops=*/-1);
+  KJIT_ASSIGN_OR_RETURN(Timing t_unfused, timer_.Time(repeats_, unfused));
+  Add("unfused", "cuBLASLt heuristic + kjit cross_entropy", t_unfused,
+      {{"extra_device_bytes", used_after - used_before + ops::LtGemm::kWorkspaceBytes}});
+
+  // The GEMMs' algorithm counts at the default chunk, for the sweep.
+  const LinearCrossEntropySpec spec{.vocab = p_.vocab, .hidden = p_.hidden, .dtype = p_.dtype};
+  const int64_t chunk = std::min(ops::DefaultLinearCrossEntropyConfig(spec).chunk_rows, p_.rows);
+  const TensorView c = TensorView::Matrix(logits.data(), p_.dtype, chunk, p_.vocab,
+                                          ops::ChunkRowStride(p_.vocab, p_.dtype));
+  const TensorView h_c = TensorView::Matrix(p_.h.data(), p_.dtype, chunk, p_.hidden);
+  const TensorView dh_c = TensorView::Matrix(p_.d_hidden.data(), p_.dtype, chunk, p_.hidden);
+  const TensorView acc = TensorView::Matrix(logits.data(), DType::kF32, p_.vocab, p_.hidden);
+  int i = 0;
+  for (const ops::GemmArgs& g :
+       {ops::GemmArgs{.a = h_c, .b = p_.W(), .transpose_b = true, .out = c},
+        ops::GemmArgs{.a = c, .b = p_.W(), .out = dh_c},
+        ops::GemmArgs{.a = c, .transpose_a = true, .b = h_c, .out = acc, .beta = 1}}) {
+    KJIT_ASSIGN_OR_RETURN(algo_counts_[i++], gemm->AlgoCount(g));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Bench::Fused(const std::optional<LinearCrossEntropyConfig>& config,
+                          WeightGradAccumulation accumulation) {
+  LinearCrossEntropySpec spec{.vocab = p_.vocab,
+                              .hidden = p_.hidden,
+                              .dtype = p_.dtype,
+                              .weight_grad_accumulation = accumulation,
+                              .config = config};
+  KJIT_ASSIGN_OR_RETURN(LinearCrossEntropy op, rt_.LinearCrossEntropy(spec));
+  const int64_t ws_bytes = op.WorkspaceBytes(p_.rows);
+  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Create(rt_, ws_bytes));
+  const LinearCrossEntropyArgs args{.hidden_states = p_.H(),
+                                    .weight = p_.W(),
+                                    .targets = p_.T(),
+                                    .loss = p_.Loss(),
+                                    .d_hidden = p_.DHidden(),
+                                    .d_weight = p_.DWeight(),
+                                    .workspace = ws.data(),
+                                    .workspace_bytes = ws_bytes};
+  KJIT_RETURN_IF_ERROR(p_.loss.Fill(0xFF));
+  KJIT_RETURN_IF_ERROR(p_.d_hidden.Fill(0xFF));
+  KJIT_ASSIGN_OR_RETURN(const int64_t used_before, UsedBytes(rt_));
+  KJIT_RETURN_IF_ERROR(op.ForwardBackward(nullptr, args));
+  KJIT_ASSIGN_OR_RETURN(const int64_t used_after, UsedBytes(rt_));
+  const std::string name = op.ConfigFor(p_.rows).ToString();
+  KJIT_RETURN_IF_ERROR(CheckAgainst(expected_, p_, name));
+  KJIT_ASSIGN_OR_RETURN(Timing t,
+                        timer_.Time(repeats_, [&] { return op.ForwardBackward(nullptr, args); }));
+  Add(accumulation == WeightGradAccumulation::kFloat32 ? "fused" : "fused_output_dtype",
+      config ? name : "heuristic", t,
+      {{"config_used", name},
+       {"weight_grad_accumulation", Name(accumulation)},
+       {"workspace_bytes", ws_bytes},
+       {"accumulator_bytes", op.AccumulatorBytes(p_.rows)},
+       {"workspace_beyond_accumulator", ws_bytes - op.AccumulatorBytes(p_.rows)},
+       {"launch_device_bytes", used_after - used_before}});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LinearCrossEntropyConfig>> Bench::Sweep() {
+  const LinearCrossEntropySpec spec{.vocab = p_.vocab, .hidden = p_.hidden, .dtype = p_.dtype};
+  const LinearCrossEntropyConfig base = ops::DefaultLinearCrossEntropyConfig(spec);
+  std::vector<LinearCrossEntropyConfig> out;
+  for (int64_t chunk :
+       {base.chunk_rows / 2, base.chunk_rows, base.chunk_rows * 2, base.chunk_rows * 4}) {
+    if (chunk < 128 || chunk > p_.rows) continue;
+    for (int streams : {1, 2}) {
+      LinearCrossEntropyConfig c = base;
+      c.chunk_rows = chunk;
+      c.streams = streams;
+      if (!(c == base)) out.push_back(c);
+    }
+  }
+  for (int gemm = 0; gemm < 3; ++gemm) {
+    for (int algo = 1; algo < algo_counts_[gemm]; ++algo) {
+      LinearCrossEntropyConfig c = base;
+      (gemm == 0 ? c.logits_algo : gemm == 1 ? c.d_hidden_algo : c.d_weight_algo) = algo;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<LinearCrossEntropyBenchShape> LinearCrossEntropyBenchShapes() {
+  // LLaMA 3 8B's lm_head at three token counts, Gemma 2 9B's and Qwen 2 7B's at 8192.
+  return {{128256, 4096, 4096},
+          {128256, 4096, 8192},
+          {128256, 4096, 16384},
+          {256000, 3584, 8192},
+          {151936, 3584, 8192}};
+}
+
+absl::StatusOr<nlohmann::json> BenchLinearCrossEntropy(const Runtime& rt, GpuTimer& timer,
+                                                       const LinearCrossEntropyBenchShape& shape,
+                                                       DType dtype, int repeats, double copy_gbps,
+                                                       bool sweep,
+                                                       const std::vector<std::string>& configs) {
+  KJIT_ASSIGN_OR_RETURN(Problem p, MakeProblem(rt, shape.vocab, shape.hidden, shape.rows, dtype));
+  Bench bench(rt, timer, repeats, copy_gbps, p);
+  KJIT_RETURN_IF_ERROR(bench.Baselines());
+  if (configs.empty()) {
+    KJIT_RETURN_IF_ERROR(bench.Fused(std::nullopt, WeightGradAccumulation::kFloat32));
+    KJIT_RETURN_IF_ERROR(bench.Fused(std::nullopt, WeightGradAccumulation::kOutputDtype));
+  }
+  std::vector<LinearCrossEntropyConfig> timed;
+  for (const std::string& text : configs) {
+    KJIT_ASSIGN_OR_RETURN(LinearCrossEntropyConfig c, ops::ParseLinearCrossEntropyConfig(text));
+    timed.push_back(c);
+  }
+  if (sweep) {
+    KJIT_ASSIGN_OR_RETURN(timed, bench.Sweep());
+  }
+  for (const LinearCrossEntropyConfig& c : timed) {
+    KJIT_RETURN_IF_ERROR(bench.Fused(c, WeightGradAccumulation::kFloat32));
+  }
+  return bench.entries();
+}
+
+}  // namespace kjit::tools
