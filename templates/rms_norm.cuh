@@ -233,6 +233,204 @@ rms_norm_backward(const RmsNormBackwardParams p) {
       rstd_cur = rstd_next;
     }
   }
+  let_next_kernel_start();
+  if constexpr (kDwInRegisters) {
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dw_row[c + k] = dw_acc[it * kVec + k];
+      }
+    }
+  }
+}
+
+// A vector of kVec elements of T held as 32-bit words where it fills them (bf16/fp16 pairs), so
+// that a register ring of them is not split into one register per 16-bit element.
+template <typename T, int kVec, bool kWords = (kVec * sizeof(T)) % 4 == 0>
+struct PackedVec {
+  Vec<unsigned, kVec * sizeof(T) / 4> w;
+  static __device__ __forceinline__ PackedVec load(const T* base, long long index) {
+    return {*reinterpret_cast<const Vec<unsigned, kVec * sizeof(T) / 4>*>(base + index)};
+  }
+  __device__ __forceinline__ float get(int k) const {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w.v[k]);
+    } else {
+      const unsigned word = w.v[k / 2];
+      T e;
+      e.bits = static_cast<unsigned short>(k % 2 ? word >> 16 : word & 0xffffu);
+      return to_float(e);
+    }
+  }
+};
+template <typename T, int kVec>
+struct PackedVec<T, kVec, false> {
+  Vec<T, kVec> w;
+  static __device__ __forceinline__ PackedVec load(const T* base, long long index) {
+    return {load_vec<T, kVec>(base, index)};
+  }
+  __device__ __forceinline__ float get(int k) const { return to_float(w.v[k]); }
+};
+
+// Sum over the kThreads threads of a row, as row_sum, with one block barrier instead of two: the
+// caller alternates between two 32-float buffers from one row to the next. The barrier of the row
+// after this one orders every read of `buf` here before the write two rows later.
+template <int kThreads>
+__device__ __forceinline__ float ring_row_sum(float v, float* buf) {
+  if constexpr (kThreads <= 32) {
+    return group_sum<kThreads>(v);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    v = group_sum<32>(v);
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) buf[threadIdx.x / 32] = v;
+    __syncthreads();
+    return group_sum<32>(lane < kWarps ? buf[lane] : 0.0f);
+  }
+}
+
+// The backward as rms_norm_backward computes it (same arithmetic, same order, so the same bits),
+// pipelined deeper: each thread keeps kSlots rows of dy and x in registers, a ring indexed at
+// compile time (the loop body is unrolled kSlots times, so no register is copied from one row to
+// the next and no copy waits on a load). While a row is reduced and stored, the loads of the next
+// kSlots - 1 rows of the group are in flight. The weight stays in registers when small, the row
+// sum takes one barrier, and the blocks let the dw reduce launch before they write their partials.
+// Registers are capped at 64 (1024 threads per SM) by the launch bounds.
+template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, int kVec,
+          int kSlots>
+__global__ void __launch_bounds__(kThreads * kRowsPerBlock,
+                                  kThreads * kRowsPerBlock >= 1024
+                                      ? 1
+                                      : 1024 / (kThreads * kRowsPerBlock))
+rms_norm_backward_ring(const RmsNormBackwardParams p) {
+  using L = RowLayout<kHidden, kThreads, kVec>;
+  using V = Vec<T, kVec>;
+  using WV = Vec<W, kVec>;
+  static_assert(kKeepRowInRegisters<T, 2 * L::kIters, kVec>, "the ring holds whole rows");
+  static_assert(kSlots >= 2 && kSlots <= 4, "a ring of 2 to 4 rows");
+  static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
+  constexpr bool kDwInRegisters = L::kIters * kVec <= 32;
+  constexpr bool kWeightInRegisters = L::kIters * kVec * sizeof(W) <= 32;
+  __shared__ float smem[2][32];
+
+  const int lane = threadIdx.x % kThreads;
+  const long long group = static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
+  const long long groups = static_cast<long long>(gridDim.x) * kRowsPerBlock;
+  const W* w = static_cast<const W*>(p.weight);
+  float* dw_row = p.dw_partial + group * kHidden;
+
+  WV w_keep[kWeightInRegisters ? L::kIters : 1];
+  if constexpr (kWeightInRegisters) {
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) w_keep[it] = load_vec<W, kVec>(w, c);
+    }
+  }
+  auto weight = [&](int it, int c) {
+    if constexpr (kWeightInRegisters) {
+      return w_keep[kWeightInRegisters ? it : 0];
+    } else {
+      return load_vec<W, kVec>(w, c);
+    }
+  };
+
+  float dw_acc[kDwInRegisters ? L::kIters * kVec : 1];
+  if constexpr (kDwInRegisters) {
+#pragma unroll
+    for (int i = 0; i < L::kIters * kVec; ++i) dw_acc[i] = 0.0f;
+  } else {
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dw_row[c + k] = 0.0f;
+      }
+    }
+  }
+
+  using P = PackedVec<T, kVec>;
+  P dy_ring[kSlots][L::kIters], x_ring[kSlots][L::kIters];
+  float rstd_ring[kSlots];
+  // Called with compile-time slots only (unrolled loops), so the ring stays in registers.
+  auto load_row = [&](long long row, int slot) {
+    if (row >= p.rows) return;
+    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+    rstd_ring[slot] = p.rstd[row];
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c < kHidden) {
+        dy_ring[slot][it] = P::load(dy, c);
+        x_ring[slot][it] = P::load(x, c);
+      }
+    }
+  };
+  auto row_step = [&](long long i, int slot) {
+    const long long row = group + i * groups;
+    const bool live = row < p.rows;
+    const float rstd = rstd_ring[slot];
+    float dot = 0.0f;
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (live && c < kHidden) {
+        const WV wv = weight(it, c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float g = dy_ring[slot][it].get(k) * (p.weight_offset + to_float(wv.v[k]));
+          dot += g * x_ring[slot][it].get(k) * rstd;
+        }
+      }
+    }
+    const float mean_dot = ring_row_sum<kThreads>(dot, smem[i & 1]) / kHidden;
+    if (!live) return;
+    T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
+    const T* dres = static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
+#pragma unroll
+    for (int it = 0; it < L::kIters; ++it) {
+      const int c = L::col(lane, it);
+      if (c >= kHidden) continue;
+      const WV wv = weight(it, c);
+      V dres_v;
+      if (p.dresidual != nullptr) dres_v = load_vec<T, kVec>(dres, c);
+      V out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float d = dy_ring[slot][it].get(k);
+        const float xhat = x_ring[slot][it].get(k) * rstd;
+        float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
+        if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
+        out.v[k] = from_float<T>(g);
+        if constexpr (kDwInRegisters) {
+          dw_acc[it * kVec + k] += d * xhat;
+        } else {
+          dw_row[c + k] += d * xhat;
+        }
+      }
+      store_vec<T, kVec>(dx, c, out);
+    }
+  };
+
+  // Every row group runs the same number of steps so that block-wide reductions line up.
+  const long long iterations = (p.rows + groups - 1) / groups;
+#pragma unroll
+  for (int s = 0; s + 1 < kSlots; ++s) load_row(group + s * groups, s);
+  for (long long base = 0; base < iterations; base += kSlots) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const long long i = base + s;
+      if (i >= iterations) break;  // the same for every thread of the block
+      // The slot of the row before this one is free: refill it kSlots - 1 rows ahead.
+      load_row(group + (i + kSlots - 1) * groups, (s + kSlots - 1) % kSlots);
+      row_step(i, s);
+    }
+  }
+  let_next_kernel_start();
   if constexpr (kDwInRegisters) {
 #pragma unroll
     for (int it = 0; it < L::kIters; ++it) {
@@ -254,6 +452,7 @@ rms_norm_dw_reduce(const RmsNormDwReduceParams p) {
   const int tx = threadIdx.x % kColumns;
   const int slice = threadIdx.x / kColumns;
   const int c = blockIdx.x * kColumns + tx;
+  wait_for_previous_kernel();  // launched to overlap the backward's end: its partials first
   float s = 0.0f;
   if (c < kHidden) {
 #pragma unroll 4

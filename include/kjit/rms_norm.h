@@ -61,6 +61,11 @@ const char* Name(RmsNormCasting casting);  // "llama", "gemma", "none"
 struct RowShape {
   int threads_per_row = 32;  // a power of two <= 32, or a multiple of 32 <= 1024
   int rows_per_block = 1;    // 1 when threads_per_row > 32
+  // Backward only (0 in a forward shape): 0 runs the double-buffered kernel; 2 to 4 runs the ring
+  // kernel, which keeps that many rows of dy and x in registers, loads ring - 1 rows ahead of the
+  // one it computes and needs the row share of a thread to fit (2 x 128 bytes at most). Written
+  // "512x1r3" in a config's text.
+  int ring = 0;
   int block_threads() const { return threads_per_row * rows_per_block; }
   bool operator==(const RowShape&) const = default;
 };
@@ -69,7 +74,8 @@ struct RmsNormConfig {
   int vec = 1;  // elements per vector access; divides hidden
   RowShape forward;
   RowShape backward;
-  std::string ToString() const;  // "vec=8 fwd=128x1 bwd=512x1", as kjit-tune prints it
+  std::string ToString()
+      const;  // "vec=8 fwd=128x1 bwd=512x1" (or bwd=512x1r3), as kjit-tune prints it
   bool operator==(const RmsNormConfig&) const = default;
 };
 

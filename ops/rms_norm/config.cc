@@ -10,8 +10,11 @@
 namespace kjit {
 
 std::string RmsNormConfig::ToString() const {
-  return fmt::format("vec={} fwd={}x{} bwd={}x{}", vec, forward.threads_per_row,
-                     forward.rows_per_block, backward.threads_per_row, backward.rows_per_block);
+  auto shape = [](const RowShape& s) {
+    return s.ring == 0 ? fmt::format("{}x{}", s.threads_per_row, s.rows_per_block)
+                       : fmt::format("{}x{}r{}", s.threads_per_row, s.rows_per_block, s.ring);
+  };
+  return fmt::format("vec={} fwd={} bwd={}", vec, shape(forward), shape(backward));
 }
 
 const char* Name(RmsNormCasting casting) {
@@ -41,9 +44,18 @@ int MaxVecForHidden(int64_t hidden, int elem_bytes) {
 
 namespace {
 
-// "256x1": threads per row x rows per block.
+// "256x1": threads per row x rows per block; a backward shape may end in "r<ring>" (2 to 4).
 absl::StatusOr<RowShape> ParseRowShape(const ConfigText& t, std::string_view name) {
-  const std::string_view v = t.Value(name);
+  std::string_view v = t.Value(name);
+  int ring = 0;
+  if (const size_t r = v.find('r'); r != std::string_view::npos) {
+    const std::optional<int> n = ParseInt(v.substr(r + 1));
+    if (name != "bwd" || !n || *n < 2 || *n > 4) {
+      return t.Invalid(name, "a ring of 2 to 4 rows, backward only, e.g. 512x1r3");
+    }
+    ring = *n;
+    v = v.substr(0, r);
+  }
   const size_t x = v.find('x');
   const std::optional<int> threads = ParseInt(v.substr(0, x));
   const std::optional<int> rows =
@@ -60,7 +72,7 @@ absl::StatusOr<RowShape> ParseRowShape(const ConfigText& t, std::string_view nam
   }
   // In 64 bits: rows can be any int here.
   if (int64_t{*threads} * *rows > 1024) return t.Invalid(name, "at most 1024 threads per block");
-  return RowShape{*threads, *rows};
+  return RowShape{*threads, *rows, ring};
 }
 
 // Threads per row so that each thread handles about `per_thread` vectors: sub-warp groups packed
@@ -92,6 +104,12 @@ absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text) {
   KJIT_ASSIGN_OR_RETURN(c.forward, ParseRowShape(t, "fwd"));
   KJIT_ASSIGN_OR_RETURN(c.backward, ParseRowShape(t, "bwd"));
   return c;
+}
+
+bool RowFitsRing(int64_t hidden, int vec, int elem_bytes, const RowShape& backward) {
+  const int64_t per_pass = int64_t{backward.threads_per_row} * vec;
+  const int64_t iters = (hidden + per_pass - 1) / per_pass;
+  return 2 * iters * vec * elem_bytes <= 128;
 }
 
 RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec) {

@@ -32,6 +32,10 @@ int MaxVecForHidden(int64_t hidden, int elem_bytes);
 // "casting: '<text>' is not a casting (llama, gemma, none)".
 absl::StatusOr<RmsNormCasting> ParseRmsNormCasting(std::string_view text);
 
+// Whether a backward row shape can run the ring kernel (RowShape::ring): each thread's share of a
+// row of dy and of x, at full vectors, fits in 2 x 64 bytes (kKeepRowInRegisters in rms_norm.cuh).
+bool RowFitsRing(int64_t hidden, int vec, int elem_bytes, const RowShape& backward);
+
 // A sound default for a hidden size and vector width.
 RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec);
 

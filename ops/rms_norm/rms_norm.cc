@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -35,6 +36,12 @@ std::string ForwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
                      static_cast<int>(s.casting), s.fused_residual ? "true" : "false");
 }
 std::string BackwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
+  if (c.backward.ring > 0) {
+    return fmt::format("kjit::rms_norm_backward_ring<{}, {}, {}, {}, {}, {}, {}>",
+                       DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
+                       c.backward.threads_per_row, c.backward.rows_per_block, c.vec,
+                       c.backward.ring);
+  }
   return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
                      DeviceTypeName(WeightDType(s)), s.hidden, c.backward.threads_per_row,
                      c.backward.rows_per_block, c.vec);
@@ -59,6 +66,10 @@ int64_t BackwardGroups(const RmsNormConfig& c, int64_t rows, int sm_count, int b
 }
 
 absl::Status CheckRowShape(const char* which, const RowShape& s) {
+  if (s.ring != 0 && (std::string_view(which) != "backward" || s.ring < 2 || s.ring > 4)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.{}: ring {} is not valid (0, or 2 to 4 in the backward)", which, s.ring));
+  }
   const int t = s.threads_per_row;
   const bool pow2_warp = t >= 1 && t <= 32 && (t & (t - 1)) == 0;
   const bool block_row = t > 32 && t <= 1024 && t % 32 == 0 && s.rows_per_block == 1;
@@ -84,7 +95,15 @@ absl::Status ops::ValidateRmsNormConfig(const RmsNormSpec& spec, const RmsNormCo
         c.vec, spec.hidden));
   }
   KJIT_RETURN_IF_ERROR(CheckRowShape("forward", c.forward));
-  return CheckRowShape("backward", c.backward);
+  KJIT_RETURN_IF_ERROR(CheckRowShape("backward", c.backward));
+  if (c.backward.ring > 0 &&
+      !ops::RowFitsRing(spec.hidden, c.vec, static_cast<int>(SizeOf(spec.dtype)), c.backward)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "config.backward: a ring needs each thread's share of a row of dy and x in 128 bytes of "
+        "registers; {} threads x {} elements of a {}-wide row take more",
+        c.backward.threads_per_row, c.vec, spec.hidden));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateRmsNormSpec(const RmsNormSpec& spec) {
@@ -328,8 +347,9 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   r.dw_partial = p.dw_partial;
   r.partial_rows = blocks * rpb;
   r.dw = a.dw.data;
+  // Overlapping the backward's end (sm_90+): the reduce waits for its partials on the device.
   return rt_->Launch(k->reduce(), CeilDiv(s.hidden, kReduceColumns), kReduceColumns * kReduceSlices,
-                     stream, &r);
+                     stream, &r, /*cluster=*/1, /*shared_bytes=*/0, /*overlap_previous=*/true);
 }
 
 absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {

@@ -33,7 +33,7 @@ std::vector<Candidate<RowShape>> RowShapeSearchSpace(int64_t hidden, int vec) {
   return out;
 }
 
-std::vector<Candidate<RmsNormConfig>> RmsNormSearchSpace(int64_t hidden, int vec) {
+std::vector<Candidate<RmsNormConfig>> RmsNormSearchSpace(int64_t hidden, int vec, int elem_bytes) {
   const RmsNormConfig heuristic = DefaultRmsNormConfig(hidden, vec);
   std::vector<Candidate<RmsNormConfig>> out = {{heuristic, ""}};
   for (const Candidate<RowShape>& s : RowShapeSearchSpace(hidden, vec)) {
@@ -42,6 +42,13 @@ std::vector<Candidate<RmsNormConfig>> RmsNormSearchSpace(int64_t hidden, int vec
     b.backward = s.config;
     if (!(f == heuristic)) out.push_back({f, s.pruned.empty() ? "" : "forward: " + s.pruned});
     if (!(b == heuristic)) out.push_back({b, s.pruned.empty() ? "" : "backward: " + s.pruned});
+    if (!s.pruned.empty() || !RowFitsRing(hidden, vec, elem_bytes, s.config)) continue;
+    for (int ring : {2, 3}) {
+      RmsNormConfig r = heuristic;
+      r.backward = s.config;
+      r.backward.ring = ring;
+      out.push_back({r, ""});
+    }
   }
   return out;
 }

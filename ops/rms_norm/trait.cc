@@ -58,7 +58,7 @@ std::vector<TunedPass> Trait::TunedPasses(const Spec& s) {
 
 std::vector<Candidate<RmsNormConfig>> Trait::SearchSpace(const Spec& s, const Config& heuristic,
                                                          int /*arch*/) {
-  return RmsNormSearchSpace(s.hidden, heuristic.vec);
+  return RmsNormSearchSpace(s.hidden, heuristic.vec, static_cast<int>(SizeOf(s.dtype)));
 }
 
 std::vector<Pass> Trait::PassesToTime(const Config& c, const Config& heuristic, Pass /*tuned*/) {

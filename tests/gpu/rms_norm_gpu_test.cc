@@ -14,7 +14,9 @@
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "ops/common/compare.h"
+#include "ops/rms_norm/config.h"
 #include "ops/rms_norm/reference.h"
+#include "ops/rms_norm/search_space.h"
 #include "runtime/runtime_state.h"
 #include "tests/gpu/gpu_test_env.h"
 
@@ -29,18 +31,19 @@ struct Case {
   RmsNormCasting casting = RmsNormCasting::kLlama;
   float offset = 0;
   bool residual = false;
-  bool in_place = false;  // dx into dy; residual_out into residual
-  int64_t pad = 0;        // row_stride = hidden + pad
-  int misalign = 0;       // every pointer shifted by this many elements
-  double scale = 1;       // input magnitude
-  bool specials = false;  // a NaN in one row, +Inf in another
+  bool in_place = false;                // dx into dy; residual_out into residual
+  int64_t pad = 0;                      // row_stride = hidden + pad
+  int misalign = 0;                     // every pointer shifted by this many elements
+  double scale = 1;                     // input magnitude
+  bool specials = false;                // a NaN in one row, +Inf in another
+  std::optional<RmsNormConfig> config;  // unset: the heuristic's
 
   std::string Name() const {
     return fmt::format(
         "hidden={} rows={} dtype={} wdtype={} cast={} offset={} residual={} "
-        "in_place={} pad={} misalign={} scale={} specials={}",
+        "in_place={} pad={} misalign={} scale={} specials={} config={}",
         hidden, rows, Name(dtype), Name(weight_dtype), kjit::Name(casting), offset, residual,
-        in_place, pad, misalign, scale, specials);
+        in_place, pad, misalign, scale, specials, config ? config->ToString() : "heuristic");
   }
   static const char* Name(DType t) { return kjit::Name(t); }
 };
@@ -123,7 +126,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                    .eps = 1e-6f,
                    .weight_offset = c.offset,
                    .casting = c.casting,
-                   .fused_residual = c.residual};
+                   .fused_residual = c.residual,
+                   .config = c.config};
   auto norm = rt.RmsNorm(spec);
   ASSERT_TRUE(norm.ok()) << norm.status();
   const int64_t H = c.hidden, R = c.rows, stride = H + c.pad, n = R * H;
@@ -339,6 +343,56 @@ TEST(RmsNormGpu, CastingNoneShapesAndDtypes) {
     }
   }
   fmt::print("checked {} casting-none cases\n", cases);
+}
+
+// The ring backward (RowShape::ring) at every ring and the shapes the sweep times, odd sizes and
+// every option in turn; row counts that leave the last ring turn partly empty and groups with no
+// row at all (rows < groups).
+TEST(RmsNormGpu, RingBackwardConfigs) {
+  KJIT_REQUIRE_GPU(rt);
+  int cases = 0;
+  struct Shape {
+    int64_t hidden, rows;
+    RowShape backward;
+  };
+  const Shape shapes[] = {{4096, 1, {512, 1}},   {4096, 4097, {512, 1}}, {4096, 8192, {512, 1}},
+                          {4096, 300, {256, 1}}, {4096, 777, {128, 1}},  {8192, 1000, {1024, 1}},
+                          {1024, 2049, {32, 4}}, {1024, 513, {128, 1}},  {4095, 33, {1024, 1}},
+                          {7, 257, {8, 16}},     {1, 3, {1, 128}},       {5120, 300, {640, 1}}};
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (const Shape& sh : shapes) {
+      for (int ring : {2, 3, 4}) {
+        const int vec = ops::MaxVecForHidden(sh.hidden, static_cast<int>(SizeOf(t)));
+        RmsNormConfig config = ops::DefaultRmsNormConfig(sh.hidden, vec);
+        config.backward = sh.backward;
+        config.backward.ring = ring;
+        if (!ops::RowFitsRing(sh.hidden, vec, static_cast<int>(SizeOf(t)), config.backward)) {
+          continue;
+        }
+        Case c{.hidden = sh.hidden, .rows = sh.rows, .dtype = t, .weight_dtype = t};
+        c.config = config;
+        const int bits = cases % 16;
+        c.casting = kCastings[cases % 3];
+        c.offset = (bits & 1) ? 1.0f : 0.0f;
+        c.residual = bits & 2;
+        c.in_place = bits & 4;
+        c.pad = (bits & 8) ? 24 : 0;
+        RunCase(rt, c, 11000 + cases);
+        ++cases;
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+  // The sweep's ring candidates for the benchmark's shape, at a row count the reference affords.
+  for (const auto& cand : ops::RmsNormSearchSpace(4096, 8, 2)) {
+    if (!cand.pruned.empty() || cand.config.backward.ring == 0) continue;
+    Case c{.hidden = 4096, .rows = 2000, .residual = (cases % 2) == 1};
+    c.config = cand.config;
+    RunCase(rt, c, 11000 + cases);
+    ++cases;
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  fmt::print("checked {} ring backward cases\n", cases);
 }
 
 TEST(RmsNormGpu, MisalignedViewsUseNarrowerVectors) {

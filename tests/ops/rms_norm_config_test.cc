@@ -43,5 +43,26 @@ TEST(RmsNormConfigTest, LlamaHiddenGetsWideVectorsAndOneRowPerBlock) {
   EXPECT_EQ(c.ToString(), "vec=8 fwd=256x1 bwd=512x1");
 }
 
+TEST(RmsNormConfigTest, RingIsPartOfTheBackwardShapeText) {
+  auto c = ParseRmsNormConfig("vec=8 fwd=256x1 bwd=512x1r3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->backward, (RowShape{512, 1, 3}));
+  EXPECT_EQ(c->ToString(), "vec=8 fwd=256x1 bwd=512x1r3");
+  for (const char* bad :
+       {"vec=8 fwd=256x1r2 bwd=512x1", "vec=8 fwd=256x1 bwd=512x1r1", "vec=8 fwd=256x1 bwd=512x1r5",
+        "vec=8 fwd=256x1 bwd=512x1r", "vec=8 fwd=256x1 bwd=512r2x1"}) {
+    EXPECT_FALSE(ParseRmsNormConfig(bad).ok()) << bad;
+  }
+  EXPECT_EQ(DefaultRmsNormConfig(4096, 8).backward.ring, 0) << "unmeasured: not the default yet";
+}
+
+TEST(RmsNormConfigTest, RowFitsRingCountsDyAndXOfOneThread) {
+  EXPECT_TRUE(RowFitsRing(4096, 8, 2, {512, 1}));  // 16 + 16 bytes
+  EXPECT_TRUE(RowFitsRing(4096, 8, 2, {128, 1}));  // 4 vectors each: 128 bytes
+  EXPECT_FALSE(RowFitsRing(4096, 8, 2, {64, 1}));  // 256 bytes
+  EXPECT_TRUE(RowFitsRing(4096, 4, 4, {256, 1}));  // fp32: 4 vectors of 16 bytes each
+  EXPECT_FALSE(RowFitsRing(65536, 8, 2, {1024, 1}));
+}
+
 }  // namespace
 }  // namespace kjit::ops

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/compiler.h"
 #include "kjit/runtime.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
+#include "ops/rms_norm/search_space.h"
 #include "tests/expect_status.h"
 #include "tests/temp_dir.h"
 
@@ -84,6 +86,92 @@ TEST(RmsNormSpecTest, RejectsBadConfigs) {
   s.config = ops::DefaultRmsNormConfig(4096, 8);
   s.config->backward = {.threads_per_row = 16, .rows_per_block = 3};
   ExpectInvalid(ValidateRmsNormSpec(s), "config.backward:");
+}
+
+TEST(RmsNormSpecTest, RingBackwardIsRenderedAndChecked) {
+  RmsNormConfig c = ops::DefaultRmsNormConfig(4096, 8);
+  c.backward.ring = 3;
+  EXPECT_EQ(c.ToString(), "vec=8 fwd=256x1 bwd=512x1r3");
+  auto src = ops::RenderRmsNorm({.hidden = 4096, .dtype = DType::kBF16}, c);
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(src->name_expressions[1],
+            "kjit::rms_norm_backward_ring<kjit::bf16, kjit::bf16, 4096, 512, 1, 8, 3>");
+  RmsNormSpec s{.hidden = 4096, .dtype = DType::kBF16, .config = c};
+  EXPECT_TRUE(ValidateRmsNormSpec(s).ok()) << ValidateRmsNormSpec(s);
+  s.config->backward.ring = 1;
+  ExpectInvalid(ValidateRmsNormSpec(s), "config.backward: ring 1");
+  s.config->backward.ring = 5;
+  ExpectInvalid(ValidateRmsNormSpec(s), "config.backward: ring 5");
+  s.config = c;
+  s.config->forward.ring = 2;
+  ExpectInvalid(ValidateRmsNormSpec(s), "config.forward: ring 2");
+  // 64 threads x 8 elements: 8 vectors of dy and 8 of x a thread, 256 bytes: no ring.
+  s.config = c;
+  s.config->backward = {.threads_per_row = 64, .rows_per_block = 1, .ring = 2};
+  ExpectInvalid(ValidateRmsNormSpec(s), "config.backward: a ring needs");
+}
+
+// NVRTC compiles of the ring backward (the CPU side of what the GPU suite runs): every dtype pair,
+// every arch, every ring, odd hidden sizes with the narrow vectors they get, sub-warp and
+// block-wide rows.
+TEST(RmsNormSpecTest, RingBackwardCompilesForEveryArchDtypeAndShape) {
+  auto nvrtc = jit::Nvrtc::Get();
+  ASSERT_TRUE(nvrtc.ok()) << nvrtc.status();
+  int compiled = 0;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100", "sm_120"}) {
+    const jit::Target target = *jit::ParseTarget(arch);
+    for (auto [t, w] : {std::pair{DType::kBF16, DType::kBF16}, std::pair{DType::kF16, DType::kF32},
+                        std::pair{DType::kF32, DType::kF32}}) {
+      for (auto [hidden, shape] : {std::pair<int64_t, RowShape>{4096, {512, 1}},
+                                   {4096, {1024, 1}},
+                                   {1024, {32, 4}},
+                                   {7, {8, 16}},
+                                   {1, {1, 128}},
+                                   {4095, {1024, 1}},
+                                   {5120, {640, 1}}}) {
+        const int elem = static_cast<int>(std::max(SizeOf(t), SizeOf(w)));
+        const int vec = ops::MaxVecForHidden(hidden, elem);
+        for (int ring : {2, 3, 4}) {
+          RmsNormConfig c = ops::DefaultRmsNormConfig(hidden, vec);
+          c.backward = shape;
+          c.backward.ring = ring;
+          if (!ops::RowFitsRing(hidden, vec, static_cast<int>(SizeOf(t)), c.backward)) continue;
+          const RmsNormSpec spec{.hidden = hidden, .dtype = t, .weight_dtype = w};
+          auto src = ops::RenderRmsNorm(spec, c);
+          ASSERT_TRUE(src.ok()) << src.status();
+          auto bin = jit::Compile(**nvrtc, *src, target);
+          ASSERT_TRUE(bin.ok()) << arch << " " << c.ToString() << ": " << bin.status();
+          EXPECT_EQ(bin->lowered_names.size(), 3u);
+          ++compiled;
+          if (arch != std::string_view("sm_90") || t != DType::kBF16) break;  // one ring elsewhere
+        }
+      }
+    }
+  }
+  EXPECT_GE(compiled, 40);
+}
+
+// Every candidate of the search space renders and passes validation, ring ones included.
+TEST(RmsNormSpecTest, SearchSpaceOffersRingsWhereRowsFit) {
+  int rings = 0;
+  for (auto [hidden, t] : {std::pair<int64_t, DType>{4096, DType::kBF16},
+                           {4096, DType::kF32},
+                           {1024, DType::kBF16},
+                           {65536, DType::kBF16},
+                           {7, DType::kF16}}) {
+    const int elem = static_cast<int>(SizeOf(t));
+    const int vec = ops::MaxVecForHidden(hidden, elem);
+    for (const auto& c : ops::RmsNormSearchSpace(hidden, vec, elem)) {
+      if (!c.pruned.empty()) continue;
+      rings += c.config.backward.ring > 0;
+      const RmsNormSpec spec{.hidden = hidden, .dtype = t, .config = c.config};
+      EXPECT_TRUE(ValidateRmsNormSpec(spec).ok()) << hidden << " " << c.config.ToString();
+      auto back = ops::ParseRmsNormConfig(c.config.ToString());
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(*back, c.config);
+    }
+  }
+  EXPECT_GE(rings, 6);
 }
 
 TEST(RmsNormSpecTest, RenderSpecializesEverythingAsTemplateArguments) {
