@@ -45,19 +45,18 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
         sum += t;
         magnitude += std::fabs(t);
       }
-      // cuBLASLt's bias epilogue adds the bias to the product already rounded to the dtype (seen
-      // on the H200: a single rounding of product + bias misses by an ulp where the two differ).
-      const double slack = (H + 1) * kFp32Unit * magnitude;
-      const double bias = has_bias ? p.bias[v] : 0.0;
-      auto device = [&](double product) {
-        return has_bias ? RoundTo(RoundTo(product, s.dtype) + bias, s.dtype)
-                        : RoundTo(product, s.dtype);
-      };
-      const double nominal = device(sum - bias);
+      const double nominal = RoundTo(sum, s.dtype), slack = (H + 1) * kFp32Unit * magnitude;
       logits[r * V + v] = nominal;
       double error = 0;
       for (double sign : {-1.0, 1.0}) {
-        error = std::max(error, std::fabs(device(sum - bias + sign * slack) - nominal));
+        error = std::max(error, std::fabs(RoundTo(sum + sign * slack, s.dtype) - nominal));
+        // cuBLASLt's bias epilogue is not always one rounding of product + bias (seen on the
+        // H200); nor always two (product rounded first): either is allowed.
+        if (has_bias) {
+          const double product = sum - p.bias[v] + sign * slack;
+          error = std::max(
+              error, std::fabs(RoundTo(RoundTo(product, s.dtype) + p.bias[v], s.dtype) - nominal));
+        }
       }
       logit_error[r * V + v] = error;
     }

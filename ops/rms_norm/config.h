@@ -6,7 +6,7 @@
 // wants fewer, wider blocks because each row group writes a partial weight-gradient row.
 //
 //   RmsNormConfig c = DefaultRmsNormConfig(/*hidden=*/4096, /*max_vec=*/8);
-//   // c.ToString() == "vec=8 fwd=256x1 bwd=512x1"
+//   // c.ToString() == "vec=8 fwd=256x1 bwd=512x1r2"
 //   // ParseRmsNormConfig(c.ToString()) == c
 #pragma once
 
