@@ -189,7 +189,8 @@ absl::Status Bench::Baselines() {
        {std::pair<const char*, const ops::GemmArgs*>{"gemm_logits", &g_logits},
         {"gemm_d_hidden", &g_hidden},
         {"gemm_d_weight", &g_weight}}) {
-    KJIT_ASSIGN_OR_RETURN(Timing t, timer_.Time(repeats_, [&] { return run(*g); }));
+    const ops::GemmArgs& one = *g;  // a lambda may not capture a structured binding (clang)
+    KJIT_ASSIGN_OR_RETURN(Timing t, timer_.Time(repeats_, [&] { return run(one); }));
     Add(name, "cuBLASLt heuristic", t, {}, p_.Flops() / 3);
   }
   KJIT_ASSIGN_OR_RETURN(Timing t_loss, timer_.Time(repeats_, loss, [&] { return run(g_logits); }));
