@@ -195,8 +195,7 @@ int RunBench(const BenchFlags& f) {
       for (const auto& e : *r) results.push_back(e);
     }
   }
-  for (const auto& [s, rows] :
-       f.op == kLinearCrossEntropy ? std::vector<std::pair<int64_t, int64_t>>{} : shapes) {
+  for (const auto& [s, rows] : shapes) {             // none for the fused lm_head + loss
     const ops::OpSpec spec = *SpecFor(f, s, dtype);  // checked by CheckBenchFlags
     auto configs = ConfigsFor(*rt, spec, f);
     if (!configs.ok()) return Fail(configs.status());

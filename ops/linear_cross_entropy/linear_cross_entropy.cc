@@ -194,7 +194,8 @@ TensorView RowsOf(const TensorView& t, int64_t first, int64_t rows) {
   v.rows = rows;
   return v;
 }
-TensorView ColsOf(const TensorView& t, int64_t first, int64_t cols) {  // of a vector
+// Columns of a vector; an absent (null) vector stays absent.
+TensorView ColsOf(const TensorView& t, int64_t first, int64_t cols) {
   TensorView v = t;
   if (!t.empty())
     v.data = static_cast<char*>(t.data) + first * static_cast<int64_t>(SizeOf(t.dtype));
@@ -418,15 +419,14 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
         .logits = logits,
         .targets = PartOf(a.targets, first, n),
         .loss = reduced ? TensorView::Vector(parts + c, DType::kF32, 1) : ColsOf(a.loss, first, n),
-        .lse = a.lse.empty() ? TensorView{} : ColsOf(a.lse, first, n),
+        .lse = ColsOf(a.lse, first, n),
         .argmax = PartOf(a.argmax, first, n),
         .workspace = ws + l.loss_workspace,
         .workspace_bytes = op.loss->WorkspaceBytes(chunk_rows)};
     if (!gradient) return op.loss->Forward(loss_stream, ce);
     ce.grad = logits;  // in place
-    ce.grad_output = reduced
-                         ? TensorView::Vector(scale, DType::kF32, 1)
-                         : (a.grad_output.empty() ? TensorView{} : ColsOf(a.grad_output, first, n));
+    ce.grad_output =
+        reduced ? TensorView::Vector(scale, DType::kF32, 1) : ColsOf(a.grad_output, first, n);
     return op.loss->ForwardBackward(loss_stream, ce);
   };
   auto gradient_gemms = [&](int64_t c) -> absl::Status {
