@@ -12,12 +12,18 @@ queued, so the GPU runs them without waiting for the host, as it does in a train
 GEMMs keep it busy; and "host_us", the host's (CPU) time to issue one call. The "CUDA graph" row
 replays the autograd step captured in a graph. Peak extra memory is torch's peak allocation
 beyond the inputs during one iteration. Bandwidth ratios are to the copy, from "gpu_us".
+
+The lm_head + loss case (lce:, issue 20) is GEMM-bound, so it is measured against the three GEMMs
+alone instead of the copy, in milliseconds and TFLOP/s; an implementation that runs out of memory
+there is a result (a row saying so), not an error (bench_linear_cross_entropy).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import re
 import sys
 import time
 
@@ -29,7 +35,33 @@ import kjit.torch as kt
 from kjit.torch import _kernels
 
 DEFAULT_CASES = ["ce:16384x128256", "ce:4096x128256", "ce:256x128256", "norm:16384x4096",
-                 "norm:256x4096"]
+                 "norm:256x4096", "lce:8192x4096x128256"]
+CASE_SHAPES = {"ce": "ROWSxVOCAB", "norm": "ROWSxHIDDEN", "lce": "ROWSxHIDDENxVOCAB"}
+CASES_HELP = """cases:
+  ce:ROWSxVOCAB         cross-entropy forward + backward on bf16 logits
+  norm:ROWSxHIDDEN      RMSNorm forward + backward, bf16
+  lce:ROWSxHIDDENxVOCAB lm_head + cross-entropy forward + backward, bf16 (LLaMA 3's lm_head:
+                        lce:8192x4096x128256): kjit.torch.linear_cross_entropy beside eager
+                        F.cross_entropy(hidden @ weight.T, target) with bf16 and with .float()
+                        logits, torch.compile of the bf16 one and the three GEMMs alone; time,
+                        TFLOP/s (6 * rows * hidden * vocab), ratio to the GEMMs, peak extra
+                        memory, a row saying "out of memory" for one that does not fit, and
+                        kjit's loss and gradients checked against eager's first"""
+
+
+def parse_case(case: str) -> tuple:
+    """(kind, sizes) of "kind:AxB[xC]", checked before any GPU work so that a typo in the last
+    --case does not surface after the others have run."""
+    kind, _, shape = case.partition(":")
+    try:
+        sizes = tuple(int(v) for v in shape.split("x"))
+    except ValueError:
+        sizes = ()
+    if (kind not in CASE_SHAPES or len(sizes) != CASE_SHAPES[kind].count("x") + 1
+            or min(sizes) < 1):
+        forms = ", ".join(f"{k}:{v}" for k, v in CASE_SHAPES.items())
+        raise ValueError(f"--case {case}: expected one of {forms}, with positive sizes")
+    return kind, sizes
 
 
 def timed(fn, iters: int, warmup: int = 3) -> dict:
@@ -205,14 +237,189 @@ def bench_rms_norm(rows: int, hidden: int, iters: int, copy_bw: float) -> list:
                              ("torch.compile", compiled))]
 
 
+def timed_ms(fn, iters: int, budget_ms: float = 1000.0) -> tuple:
+    """(ms per call, calls timed) of fn from CUDA events around calls made back to back. At tens
+    of milliseconds or more a call the host queues far ahead of the GPU, so this is GPU time;
+    `timed`'s sleep kernel would only add seconds at 131072 rows. One call sizes the run to about
+    budget_ms: at least 3 calls, at most iters (fn has run before: kernels built, memory cached)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    calls = max(3, min(iters, int(budget_ms / start.elapsed_time(end))))
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls, calls
+
+
+def _release() -> None:
+    """Frees what a finished (or failed) implementation left: an out-of-memory error's traceback
+    holds its frames' tensors until collected, and the caching allocator keeps the blocks; the
+    next implementation must see the whole GPU (at 131072 rows eager's logits alone are 31 GiB)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def out_of_memory_row(name: str, error: Exception) -> dict:
+    """The row of an implementation that ran out of memory, with the allocation torch refused
+    ("Tried to allocate 62.62 GiB", rounded as torch prints it) when the message says."""
+    asked = re.search(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)", str(error))
+    return {"impl": name, "out_of_memory": True,
+            "bytes_asked": int(float(asked[1]) * _UNITS[asked[2]]) if asked else None,
+            "error": str(error)}
+
+
+def lce_row(name: str, fn, iters: int, flops: float) -> dict:
+    """fn's row: peak extra memory (two calls, which also warm it up), then its time; or, when it
+    runs out of memory, the row saying so. Memory is released either way."""
+    try:
+        extra = peak_extra_bytes(fn)
+        ms, calls = timed_ms(fn, iters)
+    except torch.cuda.OutOfMemoryError as e:
+        row = out_of_memory_row(name, e)
+    else:
+        row = {"impl": name, "ms": round(ms, 3), "tflops": round(flops / (ms * 1e-3) / 1e12, 1),
+               "peak_extra_bytes": extra, "iters": calls}
+    _release()
+    return row
+
+
+def _eager_loss(hidden, weight, target):
+    return F.cross_entropy(hidden @ weight.T, target)
+
+
+def _eager_fp32_loss(hidden, weight, target):
+    return F.cross_entropy((hidden @ weight.T).float(), target)
+
+
+def _loss_and_grads(loss_fn, hidden, weight, target):
+    """A training step's lm_head + loss: the loss, d_hidden and d_weight."""
+    loss = loss_fn(hidden, weight, target)
+    return (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
+
+
+# kjit's loss against eager's with fp32 logits, which rounds what kjit rounds: the logits to bf16
+# (both from a bf16 GEMM), the logits' gradient to bf16 before the gradient GEMMs, each output
+# once. What differs is the order of fp32 sums, so the gradients agree to a few of bf16's 2^-8
+# roundings: within 2^-6 of the largest gradient (the bound tests/python/test_torch_gpu.py's
+# LCE_ATOL uses). The loss, fp32 from the same bf16 logits in both, is held to 1e-2 relative only
+# (a loose bound: the check guards the timings, not the op); the errors themselves go in the JSON.
+LCE_CHECK_LOSS_RTOL = 1e-2
+LCE_CHECK_GRAD_OF_MAX = 2**-6
+
+
+def check_linear_cross_entropy(hidden, weight, target) -> dict:
+    """kjit's loss and gradients against torch eager's (fp32 logits) on the benchmark's inputs;
+    {"skipped": why} when either runs out of memory (the reference does at 131072 rows: its fp32
+    logits, their log-softmax and its gradient need 63 GiB each)."""
+    reference = "torch eager, .float() logits"
+    got = None
+    try:
+        got = _loss_and_grads(kt.linear_cross_entropy, hidden, weight, target)
+        expected = _loss_and_grads(_eager_fp32_loss, hidden, weight, target)
+    except torch.cuda.OutOfMemoryError:
+        who = "kjit" if got is None else reference
+        return {"reference": reference, "skipped": f"{who} ran out of memory"}
+    loss_rel = abs(got[0].item() - expected[0].item()) / abs(expected[0].item())
+    check = {"reference": reference, "loss": got[0].item(), "loss_expected": expected[0].item(),
+             "loss_rel_err": loss_rel, "loss_rtol": LCE_CHECK_LOSS_RTOL,
+             "grad_tol_of_max": LCE_CHECK_GRAD_OF_MAX}
+    ok = loss_rel <= LCE_CHECK_LOSS_RTOL
+    for name, g, e in zip(("d_hidden", "d_weight"), got[1:], expected[1:]):
+        err = (g.float() - e.float()).abs().max().item()
+        largest = e.abs().max().float().item()
+        check.update({f"{name}_max_abs_err": err, f"{name}_max_abs": largest})
+        ok = ok and err <= LCE_CHECK_GRAD_OF_MAX * largest
+    check["ok"] = ok
+    return check
+
+
+def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -> dict:
+    """lm_head + loss, forward + backward, bf16: kjit.torch.linear_cross_entropy against the eager
+    step a training loop runs (F.cross_entropy(h @ w.T, t), bf16 logits, and the common .float()
+    variant), torch.compile of the bf16 one, and the three GEMMs alone (h @ w.T, dlogits @ w,
+    dlogits.T @ h) as the floor every implementation pays. One implementation at a time holds
+    memory: at 131072 x 128256 eager's logits are 31 GiB in bf16 (the .float() copy 63 GiB, its
+    gradient as much again), so it may run out where kjit (inputs, gradients, a fp32 d_weight
+    accumulator: about 6 GiB at LLaMA 3's lm_head) does not. TFLOP/s counts the GEMMs' 6 * rows *
+    hidden * vocab flops for every row.
+
+    Inputs as in training: hidden ~ N(0, 1) (the final norm's output), weight ~ N(0, 0.02^2) (the
+    usual init), so the logits spread with std 0.02 * sqrt(hidden) (1.3 at 4096) and the softmax
+    is neither one-hot nor flat; targets uniform over the vocabulary with every 64th ignored."""
+    torch.manual_seed(0)
+    h = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    t[::64] = -100
+    flops = 6.0 * rows * hidden * vocab
+    check = check_linear_cross_entropy(h, w, t)
+    _release()
+
+    def gemms():
+        # What each implementation must compute at least; the forward's output buffer stands for
+        # dlogits (the gradient GEMMs read values of the right scale).
+        hd, wd = h.detach(), w.detach()
+        logits = torch.mm(hd, wd.T)
+        torch.mm(logits, wd, out=torch.empty_like(hd))
+        torch.mm(logits.T, hd, out=torch.empty_like(wd))
+
+    results = [lce_row("three GEMMs alone (torch.mm)", gemms, iters, flops)]
+    for name, loss_fn in (("kjit.torch.linear_cross_entropy", kt.linear_cross_entropy),
+                          ("torch eager (bf16 logits)", _eager_loss),
+                          ("torch eager (.float() logits)", _eager_fp32_loss),
+                          ("torch.compile (bf16 logits)", torch.compile(_eager_loss))):
+        results.append(lce_row(name, lambda f=loss_fn: _loss_and_grads(f, h, w, t), iters, flops))
+    floor = results[0].get("ms")  # (None if even the GEMMs ran out of memory)
+    for r in results:
+        if "ms" in r:
+            r["ratio_to_gemms"] = round(r["ms"] / floor, 3) if floor else None
+    return {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": "bf16", "flops": flops,
+            "check": check, "results": results}
+
+
+def _print_lce(case: str, entry: dict) -> None:
+    check = entry["check"]
+    if "skipped" in check:
+        print(f"{case:22} check skipped: {check['skipped']}")
+    else:
+        print(f"{case:22} check against {check['reference']}: loss {check['loss']:.6f} "
+              f"(rel err {check['loss_rel_err']:.1e}), max err d_hidden "
+              f"{check['d_hidden_max_abs_err']:.2e} of {check['d_hidden_max_abs']:.2e}, d_weight "
+              f"{check['d_weight_max_abs_err']:.2e} of {check['d_weight_max_abs']:.2e}: "
+              f"{'ok' if check['ok'] else 'FAILED'}")
+    for r in entry["results"]:
+        if r.get("out_of_memory"):
+            asked = r["bytes_asked"]
+            print(f"{case:22} {r['impl']:34} out of memory"
+                  + (f" (asked {asked / 2**30:.2f} GiB)" if asked else ""))
+            continue
+        ratio = f"{r['ratio_to_gemms']:6.3f}x" if r["ratio_to_gemms"] else "      -"
+        print(f"{case:22} {r['impl']:34} {r['ms']:9.2f} {r['tflops']:8.1f}  {ratio}  "
+              f"+{r['peak_extra_bytes'] / 2**30:7.2f} GiB")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kjit.bench", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", action="append", help="ce:ROWSxVOCAB or norm:ROWSxHIDDEN "
-                        f"(repeatable; default {' '.join(DEFAULT_CASES)})")
-    parser.add_argument("--iters", type=int, default=50)
+        "\n\n")[0], epilog=CASES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", help="a case below (repeatable; default "
+                        f"{' '.join(DEFAULT_CASES)})")
+    parser.add_argument("--iters", type=int, default=50, help="calls timed per implementation "
+                        "(lce: at most this many, about a second of them, at least 3)")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
+    names = args.case or DEFAULT_CASES
+    try:
+        cases = [parse_case(case) for case in names]
+    except ValueError as e:
+        parser.error(str(e))
     if not torch.cuda.is_available():
         print("kjit.bench: no CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
@@ -220,22 +427,35 @@ def main(argv=None) -> int:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "kjit": kjit.full_version(), "copy_bytes_per_s": copy_bw, "cases": []}
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s on {report['device']}")
-    print(f"{'case':18} {'impl':34} {'us':>9} {'gpu_us':>9} {'host_us':>8}  {'of copy':>6}  extra")
-    for case in args.case or DEFAULT_CASES:
-        kind, _, shape = case.partition(":")
-        rows, cols = (int(v) for v in shape.split("x"))
-        if kind not in ("ce", "norm"):
-            parser.error(f"--case {case}: expected ce:ROWSxVOCAB or norm:ROWSxHIDDEN")
-        run = bench_cross_entropy if kind == "ce" else bench_rms_norm
-        results = run(rows, cols, args.iters, copy_bw)
-        report["cases"].append({"case": case, "results": results})
-        for r in results:
-            print(f"{case:18} {r['impl']:34} {r['us']:9.1f} {r['gpu_us']:9.1f} {r['host_us']:8.1f}"
-                  f"  {100 * r['bandwidth_ratio']:5.1f}%  +{r['peak_extra_bytes'] / 2**20:8.1f} MiB")
+    copy_columns = (f"{'case':22} {'impl':34} {'us':>9} {'gpu_us':>9} {'host_us':>8}  "
+                    f"{'of copy':>6}  extra")
+    headers = {"ce": copy_columns, "norm": copy_columns,
+               "lce": f"{'case':22} {'impl':34} {'ms':>9} {'TFLOP/s':>8}  {'of GEMMs':>7}  extra"}
+    header = None
+    for case, (kind, sizes) in zip(names, cases):
+        if header != headers[kind]:  # (printed again where the columns change)
+            header = headers[kind]
+            print(header)
+        if kind == "lce":
+            entry = bench_linear_cross_entropy(*sizes, args.iters)
+            _print_lce(case, entry)
+        else:
+            run = bench_cross_entropy if kind == "ce" else bench_rms_norm
+            entry = {"results": run(*sizes, args.iters, copy_bw)}
+            for r in entry["results"]:
+                print(f"{case:22} {r['impl']:34} {r['us']:9.1f} {r['gpu_us']:9.1f} "
+                      f"{r['host_us']:8.1f}  {100 * r['bandwidth_ratio']:5.1f}%  "
+                      f"+{r['peak_extra_bytes'] / 2**20:8.1f} MiB")
+        report["cases"].append({"case": case, **entry})
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    failed = [c["case"] for c in report["cases"] if not c.get("check", {}).get("ok", True)]
+    if failed:
+        print(f"kjit.bench: kjit's loss or gradients are off at {' '.join(failed)} (see the check "
+              "lines)", file=sys.stderr)
+        return 1
     return 0
 
 
