@@ -24,6 +24,7 @@
 #include "kjit/kjit.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/linear_cross_entropy/config.h"
+#include "ops/registry.h"
 #include "ops/rms_norm/config.h"
 
 struct kjit_runtime {
@@ -251,9 +252,11 @@ absl::Status Return(std::string_view text, char** out) {
 
 absl::Status ReturnBuild(const absl::StatusOr<BuildInfo>& b, char** json_out) {
   if (!b.ok()) return b.status();
-  const nlohmann::json j = {{"key", b->key},       {"target", b->target},  {"origin", b->origin},
-                            {"path", b->path},     {"bytes", b->bytes},    {"nvrtc", b->nvrtc},
-                            {"params", b->params}, {"kernels", b->kernels}};
+  const nlohmann::json j = {{"key", b->key},         {"program", b->program},
+                            {"target", b->target},   {"origin", b->origin},
+                            {"path", b->path},       {"bytes", b->bytes},
+                            {"nvrtc", b->nvrtc},     {"params", b->params},
+                            {"kernels", b->kernels}, {"programs", ops::ProgramsJson(*b)}};
   return Return(jit::JsonText(j), json_out);
 }
 

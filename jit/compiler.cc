@@ -9,8 +9,15 @@
 
 namespace kjit::jit {
 
-std::vector<std::string> CompileOptions(const Target& target) {
-  return {target.GpuArchitectureOption(), "--std=c++17", "--fmad=true", "--device-int128"};
+std::vector<std::string> CompileOptions(const Target& target, const NvrtcVersion& nvrtc) {
+  std::vector<std::string> options = {target.GpuArchitectureOption(), "--std=c++17", "--fmad=true",
+                                      "--device-int128"};
+  // -minimal (NVRTC 12.4 and newer) leaves out of the front end what the templates never use
+  // (textures, the device runtime, the runtime API's types): about 5 ms less per program on a
+  // 2-core machine, with the same SASS. NVRTC's front end is 10-25 ms of a kernel's 50-220 ms;
+  // the rest is the NVVM optimizer and ptxas, whose options are left at their defaults.
+  if (nvrtc.major > 12 || (nvrtc.major == 12 && nvrtc.minor >= 4)) options.push_back("-minimal");
+  return options;
 }
 
 namespace {
@@ -46,7 +53,7 @@ absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const T
     KJIT_RETURN_IF_ERROR(
         nvrtc.Check(nvrtc.nvrtcAddNameExpression(prog, expr.c_str()), "nvrtcAddNameExpression"));
   }
-  const std::vector<std::string> options = CompileOptions(target);
+  const std::vector<std::string> options = CompileOptions(target, nvrtc.version());
   std::vector<const char*> option_ptrs;
   for (const std::string& o : options) option_ptrs.push_back(o.c_str());
 

@@ -21,8 +21,9 @@ namespace kjit::jit {
 
 inline constexpr char kCompileLogPayload[] = "kjit.dev/compile_log";
 
-// The exact options Compile passes for `target`; part of the cache key.
-std::vector<std::string> CompileOptions(const Target& target);
+// The exact options Compile passes for `target` with an NVRTC of version `nvrtc`; part of the
+// cache key.
+std::vector<std::string> CompileOptions(const Target& target, const NvrtcVersion& nvrtc);
 
 absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const Target& target);
 

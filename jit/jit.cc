@@ -1,5 +1,10 @@
 #include "jit/jit.h"
 
+#include <algorithm>
+#include <atomic>
+#include <system_error>
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "jit/cache_key.h"
@@ -49,7 +54,8 @@ int Jit::compile_count() const {
 absl::StatusOr<Jit::Built> Jit::Build(const Source& source, const Target& target) {
   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
   Built built;
-  built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
+  built.key = CacheKey(source, target, CompileOptions(target, nvrtc->version()),
+                       nvrtc->version().ToString());
   TraceSpan span("build " + source.name, "jit");
   if (Tracer::Global().enabled()) {
     span.AddArg("target", target.ToString());
@@ -77,6 +83,36 @@ absl::StatusOr<Jit::Built> Jit::Build(const Source& source, const Target& target
   building_.erase(key);
   built_cv_.notify_all();
   return result;
+}
+
+absl::StatusOr<std::vector<Jit::Built>> Jit::BuildAll(const std::vector<Source>& sources,
+                                                      const Target& target) {
+  std::vector<absl::StatusOr<Built>> results(sources.size(),
+                                             absl::InternalError("BuildAll: not built"));
+  // One worker a core, each taking the next program in turn: on few cores a launch's longest
+  // program keeps a core to itself instead of being time-sliced with all the others.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < sources.size();) results[i] = Build(sources[i], target);
+  };
+  const size_t workers =
+      std::min<size_t>(sources.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads to be had: those there share the work
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : threads) t.join();
+  std::vector<Built> built;
+  for (absl::StatusOr<Built>& r : results) {
+    if (!r.ok()) return r.status();
+    built.push_back(std::move(*r));
+  }
+  return built;
 }
 
 absl::StatusOr<Jit::Built> Jit::BuildUncached(const Source& source, const Target& target,

@@ -7,6 +7,7 @@
 //
 //   KJIT_ASSIGN_OR_RETURN(auto jit, Jit::Create({}));
 //   KJIT_ASSIGN_OR_RETURN(Jit::Built built, jit->Build(source, target));      // no GPU needed
+//   KJIT_ASSIGN_OR_RETURN(auto both, jit->BuildAll({a, b}, target));         // in parallel
 //   KJIT_ASSIGN_OR_RETURN(auto module, jit->Load(source, target, *driver, ctx));
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "jit/binary.h"
 #include "jit/disk_cache.h"
@@ -57,6 +59,14 @@ class Jit {
   // Thread-safe; different kernels build in parallel, and a kernel another thread is building is
   // waited for rather than compiled twice.
   absl::StatusOr<Built> Build(const Source& source, const Target& target);
+  // Builds several programs at once, on as many threads as there are cores (the caller's one of
+  // them), which take the programs in order: NVRTC compiles independent programs in parallel, so
+  // programs a launch needs together cost about the slowest of them, not their sum; put that one
+  // first (started first, it is not held up by the others: on 2 cores a 0.22 s program with a
+  // 0.1 s one after it took 0.22 s, in the other order 0.24). The results are in `sources`'
+  // order; on failure, the first failed program's error.
+  absl::StatusOr<std::vector<Built>> BuildAll(const std::vector<Source>& sources,
+                                              const Target& target);
   absl::StatusOr<std::shared_ptr<const LoadedModule>> Load(const Source& source,
                                                            const Target& target, const Driver& cu,
                                                            CUcontext ctx);

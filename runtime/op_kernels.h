@@ -1,11 +1,12 @@
 // Internal: what every op keeps of the kernels it has loaded. A program is loaded once per launch
 // config (the config of each tuned row bucket, narrower vectors for views whose alignment does not
-// allow the widest), so a launch after the first touches neither the JIT nor the disk.
+// allow the widest; cross-entropy's key adds the launch, whose kernels are programs of their own),
+// so a launch after the first touches neither the JIT nor the disk.
 //
-//   OpKernels<CrossEntropyConfig, CrossEntropyKernels> kernels;
-//   KJIT_ASSIGN_OR_RETURN(const CrossEntropyKernels* k, kernels.Get(
-//       [&] { return ConfigFor(rows, vec); },                    // runs under the cache's lock
-//       [&](const CrossEntropyConfig& c) { return Load(c); }));  // only for a new config
+//   OpKernels<RmsNormConfig, RmsNormKernels> kernels;
+//   KJIT_ASSIGN_OR_RETURN(const RmsNormKernels* k, kernels.Get(
+//       [&] { return ConfigFor(rows, vec); },               // runs under the cache's lock
+//       [&](const RmsNormConfig& c) { return Load(c); }));  // only for a new config
 #pragma once
 
 #include <map>
@@ -27,6 +28,10 @@ struct LoadedProgram {
   std::vector<CUfunction> functions;
 };
 absl::StatusOr<LoadedProgram> LoadProgram(const RuntimeState& rt, const jit::Source& source);
+// Programs a launch needs together, in `sources`' order: those not cached yet are compiled in
+// parallel (jit::Jit::BuildAll) before they are loaded.
+absl::StatusOr<std::vector<LoadedProgram>> LoadPrograms(const RuntimeState& rt,
+                                                        const std::vector<jit::Source>& sources);
 
 template <typename Config, typename Kernels>
 class OpKernels {

@@ -240,6 +240,18 @@ absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState
   return p;
 }
 
+absl::StatusOr<std::vector<internal::LoadedProgram>> internal::LoadPrograms(
+    const RuntimeState& rt, const std::vector<jit::Source>& sources) {
+  // Built first, all at once; each Load below then finds its binary in memory.
+  if (sources.size() > 1) KJIT_RETURN_IF_ERROR(rt.jit->BuildAll(sources, rt.target).status());
+  std::vector<LoadedProgram> programs;
+  for (const jit::Source& source : sources) {
+    KJIT_ASSIGN_OR_RETURN(LoadedProgram program, LoadProgram(rt, source));
+    programs.push_back(std::move(program));
+  }
+  return programs;
+}
+
 internal::TuningKey internal::TuningKeyFor(const RuntimeState& rt, const std::string& op,
                                            const std::string& shape, DType dtype, int64_t rows) {
   TuningKey k{.op = op, .dtype = Name(dtype), .shape = shape, .rows_bucket = RowsBucket(rows)};
@@ -254,19 +266,41 @@ internal::TuningKey internal::TuningKeyFor(const RuntimeState& rt, const std::st
 }
 
 BuildInfo internal::ToBuildInfo(const jit::Jit::Built& built) {
-  return {.key = built.key,
-          .target = built.binary->target.ToString(),
-          .origin = jit::OriginName(built.origin),
-          .path = built.path,
-          .bytes = built.binary->code.size(),
-          .nvrtc = built.binary->nvrtc_version,
-          .params = built.binary->params,
-          .kernels = [&] {
-            std::vector<std::string> names;
-            for (const auto& [expr, lowered] : built.binary->lowered_names)
-              names.push_back(lowered);
-            return names;
-          }()};
+  BuildInfo info{.key = built.key,
+                 .program = built.binary->program_name,
+                 .target = built.binary->target.ToString(),
+                 .origin = jit::OriginName(built.origin),
+                 .path = built.path,
+                 .bytes = built.binary->code.size(),
+                 .nvrtc = built.binary->nvrtc_version,
+                 .params = built.binary->params};
+  for (const auto& [expr, lowered] : built.binary->lowered_names) info.kernels.push_back(lowered);
+  info.programs.push_back(info);
+  return info;
+}
+
+BuildInfo internal::ToBuildInfo(const std::vector<jit::Jit::Built>& programs) {
+  if (programs.empty()) return {};
+  BuildInfo info = ToBuildInfo(programs[0]);
+  info.programs.clear();
+  info.kernels.clear();
+  info.bytes = 0;
+  // The origin that cost the most: compiled, then read from disk, then found in memory.
+  auto rank = [](jit::Jit::Origin o) {
+    return o == jit::Jit::Origin::kCompiled ? 2 : o == jit::Jit::Origin::kDisk ? 1 : 0;
+  };
+  jit::Jit::Origin origin = programs[0].origin;
+  for (const jit::Jit::Built& built : programs) {
+    BuildInfo one = ToBuildInfo(built);
+    one.programs.clear();
+    if (rank(built.origin) > rank(origin)) origin = built.origin;
+    if (built.path.empty()) info.path.clear();
+    info.bytes += one.bytes;
+    info.kernels.insert(info.kernels.end(), one.kernels.begin(), one.kernels.end());
+    info.programs.push_back(std::move(one));
+  }
+  info.origin = jit::OriginName(origin);
+  return info;
 }
 
 }  // namespace kjit

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "jit/driver.h"
 #include "jit/jit.h"
@@ -67,7 +68,9 @@ inline const RuntimeState& StateOf(const Runtime& rt) { return RuntimeAccess::St
 // The default warning sink: each distinct message once per process, on stderr.
 void WarnOnceToStderr(std::string_view message);
 
-// What the public API reports of a build.
+// What the public API reports of a build: of one program, or of an op's programs (the first
+// describes the op; BuildInfo says how the rest are summed up).
 BuildInfo ToBuildInfo(const jit::Jit::Built& built);
+BuildInfo ToBuildInfo(const std::vector<jit::Jit::Built>& programs);
 
 }  // namespace kjit::internal

@@ -181,13 +181,21 @@ int RunCompile(const CompileFlags& f) {
                         {"path", built->path},
                         {"bytes", built->bytes},
                         {"params", built->params},
-                        {"nvrtc", built->nvrtc}});
+                        {"nvrtc", built->nvrtc},
+                        // Every program the op's launches load (cross-entropy compiles each
+                        // kernel apart).
+                        {"programs", ops::ProgramsJson(*built)}});
     } else {
       fmt::print(
           "{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} "
           "bytes\n",
           f.op, jit::FormatParams(built->params), built->target, built->key, config, built->origin,
           built->path.empty() ? "(memory only)" : built->path, built->bytes);
+      if (built->programs.size() > 1) {
+        for (const BuildInfo& p : built->programs) {
+          fmt::print("  program {} {} ({}, {} bytes)\n", p.program, p.key, p.origin, p.bytes);
+        }
+      }
     }
   }
   if (f.json) fmt::print("{}\n", jit::JsonText(report, 2));

@@ -166,7 +166,9 @@ class CrossEntropy {
   // The counters (16 bytes), then for sum and mean one fp32 loss per row. O(rows).
   int64_t WorkspaceBytes(int64_t rows) const;
 
-  // Compiles (or finds in the caches) the program for the widest config; works compile-only.
+  // Compiles (or finds in the caches) the programs for the widest config, each a cache entry of
+  // its own: all that any launch may load (a launch compiles only those of the kernels it runs,
+  // on first use; the op, when made on a GPU, the forward+backward's). Works compile-only.
   absl::StatusOr<BuildInfo> Build() const;
 
  private:

@@ -221,9 +221,11 @@ KJIT_C_EXPORT kjit_status kjit_rms_norm_backward_workspace_bytes(const kjit_rms_
 /* The config a launch of `rows` uses when pointers allow the widest vectors (text form). */
 KJIT_C_EXPORT kjit_status kjit_rms_norm_config_for(const kjit_rms_norm* op, int64_t rows,
                                                    char** config_out);
-/* Compiles (or finds in the caches) the op's program; works on a compile-only runtime. JSON:
- * {"key", "target", "origin": "compiled"|"disk cache"|"memory", "path", "bytes", "nvrtc",
- *  "params": {...}, "kernels": [...]}. */
+/* Compiles (or finds in the caches) the op's programs; works on a compile-only runtime. JSON:
+ * {"key", "program", "target", "origin": "compiled"|"disk cache"|"memory", "path", "bytes",
+ *  "nvrtc", "params": {...}, "kernels": [...], "programs": [{"program", "key", "origin", "path",
+ *  "bytes", "kernels"}, ...]}: an op built as several programs (cross-entropy compiles each kernel
+ *  apart) is described by its first, sums up the rest (kjit::BuildInfo) and lists each. */
 KJIT_C_EXPORT kjit_status kjit_rms_norm_build(const kjit_rms_norm* op, char** json_out);
 
 /* ---- Cross-entropy (kjit/cross_entropy.h says what it computes) ------------------------- */

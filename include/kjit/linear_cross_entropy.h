@@ -146,8 +146,8 @@ class LinearCrossEntropy {
   // After a launch, the first 8 bytes of the workspace hold the valid and out-of-range target
   // counts of the whole batch (kjit::CrossEntropyCounters' first two fields).
 
-  // Compiles (or finds in the caches) the op's own kernels and the chunk loss's; works
-  // compile-only.
+  // Compiles (or finds in the caches) the op's own kernels and the chunk loss's programs that it
+  // launches (BuildInfo::programs lists them, its own first); works compile-only.
   absl::StatusOr<BuildInfo> Build() const;
 
  private:

@@ -62,15 +62,23 @@ struct RuntimeOptions {
 };
 
 // What building an op's kernels produced: its cache key, where the binary came from and lies.
+// An op may be built as several programs, each its own cache entry (CrossEntropy compiles each
+// kernel apart, so that a launch compiles only the kernels it runs): then key, program, path and
+// params are its first program's, the rest sums up all of them, and `programs` describes each.
 struct BuildInfo {
-  std::string key;     // the cache key (a hash of source, options, NVRTC and target)
-  std::string target;  // "sm_90"
-  std::string origin;  // "compiled", "disk cache" or "memory"
-  std::string path;    // the disk cache entry; "" when memory-only
-  size_t bytes = 0;    // the CUBIN or PTX
-  std::string nvrtc;   // the NVRTC version that compiled it, "13.0"
+  std::string key;      // the cache key (a hash of source, options, NVRTC and target)
+  std::string program;  // its name: "rms_norm", "cross_entropy.forward_backward"
+  std::string target;   // "sm_90"
+  // "compiled", "disk cache" or "memory"; of several programs: "compiled" if any was compiled,
+  // else "disk cache" if any came from it.
+  std::string origin;
+  std::string path;   // the disk cache entry; "" when memory-only (when any program is)
+  size_t bytes = 0;   // the CUBIN or PTX (all programs')
+  std::string nvrtc;  // the NVRTC version that compiled it, "13.0"
   std::map<std::string, std::string> params;  // the op's parameters and config
-  std::vector<std::string> kernels;           // the kernels it holds, by their mangled names
+  std::vector<std::string> kernels;  // the kernels it holds (all programs'), by their mangled names
+  std::vector<BuildInfo> programs;   // each program alone (with no programs of its own); one for
+                                     // an op built as one program
 };
 
 namespace internal {

@@ -175,10 +175,29 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec,
-                                                    const CrossEntropyConfig& config) {
-  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
-  KJIT_RETURN_IF_ERROR(ValidateCrossEntropyConfig(spec, config, /*arch=*/0));
+const char* ops::CrossEntropyProgramName(CrossEntropyProgram program) {
+  switch (program) {
+    case CrossEntropyProgram::kCountReduce: return "count_reduce";
+    case CrossEntropyProgram::kForward: return "forward";
+    case CrossEntropyProgram::kForwardBackward: return "forward_backward";
+    case CrossEntropyProgram::kBackward: return "backward";
+    case CrossEntropyProgram::kRescaleGradient: return "rescale_gradient";
+  }
+  return "?";
+}
+
+std::vector<ops::CrossEntropyProgram> ops::CrossEntropyLaunchPrograms(CrossEntropyLaunch launch) {
+  using P = CrossEntropyProgram;
+  switch (launch) {
+    case CrossEntropyLaunch::kForward: return {P::kForward, P::kCountReduce};
+    case CrossEntropyLaunch::kForwardBackward: return {P::kForwardBackward, P::kCountReduce};
+    case CrossEntropyLaunch::kBackward: return {P::kBackward, P::kCountReduce};
+    case CrossEntropyLaunch::kRescaleGradient: return {P::kRescaleGradient};
+  }
+  return {};
+}
+
+std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpec& spec) {
   std::map<std::string, std::string> params = {
       {"op", "cross_entropy"},
       {"vocab", std::to_string(spec.vocab)},
@@ -189,28 +208,82 @@ absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec
       {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
       {"softcap", fmt::format("{}", spec.softcap)},
       {"argmax", Bool(spec.argmax)},
-      {"config", config.ToString()},
   };
   if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);
-  // Order matters: CrossEntropyKernels::Kernel reads them back by position.
-  std::vector<std::string> kernels = {CountExpr(spec), ForwardExpr(spec, config, false),
-                                      FusedExpr(spec, config), BackwardExpr(spec, config),
-                                      RescaleExpr(spec, config)};
-  if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
-  return jit::RenderSource("cross_entropy",
+  return params;
+}
+
+absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec,
+                                                    const CrossEntropyConfig& config,
+                                                    CrossEntropyProgram program) {
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  KJIT_RETURN_IF_ERROR(ValidateCrossEntropyConfig(spec, config, /*arch=*/0));
+  std::map<std::string, std::string> params = CrossEntropyParams(spec);
+  // The config's fields the kernels' template arguments take, and only those: they go into the
+  // program's text (so its cache key), and the configs that share a kernel (kjit-tune compiles
+  // dozens) share its program and cache entry.
+  std::vector<std::pair<const char*, int>> fields;
+  std::vector<std::string> kernels;
+  switch (program) {
+    case CrossEntropyProgram::kCountReduce:
+      kernels.push_back(CountExpr(spec));
+      if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
+      break;
+    case CrossEntropyProgram::kForward:
+    case CrossEntropyProgram::kBackward:
+      kernels.push_back(program == CrossEntropyProgram::kForward ? ForwardExpr(spec, config, false)
+                                                                 : BackwardExpr(spec, config));
+      fields = {{"vec", config.vec}, {"threads", config.threads}, {"unroll", config.unroll}};
+      break;
+    case CrossEntropyProgram::kForwardBackward:
+      kernels.push_back(FusedExpr(spec, config));
+      fields = {{"vec", config.vec}, {"threads", config.threads}, {"cluster", config.cluster}};
+      // A row held in a cluster is read once, with no unrolled loop; a streamed one unrolls.
+      fields.emplace_back(config.cluster > 0 ? "staged" : "unroll",
+                          config.cluster > 0 ? config.staged : config.unroll);
+      break;
+    case CrossEntropyProgram::kRescaleGradient:
+      kernels.push_back(RescaleExpr(spec, config));
+      fields = {{"vec", config.vec}};
+      break;
+  }
+  for (const auto& [name, value] : fields) params[name] = std::to_string(value);
+  return jit::RenderSource(fmt::format("cross_entropy.{}", CrossEntropyProgramName(program)),
                            {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh"},
                            std::move(kernels), std::move(params));
 }
 
+absl::StatusOr<std::vector<jit::Source>> ops::RenderCrossEntropyPrograms(
+    const CrossEntropySpec& spec, const CrossEntropyConfig& config) {
+  using P = CrossEntropyProgram;
+  std::vector<jit::Source> sources;
+  for (P program :
+       {P::kForwardBackward, P::kCountReduce, P::kForward, P::kBackward, P::kRescaleGradient}) {
+    KJIT_ASSIGN_OR_RETURN(jit::Source src, RenderCrossEntropy(spec, config, program));
+    sources.push_back(std::move(src));
+  }
+  return sources;
+}
+
 namespace internal {
 
-struct CrossEntropyKernels {
-  // The program's kernels, in the order RenderCrossEntropy names them (reduce: sum and mean only).
-  enum Kernel { kCount, kForward, kForwardBackward, kBackward, kRescaleGradient, kReduce };
+// What a launch's kernels are loaded for: the config and the launch sequence.
+struct CrossEntropyLaunchConfig {
   CrossEntropyConfig config;
-  LoadedProgram program;
-  int shared_bytes = 0;  // the dynamic shared memory forward_backward asks for (staged)
-  CUfunction operator[](Kernel k) const { return program.functions[k]; }
+  ops::CrossEntropyLaunch launch = ops::CrossEntropyLaunch::kForwardBackward;
+  std::string ToString() const {
+    return fmt::format("{} launch={}", config.ToString(), static_cast<int>(launch));
+  }
+};
+
+// The kernels of one launch sequence, from the programs it loads (ops/cross_entropy/program.h).
+struct CrossEntropyKernels {
+  CrossEntropyConfig config;
+  std::vector<LoadedProgram> programs;  // in CrossEntropyLaunchPrograms' order
+  CUfunction count = nullptr;           // every launch but the rescale's
+  CUfunction row = nullptr;     // the launch's own: forward, forward+backward, backward or rescale
+  CUfunction reduce = nullptr;  // sum and mean: the forward launches'
+  int shared_bytes = 0;         // the dynamic shared memory forward_backward asks for (staged)
 };
 
 struct CrossEntropyState {
@@ -220,7 +293,7 @@ struct CrossEntropyState {
   // Unless the spec has a config: the fused forward+backward's, and the streaming launches'
   // (forward only, backward from lse), tuned apart.
   std::optional<TunedConfigs<CrossEntropyConfig>> tuned, tuned_streaming;
-  OpKernels<CrossEntropyConfig, CrossEntropyKernels> kernels;
+  OpKernels<CrossEntropyLaunchConfig, CrossEntropyKernels> kernels;
 
   // Under the kernels' lock.
   CrossEntropyConfig ConfigFor(int64_t rows, int vec, bool may_tune, bool fused) {
@@ -236,28 +309,54 @@ struct CrossEntropyState {
 
 namespace {
 
+using ops::CrossEntropyLaunch;
+using ops::CrossEntropyProgram;
+
+// Only the programs `launch` loads: those not cached yet compile in parallel.
 absl::StatusOr<internal::CrossEntropyKernels> Load(const internal::RuntimeState& rt,
                                                    const CrossEntropySpec& spec,
-                                                   const CrossEntropyConfig& config) {
+                                                   const internal::CrossEntropyLaunchConfig& lc) {
+  const CrossEntropyConfig& config = lc.config;
   internal::CrossEntropyKernels k{.config = config};
-  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderCrossEntropy(spec, config));
-  KJIT_ASSIGN_OR_RETURN(k.program, internal::LoadProgram(rt, src));
-  if (config.staged) {
+  const std::vector<CrossEntropyProgram> programs = ops::CrossEntropyLaunchPrograms(lc.launch);
+  std::vector<jit::Source> sources;
+  for (CrossEntropyProgram program : programs) {
+    KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderCrossEntropy(spec, config, program));
+    sources.push_back(std::move(src));
+  }
+  KJIT_ASSIGN_OR_RETURN(k.programs, internal::LoadPrograms(rt, sources));
+  for (size_t i = 0; i < programs.size(); ++i) {
+    const std::vector<CUfunction>& f = k.programs[i].functions;
+    if (programs[i] == CrossEntropyProgram::kCountReduce) {
+      k.count = f.at(0);
+      if (spec.reduction != Reduction::kNone) k.reduce = f.at(1);
+    } else {
+      k.row = f.at(0);
+    }
+  }
+  if (lc.launch == CrossEntropyLaunch::kForwardBackward && config.staged) {
     k.shared_bytes = static_cast<int>(
         ops::StagedSharedBytes(config, spec.vocab, static_cast<int>(SizeOf(spec.dtype))));
-    KJIT_RETURN_IF_ERROR(rt.AllowSharedBytes(k[k.kForwardBackward], k.shared_bytes));
+    KJIT_RETURN_IF_ERROR(rt.AllowSharedBytes(k.row, k.shared_bytes));
   }
   return k;
 }
 
-// The kernels for `rows` (the tuned bucket's config) with vectors of at most `vec` elements;
-// may_tune lets KJIT_AUTOTUNE tune a new bucket first; fused picks the forward+backward's config.
+// The kernels of `launch` for `rows` (the tuned bucket's config) with vectors of at most `vec`
+// elements; may_tune lets KJIT_AUTOTUNE tune a new bucket first. The fused forward+backward and
+// the rescale of its gradient use the fused config, the other launches the streaming one.
 absl::StatusOr<const internal::CrossEntropyKernels*> KernelsFor(const internal::RuntimeState& rt,
                                                                 internal::CrossEntropyState& op,
                                                                 int64_t rows, int vec,
-                                                                bool may_tune, bool fused) {
-  return op.kernels.Get([&] { return op.ConfigFor(rows, vec, may_tune, fused); },
-                        [&](const CrossEntropyConfig& c) { return Load(rt, op.spec, c); });
+                                                                bool may_tune,
+                                                                CrossEntropyLaunch launch) {
+  const bool fused = launch == CrossEntropyLaunch::kForwardBackward ||
+                     launch == CrossEntropyLaunch::kRescaleGradient;
+  return op.kernels.Get(
+      [&] {
+        return internal::CrossEntropyLaunchConfig{op.ConfigFor(rows, vec, may_tune, fused), launch};
+      },
+      [&](const internal::CrossEntropyLaunchConfig& lc) { return Load(rt, op.spec, lc); });
 }
 
 // One block per row: the grid's x dimension bounds the rows, and the counters are 32-bit.
@@ -304,13 +403,13 @@ absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& lo
 absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
     const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
     const TensorView& logits, const IndexView& targets, const TensorView& grad,
-    const TensorView& class_weight, void* workspace, bool fused) {
+    const TensorView& class_weight, void* workspace, CrossEntropyLaunch launch) {
   const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), fused));
+                        KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), launch));
   CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index, class_weight.data,
                             static_cast<CrossEntropyCounters*>(workspace)};
-  KJIT_RETURN_IF_ERROR(rt.Launch((*k)[k->kCount], 1, kCountThreads, stream, &c));
+  KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
   return k;
 }
 
@@ -388,9 +487,15 @@ CrossEntropyConfig CrossEntropy::ConfigFor(int64_t rows, bool fused) const {
 }
 
 absl::StatusOr<BuildInfo> CrossEntropy::Build() const {
-  KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderCrossEntropy(op_->spec, op_->config));
-  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built built, rt_->jit->Build(src, rt_->target));
-  return internal::ToBuildInfo(built);
+  KJIT_ASSIGN_OR_RETURN(std::vector<jit::Source> sources,
+                        ops::RenderCrossEntropyPrograms(op_->spec, op_->config));
+  KJIT_ASSIGN_OR_RETURN(std::vector<jit::Jit::Built> built,
+                        rt_->jit->BuildAll(sources, rt_->target));
+  BuildInfo info = internal::ToBuildInfo(built);
+  // The op's parameters and whole config; each program lists the fields of the config it takes.
+  info.params = ops::CrossEntropyParams(op_->spec);
+  info.params["config"] = op_->config.ToString();
+  return info;
 }
 
 int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
@@ -451,9 +556,11 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
                               /*in_place=*/{{"grad", "logits"}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad,
-                                      a.class_weight, a.workspace, /*fused=*/gradient));
+  KJIT_ASSIGN_OR_RETURN(
+      const internal::CrossEntropyKernels* k,
+      StartLaunches(
+          *rt_, *op_, stream, a.logits, a.targets, a.grad, a.class_weight, a.workspace,
+          gradient ? CrossEntropyLaunch::kForwardBackward : CrossEntropyLaunch::kForward));
   float* row_loss =
       s.reduction == Reduction::kNone
           ? static_cast<float*>(a.loss.data)
@@ -466,14 +573,11 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   // The row kernel starts while the count kernel runs, and the reduce kernel's launch overlaps
   // the row kernel's end; each waits before it reads what the kernel before wrote.
   const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
-  KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[gradient ? k->kForwardBackward : k->kForward],
-                                   rows * blocks_per_row, k->config.threads, stream, &p,
-                                   blocks_per_row, gradient ? k->shared_bytes : 0,
-                                   /*overlap_previous=*/true));
+  KJIT_RETURN_IF_ERROR(rt_->Launch(k->row, rows * blocks_per_row, k->config.threads, stream, &p,
+                                   blocks_per_row, k->shared_bytes, /*overlap_previous=*/true));
   if (s.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
-  return rt_->Launch((*k)[k->kReduce], 1, kReduceThreads, stream, &r, 1, 0,
-                     /*overlap_previous=*/true);
+  return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r, 1, 0, /*overlap_previous=*/true);
 }
 
 absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardArgs& a) const {
@@ -506,11 +610,11 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
 
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
                         StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad,
-                                      a.class_weight, a.workspace, /*fused=*/false));
+                                      a.class_weight, a.workspace, CrossEntropyLaunch::kBackward));
   CrossEntropyRowParams p =
       RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
   p.lse_in = static_cast<const float*>(a.lse.data);
-  return rt_->Launch((*k)[k->kBackward], rows, k->config.threads, stream, &p);
+  return rt_->Launch(k->row, rows, k->config.threads, stream, &p);
 }
 
 absl::Status CrossEntropy::RescaleGradient(CUstream stream,
@@ -530,13 +634,14 @@ absl::Status CrossEntropy::RescaleGradient(CUstream stream,
       {{"grad", a.grad}}, {{"grad_output", a.grad_output}, {"applied", a.applied}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
-  // The program the fused launch used for these rows, at the widest vector grad allows; never
+  // The config the fused launch used for these rows, at the widest vector grad allows; never
   // tunes (a rescale is not worth a tuning run).
   const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.grad});
-  KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
-                        KernelsFor(*rt_, *op_, rows, vec, /*may_tune=*/false, /*fused=*/true));
+  KJIT_ASSIGN_OR_RETURN(
+      const internal::CrossEntropyKernels* k,
+      KernelsFor(*rt_, *op_, rows, vec, /*may_tune=*/false, CrossEntropyLaunch::kRescaleGradient));
   CrossEntropyRescaleParams p = RescaleParams(a, s.vocab, k->config.vec, rt_->device.sm_count);
-  return rt_->Launch((*k)[k->kRescaleGradient], rows * p.tiles, kRescaleThreads, stream, &p);
+  return rt_->Launch(k->row, rows * p.tiles, kRescaleThreads, stream, &p);
 }
 
 absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {
@@ -568,12 +673,16 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
   }
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {
-    // Build and load the common case now so that errors surface here, not in the first launch.
-    KJIT_RETURN_IF_ERROR(
-        op->kernels
-            .Get([&] { return op->config; },
-                 [&](const CrossEntropyConfig& c) { return Load(*state_, spec, c); })
-            .status());
+    // Build and load the common case, the fused forward+backward's kernels, now so that errors
+    // surface here, not in the first launch. The other launches' compile on their first use.
+    const internal::CrossEntropyLaunchConfig fused{op->config,
+                                                   CrossEntropyLaunch::kForwardBackward};
+    KJIT_RETURN_IF_ERROR(op->kernels
+                             .Get([&] { return fused; },
+                                  [&](const internal::CrossEntropyLaunchConfig& lc) {
+                                    return Load(*state_, spec, lc);
+                                  })
+                             .status());
   }
   return ce;
 }

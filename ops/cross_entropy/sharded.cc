@@ -110,9 +110,9 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   ShardedCrossEntropySpec checked = spec;
   checked.config = config;
   KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(checked));
-  // The unsharded op's description of the problem (validating the config too), for this shard.
-  KJIT_ASSIGN_OR_RETURN(jit::Source whole, RenderCrossEntropy(UnshardedSpec(checked), config));
-  std::map<std::string, std::string> params = std::move(whole.params);
+  // The unsharded op's description of the problem (the config was checked with the spec above).
+  std::map<std::string, std::string> params = CrossEntropyParams(UnshardedSpec(checked));
+  params["config"] = config.ToString();
   params["op"] = "sharded_cross_entropy";
   params["width"] = std::to_string(spec.width());
   params.erase("argmax");

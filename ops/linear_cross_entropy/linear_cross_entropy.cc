@@ -262,8 +262,17 @@ int64_t LinearCrossEntropy::WorkspaceBytes(int64_t rows) const {
 
 absl::StatusOr<BuildInfo> LinearCrossEntropy::Build() const {
   KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderLinearCrossEntropy(op_->spec));
-  KJIT_ASSIGN_OR_RETURN(jit::Jit::Built built, rt_->jit->Build(src, rt_->target));
-  KJIT_RETURN_IF_ERROR(op_->loss->Build().status());
+  // With the chunk loss's programs for the launches Run makes of it (forward, forward+backward;
+  // never its backward or rescale), all built in parallel.
+  std::vector<jit::Source> sources = {std::move(src)};
+  using P = ops::CrossEntropyProgram;
+  for (P program : {P::kCountReduce, P::kForwardBackward, P::kForward}) {
+    KJIT_ASSIGN_OR_RETURN(jit::Source loss,
+                          ops::RenderCrossEntropy(op_->loss->spec(), op_->loss->config(), program));
+    sources.push_back(std::move(loss));
+  }
+  KJIT_ASSIGN_OR_RETURN(std::vector<jit::Jit::Built> built,
+                        rt_->jit->BuildAll(sources, rt_->target));
   return internal::ToBuildInfo(built);
 }
 

@@ -108,8 +108,8 @@ struct Case {
   }
 };
 
-// Compiles many specs at once on the CPU's cores into the disk cache the GPU runtime reads (the
-// Jit serializes compiles within one runtime, so each worker has its own compile-only runtime).
+// Compiles many specs at once on the CPU's cores into the disk cache the GPU runtime reads, one
+// spec a worker (each Build() compiles the op's programs in parallel too).
 void Prebuild(const Runtime& rt, const std::vector<CrossEntropySpec>& specs) {
   const std::string target = rt.target();
   std::atomic<size_t> next{0};

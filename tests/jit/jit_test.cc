@@ -171,6 +171,38 @@ TEST_F(JitTest, ThreadsBuildingOneKernelCompileItOnce) {
   EXPECT_EQ(compiled, 2) << "the others waited and got a memory hit";
 }
 
+// BuildAll: several programs at once, in their order; a program given twice is compiled once, a
+// second call finds them all in memory, and one broken program fails the call with its error.
+TEST_F(JitTest, BuildAllBuildsEveryProgramInOrder) {
+  auto jit = NewJit();
+  ASSERT_NE(jit, nullptr);
+  absl::StatusOr<Source> other = ops::RenderRmsNorm({.hidden = 2 * kHidden, .dtype = DType::kBF16},
+                                                    ops::DefaultRmsNormConfig(2 * kHidden, 8));
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::vector<Source> sources = {source_, *other, source_};
+  auto built = jit->BuildAll(sources, Sm("sm_90"));
+  ASSERT_TRUE(built.ok()) << built.status();
+  ASSERT_EQ(built->size(), 3u);
+  EXPECT_EQ(jit->compile_count(), 2);
+  EXPECT_EQ((*built)[0].key, (*built)[2].key);
+  EXPECT_NE((*built)[0].key, (*built)[1].key);
+  EXPECT_EQ((*built)[1].binary->params, other->params);
+  auto again = jit->BuildAll(sources, Sm("sm_90"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (const Jit::Built& b : *again) EXPECT_EQ(b.origin, Jit::Origin::kMemory);
+  EXPECT_EQ(jit->compile_count(), 2);
+
+  auto broken = RenderSource("broken_kernel", {"common.cuh"}, {"kjit::no_such_kernel<1>"}, {});
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  auto failed = jit->BuildAll({source_, *broken}, Sm("sm_90"));
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(std::string(failed.status().message()).find("broken_kernel"), std::string::npos)
+      << failed.status();
+  auto none = jit->BuildAll({}, Sm("sm_90"));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+}
+
 TEST_F(JitTest, NewJitOnTheSameDirectoryLoadsFromDisk) {
   std::string code, key, path;
   std::map<std::string, std::string> lowered;
@@ -410,7 +442,7 @@ TEST_F(JitTest, CompileErrorCarriesLogTargetAndOptionsAndStoresNothing) {
       << s;
   const std::string msg(ToStd(s.message()));
   EXPECT_NE(msg.find("sm_90"), std::string::npos) << msg;
-  for (const std::string& option : CompileOptions(target)) {
+  for (const std::string& option : CompileOptions(target, (*Nvrtc::Get())->version())) {
     EXPECT_NE(msg.find(option), std::string::npos) << "option " << option << " missing: " << msg;
   }
   EXPECT_NE(msg.find("broken_kernel"), std::string::npos) << msg;

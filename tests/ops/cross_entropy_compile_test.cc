@@ -3,13 +3,18 @@
 // cross_entropy` end to end.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "jit/compiler.h"
 #include "jit/embedded_templates.h"
+#include "jit/jit.h"
 #include "kjit/cross_entropy.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/program.h"
@@ -24,22 +29,41 @@ const jit::Nvrtc& GetNvrtc() {
   return **n;
 }
 
+// A memory-only JIT for the compiles here: an op's programs compile in parallel (BuildAll, as a
+// launch's do), and the configs that share a kernel (count, reduce) compile it once.
+jit::Jit& SharedJit() {
+  static jit::Jit* jit = [] {
+    auto made = jit::Jit::Create({.use_disk_cache = false});
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? made->release() : nullptr;
+  }();
+  return *jit;
+}
+
+// Every program the op's launches may load for `config` (one kernel each) compiles to a CUBIN.
 void ExpectCompiles(const CrossEntropySpec& spec, const CrossEntropyConfig& config,
                     const char* arch) {
-  auto src = ops::RenderCrossEntropy(spec, config);
-  ASSERT_TRUE(src.ok()) << src.status();
+  auto programs = ops::RenderCrossEntropyPrograms(spec, config);
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  ASSERT_EQ(programs->size(), 5u);
   const jit::Target target = *jit::ParseTarget(arch);
-  auto bin = jit::Compile(GetNvrtc(), *src, target);
-  ASSERT_TRUE(bin.ok()) << arch << " " << jit::FormatParams(src->params) << ": " << bin.status();
-  EXPECT_EQ(bin->target, target);
-  ASSERT_GE(bin->code.size(), 4u);
-  EXPECT_EQ(bin->code.substr(0, 4),
-            "\x7f"
-            "ELF")
-      << "CUBIN is an ELF image";
-  ASSERT_EQ(bin->lowered_names.size(), src->name_expressions.size());
-  for (const auto& [expr, lowered] : bin->lowered_names) {
-    EXPECT_EQ(lowered.rfind("_Z", 0), 0u) << expr << " -> " << lowered;
+  auto built = SharedJit().BuildAll(*programs, target);
+  ASSERT_TRUE(built.ok()) << arch << " " << jit::FormatParams((*programs)[0].params) << ": "
+                          << built.status();
+  ASSERT_EQ(built->size(), programs->size());
+  for (size_t i = 0; i < built->size(); ++i) {
+    const jit::Binary& bin = *(*built)[i].binary;
+    EXPECT_EQ(bin.program_name, (*programs)[i].name);
+    EXPECT_EQ(bin.target, target);
+    ASSERT_GE(bin.code.size(), 4u);
+    EXPECT_EQ(bin.code.substr(0, 4),
+              "\x7f"
+              "ELF")
+        << "CUBIN is an ELF image";
+    ASSERT_EQ(bin.lowered_names.size(), (*programs)[i].name_expressions.size());
+    for (const auto& [expr, lowered] : bin.lowered_names) {
+      EXPECT_EQ(lowered.rfind("_Z", 0), 0u) << expr << " -> " << lowered;
+    }
   }
 }
 
@@ -110,7 +134,8 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
 // A cluster compiled for a GPU without clusters is refused by the template, with a reason.
 TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
   auto src = ops::RenderCrossEntropy({.vocab = 128256},
-                                     CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4});
+                                     CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4},
+                                     ops::CrossEntropyProgram::kForwardBackward);
   ASSERT_TRUE(src.ok()) << src.status();
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
   ASSERT_FALSE(bin.ok());
@@ -120,7 +145,8 @@ TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
 
 TEST(CrossEntropyCompileTest, StagedBeforeSm90FailsWithTheReason) {
   auto src = ops::RenderCrossEntropy(
-      {.vocab = 32000}, CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1});
+      {.vocab = 32000}, CrossEntropyConfig{.vec = 8, .threads = 256, .cluster = 1, .staged = 1},
+      ops::CrossEntropyProgram::kForwardBackward);
   ASSERT_TRUE(src.ok()) << src.status();
   auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_80"));
   ASSERT_FALSE(bin.ok());
@@ -175,6 +201,52 @@ TEST_F(CrossEntropyCliTest, CompilesEveryDtypeForAnExplicitArch) {
           "--arch sm_90");
   EXPECT_EQ(weighted.exit_code, 0) << weighted.output;
   EXPECT_NE(weighted.output.find("class_weight_dtype=bf16"), std::string::npos) << weighted.output;
+}
+
+// `kjit compile` prebuilds every program a launch may load, so that the first launch of any kind
+// in a new process is a cache hit; it reports each of them.
+TEST_F(CrossEntropyCliTest, CompilePrebuildsAndReportsEveryProgram) {
+  const std::string args = "compile --op cross_entropy --vocab 1000 --arch sm_90 --json";
+  std::map<std::string, std::string> keys;  // program -> key
+  for (const char* origin : {"compiled", "disk cache"}) {
+    const Result r = Run(args);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(r.output, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_array() && j.size() == 1u) << r.output;
+    const nlohmann::json& e = j[0];
+    EXPECT_EQ(e["origin"], origin) << r.output;
+    const nlohmann::json& programs = e["programs"];
+    ASSERT_TRUE(programs.is_array() && programs.size() == 5u) << r.output;
+    EXPECT_EQ(programs[0]["program"], "cross_entropy.forward_backward");
+    EXPECT_EQ(programs[0]["key"], e["key"]);
+    std::set<std::string> kernels;
+    for (const nlohmann::json& p : programs) {
+      const std::string name = p["program"].get<std::string>();
+      EXPECT_EQ(p["origin"], origin) << name;
+      for (const nlohmann::json& k : p["kernels"]) kernels.insert(k.get<std::string>());
+      EXPECT_EQ(p["path"], fmt::format("{}/cache/{}.kjit", dir_, p["key"].get<std::string>()));
+      EXPECT_TRUE(std::filesystem::is_regular_file(p["path"].get<std::string>())) << name;
+      if (keys.count(name)) {
+        EXPECT_EQ(keys[name], p["key"]) << name;
+      }
+      keys[name] = p["key"].get<std::string>();
+    }
+    EXPECT_EQ(kernels.size(), 6u) << "count, forward, forward+backward, backward, rescale, reduce";
+  }
+  EXPECT_EQ(keys.size(), 5u);
+  size_t entries = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir_ + "/cache")) {
+    entries += f.path().extension() == ".kjit";
+  }
+  EXPECT_EQ(entries, 5u);
+  // The text report lists them too, one line each.
+  const Result text = Run("compile --op cross_entropy --vocab 1000 --arch sm_90");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  for (const auto& [name, key] : keys) {
+    EXPECT_NE(text.output.find(fmt::format("  program {} {} (disk cache, ", name, key)),
+              std::string::npos)
+        << text.output;
+  }
 }
 
 TEST_F(CrossEntropyCliTest, SizeFlagsAreCheckedPerOp) {

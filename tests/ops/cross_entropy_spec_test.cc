@@ -7,8 +7,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -178,58 +182,163 @@ TEST(CrossEntropyConfigTest, DefaultsAreValidForEveryVocab) {
   EXPECT_EQ(ops::MaxVecForCrossEntropy(4), 4);
 }
 
+// The kernels of each program, by the program's name ("count_reduce", ...).
+std::map<std::string, std::vector<std::string>> Kernels(const std::vector<jit::Source>& programs) {
+  std::map<std::string, std::vector<std::string>> out;
+  for (const jit::Source& p : programs) {
+    EXPECT_TRUE(p.name.starts_with("cross_entropy.")) << p.name;
+    out[p.name.substr(14)] = p.name_expressions;
+  }
+  return out;
+}
+
 TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
-  auto src = ops::RenderCrossEntropy({.vocab = 50257,
-                                      .dtype = DType::kF16,
-                                      .target_type = IndexType::kInt32,
-                                      .reduction = Reduction::kSum,
-                                      .label_smoothing = 0.1f,
-                                      .softcap = 30.0f,
-                                      .argmax = true},
-                                     {.vec = 1, .threads = 256, .unroll = 2});
-  ASSERT_TRUE(src.ok()) << src.status();
-  ASSERT_EQ(src->name_expressions.size(), 6u);
-  EXPECT_EQ(src->name_expressions[0],
-            "kjit::cross_entropy_count<int, 50257, 1024, kjit::NoClassWeight, true>");
-  EXPECT_EQ(src->name_expressions[1],
-            "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
-            "false, true, true, false, kjit::NoClassWeight>");
-  EXPECT_EQ(src->name_expressions[2],
-            "kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
-            "false, true, true, true, kjit::NoClassWeight>");
-  EXPECT_EQ(src->name_expressions[3],
-            "kjit::cross_entropy_backward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, true, "
-            "false, true, kjit::NoClassWeight>");
-  EXPECT_EQ(src->name_expressions[4],
-            "kjit::cross_entropy_rescale_gradient<kjit::f16, 50257, 256, 1, 4>");
-  EXPECT_EQ(src->name_expressions[5], "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>");
-  EXPECT_NE(src->text.find("#include \"cross_entropy.cuh\""), std::string::npos);
-  EXPECT_EQ(src->text.find("#define"), std::string::npos) << "no -D style specialization";
-  EXPECT_EQ(src->params.at("vocab"), "50257");
-  EXPECT_EQ(src->params.at("reduction"), "sum");
-  EXPECT_EQ(src->params.at("softcap"), "30");
-  EXPECT_EQ(src->headers.size(), 3u);
+  auto programs = ops::RenderCrossEntropyPrograms({.vocab = 50257,
+                                                   .dtype = DType::kF16,
+                                                   .target_type = IndexType::kInt32,
+                                                   .reduction = Reduction::kSum,
+                                                   .label_smoothing = 0.1f,
+                                                   .softcap = 30.0f,
+                                                   .argmax = true},
+                                                  {.vec = 1, .threads = 256, .unroll = 2});
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  ASSERT_EQ(programs->size(), 5u);
+  EXPECT_EQ((*programs)[0].name, "cross_entropy.forward_backward") << "the fused launch's first";
+  using Names = std::vector<std::string>;
+  const std::map<std::string, Names> k = Kernels(*programs);
+  EXPECT_EQ(k.at("count_reduce"),
+            (Names{"kjit::cross_entropy_count<int, 50257, 1024, kjit::NoClassWeight, true>",
+                   "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>"}));
+  EXPECT_EQ(k.at("forward"),
+            Names{"kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, "
+                  "true, false, true, true, false, kjit::NoClassWeight>"});
+  EXPECT_EQ(k.at("forward_backward"),
+            Names{"kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, "
+                  "true, false, true, true, true, kjit::NoClassWeight>"});
+  EXPECT_EQ(k.at("backward"),
+            Names{"kjit::cross_entropy_backward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, "
+                  "true, false, true, kjit::NoClassWeight>"});
+  EXPECT_EQ(k.at("rescale_gradient"),
+            Names{"kjit::cross_entropy_rescale_gradient<kjit::f16, 50257, 256, 1, 4>"});
+  for (const jit::Source& src : *programs) {
+    EXPECT_NE(src.text.find("#include \"cross_entropy.cuh\""), std::string::npos);
+    EXPECT_EQ(src.text.find("#define"), std::string::npos) << "no -D style specialization";
+    EXPECT_EQ(src.params.at("vocab"), "50257");
+    EXPECT_EQ(src.params.at("reduction"), "sum");
+    EXPECT_EQ(src.params.at("softcap"), "30");
+    EXPECT_EQ(src.headers.size(), 3u);
+  }
 
   // Reduction none keeps the losses per row: no reduce kernel.
-  auto none = ops::RenderCrossEntropy({.vocab = 8, .reduction = Reduction::kNone},
-                                      ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  const CrossEntropyConfig c8 = ops::DefaultCrossEntropyConfig(8, 8, 90, 2);
+  auto none = ops::RenderCrossEntropyPrograms({.vocab = 8, .reduction = Reduction::kNone}, c8);
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(none->name_expressions.size(), 5u);
+  ASSERT_EQ(none->size(), 5u);
+  EXPECT_EQ(Kernels(*none).at("count_reduce").size(), 1u);
   // Different options give different programs (and so different cache keys).
-  auto plain = ops::RenderCrossEntropy({.vocab = 8}, ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
-  auto z = ops::RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f},
-                                   ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  using P = ops::CrossEntropyProgram;
+  auto plain = ops::RenderCrossEntropy({.vocab = 8}, c8, P::kForward);
+  auto z = ops::RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f}, c8, P::kForward);
   ASSERT_TRUE(plain.ok() && z.ok());
   EXPECT_NE(plain->text, z->text);
   // Class weights are a template argument (the weights themselves are a launch argument).
-  auto weighted = ops::RenderCrossEntropy({.vocab = 8, .class_weight_dtype = DType::kF32},
-                                          ops::DefaultCrossEntropyConfig(8, 8, 90, 2));
+  auto weighted =
+      ops::RenderCrossEntropyPrograms({.vocab = 8, .class_weight_dtype = DType::kF32}, c8);
   ASSERT_TRUE(weighted.ok()) << weighted.status();
-  EXPECT_EQ(weighted->name_expressions[0],
-            "kjit::cross_entropy_count<long long, 8, 1024, float, false>");
-  EXPECT_TRUE(weighted->name_expressions[1].ends_with(", float>")) << weighted->name_expressions[1];
-  EXPECT_EQ(weighted->params.at("class_weight_dtype"), "fp32");
+  const std::map<std::string, Names> w = Kernels(*weighted);
+  EXPECT_EQ(w.at("count_reduce")[0], "kjit::cross_entropy_count<long long, 8, 1024, float, false>");
+  EXPECT_TRUE(w.at("forward")[0].ends_with(", float>")) << w.at("forward")[0];
+  EXPECT_EQ((*weighted)[0].params.at("class_weight_dtype"), "fp32");
   EXPECT_EQ(plain->params.count("class_weight_dtype"), 0u);
+}
+
+// A launch compiles only the kernels it runs: each launch's programs, and the kernels they hold.
+TEST(CrossEntropySpecTest, EachLaunchLoadsOnlyTheProgramsOfItsKernels) {
+  using P = ops::CrossEntropyProgram;
+  using L = ops::CrossEntropyLaunch;
+  // The longest first: BuildAll starts them in order.
+  EXPECT_EQ(ops::CrossEntropyLaunchPrograms(L::kForwardBackward),
+            (std::vector{P::kForwardBackward, P::kCountReduce}));
+  EXPECT_EQ(ops::CrossEntropyLaunchPrograms(L::kForward),
+            (std::vector{P::kForward, P::kCountReduce}));
+  EXPECT_EQ(ops::CrossEntropyLaunchPrograms(L::kBackward),
+            (std::vector{P::kBackward, P::kCountReduce}));
+  EXPECT_EQ(ops::CrossEntropyLaunchPrograms(L::kRescaleGradient),
+            (std::vector{P::kRescaleGradient}));
+
+  // The default fused launch on sm_90: the staged kernel, the count and the reduce, nothing else.
+  const CrossEntropySpec mean{.vocab = 128256};
+  const CrossEntropyConfig c = ops::DefaultCrossEntropyConfig(128256, 8, 90, 2);
+  ASSERT_EQ(c.staged, 1);
+  auto kernels_of = [&](L launch) {
+    std::vector<std::string> names;
+    for (P p : ops::CrossEntropyLaunchPrograms(launch)) {
+      auto src = ops::RenderCrossEntropy(mean, c, p);
+      EXPECT_TRUE(src.ok()) << src.status();
+      if (!src.ok()) continue;
+      EXPECT_EQ(src->name, std::string("cross_entropy.") + ops::CrossEntropyProgramName(p));
+      for (const std::string& e : src->name_expressions) names.push_back(e.substr(0, e.find('<')));
+    }
+    return names;
+  };
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(kernels_of(L::kForwardBackward),
+            (Names{"kjit::cross_entropy_staged", "kjit::cross_entropy_count",
+                   "kjit::cross_entropy_loss_reduce"}));
+  EXPECT_EQ(kernels_of(L::kForward),
+            (Names{"kjit::cross_entropy_forward", "kjit::cross_entropy_count",
+                   "kjit::cross_entropy_loss_reduce"}));
+  EXPECT_EQ(kernels_of(L::kBackward),
+            (Names{"kjit::cross_entropy_backward", "kjit::cross_entropy_count",
+                   "kjit::cross_entropy_loss_reduce"}));
+  EXPECT_EQ(kernels_of(L::kRescaleGradient), Names{"kjit::cross_entropy_rescale_gradient"});
+}
+
+// A program holds only the config fields its kernels' templates take, so the configs that share
+// a kernel share its program (and cache entry): kjit-tune's dozens of candidates, and a process's
+// tuned buckets, compile count and reduce once, the rescale once a vector width, and the forward
+// and backward once a (vec, threads, unroll).
+TEST(CrossEntropySpecTest, ConfigsThatShareAKernelShareItsProgram) {
+  using P = ops::CrossEntropyProgram;
+  const CrossEntropySpec spec{.vocab = 128256};
+  const CrossEntropyConfig staged = ops::DefaultCrossEntropyConfig(128256, 8, 90, 2);
+  ASSERT_EQ(staged,
+            (CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 6, .staged = 1}));
+  CrossEntropyConfig staged_unroll2 = staged, streaming = staged, wide = staged, narrow = staged;
+  staged_unroll2.unroll = 2;  // the staged kernel has no unrolled loop
+  streaming.cluster = streaming.staged = 0;
+  wide.threads = 512;
+  narrow.vec = 2;  // streamed: the staged kernel's bulk copies move 16-byte vectors
+  narrow.cluster = narrow.staged = 0;
+  auto text = [&](const CrossEntropyConfig& c, P p) {
+    auto src = ops::RenderCrossEntropy(spec, c, p);
+    EXPECT_TRUE(src.ok()) << src.status();
+    return src.ok() ? src->text : "";
+  };
+  for (const CrossEntropyConfig& c : {staged_unroll2, streaming, wide, narrow}) {
+    EXPECT_EQ(text(staged, P::kCountReduce), text(c, P::kCountReduce)) << c.ToString();
+  }
+  EXPECT_EQ(text(staged, P::kRescaleGradient), text(wide, P::kRescaleGradient));
+  EXPECT_NE(text(staged, P::kRescaleGradient), text(narrow, P::kRescaleGradient)) << "vec";
+  for (P p : {P::kForward, P::kBackward}) {
+    EXPECT_EQ(text(staged, p), text(streaming, p)) << ops::CrossEntropyProgramName(p);
+    EXPECT_NE(text(staged, p), text(staged_unroll2, p)) << ops::CrossEntropyProgramName(p);
+    EXPECT_NE(text(staged, p), text(wide, p)) << ops::CrossEntropyProgramName(p);
+  }
+  EXPECT_EQ(text(staged, P::kForwardBackward), text(staged_unroll2, P::kForwardBackward));
+  EXPECT_NE(text(staged, P::kForwardBackward), text(streaming, P::kForwardBackward));
+  EXPECT_NE(text(streaming, P::kForwardBackward),
+            text(CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 2}, P::kForwardBackward))
+      << "a streamed row unrolls";
+  // Each program's params name the fields it takes.
+  auto fused = ops::RenderCrossEntropy(spec, staged, P::kForwardBackward);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(fused->params.at("cluster"), "6");
+  EXPECT_EQ(fused->params.at("staged"), "1");
+  EXPECT_EQ(fused->params.count("unroll"), 0u);
+  auto counts = ops::RenderCrossEntropy(spec, staged, P::kCountReduce);
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(counts->params, ops::CrossEntropyParams(spec));
 }
 
 class CompileOnlyCrossEntropyTest : public ::testing::Test {
@@ -300,6 +409,59 @@ TEST_F(CompileOnlyCrossEntropyTest, ValidArgumentsReachTheCompileOnlyError) {
   ASSERT_TRUE(built.ok()) << built.status();
   EXPECT_EQ(built->target, "sm_90");
   EXPECT_EQ(built->kernels.size(), 6u);
+}
+
+// Build compiles every program a later launch may load, each its own cache entry, so that the
+// first launch of any kind in a new process finds them all on disk; a second config compiles
+// only the programs whose kernels depend on what changed.
+TEST_F(CompileOnlyCrossEntropyTest, BuildPrebuildsEveryProgram) {
+  auto built = ce_->Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->origin, "compiled");
+  ASSERT_EQ(built->programs.size(), 5u);
+  EXPECT_EQ(built->program, "cross_entropy.forward_backward") << "the op's first program";
+  EXPECT_EQ(built->key, built->programs[0].key);
+  EXPECT_EQ(built->path, built->programs[0].path);
+  EXPECT_EQ(built->params.at("config"), ce_->config().ToString());
+  std::map<std::string, size_t> kernels;  // by program
+  std::set<std::string> keys;
+  size_t bytes = 0;
+  for (const BuildInfo& p : built->programs) {
+    kernels[p.program] = p.kernels.size();
+    keys.insert(p.key);
+    bytes += p.bytes;
+    EXPECT_EQ(p.origin, "compiled") << p.program;
+    EXPECT_EQ(p.path, dir_ + "/cache/" + p.key + ".kjit") << p.program;
+    EXPECT_TRUE(std::filesystem::is_regular_file(p.path)) << p.path;
+    EXPECT_TRUE(p.programs.empty()) << p.program;
+  }
+  EXPECT_EQ(kernels, (std::map<std::string, size_t>{{"cross_entropy.count_reduce", 2},
+                                                    {"cross_entropy.forward", 1},
+                                                    {"cross_entropy.forward_backward", 1},
+                                                    {"cross_entropy.backward", 1},
+                                                    {"cross_entropy.rescale_gradient", 1}}));
+  EXPECT_EQ(keys.size(), 5u);
+  EXPECT_EQ(built->bytes, bytes);
+  EXPECT_EQ(built->kernels.size(), 6u);
+
+  auto again = ce_->Build();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->origin, "memory");
+  EXPECT_EQ(again->key, built->key);
+
+  const CrossEntropyConfig streaming{.vec = 8, .threads = 512, .unroll = 4};
+  ASSERT_NE(streaming, ce_->config());
+  auto other =
+      rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .argmax = true, .config = streaming});
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto second = other->Build();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->origin, "compiled");
+  for (const BuildInfo& p : second->programs) {
+    const bool shared = p.program == "cross_entropy.count_reduce" ||
+                        p.program == "cross_entropy.rescale_gradient";  // the same vec
+    EXPECT_EQ(p.origin, shared ? "memory" : "compiled") << p.program;
+  }
 }
 
 TEST_F(CompileOnlyCrossEntropyTest, ForwardNamesEveryBadArgument) {

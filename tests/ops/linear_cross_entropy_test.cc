@@ -463,8 +463,14 @@ TEST_F(LinearCrossEntropyRuntimeTest, CreatesAndBuildsCompileOnly) {
   EXPECT_EQ(built->params.at("op"), "linear_cross_entropy");
   EXPECT_EQ(built->params.at("vocab"), "128256");
   EXPECT_EQ(built->params.at("hidden"), "4096");
-  EXPECT_EQ(built->kernels.size(), 7u);
-  EXPECT_GT(built->bytes, 0u);
+  // Its own program first, then the chunk loss's programs that Run launches.
+  ASSERT_EQ(built->programs.size(), 4u);
+  EXPECT_EQ(built->program, "linear_cross_entropy");
+  EXPECT_EQ(built->programs[0].kernels.size(), 7u);
+  EXPECT_EQ(built->programs[1].program, "cross_entropy.count_reduce");
+  EXPECT_EQ(built->programs[2].program, "cross_entropy.forward_backward");
+  EXPECT_EQ(built->programs[3].program, "cross_entropy.forward");
+  EXPECT_GT(built->bytes, built->programs[0].bytes);
   // The spec's config overrides the heuristic.
   LinearCrossEntropySpec tuned = Good();
   tuned.config = LinearCrossEntropyConfig{.chunk_rows = 384, .streams = 2, .logits_algo = 3};
