@@ -55,11 +55,14 @@ absl::Status GpuTimer::FlushL2() {
 }
 
 absl::StatusOr<Timing> GpuTimer::Time(int repeats, const std::function<absl::Status()>& launch,
-                                      const std::function<absl::Status()>& prepare) {
+                                      const std::function<absl::Status()>& prepare,
+                                      double budget_us) {
   if (prepare) KJIT_RETURN_IF_ERROR(prepare());
   KJIT_RETURN_IF_ERROR(launch());
   std::vector<double> us;
+  double spent_us = 0;
   for (int i = 0; i < repeats; ++i) {
+    if (budget_us > 0 && i >= kMinBudgetedRepeats && spent_us >= budget_us) break;
     if (prepare) KJIT_RETURN_IF_ERROR(prepare());
     KJIT_RETURN_IF_ERROR(FlushL2());
     KJIT_RETURN_IF_ERROR(cu_.Check(cu_.cuEventRecord(start_, nullptr), "cuEventRecord"));
@@ -70,10 +73,11 @@ absl::StatusOr<Timing> GpuTimer::Time(int repeats, const std::function<absl::Sta
     KJIT_RETURN_IF_ERROR(
         cu_.Check(cu_.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime"));
     us.push_back(ms * 1000.0);
+    spent_us += us.back();
   }
   std::sort(us.begin(), us.end());
   auto at = [&](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
-  return Timing{at(0.5), at(0.1), at(0.9), repeats};
+  return Timing{at(0.5), at(0.1), at(0.9), static_cast<int>(us.size())};
 }
 
 absl::StatusOr<Timing> TimeDeviceCopy(const Runtime& rt, GpuTimer& timer, size_t bytes,

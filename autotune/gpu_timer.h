@@ -35,9 +35,14 @@ class GpuTimer {
 
   // `launch` enqueues the work on the default stream; it is run once untimed, then `repeats` times.
   // `prepare`, when given, runs before each launch and before the L2 flush, untimed (e.g. restoring
-  // inputs an in-place op overwrote).
+  // inputs an in-place op overwrote). A `budget_us` > 0 stops the repeats once they have taken
+  // about that much GPU time, after kMinBudgetedRepeats at least (Timing::repeats says how many
+  // ran): the tuner's candidates of the fused lm_head take 20-80 ms each, and 20 of those for
+  // every candidate made a tuning run minutes long without making the medians steadier.
+  static constexpr int kMinBudgetedRepeats = 5;
   absl::StatusOr<Timing> Time(int repeats, const std::function<absl::Status()>& launch,
-                              const std::function<absl::Status()>& prepare = nullptr);
+                              const std::function<absl::Status()>& prepare = nullptr,
+                              double budget_us = 0);
 
  private:
   GpuTimer(const jit::Driver& cu) : cu_(cu) {}

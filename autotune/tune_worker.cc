@@ -21,6 +21,11 @@ namespace kjit::autotune {
 
 namespace {
 
+// GPU time a candidate's timed repeats may take (GpuTimer::Time's budget): the cross-entropy and
+// RMSNorm candidates (at most ~2 ms a launch) run all their repeats within it; the fused lm_head's
+// (20-80 ms) stop after 5-12.
+constexpr double kCandidateBudgetUs = 250e3;
+
 // KJIT_TUNE_INJECT_FAULT: what to do instead of the task of a candidate config, as
 // "kind:config" entries separated by ';'.
 void MaybeInjectFault(const Runtime* gpu, const TuneTask& task) {
@@ -118,7 +123,8 @@ class Worker {
     }
     KJIT_RETURN_IF_ERROR(trial_->Check(spec));
     KJIT_ASSIGN_OR_RETURN(const ops::TimedWork work, trial_->Work(task.pass));
-    KJIT_ASSIGN_OR_RETURN(a.timing, timer_->Time(task.repeats, work.launch, work.prepare));
+    KJIT_ASSIGN_OR_RETURN(
+        a.timing, timer_->Time(task.repeats, work.launch, work.prepare, kCandidateBudgetUs));
     a.bytes = trial_->Bytes(task.pass);
     return absl::OkStatus();
   }

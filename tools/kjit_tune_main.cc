@@ -325,7 +325,9 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
   app.add_option("--jobs", f->jobs, "Compile workers at once")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  app.add_option("--repeats", f->repeats, "Timed repeats per candidate")
+  app.add_option("--repeats", f->repeats,
+                 "Timed repeats per candidate, at most: a candidate stops after 0.25 s of GPU "
+                 "time (5 repeats at least)")
       ->check(CLI::Range(3, 10000))
       ->capture_default_str();
   app.add_option("--timeout", f->timeout_s,

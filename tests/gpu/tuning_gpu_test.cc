@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "autotune/gpu_timer.h"
+#include "kjit/device_buffer.h"
 #include "ops/common/trial.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/registry.h"
@@ -46,6 +48,30 @@ class TuningGpu : public ::testing::Test {
   testing::TempDir tmp_{"kjit_tuning_gpu"};
   std::string db_;
 };
+
+// A budget stops a candidate's repeats once they have taken it (after the minimum), and without
+// one every repeat runs: a 64 MiB copy takes ~30 us, so a 1 us budget is spent by the first.
+TEST(GpuTimerGpu, ABudgetStopsTheRepeatsAfterTheMinimum) {
+  KJIT_REQUIRE_GPU(gpu);
+  ASSERT_OK_AND_ASSIGN(auto timer, autotune::GpuTimer::Create(gpu));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer src, DeviceBuffer::Create(gpu, size_t{64} << 20));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer dst, DeviceBuffer::Create(gpu, size_t{64} << 20));
+  int launches = 0;
+  auto copy = [&] {
+    ++launches;
+    return dst.CopyFrom(src);
+  };
+  ASSERT_OK_AND_ASSIGN(autotune::Timing all, timer->Time(40, copy));
+  EXPECT_EQ(all.repeats, 40);
+  EXPECT_EQ(launches, 41);  // one untimed first
+  launches = 0;
+  ASSERT_OK_AND_ASSIGN(autotune::Timing budgeted, timer->Time(40, copy, nullptr, /*budget_us=*/1));
+  EXPECT_EQ(budgeted.repeats, autotune::GpuTimer::kMinBudgetedRepeats);
+  EXPECT_EQ(launches, autotune::GpuTimer::kMinBudgetedRepeats + 1);
+  EXPECT_GT(budgeted.median_us, 0);
+  ASSERT_OK_AND_ASSIGN(autotune::Timing roomy, timer->Time(12, copy, nullptr, 1e9));
+  EXPECT_EQ(roomy.repeats, 12);
+}
 
 TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   KJIT_REQUIRE_GPU(gpu);
