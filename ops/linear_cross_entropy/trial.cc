@@ -1,10 +1,14 @@
 #include "ops/linear_cross_entropy/trial.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "ops/common/compare.h"
+#include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 
 namespace kjit::ops {
@@ -34,9 +38,22 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
   const int64_t e = static_cast<int64_t>(SizeOf(spec.dtype));
   const int64_t wg = static_cast<int64_t>(SizeOf(spec.weight_grad()));
   KJIT_ASSIGN_OR_RETURN(LinearCrossEntropy heuristic, rt.LinearCrossEntropy(t->spec_));
-  // The largest workspace any config of the search space asks for is the heuristic's: its chunk
-  // fills the budget, and two streams halve it.
+  // The largest workspace a config of the search space asks for at these rows. Not always the
+  // heuristic's: when its chunk takes every row it writes d_weight directly, and a smaller chunk
+  // then needs the fp32 accumulator (2 GiB at LLaMA 3's lm_head).
   t->workspace_bytes_ = heuristic.WorkspaceBytes(rows);
+  std::set<std::pair<int64_t, int>> sized;  // the chunk and streams decide the size
+  for (const auto& candidate :
+       LinearCrossEntropySearchSpace(t->spec_, DefaultLinearCrossEntropyConfig(t->spec_))) {
+    if (!candidate.pruned.empty() ||
+        !sized.insert({candidate.config.chunk_rows, candidate.config.streams}).second) {
+      continue;
+    }
+    LinearCrossEntropySpec with_config = t->spec_;
+    with_config.config = candidate.config;
+    KJIT_ASSIGN_OR_RETURN(LinearCrossEntropy op, rt.LinearCrossEntropy(with_config));
+    t->workspace_bytes_ = std::max(t->workspace_bytes_, op.WorkspaceBytes(rows));
+  }
   for (int64_t bytes :
        {rows * H * e, V * H * e, rows * static_cast<int64_t>(SizeOf(spec.target_type)),
         int64_t{4} * (spec.reduction == Reduction::kNone ? rows : 1), rows * H * e, V * H * wg,
@@ -111,9 +128,9 @@ LinearCrossEntropyArgs LinearCrossEntropyTrial::Args(const LinearCrossEntropy& o
 
 absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op) {
   if (op.WorkspaceBytes(rows_) > workspace_bytes_) {
-    return absl::InvalidArgumentError(fmt::format(
-        "config {} needs a {}-byte workspace, more than the heuristic's {} the trial holds",
-        op.ConfigFor(rows_).ToString(), op.WorkspaceBytes(rows_), workspace_bytes_));
+    return absl::InvalidArgumentError(
+        fmt::format("config {} needs a {}-byte workspace, more than the {} the trial holds",
+                    op.ConfigFor(rows_).ToString(), op.WorkspaceBytes(rows_), workspace_bytes_));
   }
   for (Buffer b : {kLoss, kDHidden, kDWeight}) KJIT_RETURN_IF_ERROR(buffers_[b].Fill(0xFF));
   KJIT_RETURN_IF_ERROR(op.ForwardBackward(nullptr, Args(op)));
