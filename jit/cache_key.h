@@ -4,8 +4,8 @@
 // includes, the options, the exact NVRTC version, the target and kjit's cache-format version.
 // Editing a template therefore changes the key, and old entries simply stop matching.
 //
-//   std::string key = CacheKey(source, target, CompileOptions(target, nvrtc->version()),
-//                              nvrtc->version().ToString());
+//   std::string key = CacheKey(source, target, CompileOptions(target),
+//   nvrtc->version().ToString());
 //   // "3f2a...": 32 hex digits of XXH3-128
 #pragma once
 

@@ -21,9 +21,8 @@ namespace kjit::jit {
 
 inline constexpr char kCompileLogPayload[] = "kjit.dev/compile_log";
 
-// The exact options Compile passes for `target` with an NVRTC of version `nvrtc`; part of the
-// cache key.
-std::vector<std::string> CompileOptions(const Target& target, const NvrtcVersion& nvrtc);
+// The exact options Compile passes for `target`; part of the cache key.
+std::vector<std::string> CompileOptions(const Target& target);
 
 absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const Target& target);
 

@@ -54,8 +54,7 @@ int Jit::compile_count() const {
 absl::StatusOr<Jit::Built> Jit::Build(const Source& source, const Target& target) {
   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
   Built built;
-  built.key = CacheKey(source, target, CompileOptions(target, nvrtc->version()),
-                       nvrtc->version().ToString());
+  built.key = CacheKey(source, target, CompileOptions(target), nvrtc->version().ToString());
   TraceSpan span("build " + source.name, "jit");
   if (Tracer::Global().enabled()) {
     span.AddArg("target", target.ToString());

@@ -1,15 +1,11 @@
 #include "jit/cache_key.h"
 
-#include <algorithm>
-
 #include <gtest/gtest.h>
 
 #include "jit/compiler.h"
 
 namespace kjit::jit {
 namespace {
-
-constexpr NvrtcVersion kNvrtc13{13, 0};
 
 Source MakeSource() {
   Source s;
@@ -22,15 +18,15 @@ Source MakeSource() {
 
 TEST(CacheKeyTest, IsStableAndHex) {
   const Target t = *ParseTarget("sm_90");
-  const std::string a = CacheKey(MakeSource(), t, CompileOptions(t, kNvrtc13), "13.0");
-  EXPECT_EQ(a, CacheKey(MakeSource(), t, CompileOptions(t, kNvrtc13), "13.0"));
+  const std::string a = CacheKey(MakeSource(), t, CompileOptions(t), "13.0");
+  EXPECT_EQ(a, CacheKey(MakeSource(), t, CompileOptions(t), "13.0"));
   ASSERT_EQ(a.size(), 32u);
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
 }
 
 TEST(CacheKeyTest, EveryInputChangesTheKey) {
   const Target t = *ParseTarget("sm_90");
-  const std::string base = CacheKey(MakeSource(), t, CompileOptions(t, kNvrtc13), "13.0");
+  const std::string base = CacheKey(MakeSource(), t, CompileOptions(t), "13.0");
   Source header_edit = MakeSource();
   header_edit.headers[0].second += " ";
   Source stub_edit = MakeSource();
@@ -39,32 +35,17 @@ TEST(CacheKeyTest, EveryInputChangesTheKey) {
   kernel_edit.name_expressions = {"k2"};
   const Target t100 = *ParseTarget("sm_100");
   const Target ptx = *ParseTarget("compute_90");
-  std::vector<std::string> other_options = CompileOptions(t, kNvrtc13);
+  std::vector<std::string> other_options = CompileOptions(t);
   other_options.push_back("-lineinfo");
-  for (const std::string& k : {CacheKey(header_edit, t, CompileOptions(t, kNvrtc13), "13.0"),
-                               CacheKey(stub_edit, t, CompileOptions(t, kNvrtc13), "13.0"),
-                               CacheKey(kernel_edit, t, CompileOptions(t, kNvrtc13), "13.0"),
-                               CacheKey(MakeSource(), t100, CompileOptions(t, kNvrtc13), "13.0"),
-                               CacheKey(MakeSource(), ptx, CompileOptions(t, kNvrtc13), "13.0"),
+  for (const std::string& k : {CacheKey(header_edit, t, CompileOptions(t), "13.0"),
+                               CacheKey(stub_edit, t, CompileOptions(t), "13.0"),
+                               CacheKey(kernel_edit, t, CompileOptions(t), "13.0"),
+                               CacheKey(MakeSource(), t100, CompileOptions(t), "13.0"),
+                               CacheKey(MakeSource(), ptx, CompileOptions(t), "13.0"),
                                CacheKey(MakeSource(), t, other_options, "13.0"),
-                               CacheKey(MakeSource(), t, CompileOptions(t, kNvrtc13), "13.1")}) {
+                               CacheKey(MakeSource(), t, CompileOptions(t), "13.1")}) {
     EXPECT_NE(k, base);
   }
-}
-
-// -minimal (a faster front end, the same code) is passed to the NVRTCs that know it, 12.4 on.
-TEST(CacheKeyTest, MinimalOnlyForNvrtcThatKnowsIt) {
-  const Target t = *ParseTarget("sm_90");
-  auto has_minimal = [&](NvrtcVersion v) {
-    const std::vector<std::string> o = CompileOptions(t, v);
-    return std::find(o.begin(), o.end(), "-minimal") != o.end();
-  };
-  EXPECT_FALSE(has_minimal({12, 3}));
-  EXPECT_TRUE(has_minimal({12, 4}));
-  EXPECT_TRUE(has_minimal({12, 8}));
-  EXPECT_TRUE(has_minimal(kNvrtc13));
-  EXPECT_NE(CacheKey(MakeSource(), t, CompileOptions(t, {12, 3}), "12.3"),
-            CacheKey(MakeSource(), t, CompileOptions(t, {12, 4}), "12.3"));
 }
 
 TEST(CacheKeyTest, FieldsCannotBleedIntoEachOther) {
