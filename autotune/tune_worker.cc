@@ -121,7 +121,7 @@ class Worker {
       KJIT_ASSIGN_OR_RETURN(trial_, ops::MakeTrial(*gpu_, spec, task.rows));
       trial_problem_ = problem;
     }
-    KJIT_RETURN_IF_ERROR(trial_->Check(spec));
+    KJIT_RETURN_IF_ERROR(trial_->Check(spec, task.pass));
     KJIT_ASSIGN_OR_RETURN(const ops::TimedWork work, trial_->Work(task.pass));
     KJIT_ASSIGN_OR_RETURN(
         a.timing, timer_->Time(task.repeats, work.launch, work.prepare, kCandidateBudgetUs));

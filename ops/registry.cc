@@ -44,13 +44,13 @@ class TrialOf : public AnyTrial {
           std::unique_ptr<typename Trait::Trial> trial)
       : rt_(rt), spec_(spec), rows_(rows), trial_(std::move(trial)) {}
 
-  absl::Status Check(const OpSpec& op) override {
+  absl::Status Check(const OpSpec& op, Pass pass) override {
     const Spec* s = std::get_if<Spec>(&op);
     if (s == nullptr) return absl::InvalidArgumentError("op: not this trial's op");
     op_.reset();
     KJIT_ASSIGN_OR_RETURN(typename Trait::Op made, Trait::Create(rt_, *s));
     op_.emplace(std::move(made));
-    absl::Status checked = trial_->Check(*op_);
+    absl::Status checked = trial_->Check(*op_, pass);
     if (!checked.ok()) op_.reset();
     return checked;
   }

@@ -81,9 +81,9 @@ std::optional<std::string> Combine(const OpSpec& op, const std::string& heuristi
 class AnyTrial {
  public:
   virtual ~AnyTrial() = default;
-  // Makes the op for `op` (this trial's op and shape, any config) and checks it; it is kept for
-  // Work and ConfigUsed until the next Check.
-  virtual absl::Status Check(const OpSpec& op) = 0;
+  // Makes the op for `op` (this trial's op and shape, any config) and checks the outputs of `pass`
+  // (the kernels it launches); the op is kept for Work and ConfigUsed until the next Check.
+  virtual absl::Status Check(const OpSpec& op, Pass pass) = 0;
   virtual absl::StatusOr<TimedWork> Work(Pass pass) = 0;
   // The config the checked op launches a pass of this trial's rows with (tuned or heuristic),
   // and its own config (the spec's, else the heuristic's).

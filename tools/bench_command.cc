@@ -56,8 +56,8 @@ absl::StatusOr<nlohmann::json> BenchProblem(const Runtime& rt, GpuTimer& timer,
     if (!config.empty()) {
       KJIT_ASSIGN_OR_RETURN(op, ops::WithConfig(spec, config));
     }
-    KJIT_RETURN_IF_ERROR(trial->Check(op));
     for (ops::Pass pass : trial->BenchPasses()) {
+      KJIT_RETURN_IF_ERROR(trial->Check(op, pass));
       KJIT_ASSIGN_OR_RETURN(ops::TimedWork work, trial->Work(pass));
       KJIT_ASSIGN_OR_RETURN(Timing t, timer.Time(repeats, work.launch, work.prepare));
       const std::string used = trial->ConfigUsed(pass);

@@ -1,5 +1,6 @@
 #include "ops/common/compare.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -16,8 +17,20 @@ std::string CompareResult::Describe(const std::string& name) const {
       name, mismatches, checked, first_bad, out_at_first, ref_at_first, worst_ratio);
 }
 
-CompareResult Compare(const std::vector<double>& out, const std::vector<double>& ref,
-                      const Tolerance& tol, const std::vector<double>& atol_per_element) {
+void CompareResult::Merge(const CompareResult& part, int64_t offset) {
+  if (part.mismatches > 0 && mismatches == 0) {
+    first_bad = part.first_bad + offset;
+    out_at_first = part.out_at_first;
+    ref_at_first = part.ref_at_first;
+  }
+  ok = ok && part.ok;
+  checked += part.checked;
+  mismatches += part.mismatches;
+  worst_ratio = std::max(worst_ratio, part.worst_ratio);
+}
+
+CompareResult Compare(std::span<const double> out, std::span<const double> ref,
+                      const Tolerance& tol, std::span<const double> atol_per_element) {
   CompareResult r;
   if (out.size() != ref.size()) {
     r.ok = false;

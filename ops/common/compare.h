@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,19 @@ struct CompareResult {
   double ref_at_first = 0;
   double worst_ratio = 0;  // max |out-ref| / (atol + rtol|ref|) over finite elements
   std::string Describe(const std::string& name) const;
+  // Adds the result of comparing the elements from `offset` on, as one comparison would have.
+  void Merge(const CompareResult& part, int64_t offset);
 };
 
 // `atol_per_element`, when non-empty, is added to tol.atol element by element.
-CompareResult Compare(const std::vector<double>& out, const std::vector<double>& ref,
-                      const Tolerance& tol, const std::vector<double>& atol_per_element = {});
+CompareResult Compare(std::span<const double> out, std::span<const double> ref,
+                      const Tolerance& tol, std::span<const double> atol_per_element = {});
+inline CompareResult Compare(const std::vector<double>& out, const std::vector<double>& ref,
+                             const Tolerance& tol,
+                             const std::vector<double>& atol_per_element = {}) {
+  return Compare(std::span<const double>(out), std::span<const double>(ref), tol,
+                 std::span<const double>(atol_per_element));
+}
 
 double MaxAbs(const std::vector<double>& v);  // over finite values
 

@@ -9,7 +9,7 @@
 //
 //   KJIT_ASSIGN_OR_RETURN(auto trial, CrossEntropyTrial::Create(rt, spec, /*rows=*/4096));
 //   KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(spec_with_config));
-//   KJIT_RETURN_IF_ERROR(trial->Check(ce));              // wrong results: Internal, with why
+//   KJIT_RETURN_IF_ERROR(trial->Check(ce, Pass::kForwardBackward));  // wrong: Internal, with why
 //   KJIT_ASSIGN_OR_RETURN(TimedWork w, trial->Work(ce, Pass::kForwardBackward));
 //   KJIT_ASSIGN_OR_RETURN(Timing t, timer.Time(20, w.launch, w.prepare));   // autotune/gpu_timer.h
 #pragma once

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +89,11 @@ struct CrossEntropyOutputs {
   const std::vector<double>* counters = nullptr;  // {valid_rows, out_of_range_rows}
   const std::vector<double>* grad = nullptr;
 };
+
+// The gradient of the reference's rows [first, first + grad.size() / vocab) alone, with
+// CheckCrossEntropy's tolerance: for callers that download and check a few rows at a time.
+CompareResult CheckCrossEntropyGradRows(const CrossEntropyMath& m, const CrossEntropyResult& ref,
+                                        int64_t first, std::span<const double> grad);
 
 // Compares every given output with the reference; one (name, result) per output checked.
 std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(const CrossEntropyMath& m,

@@ -1,5 +1,5 @@
-// The cross-entropy trial (ops/common/trial.h): logits and targets made on the device, the fused
-// forward+backward checked on sampled rows, and the passes the tuner and `kjit bench` time.
+// The cross-entropy trial (ops/common/trial.h): logits and targets made on the device, and the
+// passes the tuner and `kjit bench` time, each checked on sampled rows.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +23,9 @@ class CrossEntropyTrial {
   static absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> Create(const Runtime& rt,
                                                                    const CrossEntropySpec& spec,
                                                                    int64_t rows);
-  // Runs the fused forward+backward and compares lse, loss and the sampled gradient rows.
-  absl::Status Check(const CrossEntropy& op);
+  // Runs `pass` (the fused forward+backward, or the forward alone) and compares lse and, with the
+  // backward, the sampled gradient rows.
+  absl::Status Check(const CrossEntropy& op, Pass pass);
   // kForwardBackward restores the logits (untimed) before every launch; kForward reads them.
   absl::StatusOr<TimedWork> Work(const CrossEntropy& op, Pass pass);
   // The fewest bytes a pass must move: the logits read, and for the gradient written.

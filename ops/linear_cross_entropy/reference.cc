@@ -1,30 +1,16 @@
 #include "ops/linear_cross_entropy/reference.h"
 
 #include "kjit/host_convert.h"
+#include "ops/common/parallel.h"
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 namespace kjit::ops {
 
 namespace {
 
 constexpr double kFp32Unit = 0x1p-24;
-
-// Splits [0, n) over the machine's cores; each index's result is the same whatever the split.
-template <typename F>
-void Parallel(int64_t n, F&& f) {
-  const int64_t workers =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(n, 1));
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w) {
-    pool.emplace_back([&, w] {
-      for (int64_t i = w; i < n; i += workers) f(i);
-    });
-  }
-  for (std::thread& t : pool) t.join();
-}
 
 }  // namespace
 
@@ -37,7 +23,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
   // the same way, and a logit may differ from that only where the sum's fp32 error can reach
   // across a rounding boundary (then by that boundary's step; for fp32 logits by the error).
   std::vector<double> logits(R * V), logit_error(R * V, 0.0);
-  Parallel(R, [&](int64_t r) {
+  ForEachIndex(R, V * H, [&](int64_t r) {
     for (int64_t v = 0; v < V; ++v) {
       double sum = has_bias ? p.bias[v] : 0.0, magnitude = has_bias ? std::fabs(p.bias[v]) : 0.0;
       for (int64_t k = 0; k < H; ++k) {
@@ -79,7 +65,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
   // by at most sum_j p_j dx_j (row_shift), the soft-cap's slope by 2 dx_v / cap.
   std::vector<double> row_shift(R, 0.0), grad_error(R * V);
   const std::vector<double> ce_atol = CrossEntropyGradAtol(m, ce, tol);
-  Parallel(R, [&](int64_t r) {
+  ForEachIndex(R, V, [&](int64_t r) {
     double shift = 0;
     for (int64_t v = 0; v < V; ++v) {
       double x = logits[r * V + v];
@@ -139,7 +125,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
       s.weight_grad_accumulation == WeightGradAccumulation::kOutputDtype ? chunks + 1.0 : 1.0;
   out.d_hidden.assign(R * H, 0.0);
   out.d_hidden_atol.assign(R * H, 0.0);
-  Parallel(R, [&](int64_t r) {
+  ForEachIndex(R, V * H, [&](int64_t r) {
     for (int64_t v = 0; v < V; ++v) {
       const double g = ce.grad[r * V + v], e = grad_error[r * V + v];
       for (int64_t k = 0; k < H; ++k) {
@@ -157,7 +143,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
   out.d_weight_atol.assign(V * H, 0.0);
   out.d_bias = p.d_bias_before.empty() ? std::vector<double>(V, 0.0) : p.d_bias_before;
   out.d_bias_atol.assign(V, 0.0);
-  Parallel(V, [&](int64_t v) {
+  ForEachIndex(V, R * H, [&](int64_t v) {
     double magnitude_b = std::fabs(out.d_bias[v]);
     for (int64_t r = 0; r < R; ++r) {
       const double g = ce.grad[r * V + v], e = grad_error[r * V + v];

@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
       RandomFill(rt, t->buffers_[kWeight].data(), spec.dtype, V, H, H, 0x5eee, -w_range, w_range));
   KJIT_RETURN_IF_ERROR(
       RandomTargets(rt, t->buffers_[kTargets].data(), spec.target_type, rows, 0x5eed, V));
+  t->sampled_rows_ = SampleRows(rows);
   t->sampled_vocab_rows_ = SampleRows(V);
 
   // The unfused path, once.
@@ -105,7 +106,8 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
   KJIT_ASSIGN_OR_RETURN(std::vector<double> loss,
                         DownloadValues(t->buffers_[kLoss], DType::kF32, 0, 4));
   t->loss_ = loss[0];
-  KJIT_ASSIGN_OR_RETURN(t->d_hidden_, DownloadValues(t->buffers_[kDHidden], spec.dtype));
+  KJIT_ASSIGN_OR_RETURN(t->d_hidden_rows_,
+                        SampledRows(t->buffers_[kDHidden], spec.dtype, H, t->sampled_rows_));
   KJIT_ASSIGN_OR_RETURN(t->d_weight_rows_,
                         SampledRows(d_weight, DType::kF32, H, t->sampled_vocab_rows_));
   return t;
@@ -126,7 +128,11 @@ LinearCrossEntropyArgs LinearCrossEntropyTrial::Args(const LinearCrossEntropy& o
       .workspace_bytes = op.WorkspaceBytes(R)};
 }
 
-absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op) {
+absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op, Pass pass) {
+  if (pass != Pass::kForwardBackward) {
+    return absl::InvalidArgumentError(
+        fmt::format("pass: linear_cross_entropy checks forward_backward, not {}", Name(pass)));
+  }
   if (op.WorkspaceBytes(rows_) > workspace_bytes_) {
     return absl::InvalidArgumentError(
         fmt::format("config {} needs a {}-byte workspace, more than the {} the trial holds",
@@ -140,8 +146,9 @@ absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op) {
                           DownloadValues(buffers_[kLoss], DType::kF32, 0, 4));
     results.emplace_back("loss", Compare(loss, {loss_}, {.rtol = 1e-3}));
   }
-  KJIT_ASSIGN_OR_RETURN(std::vector<double> dh, DownloadValues(buffers_[kDHidden], spec_.dtype));
-  results.emplace_back("d_hidden", CompareGradient(dh, d_hidden_, spec_.dtype));
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> dh,
+                        SampledRows(buffers_[kDHidden], spec_.dtype, spec_.hidden, sampled_rows_));
+  results.emplace_back("d_hidden", CompareGradient(dh, d_hidden_rows_, spec_.dtype));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> dw, SampledRows(buffers_[kDWeight], spec_.weight_grad(),
                                                             spec_.hidden, sampled_vocab_rows_));
   results.emplace_back("d_weight", CompareGradient(dw, d_weight_rows_, spec_.weight_grad()));

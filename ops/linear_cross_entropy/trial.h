@@ -17,12 +17,13 @@ namespace kjit::ops {
 class LinearCrossEntropyTrial {
  public:
   // Every target valid; logits of deviation about 2. Runs the unfused path once (rows x vocab of
-  // logits, freed before returning) and keeps its loss, d_hidden and sampled rows of d_weight.
+  // logits, freed before returning) and keeps its loss and sampled rows of d_hidden and d_weight.
   static absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> Create(
       const Runtime& rt, const LinearCrossEntropySpec& spec, int64_t rows);
-  // Runs ForwardBackward and compares the loss (1e-3 relative), d_hidden and the sampled d_weight
-  // rows (4 bf16 roundings relative plus 2^-8 of the tensor's RMS) with the unfused path's.
-  absl::Status Check(const LinearCrossEntropy& op);
+  // Runs ForwardBackward (the one pass) and compares the loss (1e-3 relative) and the sampled rows
+  // of d_hidden and d_weight (4 bf16 roundings relative plus 2^-8 of the rows' RMS) with the
+  // unfused path's.
+  absl::Status Check(const LinearCrossEntropy& op, Pass pass);
   absl::StatusOr<TimedWork> Work(const LinearCrossEntropy& op, Pass pass);
   // The fewest bytes: the inputs read, the gradients written (the op is GEMM-bound: kjit bench
   // quotes TFLOP/s against the GEMMs alone too).
@@ -38,9 +39,9 @@ class LinearCrossEntropyTrial {
   LinearCrossEntropySpec spec_;
   int64_t rows_ = 0, workspace_bytes_ = 0;
   std::vector<DeviceBuffer> buffers_;  // h, w, targets, loss, d_hidden, d_weight, workspace
-  std::vector<int64_t> sampled_vocab_rows_;
+  std::vector<int64_t> sampled_rows_, sampled_vocab_rows_;
   double loss_ = 0;
-  std::vector<double> d_hidden_, d_weight_rows_;
+  std::vector<double> d_hidden_rows_, d_weight_rows_;
 };
 
 }  // namespace kjit::ops

@@ -1,8 +1,13 @@
 #include "ops/rms_norm/trial.h"
 
+#include <algorithm>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
+
+#include "kjit/host_convert.h"
+#include "ops/common/parallel.h"
 
 namespace kjit::ops {
 
@@ -13,14 +18,28 @@ struct RmsNormTrial::Buffers {
 
 namespace {
 
-// The reference's per-row results for the sampled rows only; dw (a sum over all rows) stays whole.
+// Rows of the reference are computed a block at a time, a block per core: every row counts towards
+// dw, but only the sampled rows are kept, and 16384 x 4096 in doubles whole is 512 MB a tensor
+// (1.5 s of a core for the reference alone).
+constexpr int64_t kReferenceBlockRows = 256;
+
+// Appends the rows of `v` ([n, width], the trial's rows first..first+n) that `sample` holds.
 template <typename T>
-std::vector<T> Rows(const std::vector<T>& v, int64_t width, const std::vector<int64_t>& sample) {
-  std::vector<T> out;
-  if (v.empty()) return out;
-  for (int64_t r : sample)
-    out.insert(out.end(), v.begin() + r * width, v.begin() + (r + 1) * width);
-  return out;
+void AppendSampled(std::vector<T>& out, const std::vector<T>& v, int64_t width, int64_t first,
+                   const std::vector<int64_t>& sample) {
+  if (v.empty()) return;
+  const int64_t n = static_cast<int64_t>(v.size()) / width;
+  for (int64_t r : sample) {
+    if (r >= first && r < first + n) {
+      out.insert(out.end(), v.begin() + (r - first) * width, v.begin() + (r - first + 1) * width);
+    }
+  }
+}
+
+template <typename T>
+void AddTo(std::vector<T>& sum, const std::vector<T>& v) {
+  if (sum.empty()) sum.assign(v.size(), T{});
+  for (size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
 }
 
 }  // namespace
@@ -53,44 +72,81 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
     KJIT_RETURN_IF_ERROR(
         RandomFill(rt, residual.data(), dtype, rows, hidden, hidden, 4, -2.0f, 2.0f));
   }
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> hx, DownloadValues(x, dtype));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> hw, DownloadValues(w, wdtype));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> hdy, DownloadValues(dy, dtype));
-  std::vector<double> hres;
-  if (spec.fused_residual) {
-    KJIT_ASSIGN_OR_RETURN(hres, DownloadValues(residual, dtype));
-  }
   t->b_.reset(new Buffers{std::move(x), std::move(w), std::move(dy), std::move(residual),
                           std::move(y), std::move(residual_out), std::move(rstd), std::move(dx),
                           std::move(dw), std::nullopt});
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> hw, DownloadValues(t->b_->w, wdtype));
 
   t->math_ = {.hidden = hidden,
               .dtype = dtype,
               .eps = spec.eps,
               .weight_offset = spec.weight_offset,
               .casting = spec.casting};
-  RmsNormForwardResult f =
-      RmsNormForwardReference(t->math_, rows, hx, spec.fused_residual ? &hres : nullptr, hw);
-  // The backward normalizes what the forward did: residual_out when fused.
-  RmsNormBackwardResult b = RmsNormBackwardReference(
-      t->math_, rows, hdy, spec.fused_residual ? f.residual_out : hx, hw, nullptr);
   t->sample_ = SampleRows(rows);
-  t->ref_f_ = {.y = Rows(f.y, hidden, t->sample_),
-               .rstd = Rows(f.rstd, 1, t->sample_),
-               .rstd_lo = Rows(f.rstd_lo, 1, t->sample_),
-               .rstd_hi = Rows(f.rstd_hi, 1, t->sample_),
-               .residual_out = Rows(f.residual_out, hidden, t->sample_)};
-  if (spec.casting == RmsNormCasting::kNone) {
-    // The kernel's rstd may be one ulp from the reference's (reference.h): Check recomputes y with
-    // it from these rows and gives the backward the reference's rstd, which the dx and dw
-    // references used.
-    t->none_ = NoneCheck{.x = Rows(hx, hidden, t->sample_),
-                         .residual = Rows(hres, hidden, t->sample_),
-                         .w = hw,
-                         .rstd = std::vector<float>(f.rstd.begin(), f.rstd.end())};
+  const bool none = spec.casting == RmsNormCasting::kNone;
+  // Casting none: the kernel's rstd may be one ulp from the reference's (reference.h): Check
+  // recomputes y with it from the sampled rows and gives the backward the reference's rstd, which
+  // the dx and dw references used.
+  NoneCheck none_check{.w = hw};
+  const int64_t row_bytes = hidden * static_cast<int64_t>(SizeOf(dtype));
+  const int64_t blocks = (rows + kReferenceBlockRows - 1) / kReferenceBlockRows;
+  // A group of blocks, one per core, is downloaded at once (in this thread, which holds the
+  // context) and then computed in parallel; the results are kept in row order.
+  const int64_t group = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  for (int64_t group_first = 0; group_first < blocks; group_first += group) {
+    const int64_t first_row = group_first * kReferenceBlockRows;
+    const int64_t group_rows = std::min(group * kReferenceBlockRows, rows - first_row);
+    std::vector<std::vector<unsigned char>> raw;  // x, dy, residual
+    for (const DeviceBuffer* b : {&t->b_->x, &t->b_->dy, &t->b_->residual}) {
+      if (b->size() == 0) break;  // no residual
+      raw.emplace_back(group_rows * row_bytes);
+      KJIT_RETURN_IF_ERROR(
+          b->Download(raw.back().data(), raw.back().size(), first_row * row_bytes));
+    }
+    struct Block {
+      int64_t first = 0;
+      std::vector<double> x, residual;
+      RmsNormForwardResult f;
+      RmsNormBackwardResult b;
+    };
+    std::vector<Block> done((group_rows + kReferenceBlockRows - 1) / kReferenceBlockRows);
+    ForEachIndex(static_cast<int64_t>(done.size()), kReferenceBlockRows * hidden, [&](int64_t i) {
+      Block& k = done[i];
+      const int64_t offset = i * kReferenceBlockRows;
+      const int64_t n = std::min(kReferenceBlockRows, group_rows - offset);
+      auto values = [&](const std::vector<unsigned char>& bytes) {
+        return Decode(std::vector<unsigned char>(bytes.begin() + offset * row_bytes,
+                                                 bytes.begin() + (offset + n) * row_bytes),
+                      dtype);
+      };
+      k.first = first_row + offset;
+      k.x = values(raw[0]);
+      if (spec.fused_residual) k.residual = values(raw[2]);
+      k.f = RmsNormForwardReference(t->math_, n, k.x, spec.fused_residual ? &k.residual : nullptr,
+                                    hw);
+      // The backward normalizes what the forward did: residual_out when fused.
+      k.b = RmsNormBackwardReference(t->math_, n, values(raw[1]),
+                                     spec.fused_residual ? k.f.residual_out : k.x, hw, nullptr);
+    });
+    const std::vector<int64_t>& sample = t->sample_;
+    for (const Block& k : done) {
+      AppendSampled(t->ref_f_.y, k.f.y, hidden, k.first, sample);
+      AppendSampled(t->ref_f_.rstd, k.f.rstd, 1, k.first, sample);
+      AppendSampled(t->ref_f_.rstd_lo, k.f.rstd_lo, 1, k.first, sample);
+      AppendSampled(t->ref_f_.rstd_hi, k.f.rstd_hi, 1, k.first, sample);
+      AppendSampled(t->ref_f_.residual_out, k.f.residual_out, hidden, k.first, sample);
+      AppendSampled(t->ref_b_.dx, k.b.dx, hidden, k.first, sample);
+      AppendSampled(t->ref_b_.dx_scale, k.b.dx_scale, hidden, k.first, sample);
+      AddTo(t->ref_b_.dw, k.b.dw);
+      AddTo(t->ref_b_.dw_abs, k.b.dw_abs);
+      if (none) {
+        AppendSampled(none_check.x, k.x, hidden, k.first, sample);
+        AppendSampled(none_check.residual, k.residual, hidden, k.first, sample);
+        none_check.rstd.insert(none_check.rstd.end(), k.f.rstd.begin(), k.f.rstd.end());
+      }
+    }
   }
-  t->ref_b_ = {Rows(b.dx, hidden, t->sample_), std::move(b.dw), std::move(b.dw_abs),
-               Rows(b.dx_scale, hidden, t->sample_)};
+  if (none) t->none_ = std::move(none_check);
   return t;
 }
 
@@ -131,43 +187,51 @@ absl::StatusOr<RmsNormBackwardArgs> RmsNormTrial::BackwardArgs(const RmsNorm& op
       .workspace_bytes = static_cast<int64_t>(b_->workspace->size())};
 }
 
-absl::Status RmsNormTrial::Check(const RmsNorm& op) {
+absl::Status RmsNormTrial::Check(const RmsNorm& op, Pass pass) {
+  const bool backward = pass != Pass::kForward;
   // Every output poisoned first (NaN): an unwritten element fails.
   for (const DeviceBuffer* b : {&b_->y, &b_->rstd, &b_->dx, &b_->dw}) {
     KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
   }
   if (spec_.fused_residual) KJIT_RETURN_IF_ERROR(b_->residual_out.Fill(0xFF));
   KJIT_ASSIGN_OR_RETURN(const RmsNormForwardArgs f, ForwardArgs());
-  KJIT_ASSIGN_OR_RETURN(const RmsNormBackwardArgs b, BackwardArgs(op));
   KJIT_RETURN_IF_ERROR(op.Forward(nullptr, f));
   const DType dtype = spec_.dtype, wdtype = spec_.weight_dtype.value_or(dtype);
   const int64_t hidden = spec_.hidden;
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> y, SampledRows(b_->y, dtype, hidden, sample_));
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> rstd,
                         SampledRows(b_->rstd, DType::kF32, 1, sample_));
-  RmsNormForwardResult none_ref_f;
-  if (none_) {
-    KJIT_RETURN_IF_ERROR(b_->rstd.Upload(none_->rstd.data(), none_->rstd.size() * sizeof(float)));
-    none_ref_f =
-        RmsNormForwardReference(math_, static_cast<int64_t>(sample_.size()), none_->x,
-                                spec_.fused_residual ? &none_->residual : nullptr, none_->w, &rstd);
-  }
-  KJIT_RETURN_IF_ERROR(op.Backward(nullptr, b));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> dx, SampledRows(b_->dx, dtype, hidden, sample_));
-  KJIT_ASSIGN_OR_RETURN(const std::vector<double> dw, DownloadValues(b_->dw, wdtype));
   std::vector<double> residual_out;
   if (spec_.fused_residual) {
     KJIT_ASSIGN_OR_RETURN(residual_out, SampledRows(b_->residual_out, dtype, hidden, sample_));
   }
-  return Mismatches(
-      fmt::format("rms_norm hidden={} rows={} {}", hidden, rows_, op.config().ToString()),
-      CheckRmsNorm(math_, static_cast<int64_t>(sample_.size()), wdtype,
-                   {.y = &y,
-                    .rstd = &rstd,
-                    .residual_out = spec_.fused_residual ? &residual_out : nullptr,
-                    .dx = &dx,
-                    .dw = &dw},
-                   none_ ? none_ref_f : ref_f_, &ref_b_));
+  RmsNormForwardResult none_ref_f;
+  if (none_) {
+    none_ref_f =
+        RmsNormForwardReference(math_, static_cast<int64_t>(sample_.size()), none_->x,
+                                spec_.fused_residual ? &none_->residual : nullptr, none_->w, &rstd);
+  }
+  std::vector<double> dx, dw;
+  if (backward) {
+    // The backward (a pass of its own when tuned) is checked from the forward's outputs; with
+    // casting none, from the reference's rstd, which the dx and dw references used.
+    if (none_) {
+      KJIT_RETURN_IF_ERROR(b_->rstd.Upload(none_->rstd.data(), none_->rstd.size() * sizeof(float)));
+    }
+    KJIT_ASSIGN_OR_RETURN(const RmsNormBackwardArgs b, BackwardArgs(op));
+    KJIT_RETURN_IF_ERROR(op.Backward(nullptr, b));
+    KJIT_ASSIGN_OR_RETURN(dx, SampledRows(b_->dx, dtype, hidden, sample_));
+    KJIT_ASSIGN_OR_RETURN(dw, DownloadValues(b_->dw, wdtype));
+  }
+  return Mismatches(fmt::format("rms_norm {} hidden={} rows={} {}", Name(pass), hidden, rows_,
+                                op.config().ToString()),
+                    CheckRmsNorm(math_, static_cast<int64_t>(sample_.size()), wdtype,
+                                 {.y = &y,
+                                  .rstd = &rstd,
+                                  .residual_out = spec_.fused_residual ? &residual_out : nullptr,
+                                  .dx = backward ? &dx : nullptr,
+                                  .dw = backward ? &dw : nullptr},
+                                 none_ ? none_ref_f : ref_f_, &ref_b_));
 }
 
 absl::StatusOr<TimedWork> RmsNormTrial::Work(const RmsNorm& op, Pass pass) {

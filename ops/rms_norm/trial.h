@@ -23,7 +23,9 @@ class RmsNormTrial {
                                                               const RmsNormSpec& spec,
                                                               int64_t rows);
   ~RmsNormTrial();
-  absl::Status Check(const RmsNorm& op);
+  // Runs the forward and, unless `pass` is the forward alone, the backward, and compares their
+  // outputs on the sampled rows (dw whole).
+  absl::Status Check(const RmsNorm& op, Pass pass);
   absl::StatusOr<TimedWork> Work(const RmsNorm& op, Pass pass);
   double Bytes(Pass pass) const;
   int64_t rows() const { return rows_; }

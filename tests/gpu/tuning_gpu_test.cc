@@ -102,7 +102,8 @@ TEST_F(TuningGpu, CrossEntropyLaunchesTheTunedConfigOfItsRowBucket) {
   // The launch runs the tuned kernels and is still right.
   auto trial = ops::CrossEntropyTrial::Create(*rt, spec, 3000);
   ASSERT_TRUE(trial.ok()) << trial.status();
-  EXPECT_TRUE((*trial)->Check(*ce).ok()) << (*trial)->Check(*ce);
+  EXPECT_TRUE((*trial)->Check(*ce, ops::Pass::kForwardBackward).ok())
+      << (*trial)->Check(*ce, ops::Pass::kForwardBackward);
 
   // Without the database (or with it off) the same op is the heuristic's at every row count.
   auto off = Runtime::Create({.tuning_db = "off"});
@@ -128,7 +129,8 @@ TEST_F(TuningGpu, RmsNormLaunchesTheTunedConfigAndSizesItsWorkspaceForIt) {
   EXPECT_EQ(plain->ConfigFor(1000), plain->config());
   auto trial = ops::RmsNormTrial::Create(*rt, spec, 1000);
   ASSERT_TRUE(trial.ok()) << trial.status();
-  EXPECT_TRUE((*trial)->Check(*norm).ok()) << (*trial)->Check(*norm);
+  EXPECT_TRUE((*trial)->Check(*norm, ops::Pass::kForwardBackward).ok())
+      << (*trial)->Check(*norm, ops::Pass::kForwardBackward);
 }
 
 TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
@@ -179,7 +181,8 @@ TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
   EXPECT_FALSE(TuningDb::Load(db_)->Find(TuningKeyFor(*rt, spec, 300)).has_value());
   auto trial = ops::CrossEntropyTrial::Create(*rt, spec, 300);
   ASSERT_TRUE(trial.ok()) << trial.status();
-  EXPECT_TRUE((*trial)->Check(*ce).ok()) << (*trial)->Check(*ce);  // the launch that tunes
+  EXPECT_TRUE((*trial)->Check(*ce, ops::Pass::kForwardBackward).ok())
+      << (*trial)->Check(*ce, ops::Pass::kForwardBackward);  // the launch that tunes
   auto db = TuningDb::Load(db_);
   ASSERT_TRUE(db.ok()) << db.status();
   const auto record = db->Find(TuningKeyFor(*rt, spec, 300));
@@ -193,7 +196,7 @@ TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
   ASSERT_TRUE(forward.has_value()) << "the same run tunes the forward-only launches";
   EXPECT_EQ(ce->ConfigFor(300, /*fused=*/false).ToString(), forward->config);
   // The same bucket again: no second tuning run (the record's tuned_at stays).
-  EXPECT_TRUE((*trial)->Check(*ce).ok());
+  EXPECT_TRUE((*trial)->Check(*ce, ops::Pass::kForwardBackward).ok());
   EXPECT_EQ(TuningDb::Load(db_)->Find(TuningKeyFor(*rt, spec, 300))->tuned_at, record->tuned_at);
 }
 
@@ -239,14 +242,22 @@ TEST_F(TuningGpu, TrialsRejectAWrongKernel) {
   ASSERT_TRUE(trial.ok()) << trial.status();
   auto right = gpu.CrossEntropy(spec);
   ASSERT_TRUE(right.ok());
-  EXPECT_TRUE((*trial)->Check(*right).ok());
-  CrossEntropySpec other = spec;
-  other.label_smoothing = 0.1f;
-  auto wrong = gpu.CrossEntropy(other);
-  ASSERT_TRUE(wrong.ok());
-  const absl::Status s = (*trial)->Check(*wrong);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(std::string(ToStd(s.message())).find("wrong results"), std::string::npos) << s;
+  for (ops::Pass pass : {ops::Pass::kForwardBackward, ops::Pass::kForward}) {
+    EXPECT_TRUE((*trial)->Check(*right, pass).ok()) << ops::Name(pass);
+  }
+  // Label smoothing changes the gradient (and the loss) but not lse: the forward's check, which
+  // compares lse, needs another difference, a soft-cap.
+  CrossEntropySpec smoothed = spec, capped = spec;
+  smoothed.label_smoothing = 0.1f;
+  capped.softcap = 4.0f;
+  for (const auto& [other, pass] :
+       {std::pair{smoothed, ops::Pass::kForwardBackward}, std::pair{capped, ops::Pass::kForward}}) {
+    auto wrong = gpu.CrossEntropy(other);
+    ASSERT_TRUE(wrong.ok());
+    const absl::Status s = (*trial)->Check(*wrong, pass);
+    EXPECT_FALSE(s.ok()) << ops::Name(pass);
+    EXPECT_NE(std::string(ToStd(s.message())).find("wrong results"), std::string::npos) << s;
+  }
 }
 
 }  // namespace
