@@ -23,9 +23,18 @@ namespace kjit {
 namespace {
 
 constexpr int64_t kMaxHidden = 65536;
-// The dw reduce kernel's block: 32 columns x 32 row stripes, so that each thread sums few partials.
-constexpr int kReduceColumns = 32;
-constexpr int kReduceSlices = 32;
+// The dw reduce kernel's block: 1024 threads, kReduceColumns(hidden) columns x the rest as row
+// stripes, so that each thread sums few partials.
+constexpr int kReduceThreads = 1024;
+// 32 columns (a 128-byte line of each partial row) unless that leaves fewer blocks than an H200
+// has SMs: at hidden 1024 the backward's 2112 partial rows (8.6 MB) went through 32 blocks, on 32
+// SMs, and the reduce was most of the backward's fixed cost; 8 columns (a 32-byte sector) is the
+// narrowest.
+int ReduceColumns(int64_t hidden) {
+  int columns = 32;
+  while (columns > 8 && hidden / columns < 128) columns /= 2;
+  return columns;
+}
 
 DType WeightDType(const RmsNormSpec& spec) { return spec.weight_dtype.value_or(spec.dtype); }
 
@@ -47,8 +56,9 @@ std::string BackwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
                      c.backward.rows_per_block, c.vec);
 }
 std::string ReduceExpr(const RmsNormSpec& s) {
+  const int columns = ReduceColumns(s.hidden);
   return fmt::format("kjit::rms_norm_dw_reduce<{}, {}, {}, {}>", DeviceTypeName(WeightDType(s)),
-                     s.hidden, kReduceColumns, kReduceSlices);
+                     s.hidden, columns, kReduceThreads / columns);
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -348,7 +358,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   r.partial_rows = blocks * rpb;
   r.dw = a.dw.data;
   // Overlapping the backward's end (sm_90+): the reduce waits for its partials on the device.
-  return rt_->Launch(k->reduce(), CeilDiv(s.hidden, kReduceColumns), kReduceColumns * kReduceSlices,
+  return rt_->Launch(k->reduce(), CeilDiv(s.hidden, ReduceColumns(s.hidden)), kReduceThreads,
                      stream, &r, /*cluster=*/1, /*shared_bytes=*/0, /*overlap_previous=*/true);
 }
 
