@@ -71,7 +71,8 @@ Command AddDoctorCommand(CLI::App& app) {
       ->check(CLI::Validator(
           [](std::string& value) -> std::string {
             const std::vector<std::string> targets = SplitTargets(value);
-            if (targets.empty()) return "--arch: empty list";
+            // CLI11 puts the flag's name before what a validator returns.
+            if (targets.empty()) return "no target; expected a list such as sm_90,sm_100";
             for (const std::string& t : targets) {
               if (auto parsed = jit::ParseTarget(t); !parsed.ok()) {
                 return std::string(ToStd(parsed.status().message()));

@@ -536,6 +536,8 @@ TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
       // Casting none computes in the dtype: the weight must have it.
       {Rms({"--casting", "none", "--weight-dtype", "fp32"}),
        "kjit: --weight-dtype: fp32 must be the dtype (bf16) with casting none"},
+      {{"doctor", "--arch", ","},
+       "kjit: --arch: no target; expected a list such as sm_90,sm_100\n"},
       {{"bench", "--dtype", "bf17"},
        "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
       {{"bench", "--op", "cross_entropy", "--hidden", "64"},
