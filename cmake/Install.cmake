@@ -1,7 +1,8 @@
 # `cmake --install`: the library (kjit and the static libraries it is made of), the C API's shared
 # library (libkjit_c.so), the public headers (include/kjit only, included as <kjit/kjit.h> and
 # <kjit/kjit_c.h>; no internal header is installed), the `kjit` and `kjit-tune` CLIs, a CMake
-# package (find_package(kjit) gives kjit::kjit and kjit::kjit_c) and a pkg-config file.
+# package (find_package(kjit) gives kjit::kjit and kjit::kjit_c) and pkg-config files (kjit for the
+# C++ library, kjit_c for the C API).
 include(CMakePackageConfigHelpers)
 
 install(TARGETS kjit kjit_runtime kjit_jit kjit_c EXPORT kjitTargets
@@ -20,5 +21,7 @@ install(FILES ${CMAKE_BINARY_DIR}/kjitConfig.cmake ${CMAKE_BINARY_DIR}/kjitConfi
 
 # Relative to the .pc file, so that `cmake --install --prefix` anywhere gives a working file.
 file(RELATIVE_PATH KJIT_PC_TO_PREFIX /${CMAKE_INSTALL_LIBDIR}/pkgconfig /)
-configure_file(${PROJECT_SOURCE_DIR}/cmake/kjit.pc.in ${CMAKE_BINARY_DIR}/kjit.pc @ONLY)
-install(FILES ${CMAKE_BINARY_DIR}/kjit.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+foreach(pc kjit kjit_c)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in ${CMAKE_BINARY_DIR}/${pc}.pc @ONLY)
+  install(FILES ${CMAKE_BINARY_DIR}/${pc}.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endforeach()

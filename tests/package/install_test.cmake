@@ -1,6 +1,6 @@
 # `cmake --install` into a fresh prefix, then an out-of-tree consumer built against it twice: with
 # find_package(kjit) and with pkg-config. Both must build and run, and so must the C API's consumer
-# (find_package, kjit::kjit_c). Invoked by ctest:
+# (find_package with kjit::kjit_c, and pkg-config kjit_c). Invoked by ctest:
 #   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DCXX=... -DCXX_FLAGS=... -P install_test.cmake
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
@@ -16,7 +16,7 @@ endfunction()
 
 run("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 foreach(f bin/kjit bin/kjit-tune include/kjit/kjit.h include/kjit/kjit_c.h lib/libkjit_c.so
-          lib/cmake/kjit/kjitConfig.cmake lib/pkgconfig/kjit.pc)
+          lib/cmake/kjit/kjitConfig.cmake lib/pkgconfig/kjit.pc lib/pkgconfig/kjit_c.pc)
   file(GLOB found ${prefix}/${f} ${prefix}/*/${f} ${prefix}/lib/*/${f})
   if(NOT EXISTS ${prefix}/${f} AND NOT found)
     message(FATAL_ERROR "install: ${f} is missing under ${prefix}")
@@ -58,3 +58,17 @@ separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
 run("build consumer (pkg-config)" ${CXX} ${cxx_flags} ${SOURCE_DIR}/tests/package/consumer/main.cc
     -o ${WORK_DIR}/consumer_pc ${flags})
 run("run consumer (pkg-config)" ${WORK_DIR}/consumer_pc)
+
+# The C API by pkg-config: a shared library, found at run time through the rpath given here.
+execute_process(COMMAND pkg-config --cflags --libs kjit_c RESULT_VARIABLE rc OUTPUT_VARIABLE flags
+                ERROR_VARIABLE err OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pkg-config --cflags --libs kjit_c failed:\n${err}")
+endif()
+execute_process(COMMAND pkg-config --variable=libdir kjit_c OUTPUT_VARIABLE c_libdir
+                OUTPUT_STRIP_TRAILING_WHITESPACE)
+separate_arguments(flags UNIX_COMMAND "${flags}")
+run("build the C API's consumer (pkg-config)" ${CXX} ${cxx_flags}
+    ${SOURCE_DIR}/tests/package/consumer/c_api.cc -o ${WORK_DIR}/c_api_pc ${flags}
+    -Wl,-rpath,${c_libdir})
+run("run the C API's consumer (pkg-config)" ${WORK_DIR}/c_api_pc)
