@@ -24,9 +24,9 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer loss, DeviceBuffer::Create(rt, losses * sizeof(float)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Create(rt, rows * sizeof(float)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::Create(rt, workspace_bytes));
-  std::unique_ptr<CrossEntropyTrial> t(
-      new CrossEntropyTrial(rt, std::move(pristine), std::move(work), std::move(targets),
-                            std::move(loss), std::move(lse), std::move(workspace)));
+  std::unique_ptr<CrossEntropyTrial> t(new CrossEntropyTrial(std::move(pristine), std::move(work),
+                                                             std::move(targets), std::move(loss),
+                                                             std::move(lse), std::move(workspace)));
   t->spec_ = heuristic_spec;
   t->rows_ = rows;
   t->workspace_bytes_ = workspace_bytes;

@@ -37,11 +37,9 @@ class CrossEntropyTrial {
   TensorView logits() const { return Args(/*gradient=*/false).logits; }
 
  private:
-  CrossEntropyTrial(const Runtime& rt, DeviceBuffer pristine, DeviceBuffer work,
-                    DeviceBuffer targets, DeviceBuffer loss, DeviceBuffer lse,
-                    DeviceBuffer workspace)
-      : rt_(rt),
-        pristine_(std::move(pristine)),
+  CrossEntropyTrial(DeviceBuffer pristine, DeviceBuffer work, DeviceBuffer targets,
+                    DeviceBuffer loss, DeviceBuffer lse, DeviceBuffer workspace)
+      : pristine_(std::move(pristine)),
         work_(std::move(work)),
         targets_(std::move(targets)),
         loss_(std::move(loss)),
@@ -50,7 +48,6 @@ class CrossEntropyTrial {
   absl::Status Restore() const;
   CrossEntropyArgs Args(bool gradient) const;
 
-  const Runtime& rt_;
   CrossEntropySpec spec_;
   int64_t rows_ = 0;
   int64_t workspace_bytes_ = 0;

@@ -30,7 +30,7 @@ CompareResult CompareGradient(const std::vector<double>& got, const std::vector<
 
 absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial::Create(
     const Runtime& rt, const LinearCrossEntropySpec& spec, int64_t rows) {
-  std::unique_ptr<LinearCrossEntropyTrial> t(new LinearCrossEntropyTrial(rt));
+  std::unique_ptr<LinearCrossEntropyTrial> t(new LinearCrossEntropyTrial());
   t->spec_ = spec;
   t->spec_.config.reset();
   t->rows_ = rows;

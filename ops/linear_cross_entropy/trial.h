@@ -32,10 +32,9 @@ class LinearCrossEntropyTrial {
   int64_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
-  LinearCrossEntropyTrial(const Runtime& rt) : rt_(rt) {}
+  LinearCrossEntropyTrial() = default;
   LinearCrossEntropyArgs Args(const LinearCrossEntropy& op) const;
 
-  const Runtime& rt_;
   LinearCrossEntropySpec spec_;
   int64_t rows_ = 0, workspace_bytes_ = 0;
   std::vector<DeviceBuffer> buffers_;  // h, w, targets, loss, d_hidden, d_weight, workspace
