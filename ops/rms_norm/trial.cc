@@ -20,8 +20,9 @@ namespace {
 
 // Rows of the reference are computed a block at a time, a block per core: every row counts towards
 // dw, but only the sampled rows are kept, and 16384 x 4096 in doubles whole is 512 MB a tensor
-// (1.5 s of a core for the reference alone).
-constexpr int64_t kReferenceBlockRows = 256;
+// (1.5 s of a core for the reference alone). A block is about 2^20 elements (256 rows of 4096), so
+// that a core's block holds ~8 MB a tensor at any hidden size.
+constexpr int64_t kReferenceBlockElements = int64_t{1} << 20;
 
 // Appends the rows of `v` ([n, width], the trial's rows first..first+n) that `sample` holds.
 template <typename T>
@@ -89,13 +90,14 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
   // the dx and dw references used.
   NoneCheck none_check{.w = hw};
   const int64_t row_bytes = hidden * static_cast<int64_t>(SizeOf(dtype));
-  const int64_t blocks = (rows + kReferenceBlockRows - 1) / kReferenceBlockRows;
+  const int64_t block_rows = std::max<int64_t>(1, kReferenceBlockElements / hidden);
+  const int64_t blocks = (rows + block_rows - 1) / block_rows;
   // A group of blocks, one per core, is downloaded at once (in this thread, which holds the
   // context) and then computed in parallel; the results are kept in row order.
   const int64_t group = std::max<int64_t>(1, std::thread::hardware_concurrency());
   for (int64_t group_first = 0; group_first < blocks; group_first += group) {
-    const int64_t first_row = group_first * kReferenceBlockRows;
-    const int64_t group_rows = std::min(group * kReferenceBlockRows, rows - first_row);
+    const int64_t first_row = group_first * block_rows;
+    const int64_t group_rows = std::min(group * block_rows, rows - first_row);
     std::vector<std::vector<unsigned char>> raw;  // x, dy, residual
     for (const DeviceBuffer* b : {&t->b_->x, &t->b_->dy, &t->b_->residual}) {
       if (b->size() == 0) break;  // no residual
@@ -109,11 +111,11 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
       RmsNormForwardResult f;
       RmsNormBackwardResult b;
     };
-    std::vector<Block> done((group_rows + kReferenceBlockRows - 1) / kReferenceBlockRows);
-    ForEachIndex(static_cast<int64_t>(done.size()), kReferenceBlockRows * hidden, [&](int64_t i) {
+    std::vector<Block> done((group_rows + block_rows - 1) / block_rows);
+    ForEachIndex(static_cast<int64_t>(done.size()), block_rows * hidden, [&](int64_t i) {
       Block& k = done[i];
-      const int64_t offset = i * kReferenceBlockRows;
-      const int64_t n = std::min(kReferenceBlockRows, group_rows - offset);
+      const int64_t offset = i * block_rows;
+      const int64_t n = std::min(block_rows, group_rows - offset);
       auto values = [&](const std::vector<unsigned char>& bytes) {
         return Decode(std::vector<unsigned char>(bytes.begin() + offset * row_bytes,
                                                  bytes.begin() + (offset + n) * row_bytes),
