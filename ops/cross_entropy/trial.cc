@@ -36,6 +36,16 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   KJIT_RETURN_IF_ERROR(
       RandomTargets(rt, t->targets_.data(), spec.target_type, rows, 0x5eed, spec.vocab));
 
+  // The targets once, whole: the class weights' mean divisor reads every row's, the reference the
+  // sampled rows'.
+  std::vector<unsigned char> target_bytes(rows * index_bytes);
+  KJIT_RETURN_IF_ERROR(t->targets_.Download(target_bytes.data(), target_bytes.size()));
+  auto target_of = [&](int64_t r) {
+    int64_t target = 0;  // little-endian: an int32 lands in the low half
+    std::memcpy(&target, &target_bytes[r * index_bytes], index_bytes);
+    return target;
+  };
+
   std::vector<double> class_weight;
   double mean_divisor = static_cast<double>(rows);
   if (spec.class_weight_dtype) {
@@ -46,28 +56,15 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
                                     0x3e16, 0.5f, 1.5f));
     KJIT_ASSIGN_OR_RETURN(class_weight, DownloadValues(*t->class_weight_, wt));
     // The mean divides by every row's target weight (all targets are valid).
-    std::vector<unsigned char> targets(rows * index_bytes);
-    KJIT_RETURN_IF_ERROR(t->targets_.Download(targets.data(), targets.size()));
     mean_divisor = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t target = 0;  // little-endian: an int32 lands in the low half
-      std::memcpy(&target, &targets[r * index_bytes], index_bytes);
-      mean_divisor += class_weight[target];
-    }
+    for (int64_t r = 0; r < rows; ++r) mean_divisor += class_weight[target_of(r)];
   }
 
   t->sample_ = SampleRows(rows);
-  std::vector<double> logits;
+  KJIT_ASSIGN_OR_RETURN(const std::vector<double> logits,
+                        SampledRows(t->pristine_, spec.dtype, spec.vocab, t->sample_));
   std::vector<int64_t> sample_targets;
-  for (int64_t r : t->sample_) {
-    KJIT_ASSIGN_OR_RETURN(std::vector<double> row,
-                          DownloadValues(t->pristine_, spec.dtype, r * row_bytes, row_bytes));
-    logits.insert(logits.end(), row.begin(), row.end());
-    // Little-endian: an int32 target lands in the low half of the zeroed int64.
-    int64_t target = 0;
-    KJIT_RETURN_IF_ERROR(t->targets_.Download(&target, index_bytes, r * index_bytes));
-    sample_targets.push_back(target);
-  }
+  for (int64_t r : t->sample_) sample_targets.push_back(target_of(r));
   // The sampled rows are checked as a problem of their own with reduction none and each row's
   // share of the real reduction as its upstream scale (for the mean 1 / rows, every target being
   // valid, or 1 / their weights summed).
