@@ -2,9 +2,9 @@
 // three GEMMs alone (cuBLASLt's first choices, the floor the op is held to), the unfused path
 // (the whole logits materialized, kjit's cross-entropy in place, the two gradient GEMMs) and the
 // loss kernel alone on the whole logits (its share of the time). Each fused config is checked
-// against the unfused path's loss and d_hidden before it is timed. Memory: the op's workspace,
-// split into the fp32 weight-gradient accumulator and the rest, and the device memory a launch
-// takes beyond it (cuMemGetInfo around the first launch).
+// against the unfused path's loss, d_hidden and sampled rows of d_weight before it is timed.
+// Memory: the op's workspace, split into the fp32 weight-gradient accumulator and the rest, and the
+// device memory a launch takes beyond it (cuMemGetInfo around the first launch).
 #include "tools/bench_linear_cross_entropy.h"
 
 #include <cmath>
@@ -69,6 +69,8 @@ absl::StatusOr<Problem> MakeProblem(const Runtime& rt, int64_t vocab, int64_t hi
 struct Expected {
   double loss = 0;
   std::vector<double> d_hidden;
+  std::vector<int64_t> d_weight_rows;  // sampled
+  std::vector<double> d_weight;        // those rows
 };
 
 absl::Status CheckAgainst(const Expected& want, const Problem& p, const std::string& what) {
@@ -78,12 +80,12 @@ absl::Status CheckAgainst(const Expected& want, const Problem& p, const std::str
         fmt::format("{}: loss {} against the unfused path's {}", what, loss[0], want.loss));
   }
   KJIT_ASSIGN_OR_RETURN(std::vector<double> dh, DownloadValues(p.d_hidden, p.dtype));
-  double sq = 0;
-  for (double x : want.d_hidden) sq += x * x;
-  const double rms = std::sqrt(sq / static_cast<double>(want.d_hidden.size()));
-  const ops::CompareResult r =
-      ops::Compare(dh, want.d_hidden, {.rtol = 4 * 0x1p-8, .atol = rms * 0x1p-8});
+  const ops::CompareResult r = ops::CompareGemmResult(dh, want.d_hidden, p.dtype);
   if (!r.ok) return absl::InternalError(fmt::format("{}: {}", what, r.Describe("d_hidden")));
+  KJIT_ASSIGN_OR_RETURN(std::vector<double> dw,
+                        ops::SampledRows(p.d_weight, p.dtype, p.hidden, want.d_weight_rows));
+  const ops::CompareResult rw = ops::CompareGemmResult(dw, want.d_weight, p.dtype);
+  if (!rw.ok) return absl::InternalError(fmt::format("{}: {}", what, rw.Describe("d_weight")));
   return absl::OkStatus();
 }
 
@@ -177,6 +179,9 @@ absl::Status Bench::Baselines() {
   KJIT_ASSIGN_OR_RETURN(std::vector<double> l, DownloadValues(p_.loss, DType::kF32));
   expected_.loss = l[0];
   KJIT_ASSIGN_OR_RETURN(expected_.d_hidden, DownloadValues(p_.d_hidden, p_.dtype));
+  expected_.d_weight_rows = ops::SampleRows(p_.vocab);
+  KJIT_ASSIGN_OR_RETURN(expected_.d_weight, ops::SampledRows(p_.d_weight, p_.dtype, p_.hidden,
+                                                             expected_.d_weight_rows));
 
   KJIT_ASSIGN_OR_RETURN(Timing gemms, timer_.Time(repeats_, [&]() -> absl::Status {
     KJIT_RETURN_IF_ERROR(run(g_logits));
@@ -237,6 +242,7 @@ absl::Status Bench::Fused(const std::optional<LinearCrossEntropyConfig>& config,
                                     .workspace_bytes = ws_bytes};
   KJIT_RETURN_IF_ERROR(p_.loss.Fill(0xFF));
   KJIT_RETURN_IF_ERROR(p_.d_hidden.Fill(0xFF));
+  KJIT_RETURN_IF_ERROR(p_.d_weight.Fill(0xFF));
   KJIT_ASSIGN_OR_RETURN(const int64_t used_before, UsedBytes(rt_));
   KJIT_RETURN_IF_ERROR(op.ForwardBackward(nullptr, args));
   KJIT_ASSIGN_OR_RETURN(const int64_t used_after, UsedBytes(rt_));
@@ -259,12 +265,15 @@ absl::StatusOr<std::vector<LinearCrossEntropyConfig>> Bench::Sweep() {
   const LinearCrossEntropySpec spec{.vocab = p_.vocab, .hidden = p_.hidden, .dtype = p_.dtype};
   const LinearCrossEntropyConfig base = ops::DefaultLinearCrossEntropyConfig(spec);
   std::vector<LinearCrossEntropyConfig> out;
+  // Chunked throughout (no whole_rows), so that they differ from the heuristic where it takes
+  // every row as one chunk.
   for (int64_t chunk :
        {base.chunk_rows / 2, base.chunk_rows, base.chunk_rows * 2, base.chunk_rows * 4}) {
     if (chunk < 128 || chunk > p_.rows) continue;
     for (int streams : {1, 2}) {
       LinearCrossEntropyConfig c = base;
       c.chunk_rows = chunk;
+      c.whole_rows = 0;
       c.streams = streams;
       if (!(c == base)) out.push_back(c);
     }
@@ -301,6 +310,14 @@ absl::StatusOr<nlohmann::json> BenchLinearCrossEntropy(const Runtime& rt, GpuTim
   if (configs.empty()) {
     KJIT_RETURN_IF_ERROR(bench.Fused(std::nullopt, WeightGradAccumulation::kFloat32));
     KJIT_RETURN_IF_ERROR(bench.Fused(std::nullopt, WeightGradAccumulation::kOutputDtype));
+    // Where the heuristic takes the rows whole, its chunked schedule too: the one that keeps the
+    // workspace beside the fp32 accumulator under 0.5 GiB.
+    LinearCrossEntropyConfig chunked = ops::DefaultLinearCrossEntropyConfig(
+        {.vocab = shape.vocab, .hidden = shape.hidden, .dtype = dtype});
+    if (shape.rows <= chunked.whole_rows && shape.rows > chunked.chunk_rows) {
+      chunked.whole_rows = 0;
+      KJIT_RETURN_IF_ERROR(bench.Fused(chunked, WeightGradAccumulation::kFloat32));
+    }
   }
   std::vector<LinearCrossEntropyConfig> timed;
   for (const std::string& text : configs) {

@@ -25,8 +25,9 @@ struct LinearCrossEntropyBenchShape {
 std::vector<LinearCrossEntropyBenchShape> LinearCrossEntropyBenchShapes();
 
 // The report's entries for one shape: the baselines, then the op's own config (fp32 and
-// output-dtype weight-gradient accumulation), or `configs` (as ToString() prints them), or with
-// `sweep` the configs around the heuristic's.
+// output-dtype weight-gradient accumulation, and where the heuristic takes the rows as one chunk,
+// its chunked schedule beside), or `configs` (as ToString() prints them), or with `sweep` the
+// configs around the heuristic's.
 absl::StatusOr<nlohmann::json> BenchLinearCrossEntropy(const Runtime& rt, autotune::GpuTimer& timer,
                                                        const LinearCrossEntropyBenchShape& shape,
                                                        DType dtype, int repeats, double copy_gbps,

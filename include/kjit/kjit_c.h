@@ -318,7 +318,7 @@ KJIT_C_EXPORT kjit_status kjit_cross_entropy_build(const kjit_cross_entropy* op,
 
 /* ---- Linear + cross-entropy (kjit/linear_cross_entropy.h says what it computes) ----------
  * lm_head and the loss fused: from the hidden states to the loss and the gradients of the hidden
- * states, the weight and the bias, in chunks of rows, without the [rows x vocab] logits in memory.
+ * states, the weight and the bias, in chunks of rows, in memory that does not grow with the rows.
  * The GEMMs run in cuBLASLt (loaded at run time: a GPU runtime's create fails with
  * KJIT_FAILED_PRECONDITION, saying how to fix it, when there is none). */
 

@@ -1,15 +1,17 @@
 // LinearCrossEntropy: the lm_head and the cross-entropy loss fused, from hidden states to the loss
-// and the gradients of the hidden states, the weight and the bias, without the [rows x vocab]
-// logits in memory. The rows go through in chunks: per chunk, cuBLASLt computes the logits
-// (h Wᵀ + b) into a chunk buffer, kjit's fused cross-entropy turns them into their gradient in
-// place, and cuBLASLt computes d_hidden = dlogits · W and adds dlogitsᵀ · h to the weight's
-// gradient (and the column sums to the bias's). The loss is exactly kjit::CrossEntropy's on the
-// logits rounded to the spec's dtype (kjit/cross_entropy.h has the formulas); for the mean, a count
-// kernel over every target divides the upstream gradient by the valid rows on the device first,
-// so each chunk's gradient is final.
+// and the gradients of the hidden states, the weight and the bias, in memory that does not grow
+// with the rows. The rows go through in chunks (a batch whose logits fit the memory the chunks
+// and the fp32 weight-gradient accumulator would take goes as one chunk, in their place): per
+// chunk, cuBLASLt computes the logits (h Wᵀ + b) into a chunk buffer, kjit's fused cross-entropy
+// turns them into their gradient in place, and cuBLASLt computes d_hidden = dlogits · W and adds
+// dlogitsᵀ · h to the weight's gradient (and the column sums to the bias's). The loss is exactly
+// kjit::CrossEntropy's on the logits rounded to the spec's dtype (kjit/cross_entropy.h has the
+// formulas); for the mean, a count kernel over every target divides the upstream gradient by the
+// valid rows on the device first, so each chunk's gradient is final.
 //
-// Memory beyond the arguments (WorkspaceBytes(rows)), with C = chunk rows, V = vocab, H = hidden,
-// e = the dtype's size and s = the config's streams (1 or 2):
+// Memory beyond the arguments (WorkspaceBytes(rows)), with C = chunk rows (all the rows when they
+// are at most the config's whole_rows), V = vocab, H = hidden, e = the dtype's size and s = the
+// config's streams (1 or 2; 1 when the rows make one chunk):
 //   s * C * round_up(V, 16 / e) * e        the chunks' logits (16-byte aligned rows)
 //   + 32 MiB                               cuBLASLt's workspace
 //   + V * H * 4                            the fp32 weight-gradient accumulator, only with
@@ -17,8 +19,10 @@
 //                                          not fp32 itself, and more than one chunk
 //   + V * 4 (bias) + C * e + C * 4         the bias gradient's accumulator and ones, the chunk
 //   + O(rows / C)                          loss's per-row losses, the counters and chunk losses
-// At C = 1920 (the heuristic's for V = 128256 in bf16) and one stream that is 0.49 GiB, whatever
-// the row count.
+// The heuristic (V = 128256, H = 4096, bf16): C = 1920, 0.49 GiB plus the 2 GiB accumulator, at
+// most 2.49 GiB whatever the row count; up to whole_rows = 10112 rows the rows' logits take the
+// accumulator's place instead (2.03 GiB at 8192 rows, 1.03 GiB at 4096), so that each gradient GEMM
+// runs once over all rows and no accumulator is read and rewritten per chunk.
 //
 // Launches are graph-safe (no host synchronization, no allocation: the mean's divisor lives on the
 // device) and bit-for-bit repeatable: cuBLASLt's algorithms are chosen once per shape, the GEMMs
@@ -49,6 +53,10 @@ namespace kjit {
 // How the op is scheduled; `kjit-tune` measures the best per shape.
 struct LinearCrossEntropyConfig {
   int64_t chunk_rows = 1024;  // rows whose logits exist at once
+  // A launch of at most this many rows runs as one chunk, however large: with fp32 weight-gradient
+  // accumulation the heuristic sets it to the rows whose logits fit the memory the accumulator and
+  // the chunks would take. 0: chunks of chunk_rows only.
+  int64_t whole_rows = 0;
   // 1: everything in order on the caller's stream. 2: each chunk's loss kernel runs on a second
   // stream beside the next chunk's logits GEMM (two chunk buffers), joined before the op returns.
   int streams = 1;
@@ -57,7 +65,7 @@ struct LinearCrossEntropyConfig {
   int logits_algo = 0;
   int d_hidden_algo = 0;
   int d_weight_algo = 0;
-  // "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
+  // "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
   std::string ToString() const;
   bool operator==(const LinearCrossEntropyConfig&) const = default;
 };

@@ -74,6 +74,14 @@ double MaxAbs(const std::vector<double>& v) {
   return m;
 }
 
+CompareResult CompareGemmResult(const std::vector<double>& got, const std::vector<double>& want,
+                                DType dtype) {
+  double sq = 0;
+  for (double x : want) sq += x * x;
+  const double rms = std::sqrt(sq / static_cast<double>(std::max<size_t>(want.size(), 1)));
+  return Compare(got, want, {.rtol = 4 * RoundingRtol(dtype), .atol = rms * 0x1p-8});
+}
+
 double RoundingRtol(DType dtype) {
   switch (dtype) {
     case DType::kF32: return std::ldexp(1.0, -24);

@@ -46,6 +46,12 @@ inline CompareResult Compare(const std::vector<double>& out, const std::vector<d
 
 double MaxAbs(const std::vector<double>& v);  // over finite values
 
+// One path's GEMM output (or a gradient made from one) against another path's over the same
+// inputs, fp32 sums in another order: 4 roundings of the dtype relative, plus 2^-8 of the
+// reference's RMS. A tensor 5% off everywhere fails it.
+CompareResult CompareGemmResult(const std::vector<double>& got, const std::vector<double>& want,
+                                DType dtype);
+
 // What one rounding to the dtype may add: half an ulp relative to the value (RoundingRtol), but at
 // least half the smallest subnormal in absolute terms (RoundingAtol; fp16's is 2^-25, which
 // matters for gradients of 1e-5).

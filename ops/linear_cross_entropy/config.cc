@@ -9,8 +9,9 @@
 namespace kjit {
 
 std::string LinearCrossEntropyConfig::ToString() const {
-  return fmt::format("chunk={} streams={} logits_algo={} d_hidden_algo={} d_weight_algo={}",
-                     chunk_rows, streams, logits_algo, d_hidden_algo, d_weight_algo);
+  return fmt::format(
+      "chunk={} whole={} streams={} logits_algo={} d_hidden_algo={} d_weight_algo={}", chunk_rows,
+      whole_rows, streams, logits_algo, d_hidden_algo, d_weight_algo);
 }
 
 const char* Name(WeightGradAccumulation a) {
@@ -21,11 +22,11 @@ namespace ops {
 
 absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::string_view text) {
   KJIT_ASSIGN_OR_RETURN(ConfigText t, ConfigText::Split("linear cross-entropy config", text,
-                                                        {"chunk", "streams", "logits_algo",
+                                                        {"chunk", "whole", "streams", "logits_algo",
                                                          "d_hidden_algo", "d_weight_algo"}));
   LinearCrossEntropyConfig c;
-  KJIT_ASSIGN_OR_RETURN(const int chunk, t.Int("chunk"));
-  c.chunk_rows = chunk;
+  KJIT_ASSIGN_OR_RETURN(c.chunk_rows, t.Int("chunk"));
+  KJIT_ASSIGN_OR_RETURN(c.whole_rows, t.Int("whole"));
   KJIT_ASSIGN_OR_RETURN(c.streams, t.Int("streams"));
   KJIT_ASSIGN_OR_RETURN(c.logits_algo, t.Int("logits_algo"));
   KJIT_ASSIGN_OR_RETURN(c.d_hidden_algo, t.Int("d_hidden_algo"));
@@ -40,6 +41,10 @@ absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c)
   if (c.chunk_rows < 1 || c.chunk_rows > kMaxLinearCrossEntropyChunkRows) {
     return absl::InvalidArgumentError(fmt::format("config.chunk_rows: {} must be in [1, {}]",
                                                   c.chunk_rows, kMaxLinearCrossEntropyChunkRows));
+  }
+  if (c.whole_rows < 0 || c.whole_rows > kMaxLinearCrossEntropyChunkRows) {
+    return absl::InvalidArgumentError(fmt::format("config.whole_rows: {} must be in [0, {}]",
+                                                  c.whole_rows, kMaxLinearCrossEntropyChunkRows));
   }
   if (c.streams != 1 && c.streams != 2) {
     return absl::InvalidArgumentError(fmt::format(
@@ -64,21 +69,31 @@ int64_t ChunkRowStride(int64_t vocab, DType dtype) {
 LinearCrossEntropyConfig DefaultLinearCrossEntropyConfig(const LinearCrossEntropySpec& spec) {
   const int64_t row_bytes =
       ChunkRowStride(spec.vocab, spec.dtype) * static_cast<int64_t>(SizeOf(spec.dtype));
-  const int64_t rows = kLinearCrossEntropyChunkBudgetBytes / row_bytes / 128 * 128;
-  return {.chunk_rows = std::clamp<int64_t>(rows, 128, kMaxLinearCrossEntropyChunkRows)};
+  auto rows_in = [&](int64_t bytes) {
+    return std::clamp<int64_t>(bytes / row_bytes / 128 * 128, 128, kMaxLinearCrossEntropyChunkRows);
+  };
+  LinearCrossEntropyConfig c{.chunk_rows = rows_in(kLinearCrossEntropyChunkBudgetBytes)};
+  if (spec.weight_grad_accumulation == WeightGradAccumulation::kFloat32 &&
+      spec.weight_grad() != DType::kF32) {
+    c.whole_rows = rows_in(kLinearCrossEntropyChunkBudgetBytes + spec.vocab * spec.hidden * 4);
+  }
+  return c;
 }
 
 std::vector<Candidate<LinearCrossEntropyConfig>> LinearCrossEntropySearchSpace(
     const LinearCrossEntropySpec& spec, const LinearCrossEntropyConfig& heuristic) {
   const int64_t row_bytes =
       ChunkRowStride(spec.vocab, spec.dtype) * static_cast<int64_t>(SizeOf(spec.dtype));
-  std::vector<Candidate<LinearCrossEntropyConfig>> out;
+  std::vector<Candidate<LinearCrossEntropyConfig>> out = {{heuristic, ""}};
+  // Chunked throughout, so that they differ from the heuristic at row counts it takes whole.
   for (int64_t chunk : {heuristic.chunk_rows, heuristic.chunk_rows / 2, heuristic.chunk_rows / 4}) {
     if (chunk < 1) continue;
     for (int streams : {1, 2}) {
       LinearCrossEntropyConfig c = heuristic;
       c.chunk_rows = chunk;
+      c.whole_rows = 0;
       c.streams = streams;
+      if (c == heuristic) continue;
       const int64_t bytes = streams * chunk * row_bytes;
       std::string pruned;
       if (bytes > std::max(kLinearCrossEntropyChunkBudgetBytes,
@@ -89,7 +104,7 @@ std::vector<Candidate<LinearCrossEntropyConfig>> LinearCrossEntropySearchSpace(
       out.push_back({c, pruned});
     }
   }
-  constexpr int kAlgos = 8;  // LtGemm::kMaxAlgos
+  constexpr int kAlgos = 8;  // of LtGemm::kMaxAlgos: the rest are for `kjit bench --sweep`
   for (int gemm = 0; gemm < 3; ++gemm) {
     for (int algo = 1; algo < kAlgos; ++algo) {
       LinearCrossEntropyConfig c = heuristic;

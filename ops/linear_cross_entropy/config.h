@@ -2,8 +2,8 @@
 // it), its validity, and the heuristic used without tuning. No GPU needed.
 //
 //   KJIT_ASSIGN_OR_RETURN(LinearCrossEntropyConfig c, ParseLinearCrossEntropyConfig(
-//       "chunk=1024 streams=2 logits_algo=0 d_hidden_algo=1 d_weight_algo=0"));
-//   DefaultLinearCrossEntropyConfig(spec);   // chunk=1920 for vocab 128256 in bf16
+//       "chunk=1024 whole=0 streams=2 logits_algo=0 d_hidden_algo=1 d_weight_algo=0"));
+//   DefaultLinearCrossEntropyConfig(spec);   // chunk=1920 whole=10112 at LLaMA 3's lm_head, bf16
 #pragma once
 
 #include <cstdint>
@@ -28,12 +28,14 @@ absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::stri
 // InvalidArgument naming the config field that is out of range.
 absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c);
 // One stream, cuBLASLt's first choices, and the most rows (a multiple of 128, at least 128) whose
-// logits fit kLinearCrossEntropyChunkBudgetBytes.
+// logits fit kLinearCrossEntropyChunkBudgetBytes; with an fp32 accumulator (fp32 accumulation of a
+// bf16 or fp16 d_weight), whole_rows: the most rows whose logits fit that budget and the
+// accumulator's bytes together.
 LinearCrossEntropyConfig DefaultLinearCrossEntropyConfig(const LinearCrossEntropySpec& spec);
-// What the tuner times around the heuristic: its chunk, a half and a quarter of it, on one and two
-// streams (two streams over the budget pruned), then each GEMM's other cuBLASLt algorithms (up to
-// ops::LtGemm::kMaxAlgos; an index past those a shape offers runs the first, so it is timed as a
-// duplicate, not missed).
+// What the tuner times around the heuristic: the heuristic, its chunk, a half and a quarter of it
+// on one and two streams without whole_rows (two streams over the budget pruned), then each GEMM's
+// next 7 cuBLASLt algorithms (an index past those a shape offers runs the first, so it is timed as
+// a duplicate, not missed; `kjit bench --sweep` goes on to ops::LtGemm::kMaxAlgos).
 std::vector<Candidate<LinearCrossEntropyConfig>> LinearCrossEntropySearchSpace(
     const LinearCrossEntropySpec& spec, const LinearCrossEntropyConfig& heuristic);
 // Elements between a chunk buffer's rows: vocab rounded up to whole 16-byte vectors, so that the

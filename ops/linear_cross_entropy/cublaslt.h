@@ -82,7 +82,7 @@ struct GemmArgs {
 class LtGemm {
  public:
   // At most this many algorithms are asked of cuBLASLt's heuristic per shape.
-  static constexpr int kMaxAlgos = 8;
+  static constexpr int kMaxAlgos = 16;
   // cuBLASLt's recommended workspace on Hopper and Blackwell.
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 

@@ -41,7 +41,8 @@ bool NeedsWeightAccumulator(const LinearCrossEntropySpec& s, int64_t chunks) {
 }
 
 int64_t ChunkRows(const LinearCrossEntropyConfig& c, int64_t rows) {
-  return std::min(c.chunk_rows, std::max<int64_t>(rows, 1));
+  rows = std::max<int64_t>(rows, 1);
+  return rows <= c.whole_rows ? rows : std::min(c.chunk_rows, rows);
 }
 int64_t Chunks(const LinearCrossEntropyConfig& c, int64_t rows) {
   return (std::max<int64_t>(rows, 1) + ChunkRows(c, rows) - 1) / ChunkRows(c, rows);
@@ -180,7 +181,7 @@ WorkspaceLayout LayoutFor(const LinearCrossEntropySpec& s, const LinearCrossEntr
   at += static_cast<int64_t>(ops::LtGemm::kWorkspaceBytes);
   l.chunks = at;
   l.chunk_bytes = AlignUp(chunk_rows * ops::ChunkRowStride(s.vocab, s.dtype) * e);
-  at += c.streams * l.chunk_bytes;
+  at += (chunks > 1 ? c.streams : 1) * l.chunk_bytes;
   l.weight_acc = at;
   if (acc) at += AlignUp(s.vocab * s.hidden * 4);
   l.total = at;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,15 +17,6 @@ namespace kjit::ops {
 namespace {
 
 enum Buffer { kHidden, kWeight, kTargets, kLoss, kDHidden, kDWeight, kWorkspace };
-
-// 4 roundings of the dtype relative, plus 2^-8 of the tensor's RMS.
-CompareResult CompareGradient(const std::vector<double>& got, const std::vector<double>& want,
-                              DType dtype) {
-  double sq = 0;
-  for (double x : want) sq += x * x;
-  const double rms = std::sqrt(sq / static_cast<double>(std::max<size_t>(want.size(), 1)));
-  return Compare(got, want, {.rtol = 4 * RoundingRtol(dtype), .atol = rms * 0x1p-8});
-}
 
 }  // namespace
 
@@ -42,11 +34,14 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
   // heuristic's: when its chunk takes every row it writes d_weight directly, and a smaller chunk
   // then needs the fp32 accumulator (2 GiB at LLaMA 3's lm_head).
   t->workspace_bytes_ = heuristic.WorkspaceBytes(rows);
-  std::set<std::pair<int64_t, int>> sized;  // the chunk and streams decide the size
+  std::set<std::tuple<int64_t, int64_t, int>> sized;  // the chunking and streams decide the size
   for (const auto& candidate :
        LinearCrossEntropySearchSpace(t->spec_, DefaultLinearCrossEntropyConfig(t->spec_))) {
     if (!candidate.pruned.empty() ||
-        !sized.insert({candidate.config.chunk_rows, candidate.config.streams}).second) {
+        !sized
+             .insert({candidate.config.chunk_rows, candidate.config.whole_rows,
+                      candidate.config.streams})
+             .second) {
       continue;
     }
     LinearCrossEntropySpec with_config = t->spec_;
@@ -148,10 +143,10 @@ absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op, Pass p
   }
   KJIT_ASSIGN_OR_RETURN(std::vector<double> dh,
                         SampledRows(buffers_[kDHidden], spec_.dtype, spec_.hidden, sampled_rows_));
-  results.emplace_back("d_hidden", CompareGradient(dh, d_hidden_rows_, spec_.dtype));
+  results.emplace_back("d_hidden", CompareGemmResult(dh, d_hidden_rows_, spec_.dtype));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> dw, SampledRows(buffers_[kDWeight], spec_.weight_grad(),
                                                             spec_.hidden, sampled_vocab_rows_));
-  results.emplace_back("d_weight", CompareGradient(dw, d_weight_rows_, spec_.weight_grad()));
+  results.emplace_back("d_weight", CompareGemmResult(dw, d_weight_rows_, spec_.weight_grad()));
   return Mismatches(fmt::format("linear_cross_entropy {}", op.ConfigFor(rows_).ToString()),
                     results);
 }

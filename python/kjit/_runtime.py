@@ -134,8 +134,8 @@ class CrossEntropy(_Handle):
 
 class LinearCrossEntropy(_Handle):
     """lm_head and the cross-entropy fused, from the hidden states to the loss and the gradients
-    of the hidden states, weight and bias, without the logits in memory
-    (kjit/linear_cross_entropy.h)."""
+    of the hidden states, weight and bias, in chunks of rows: memory that does not grow with the
+    rows (kjit/linear_cross_entropy.h)."""
 
     _destroy = "kjit_linear_cross_entropy_destroy"
 
@@ -259,7 +259,7 @@ class Runtime(_Handle):
         """weight_grad_dtype: d_weight's and d_bias's, None (dtype) or "fp32".
         weight_grad_accumulation: "fp32" (an fp32 accumulator in the workspace unless d_weight is
         fp32 itself) or "output_dtype" (straight into d_weight). config: None (tuned or
-        heuristic) or "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"."""
+        heuristic) or "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"."""
         spec = _capi.init(_capi.LinearCrossEntropySpec, "kjit_linear_cross_entropy_spec_init")
         spec.vocab = vocab
         spec.hidden = hidden

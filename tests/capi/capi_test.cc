@@ -620,11 +620,11 @@ TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
           {[](auto& x) { x.softcap = -1; }, "softcap:"},
           {[](auto& x) { x.config = "banana"; }, "config: "},
           {[](auto& x) {
-             x.config = "chunk=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
+             x.config = "chunk=0 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
            },
            "config: "},
           {[](auto& x) {
-             x.config = "chunk=64 streams=3 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
+             x.config = "chunk=64 whole=0 streams=3 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
            },
            "config: "},
       };
@@ -665,7 +665,8 @@ TEST_F(CapiCompileOnly, ConfigForRoundTrips) {
   ASSERT_EQ(kjit_linear_cross_entropy_config_for(Lce(lce_spec_), 4096, &text), KJIT_OK)
       << kjit_last_error();
   EXPECT_THAT(Take(text), StartsWith("chunk="));
-  const std::string lce_config = "chunk=32 streams=2 logits_algo=1 d_hidden_algo=2 d_weight_algo=3";
+  const std::string lce_config =
+      "chunk=32 whole=0 streams=2 logits_algo=1 d_hidden_algo=2 d_weight_algo=3";
   kjit_linear_cross_entropy_spec l = lce_spec_;
   l.config = lce_config.c_str();
   ASSERT_EQ(kjit_linear_cross_entropy_config_for(Lce(l), 1, &text), KJIT_OK) << kjit_last_error();
@@ -696,7 +697,8 @@ TEST_F(CapiCompileOnly, WorkspaceBytes) {
   // for fp32 accumulation into a d_weight that is not fp32, and the workspace holds it.
   const int64_t vh4 = lce_spec_.vocab * lce_spec_.hidden * 4;
   kjit_linear_cross_entropy_spec l = lce_spec_;
-  l.config = "chunk=32 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";  // 4 chunks
+  l.config =
+      "chunk=32 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";  // 4 chunks
   const auto accumulator = [&](const kjit_linear_cross_entropy_spec& spec) {
     kjit_linear_cross_entropy* op = Lce(spec);
     int64_t acc = -1, ws = -1;

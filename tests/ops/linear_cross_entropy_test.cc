@@ -170,15 +170,18 @@ TEST(LinearCrossEntropySpecTest, ChunkLossCarriesTheLossOptions) {
 
 TEST(LinearCrossEntropyConfigTest, TextRoundTrips) {
   const LinearCrossEntropyConfig def;
-  EXPECT_EQ(def.ToString(), "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0");
+  EXPECT_EQ(def.ToString(),
+            "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0");
   for (const LinearCrossEntropyConfig& c :
        {def, LinearCrossEntropyConfig{.chunk_rows = 1},
         LinearCrossEntropyConfig{.chunk_rows = 65536,
+        .whole_rows = 65536,
         .streams = 2,
         .logits_algo = 63,
         .d_hidden_algo = 5,
         .d_weight_algo = 17},
-        LinearCrossEntropyConfig{.chunk_rows = 384, .streams = 2, .d_weight_algo = 1}}) {
+        LinearCrossEntropyConfig{.chunk_rows = 384, .streams = 2, .d_weight_algo = 1},
+        LinearCrossEntropyConfig{.chunk_rows = 1920, .whole_rows = 10112}}) {
     auto parsed = ops::ParseLinearCrossEntropyConfig(c.ToString());
     ASSERT_TRUE(parsed.ok()) << c.ToString() << ": " << parsed.status();
     EXPECT_EQ(*parsed, c) << c.ToString() << " -> " << parsed->ToString();
@@ -186,9 +189,10 @@ TEST(LinearCrossEntropyConfigTest, TextRoundTrips) {
   }
   // Any order, extra spaces.
   auto shuffled = ops::ParseLinearCrossEntropyConfig(
-      "  d_weight_algo=2 streams=2  chunk=256 d_hidden_algo=1 logits_algo=3 ");
+      "  d_weight_algo=2 streams=2  chunk=256 d_hidden_algo=1 logits_algo=3 whole=512 ");
   ASSERT_TRUE(shuffled.ok()) << shuffled.status();
   EXPECT_EQ(*shuffled, (LinearCrossEntropyConfig{.chunk_rows = 256,
+                                                 .whole_rows = 512,
                                                  .streams = 2,
                                                  .logits_algo = 3,
                                                  .d_hidden_algo = 1,
@@ -203,11 +207,14 @@ TEST(LinearCrossEntropyConfigTest, RejectsBadTextNamingTheField) {
     EXPECT_TRUE(Contains(c.status(), field))
         << "\"" << text << "\": expected '" << field << "' in the message: " << c.status();
   };
-  const std::string ok_tail = "logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
+  const std::string ok_tail = "whole=0 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
   // Missing fields.
   expect_bad("streams=1 " + ok_tail, "\"chunk\" is missing");
   expect_bad("chunk=1024 " + ok_tail, "\"streams\" is missing");
-  expect_bad("chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0", "\"d_weight_algo\" is missing");
+  expect_bad("chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0",
+             "\"d_weight_algo\" is missing");
+  expect_bad("chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0",
+             "\"whole\" is missing");
   expect_bad("", "is missing");
   // Unknown and duplicate fields, a token that is not name=value.
   expect_bad("chunk=1024 streams=1 vec=8 " + ok_tail, "unknown field \"vec\"");
@@ -221,19 +228,23 @@ TEST(LinearCrossEntropyConfigTest, RejectsBadTextNamingTheField) {
   expect_bad("chunk= streams=1 " + ok_tail, "chunk=");
   expect_bad("chunk=99999999999 streams=1 " + ok_tail, "chunk=99999999999");
   expect_bad("chunk=1024 streams=x " + ok_tail, "streams=x");
-  expect_bad("chunk=1024 streams=1 logits_algo=1e2 d_hidden_algo=0 d_weight_algo=0",
+  expect_bad("chunk=1024 whole=0 streams=1 logits_algo=1e2 d_hidden_algo=0 d_weight_algo=0",
              "logits_algo=1e2");
   // Whole numbers out of range: the validation's message, naming the config field.
   expect_bad("chunk=0 streams=1 " + ok_tail, "config.chunk_rows:");
   expect_bad("chunk=-128 streams=1 " + ok_tail, "config.chunk_rows:");
   expect_bad("chunk=65537 streams=1 " + ok_tail, "config.chunk_rows:");
   expect_bad("chunk=1024 streams=3 " + ok_tail, "config.streams:");
+  expect_bad("chunk=1024 whole=-1 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0",
+             "config.whole_rows:");
+  expect_bad("chunk=1024 whole=65537 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0",
+             "config.whole_rows:");
   expect_bad("chunk=1024 streams=0 " + ok_tail, "config.streams:");
-  expect_bad("chunk=1024 streams=1 logits_algo=-1 d_hidden_algo=0 d_weight_algo=0",
+  expect_bad("chunk=1024 whole=0 streams=1 logits_algo=-1 d_hidden_algo=0 d_weight_algo=0",
              "config.logits_algo:");
-  expect_bad("chunk=1024 streams=1 logits_algo=0 d_hidden_algo=64 d_weight_algo=0",
+  expect_bad("chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=64 d_weight_algo=0",
              "config.d_hidden_algo:");
-  expect_bad("chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=99",
+  expect_bad("chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=99",
              "config.d_weight_algo:");
 }
 
@@ -277,6 +288,22 @@ TEST(LinearCrossEntropyConfigTest, DefaultChunkFillsTheBudget) {
   EXPECT_EQ(chunk(256000, DType::kBF16), 896);
   EXPECT_EQ(chunk(128256, DType::kF32), 896);
   EXPECT_EQ(chunk(50257, DType::kBF16), 4992);
+
+  // whole_rows: the rows whose logits fit the budget and the fp32 accumulator's bytes together,
+  // only where there is an accumulator to trade.
+  EXPECT_EQ(llama.whole_rows, 10112);
+  EXPECT_LE(llama.whole_rows * 128256 * 2,
+            ops::kLinearCrossEntropyChunkBudgetBytes + int64_t{128256} * 4096 * 4);
+  LinearCrossEntropySpec fp32_grad{.vocab = 128256, .hidden = 4096};
+  fp32_grad.weight_grad_dtype = DType::kF32;
+  EXPECT_EQ(ops::DefaultLinearCrossEntropyConfig(fp32_grad).whole_rows, 0);
+  LinearCrossEntropySpec output_dtype{.vocab = 128256, .hidden = 4096};
+  output_dtype.weight_grad_accumulation = WeightGradAccumulation::kOutputDtype;
+  EXPECT_EQ(ops::DefaultLinearCrossEntropyConfig(output_dtype).whole_rows, 0);
+  EXPECT_EQ(
+      ops::DefaultLinearCrossEntropyConfig({.vocab = 128256, .hidden = 4096, .dtype = DType::kF32})
+          .whole_rows,
+      0);  // fp32 weights: d_weight is fp32 itself
 }
 
 TEST(LinearCrossEntropyConfigTest, DefaultChunkIsAValidMultipleOf128ForEveryShape) {
@@ -301,9 +328,51 @@ TEST(LinearCrossEntropyConfigTest, DefaultChunkIsAValidMultipleOf128ForEveryShap
         if (c.chunk_rows < ops::kMaxLinearCrossEntropyChunkRows) {
           EXPECT_GT((c.chunk_rows + 128) * row_bytes, ops::kLinearCrossEntropyChunkBudgetBytes);
         }
+        // All rows up to whole_rows fit where the chunks and the accumulator would be.
+        if (c.whole_rows > 128) {
+          EXPECT_LE(c.whole_rows * row_bytes,
+                    ops::kLinearCrossEntropyChunkBudgetBytes + vocab * hidden * 4);
+        }
+        EXPECT_EQ(c.whole_rows % 128, 0);
       }
     }
   }
+}
+
+// The tuner's candidates at LLaMA 3's lm_head: the heuristic first, then the chunked schedules
+// (whole_rows 0, so that at row counts the heuristic takes whole they are real alternatives), two
+// streams pruned where two chunk buffers exceed the budget, then 7 more algorithms per GEMM.
+TEST(LinearCrossEntropyConfigTest, SearchSpaceStartsAtTheHeuristicAndTriesChunks) {
+  const LinearCrossEntropySpec spec{.vocab = 128256, .hidden = 4096};
+  const LinearCrossEntropyConfig h = ops::DefaultLinearCrossEntropyConfig(spec);
+  const auto space = ops::LinearCrossEntropySearchSpace(spec, h);
+  ASSERT_FALSE(space.empty());
+  EXPECT_EQ(space[0].config, h);
+  EXPECT_TRUE(space[0].pruned.empty());
+  int chunked = 0, pruned = 0, algos = 0;
+  for (size_t i = 1; i < space.size(); ++i) {
+    const LinearCrossEntropyConfig& c = space[i].config;
+    SCOPED_TRACE(c.ToString());
+    EXPECT_FALSE(c == h) << "the heuristic twice";
+    EXPECT_TRUE(ops::ValidateLinearCrossEntropyConfig(c).ok());
+    if (c.logits_algo + c.d_hidden_algo + c.d_weight_algo > 0) {
+      ++algos;
+      EXPECT_EQ(c.whole_rows, h.whole_rows);
+      EXPECT_EQ(c.chunk_rows, h.chunk_rows);
+      continue;
+    }
+    ++chunked;
+    EXPECT_EQ(c.whole_rows, 0);
+    EXPECT_TRUE(c.chunk_rows == h.chunk_rows || c.chunk_rows == h.chunk_rows / 2 ||
+                c.chunk_rows == h.chunk_rows / 4);
+    const bool over =
+        c.streams * c.chunk_rows * 128256 * 2 > ops::kLinearCrossEntropyChunkBudgetBytes;
+    EXPECT_EQ(space[i].pruned.empty(), !over) << space[i].pruned;
+    pruned += over;
+  }
+  EXPECT_EQ(chunked, 6);  // 3 chunks x 1 and 2 streams
+  EXPECT_EQ(pruned, 1);   // two buffers of the heuristic's chunk
+  EXPECT_EQ(algos, 3 * 7);
 }
 
 TEST(LinearCrossEntropyConfigTest, ChunkRowStrideIsWhole16ByteVectors) {
@@ -489,80 +558,97 @@ TEST_F(LinearCrossEntropyRuntimeTest, WorkspaceFollowsTheHeaderFormula) {
   const int64_t V = 128256, H = 4096;
   auto op = rt_->LinearCrossEntropy(Good());  // bf16 d_weight: an fp32 accumulator
   ASSERT_TRUE(op.ok()) << op.status();
-  const LinearCrossEntropyConfig c = op->ConfigFor(8192);
+  const LinearCrossEntropyConfig c = op->ConfigFor(16384);
   EXPECT_EQ(c, op->config());  // no tuning database
   EXPECT_EQ(c, ops::DefaultLinearCrossEntropyConfig(Good()));
   ASSERT_EQ(c.streams, 1);
   const int64_t C = c.chunk_rows;
-  EXPECT_EQ(op->AccumulatorBytes(8192), AlignUp(V * H * 4));
-  EXPECT_EQ(op->AccumulatorBytes(8192), V * H * 4);  // already a multiple of 256
+  EXPECT_EQ(op->AccumulatorBytes(16384), AlignUp(V * H * 4));
+  EXPECT_EQ(op->AccumulatorBytes(16384), V * H * 4);  // already a multiple of 256
 
-  const int64_t at_8k = op->WorkspaceBytes(8192);
+  const int64_t at_16k = op->WorkspaceBytes(16384);
   const int64_t terms = HeaderTerms(Good(), c, /*accumulator=*/true);
   // The header's terms, plus the O(rows / C) counters and per-chunk losses and the rounding of
   // each buffer to 256 bytes: well under a few KiB.
-  EXPECT_GE(at_8k, terms);
-  EXPECT_LE(at_8k - terms, 4 << 10) << "beyond the header's terms: " << at_8k - terms;
-  EXPECT_EQ(at_8k % kAlign, 0);
+  EXPECT_GE(at_16k, terms);
+  EXPECT_LE(at_16k - terms, 4 << 10) << "beyond the header's terms: " << at_16k - terms;
+  EXPECT_EQ(at_16k % kAlign, 0);
   // Without the accumulator: under 0.5 GiB (config.h's budget), whatever the row count.
-  const int64_t without_acc = at_8k - op->AccumulatorBytes(8192);
+  const int64_t without_acc = at_16k - op->AccumulatorBytes(16384);
   EXPECT_LE(without_acc, int64_t{1} << 29) << without_acc;
   // The row count only moves the O(rows / C) term.
   const int64_t at_128k = op->WorkspaceBytes(131072);
-  EXPECT_GE(at_128k, at_8k);
-  EXPECT_LE(at_128k - at_8k, 4 << 10) << at_8k << " vs " << at_128k;
-  const int64_t chunks_8k = (8192 + C - 1) / C, chunks_1m = ((1 << 20) + C - 1) / C;
-  EXPECT_EQ(op->WorkspaceBytes(1 << 20) - at_8k, AlignUp(chunks_1m * 4) - AlignUp(chunks_8k * 4));
+  EXPECT_GE(at_128k, at_16k);
+  EXPECT_LE(at_128k - at_16k, 4 << 10) << at_16k << " vs " << at_128k;
+  const int64_t chunks_16k = (16384 + C - 1) / C, chunks_1m = ((1 << 20) + C - 1) / C;
+  EXPECT_EQ(op->WorkspaceBytes(1 << 20) - at_16k, AlignUp(chunks_1m * 4) - AlignUp(chunks_16k * 4));
 
   // d_weight in fp32 is its own accumulator.
   LinearCrossEntropySpec fp32_grad = Good();
   fp32_grad.weight_grad_dtype = DType::kF32;
   auto op_f = rt_->LinearCrossEntropy(fp32_grad);
   ASSERT_TRUE(op_f.ok()) << op_f.status();
-  EXPECT_EQ(op_f->AccumulatorBytes(8192), 0);
-  EXPECT_EQ(op_f->WorkspaceBytes(8192), at_8k - op->AccumulatorBytes(8192));
-  EXPECT_GE(op_f->WorkspaceBytes(8192), HeaderTerms(fp32_grad, c, false));
+  EXPECT_EQ(op_f->AccumulatorBytes(16384), 0);
+  EXPECT_EQ(op_f->WorkspaceBytes(16384), at_16k - op->AccumulatorBytes(16384));
+  EXPECT_GE(op_f->WorkspaceBytes(16384), HeaderTerms(fp32_grad, c, false));
 
   // Rounding into d_weight as it goes: no accumulator.
   LinearCrossEntropySpec direct = Good();
   direct.weight_grad_accumulation = WeightGradAccumulation::kOutputDtype;
   auto op_d = rt_->LinearCrossEntropy(direct);
   ASSERT_TRUE(op_d.ok()) << op_d.status();
-  EXPECT_EQ(op_d->AccumulatorBytes(8192), 0);
-  EXPECT_EQ(op_d->WorkspaceBytes(8192), at_8k - op->AccumulatorBytes(8192));
+  EXPECT_EQ(op_d->AccumulatorBytes(16384), 0);
+  EXPECT_EQ(op_d->WorkspaceBytes(16384), at_16k - op->AccumulatorBytes(16384));
 
   // Two streams: two chunk buffers.
   LinearCrossEntropySpec two = Good();
   two.config = LinearCrossEntropyConfig{.chunk_rows = C, .streams = 2};
   auto op_2 = rt_->LinearCrossEntropy(two);
   ASSERT_TRUE(op_2.ok()) << op_2.status();
-  EXPECT_EQ(op_2->WorkspaceBytes(8192) - at_8k, C * V * 2);
+  EXPECT_EQ(op_2->WorkspaceBytes(16384) - at_16k, C * V * 2);
 
   // A bias: its fp32 accumulator and the ones.
   LinearCrossEntropySpec bias = Good();
   bias.bias = true;
   auto op_b = rt_->LinearCrossEntropy(bias);
   ASSERT_TRUE(op_b.ok()) << op_b.status();
-  EXPECT_EQ(op_b->WorkspaceBytes(8192) - at_8k, AlignUp(V * 4) + AlignUp(C * 2));
+  EXPECT_EQ(op_b->WorkspaceBytes(16384) - at_16k, AlignUp(V * 4) + AlignUp(C * 2));
 
-  // Rows that fit one chunk: the chunk shrinks to the rows, and its product goes straight into
-  // d_weight (no accumulator); one row more than a chunk needs it.
-  EXPECT_EQ(op->AccumulatorBytes(100), 0);
-  EXPECT_EQ(op->AccumulatorBytes(C), 0);
-  EXPECT_EQ(op->AccumulatorBytes(C + 1), V * H * 4);
-  const int64_t at_100 = op->WorkspaceBytes(100);
-  const int64_t terms_100 = HeaderTerms(Good(), {.chunk_rows = 100}, /*accumulator=*/false);
-  EXPECT_GE(at_100, terms_100);
-  EXPECT_LE(at_100 - terms_100, 4 << 10) << at_100 - terms_100;
-  EXPECT_EQ(op->WorkspaceBytes(C),
-            at_8k - op->AccumulatorBytes(8192) - (AlignUp(chunks_8k * 4) - AlignUp(4)));
-  EXPECT_GE(op->WorkspaceBytes(C + 1), op->WorkspaceBytes(C) + V * H * 4);
+  // Rows up to whole_rows run as one chunk of their own size: no accumulator (the GEMM's product
+  // goes straight into d_weight), and never more workspace than the accumulator and 0.5 GiB.
+  const int64_t W = c.whole_rows;
+  ASSERT_GT(W, C);
+  for (int64_t rows : {int64_t{100}, C, C + 1, int64_t{8192}, W}) {
+    SCOPED_TRACE(rows);
+    EXPECT_EQ(op->AccumulatorBytes(rows), 0);
+    const int64_t at = op->WorkspaceBytes(rows);
+    const int64_t t = HeaderTerms(Good(), {.chunk_rows = rows}, /*accumulator=*/false);
+    EXPECT_GE(at, t);
+    EXPECT_LE(at - t, 4 << 10) << at - t;
+    EXPECT_LE(at, V * H * 4 + (int64_t{1} << 29));  // the accumulator's and the chunks' budget
+  }
+  EXPECT_EQ(op->AccumulatorBytes(W + 1), V * H * 4);
   EXPECT_GT(op->WorkspaceBytes(0), 0);
+
+  // Without whole_rows, rows that fit one chunk shrink it to the rows; one row more than a chunk
+  // needs the accumulator.
+  LinearCrossEntropySpec chunked = Good();
+  chunked.config = LinearCrossEntropyConfig{.chunk_rows = C};
+  auto op_c = rt_->LinearCrossEntropy(chunked);
+  ASSERT_TRUE(op_c.ok()) << op_c.status();
+  EXPECT_EQ(op_c->AccumulatorBytes(100), 0);
+  EXPECT_EQ(op_c->AccumulatorBytes(C), 0);
+  EXPECT_EQ(op_c->AccumulatorBytes(C + 1), V * H * 4);
+  EXPECT_EQ(op_c->WorkspaceBytes(100), op->WorkspaceBytes(100));
+  EXPECT_EQ(op_c->WorkspaceBytes(C),
+            at_16k - op->AccumulatorBytes(16384) - (AlignUp(chunks_16k * 4) - AlignUp(4)));
+  EXPECT_GE(op_c->WorkspaceBytes(C + 1), op_c->WorkspaceBytes(C) + V * H * 4);
 }
 
 // config.h: the chunks' budget (0.5 GiB less cuBLASLt's 32 MiB and 1 MiB for the counters and
 // per-row losses) keeps the workspace beyond the accumulator under 0.5 GiB, one stream and the
-// heuristic's chunk, wherever 128 rows fit the budget at all, up to a million rows.
+// heuristic's chunk, wherever 128 rows fit the budget at all, up to a million rows; rows taken
+// whole use no more than that and the accumulator's bytes.
 TEST_F(LinearCrossEntropyRuntimeTest, WorkspaceBeyondTheAccumulatorIsUnderHalfAGiB) {
   std::vector<int64_t> vocabs = {32000, 50257, 128256, 131072, 151936, 152064, 256000, 262144};
   for (int64_t vocab = 2; vocab <= (int64_t{1} << 20); vocab = vocab * 5 / 4 + 1) {
@@ -576,11 +662,17 @@ TEST_F(LinearCrossEntropyRuntimeTest, WorkspaceBeyondTheAccumulatorIsUnderHalfAG
       ASSERT_TRUE(op.ok()) << op.status();
       const int64_t C = op->config().chunk_rows;
       EXPECT_LE(C * row_bytes, ops::kLinearCrossEntropyChunkBudgetBytes);
-      for (int64_t rows : {1, 8192, 1 << 20}) {
+      const int64_t whole = op->config().whole_rows;
+      const int64_t accumulator = whole > 0 ? vocab * 4096 * 4 : 0;
+      for (int64_t rows : {int64_t{1}, int64_t{8192}, whole, whole + 1, int64_t{1} << 20}) {
+        const bool taken_whole = rows <= whole;
         const int64_t bytes = op->WorkspaceBytes(rows) - op->AccumulatorBytes(rows);
-        EXPECT_LE(bytes, int64_t{1} << 29)
+        EXPECT_LE(bytes, (int64_t{1} << 29) + (taken_whole ? accumulator : 0))
             << Name(dtype) << " vocab " << vocab << " rows " << rows << ": "
             << op->ConfigFor(rows).ToString() << " takes " << bytes << " bytes";
+        if (rows > whole && rows > C) {
+          EXPECT_EQ(op->AccumulatorBytes(rows), accumulator);
+        }
       }
     }
   }

@@ -98,7 +98,7 @@ def test_compile_only_runtime_builds_both_ops(cache_dir):
 
 def test_compile_only_runtime_builds_the_linear_cross_entropy(cache_dir):
     rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
-    chunk32 = "chunk=32 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
+    chunk32 = "chunk=32 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
     lce = rt.linear_cross_entropy(vocab=1000, hidden=64, dtype="bf16", bias=True, config=chunk32)
     built = lce.build()
     assert built["origin"] == "compiled" and built["params"]["op"] == "linear_cross_entropy"
@@ -107,7 +107,7 @@ def test_compile_only_runtime_builds_the_linear_cross_entropy(cache_dir):
     assert lce.accumulator_bytes(32) == 0  # one chunk writes d_weight directly
     assert lce.workspace_bytes(100) >= (32 << 20) + lce.accumulator_bytes(100)
     assert lce.config_for(100).startswith("chunk=")
-    config = "chunk=32 streams=2 logits_algo=0 d_hidden_algo=1 d_weight_algo=0"
+    config = "chunk=32 whole=0 streams=2 logits_algo=0 d_hidden_algo=1 d_weight_algo=0"
     assert rt.linear_cross_entropy(1000, 64, config=config).config_for(5) == config
     lean = rt.linear_cross_entropy(1000, 64, weight_grad_accumulation="output_dtype", config=chunk32)
     assert lean.accumulator_bytes(100) == 0
@@ -189,7 +189,7 @@ def test_class_weights_reach_the_launches(cache_dir):
     (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, weight_grad_dtype="fp16"),
      "weight_grad_dtype: fp16 must be bf16 or fp32"),
     (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, softcap=-1.0), "softcap"),
-    (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, config="chunk=0 streams=1 "
+    (lambda rt: rt.linear_cross_entropy(vocab=1000, hidden=64, config="chunk=0 whole=0 streams=1 "
                                         "logits_algo=0 d_hidden_algo=0 d_weight_algo=0"),
      "config: "),
     (lambda rt: rt.rms_norm(hidden=64, config="vec=3 fwd=32x1 bwd=32x1"), "vec"),
