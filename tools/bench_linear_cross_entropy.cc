@@ -204,9 +204,12 @@ absl::Status Bench::Baselines() {
   Add("unfused", "cuBLASLt heuristic + kjit cross_entropy", t_unfused,
       {{"extra_device_bytes", used_after - used_before + ops::LtGemm::kWorkspaceBytes}});
 
-  // The GEMMs' algorithm counts at the default chunk, for the sweep.
+  // The GEMMs' algorithm counts at the heuristic's chunk (all the rows when it takes them whole:
+  // then d_weight is written directly, else summed into the fp32 accumulator), for the sweep.
   const LinearCrossEntropySpec spec{.vocab = p_.vocab, .hidden = p_.hidden, .dtype = p_.dtype};
-  const int64_t chunk = std::min(ops::DefaultLinearCrossEntropyConfig(spec).chunk_rows, p_.rows);
+  const LinearCrossEntropyConfig heuristic = ops::DefaultLinearCrossEntropyConfig(spec);
+  const bool whole = p_.rows <= heuristic.whole_rows;
+  const int64_t chunk = whole ? p_.rows : std::min(heuristic.chunk_rows, p_.rows);
   const TensorView c = TensorView::Matrix(logits.data(), p_.dtype, chunk, p_.vocab,
                                           ops::ChunkRowStride(p_.vocab, p_.dtype));
   const TensorView h_c = TensorView::Matrix(p_.h.data(), p_.dtype, chunk, p_.hidden);
@@ -216,7 +219,11 @@ absl::Status Bench::Baselines() {
   for (const ops::GemmArgs& g :
        {ops::GemmArgs{.a = h_c, .b = p_.W(), .transpose_b = true, .out = c},
         ops::GemmArgs{.a = c, .b = p_.W(), .out = dh_c},
-        ops::GemmArgs{.a = c, .transpose_a = true, .b = h_c, .out = acc, .beta = 1}}) {
+        ops::GemmArgs{.a = c,
+        .transpose_a = true,
+        .b = h_c,
+        .out = whole ? p_.DWeight() : acc,
+        .beta = whole ? 0.0f : 1.0f}}) {
     KJIT_ASSIGN_OR_RETURN(algo_counts_[i++], gemm->AlgoCount(g));
   }
   return absl::OkStatus();

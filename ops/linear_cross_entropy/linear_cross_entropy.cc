@@ -263,11 +263,17 @@ int64_t LinearCrossEntropy::WorkspaceBytes(int64_t rows) const {
 
 absl::StatusOr<BuildInfo> LinearCrossEntropy::Build() const {
   KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderLinearCrossEntropy(op_->spec));
-  // With the chunk loss's programs for the launches Run makes of it (forward, forward+backward;
+  // With the chunk loss's programs for the launches Run makes of it (forward+backward, forward;
   // never its backward or rescale), all built in parallel.
   std::vector<jit::Source> sources = {std::move(src)};
-  using P = ops::CrossEntropyProgram;
-  for (P program : {P::kCountReduce, P::kForwardBackward, P::kForward}) {
+  std::vector<ops::CrossEntropyProgram> programs;
+  for (ops::CrossEntropyLaunch launch :
+       {ops::CrossEntropyLaunch::kForwardBackward, ops::CrossEntropyLaunch::kForward}) {
+    for (ops::CrossEntropyProgram p : ops::CrossEntropyLaunchPrograms(launch)) {
+      if (std::find(programs.begin(), programs.end(), p) == programs.end()) programs.push_back(p);
+    }
+  }
+  for (ops::CrossEntropyProgram program : programs) {
     KJIT_ASSIGN_OR_RETURN(jit::Source loss,
                           ops::RenderCrossEntropy(op_->loss->spec(), op_->loss->config(), program));
     sources.push_back(std::move(loss));
