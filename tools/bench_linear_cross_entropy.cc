@@ -17,7 +17,7 @@
 #include "ops/common/compare.h"
 #include "ops/common/trial.h"
 #include "ops/linear_cross_entropy/config.h"
-#include "ops/linear_cross_entropy/cublaslt.h"
+#include "ops/linear_cross_entropy/unfused.h"
 #include "runtime/runtime_state.h"
 #include "tools/bench.h"
 
@@ -146,36 +146,18 @@ class Bench {
 };
 
 absl::Status Bench::Baselines() {
-  KJIT_ASSIGN_OR_RETURN(const ops::CublasLt* lt, ops::CublasLt::Get());
-  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<ops::LtGemm> gemm, ops::LtGemm::Create(*lt));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer lt_ws,
-                        DeviceBuffer::Create(rt_, ops::LtGemm::kWorkspaceBytes));
-  KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt_.CrossEntropy({.vocab = p_.vocab, .dtype = p_.dtype}));
-  const int64_t e = static_cast<int64_t>(SizeOf(p_.dtype));
+  using U = ops::UnfusedLinearCrossEntropy;
   KJIT_ASSIGN_OR_RETURN(const int64_t used_before, UsedBytes(rt_));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer logits, DeviceBuffer::Create(rt_, p_.rows * p_.vocab * e));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ce_ws, DeviceBuffer::Create(rt_, ce.WorkspaceBytes(p_.rows)));
+  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<U> unfused,
+                        U::Create(rt_, {.vocab = p_.vocab, .dtype = p_.dtype},
+                                  {.hidden = p_.H(),
+                                   .weight = p_.W(),
+                                   .targets = p_.T(),
+                                   .loss = p_.Loss(),
+                                   .d_hidden = p_.DHidden(),
+                                   .d_weight = p_.DWeight()}));
   KJIT_ASSIGN_OR_RETURN(const int64_t used_after, UsedBytes(rt_));
-  const TensorView x = TensorView::Matrix(logits.data(), p_.dtype, p_.rows, p_.vocab);
-  const ops::GemmArgs g_logits{.a = p_.H(), .b = p_.W(), .transpose_b = true, .out = x};
-  const ops::GemmArgs g_hidden{.a = x, .b = p_.W(), .out = p_.DHidden()};
-  const ops::GemmArgs g_weight{.a = x, .transpose_a = true, .b = p_.H(), .out = p_.DWeight()};
-  auto run = [&](const ops::GemmArgs& g) { return gemm->Run(g, lt_ws.data(), nullptr); };
-  auto loss = [&] {
-    return ce.ForwardBackward(nullptr, {.logits = x,
-                                        .targets = p_.T(),
-                                        .loss = p_.Loss(),
-                                        .grad = x,
-                                        .workspace = ce_ws.data(),
-                                        .workspace_bytes = ce.WorkspaceBytes(p_.rows)});
-  };
-  auto unfused = [&]() -> absl::Status {
-    KJIT_RETURN_IF_ERROR(run(g_logits));
-    KJIT_RETURN_IF_ERROR(loss());
-    KJIT_RETURN_IF_ERROR(run(g_hidden));
-    return run(g_weight);
-  };
-  KJIT_RETURN_IF_ERROR(unfused());
+  KJIT_RETURN_IF_ERROR(unfused->Run(nullptr));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> l, DownloadValues(p_.loss, DType::kF32));
   expected_.loss = l[0];
   KJIT_ASSIGN_OR_RETURN(expected_.d_hidden, DownloadValues(p_.d_hidden, p_.dtype));
@@ -184,25 +166,30 @@ absl::Status Bench::Baselines() {
                                                              expected_.d_weight_rows));
 
   KJIT_ASSIGN_OR_RETURN(Timing gemms, timer_.Time(repeats_, [&]() -> absl::Status {
-    KJIT_RETURN_IF_ERROR(run(g_logits));
-    KJIT_RETURN_IF_ERROR(run(g_hidden));
-    return run(g_weight);
+    for (U::Gemm g : {U::kLogits, U::kDHidden, U::kDWeight})
+      KJIT_RETURN_IF_ERROR(unfused->RunGemm(g, nullptr));
+    return absl::OkStatus();
   }));
   gemms_us_ = gemms.median_us;
   Add("gemms", "cuBLASLt heuristic", gemms, {});
-  for (const auto& [name, g] :
-       {std::pair<const char*, const ops::GemmArgs*>{"gemm_logits", &g_logits},
-        {"gemm_d_hidden", &g_hidden},
-        {"gemm_d_weight", &g_weight}}) {
-    const ops::GemmArgs& one = *g;  // a lambda may not capture a structured binding (clang)
-    KJIT_ASSIGN_OR_RETURN(Timing t, timer_.Time(repeats_, [&] { return run(one); }));
+  for (const auto& [name, g] : {std::pair<const char*, U::Gemm>{"gemm_logits", U::kLogits},
+                                {"gemm_d_hidden", U::kDHidden},
+                                {"gemm_d_weight", U::kDWeight}}) {
+    const U::Gemm one = g;  // a lambda may not capture a structured binding (clang)
+    KJIT_ASSIGN_OR_RETURN(Timing t,
+                          timer_.Time(repeats_, [&] { return unfused->RunGemm(one, nullptr); }));
     Add(name, "cuBLASLt heuristic", t, {}, p_.Flops() / 3);
   }
-  KJIT_ASSIGN_OR_RETURN(Timing t_loss, timer_.Time(repeats_, loss, [&] { return run(g_logits); }));
-  Add("loss_kernel", ce.ConfigFor(x).ToString(), t_loss, {}, /*flops=*/-1);
-  KJIT_ASSIGN_OR_RETURN(Timing t_unfused, timer_.Time(repeats_, unfused));
+  KJIT_ASSIGN_OR_RETURN(Timing t_loss, timer_.Time(
+                                           repeats_, [&] { return unfused->Loss(nullptr); },
+                                           [&] { return unfused->RunGemm(U::kLogits, nullptr); }));
+  Add("loss_kernel", unfused->cross_entropy().ConfigFor(unfused->logits()).ToString(), t_loss, {},
+      /*flops=*/-1);
+  KJIT_ASSIGN_OR_RETURN(Timing t_unfused,
+                        timer_.Time(repeats_, [&] { return unfused->Run(nullptr); }));
+  // The logits, the loss's workspace and cuBLASLt's, as the driver saw them allocated.
   Add("unfused", "cuBLASLt heuristic + kjit cross_entropy", t_unfused,
-      {{"extra_device_bytes", used_after - used_before + ops::LtGemm::kWorkspaceBytes}});
+      {{"extra_device_bytes", used_after - used_before}});
 
   // The GEMMs' algorithm counts at the heuristic's chunk (all the rows when it takes them whole:
   // then d_weight is written directly, else summed into the fp32 accumulator), for the sweep.
@@ -210,11 +197,12 @@ absl::Status Bench::Baselines() {
   const LinearCrossEntropyConfig heuristic = ops::DefaultLinearCrossEntropyConfig(spec);
   const bool whole = p_.rows <= heuristic.whole_rows;
   const int64_t chunk = whole ? p_.rows : std::min(heuristic.chunk_rows, p_.rows);
-  const TensorView c = TensorView::Matrix(logits.data(), p_.dtype, chunk, p_.vocab,
+  void* logits = unfused->logits().data;
+  const TensorView c = TensorView::Matrix(logits, p_.dtype, chunk, p_.vocab,
                                           ops::ChunkRowStride(p_.vocab, p_.dtype));
   const TensorView h_c = TensorView::Matrix(p_.h.data(), p_.dtype, chunk, p_.hidden);
   const TensorView dh_c = TensorView::Matrix(p_.d_hidden.data(), p_.dtype, chunk, p_.hidden);
-  const TensorView acc = TensorView::Matrix(logits.data(), DType::kF32, p_.vocab, p_.hidden);
+  const TensorView acc = TensorView::Matrix(logits, DType::kF32, p_.vocab, p_.hidden);
   int i = 0;
   for (const ops::GemmArgs& g :
        {ops::GemmArgs{.a = h_c, .b = p_.W(), .transpose_b = true, .out = c},
@@ -224,7 +212,7 @@ absl::Status Bench::Baselines() {
         .b = h_c,
         .out = whole ? p_.DWeight() : acc,
         .beta = whole ? 0.0f : 1.0f}}) {
-    KJIT_ASSIGN_OR_RETURN(algo_counts_[i++], gemm->AlgoCount(g));
+    KJIT_ASSIGN_OR_RETURN(algo_counts_[i++], unfused->lt_gemm().AlgoCount(g));
   }
   return absl::OkStatus();
 }

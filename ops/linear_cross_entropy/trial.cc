@@ -10,7 +10,7 @@
 
 #include "ops/common/compare.h"
 #include "ops/linear_cross_entropy/config.h"
-#include "ops/linear_cross_entropy/cublaslt.h"
+#include "ops/linear_cross_entropy/unfused.h"
 
 namespace kjit::ops {
 
@@ -66,38 +66,23 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
   t->sampled_rows_ = SampleRows(rows);
   t->sampled_vocab_rows_ = SampleRows(V);
 
-  // The unfused path, once.
+  // The unfused path, once, with an fp32 d_weight.
   CrossEntropySpec loss_spec = spec.ChunkLoss();
   loss_spec.reduction = spec.reduction == Reduction::kNone ? Reduction::kSum : spec.reduction;
-  KJIT_ASSIGN_OR_RETURN(CrossEntropy ce, rt.CrossEntropy(loss_spec));
-  KJIT_ASSIGN_OR_RETURN(const CublasLt* lt, CublasLt::Get());
-  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<LtGemm> gemm, LtGemm::Create(*lt));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer lt_ws, DeviceBuffer::Create(rt, LtGemm::kWorkspaceBytes));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer logits, DeviceBuffer::Create(rt, rows * V * e));
-  KJIT_ASSIGN_OR_RETURN(DeviceBuffer ce_ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(rows)));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_weight, DeviceBuffer::Create(rt, V * H * 4));
-  const TensorView x = TensorView::Matrix(logits.data(), spec.dtype, rows, V);
-  const TensorView h = TensorView::Matrix(t->buffers_[kHidden].data(), spec.dtype, rows, H);
-  const TensorView w = TensorView::Matrix(t->buffers_[kWeight].data(), spec.dtype, V, H);
-  KJIT_RETURN_IF_ERROR(
-      gemm->Run({.a = h, .b = w, .transpose_b = true, .out = x}, lt_ws.data(), nullptr));
-  KJIT_RETURN_IF_ERROR(ce.ForwardBackward(
-      nullptr, {.logits = x,
-                .targets = IndexView::Of(t->buffers_[kTargets].data(), spec.target_type, rows),
-                .loss = TensorView::Vector(t->buffers_[kLoss].data(), DType::kF32, 1),
-                .grad = x,
-                .workspace = ce_ws.data(),
-                .workspace_bytes = ce.WorkspaceBytes(rows)}));
-  KJIT_RETURN_IF_ERROR(
-      gemm->Run({.a = x,
-                 .b = w,
-                 .out = TensorView::Matrix(t->buffers_[kDHidden].data(), spec.dtype, rows, H)},
-                lt_ws.data(), nullptr));
-  KJIT_RETURN_IF_ERROR(gemm->Run({.a = x,
-                                  .transpose_a = true,
-                                  .b = h,
-                                  .out = TensorView::Matrix(d_weight.data(), DType::kF32, V, H)},
-                                 lt_ws.data(), nullptr));
+  {
+    KJIT_ASSIGN_OR_RETURN(
+        std::unique_ptr<UnfusedLinearCrossEntropy> unfused,
+        UnfusedLinearCrossEntropy::Create(
+            rt, loss_spec,
+            {.hidden = TensorView::Matrix(t->buffers_[kHidden].data(), spec.dtype, rows, H),
+             .weight = TensorView::Matrix(t->buffers_[kWeight].data(), spec.dtype, V, H),
+             .targets = IndexView::Of(t->buffers_[kTargets].data(), spec.target_type, rows),
+             .loss = TensorView::Vector(t->buffers_[kLoss].data(), DType::kF32, 1),
+             .d_hidden = TensorView::Matrix(t->buffers_[kDHidden].data(), spec.dtype, rows, H),
+             .d_weight = TensorView::Matrix(d_weight.data(), DType::kF32, V, H)}));
+    KJIT_RETURN_IF_ERROR(unfused->Run(nullptr));
+  }  // the logits freed
   KJIT_ASSIGN_OR_RETURN(std::vector<double> loss,
                         DownloadValues(t->buffers_[kLoss], DType::kF32, 0, 4));
   t->loss_ = loss[0];

@@ -6,6 +6,7 @@
 // cross-entropy, cuBLASLt gradients).
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -19,8 +20,8 @@
 #include "ops/common/compare.h"
 #include "ops/common/trial.h"
 #include "ops/linear_cross_entropy/config.h"
-#include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/linear_cross_entropy/reference.h"
+#include "ops/linear_cross_entropy/unfused.h"
 #include "runtime/runtime_state.h"
 #include "tests/gpu/gpu_test_env.h"
 
@@ -490,7 +491,6 @@ TEST(LinearCrossEntropyGpu, LlamaShapeMatchesTheUnfusedPath) {
   KJIT_REQUIRE_GPU(rt);
   const int64_t R = LlamaLmHead::R, V = LlamaLmHead::V, H = LlamaLmHead::H;
   const jit::Driver& cu = *internal::StateOf(rt).driver;
-  ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy({.vocab = V}));
   ASSERT_OK_AND_ASSIGN(const LlamaLmHead p, MakeLlamaLmHead(rt, 0.05f));
   const TensorView h = p.Hidden(), w = p.Weight();
   const IndexView t = p.Targets();
@@ -500,29 +500,16 @@ TEST(LinearCrossEntropyGpu, LlamaShapeMatchesTheUnfusedPath) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer u_dh, DeviceBuffer::Create(rt, R * H * 2));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer u_dw, DeviceBuffer::Create(rt, V * H * 4));
   {
-    ASSERT_OK_AND_ASSIGN(const ops::CublasLt* lt, ops::CublasLt::Get());
-    ASSERT_OK_AND_ASSIGN(auto gemm, ops::LtGemm::Create(*lt));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer lt_ws,
-                         DeviceBuffer::Create(rt, ops::LtGemm::kWorkspaceBytes));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer logits, DeviceBuffer::Create(rt, R * V * 2));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer ce_ws, DeviceBuffer::Create(rt, ce.WorkspaceBytes(R)));
-    const TensorView x = TensorView::Matrix(logits.data(), DType::kBF16, R, V);
-    ASSERT_OK(gemm->Run({.a = h, .b = w, .transpose_b = true, .out = x}, lt_ws.data(), nullptr));
-    ASSERT_OK(
-        ce.ForwardBackward(nullptr, {.logits = x,
-                                     .targets = t,
-                                     .loss = TensorView::Vector(u_loss.data(), DType::kF32, 1),
-                                     .grad = x,
-                                     .workspace = ce_ws.data(),
-                                     .workspace_bytes = ce.WorkspaceBytes(R)}));
-    ASSERT_OK(
-        gemm->Run({.a = x, .b = w, .out = TensorView::Matrix(u_dh.data(), DType::kBF16, R, H)},
-                  lt_ws.data(), nullptr));
-    ASSERT_OK(gemm->Run({.a = x,
-                         .transpose_a = true,
-                         .b = h,
-                         .out = TensorView::Matrix(u_dw.data(), DType::kF32, V, H)},
-                        lt_ws.data(), nullptr));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ops::UnfusedLinearCrossEntropy> unfused,
+                         ops::UnfusedLinearCrossEntropy::Create(
+                             rt, {.vocab = V},
+                             {.hidden = h,
+                              .weight = w,
+                              .targets = t,
+                              .loss = TensorView::Vector(u_loss.data(), DType::kF32, 1),
+                              .d_hidden = TensorView::Matrix(u_dh.data(), DType::kBF16, R, H),
+                              .d_weight = TensorView::Matrix(u_dw.data(), DType::kF32, V, H)}));
+    ASSERT_OK(unfused->Run(nullptr));
     ASSERT_EQ(cu.cuCtxSynchronize(), CUDA_SUCCESS);
   }
   ASSERT_OK_AND_ASSIGN(std::vector<double> ul, DownloadValues(u_loss, DType::kF32));
