@@ -173,7 +173,7 @@ typedef struct kjit_rms_norm_spec {
   float weight_offset;    /* 1 for Gemma's (1 + w); default 0 */
   int32_t casting;        /* kjit_rms_norm_casting; default KJIT_CASTING_LLAMA */
   int32_t fused_residual; /* 1: normalize x + residual, writing the sum to residual_out */
-  const char* config;     /* NULL or "": tuned or heuristic; else "vec=8 fwd=128x1 bwd=512x1" */
+  const char* config;     /* NULL or "": tuned or heuristic; else "vec=8 fwd=128x1 bwd=512x1r2" */
 } kjit_rms_norm_spec;
 
 typedef struct kjit_rms_norm_forward_args {
