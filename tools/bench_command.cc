@@ -282,10 +282,12 @@ Command AddBenchCommand(CLI::App& app) {
       ->check(CLI::Range(0, 4095))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print the report as JSON");
-  cmd->add_flag("--sweep", f->sweep,
-                "Also time every candidate launch config (rms_norm: forward and backward shapes "
-                "separately; cross_entropy: threads, unroll, cluster and staged; "
-                "linear_cross_entropy: chunk rows, streams and each GEMM's cuBLASLt algorithm)");
+  cmd->add_flag(
+      "--sweep", f->sweep,
+      "Also time every candidate launch config (rms_norm: forward and backward shapes "
+      "separately; cross_entropy: threads, unroll, cluster and staged; "
+      "linear_cross_entropy: chunk rows, streams and each GEMM's cuBLASLt algorithm, in the op "
+      "and alone)");
   cmd->add_option(
          "--config", f->configs,
          "Time these launch configs instead of the op's own choice, as kjit-tune prints "

@@ -108,6 +108,11 @@ class Bench {
                      WeightGradAccumulation accumulation);
   // Configs around the default: chunk sizes and streams, then each GEMM's algorithms.
   absl::StatusOr<std::vector<LinearCrossEntropyConfig>> Sweep();
+  // Each GEMM of the unfused path with every algorithm cuBLASLt offers for its shape, then the
+  // three with their fastest together: the GEMM floor with algorithms tuned for the shape. Where
+  // the heuristic takes the rows whole its GEMMs have these shapes, so the same indices apply:
+  // returns the heuristic with them, else nothing.
+  absl::StatusOr<std::optional<LinearCrossEntropyConfig>> FastestGemmAlgorithms();
   nlohmann::json entries() const { return entries_; }
 
  private:
@@ -141,6 +146,7 @@ class Bench {
   Problem& p_;
   Expected expected_;
   double gemms_us_ = 0;
+  std::unique_ptr<ops::UnfusedLinearCrossEntropy> unfused_;
   std::vector<int> algo_counts_ = {1, 1, 1};  // logits, d_hidden, d_weight at the default chunk
   nlohmann::json entries_ = nlohmann::json::array();
 };
@@ -148,16 +154,15 @@ class Bench {
 absl::Status Bench::Baselines() {
   using U = ops::UnfusedLinearCrossEntropy;
   KJIT_ASSIGN_OR_RETURN(const int64_t used_before, UsedBytes(rt_));
-  KJIT_ASSIGN_OR_RETURN(std::unique_ptr<U> unfused,
-                        U::Create(rt_, {.vocab = p_.vocab, .dtype = p_.dtype},
-                                  {.hidden = p_.H(),
-                                   .weight = p_.W(),
-                                   .targets = p_.T(),
-                                   .loss = p_.Loss(),
-                                   .d_hidden = p_.DHidden(),
-                                   .d_weight = p_.DWeight()}));
+  KJIT_ASSIGN_OR_RETURN(unfused_, U::Create(rt_, {.vocab = p_.vocab, .dtype = p_.dtype},
+                                            {.hidden = p_.H(),
+                                             .weight = p_.W(),
+                                             .targets = p_.T(),
+                                             .loss = p_.Loss(),
+                                             .d_hidden = p_.DHidden(),
+                                             .d_weight = p_.DWeight()}));
   KJIT_ASSIGN_OR_RETURN(const int64_t used_after, UsedBytes(rt_));
-  KJIT_RETURN_IF_ERROR(unfused->Run(nullptr));
+  KJIT_RETURN_IF_ERROR(unfused_->Run(nullptr));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> l, DownloadValues(p_.loss, DType::kF32));
   expected_.loss = l[0];
   KJIT_ASSIGN_OR_RETURN(expected_.d_hidden, DownloadValues(p_.d_hidden, p_.dtype));
@@ -167,7 +172,7 @@ absl::Status Bench::Baselines() {
 
   KJIT_ASSIGN_OR_RETURN(Timing gemms, timer_.Time(repeats_, [&]() -> absl::Status {
     for (U::Gemm g : {U::kLogits, U::kDHidden, U::kDWeight})
-      KJIT_RETURN_IF_ERROR(unfused->RunGemm(g, nullptr));
+      KJIT_RETURN_IF_ERROR(unfused_->RunGemm(g, nullptr));
     return absl::OkStatus();
   }));
   gemms_us_ = gemms.median_us;
@@ -177,16 +182,16 @@ absl::Status Bench::Baselines() {
                                 {"gemm_d_weight", U::kDWeight}}) {
     const U::Gemm one = g;  // a lambda may not capture a structured binding (clang)
     KJIT_ASSIGN_OR_RETURN(Timing t,
-                          timer_.Time(repeats_, [&] { return unfused->RunGemm(one, nullptr); }));
+                          timer_.Time(repeats_, [&] { return unfused_->RunGemm(one, nullptr); }));
     Add(name, "cuBLASLt heuristic", t, {}, p_.Flops() / 3);
   }
   KJIT_ASSIGN_OR_RETURN(Timing t_loss, timer_.Time(
-                                           repeats_, [&] { return unfused->Loss(nullptr); },
-                                           [&] { return unfused->RunGemm(U::kLogits, nullptr); }));
-  Add("loss_kernel", unfused->cross_entropy().ConfigFor(unfused->logits()).ToString(), t_loss, {},
+                                           repeats_, [&] { return unfused_->Loss(nullptr); },
+                                           [&] { return unfused_->RunGemm(U::kLogits, nullptr); }));
+  Add("loss_kernel", unfused_->cross_entropy().ConfigFor(unfused_->logits()).ToString(), t_loss, {},
       /*flops=*/-1);
   KJIT_ASSIGN_OR_RETURN(Timing t_unfused,
-                        timer_.Time(repeats_, [&] { return unfused->Run(nullptr); }));
+                        timer_.Time(repeats_, [&] { return unfused_->Run(nullptr); }));
   // The logits, the loss's workspace and cuBLASLt's, as the driver saw them allocated.
   Add("unfused", "cuBLASLt heuristic + kjit cross_entropy", t_unfused,
       {{"extra_device_bytes", used_after - used_before}});
@@ -197,7 +202,7 @@ absl::Status Bench::Baselines() {
   const LinearCrossEntropyConfig heuristic = ops::DefaultLinearCrossEntropyConfig(spec);
   const bool whole = p_.rows <= heuristic.whole_rows;
   const int64_t chunk = whole ? p_.rows : std::min(heuristic.chunk_rows, p_.rows);
-  void* logits = unfused->logits().data;
+  void* logits = unfused_->logits().data;
   const TensorView c = TensorView::Matrix(logits, p_.dtype, chunk, p_.vocab,
                                           ops::ChunkRowStride(p_.vocab, p_.dtype));
   const TensorView h_c = TensorView::Matrix(p_.h.data(), p_.dtype, chunk, p_.hidden);
@@ -212,7 +217,7 @@ absl::Status Bench::Baselines() {
         .b = h_c,
         .out = whole ? p_.DWeight() : acc,
         .beta = whole ? 0.0f : 1.0f}}) {
-    KJIT_ASSIGN_OR_RETURN(algo_counts_[i++], unfused->lt_gemm().AlgoCount(g));
+    KJIT_ASSIGN_OR_RETURN(algo_counts_[i++], unfused_->lt_gemm().AlgoCount(g));
   }
   return absl::OkStatus();
 }
@@ -254,6 +259,45 @@ absl::Status Bench::Fused(const std::optional<LinearCrossEntropyConfig>& config,
        {"workspace_beyond_accumulator", ws_bytes - op.AccumulatorBytes(p_.rows)},
        {"launch_device_bytes", used_after - used_before}});
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<LinearCrossEntropyConfig>> Bench::FastestGemmAlgorithms() {
+  using U = ops::UnfusedLinearCrossEntropy;
+  int fastest[3] = {0, 0, 0};
+  for (const auto& [name, g] : {std::pair<const char*, U::Gemm>{"gemm_logits", U::kLogits},
+                                {"gemm_d_hidden", U::kDHidden},
+                                {"gemm_d_weight", U::kDWeight}}) {
+    const U::Gemm gemm = g;  // a lambda may not capture a structured binding (clang)
+    KJIT_ASSIGN_OR_RETURN(const int algos,
+                          unfused_->lt_gemm().AlgoCount(unfused_->gemm_args(gemm)));
+    double best_us = 0;
+    for (int algo = 0; algo < algos; ++algo) {
+      KJIT_ASSIGN_OR_RETURN(
+          Timing t, timer_.Time(repeats_, [&] { return unfused_->RunGemm(gemm, nullptr, algo); }));
+      Add(name, fmt::format("cuBLASLt algorithm {}", algo), t, {{"algo", algo}}, p_.Flops() / 3);
+      if (algo == 0 || t.median_us < best_us) {
+        best_us = t.median_us;
+        fastest[gemm] = algo;
+      }
+    }
+  }
+  const std::string algos = fmt::format("logits_algo={} d_hidden_algo={} d_weight_algo={}",
+                                        fastest[0], fastest[1], fastest[2]);
+  // The three timed as one run, as the `gemms` entry times cuBLASLt's first choices (there too
+  // the gradient GEMMs read the logits the first one wrote: the same bytes for every algorithm).
+  KJIT_ASSIGN_OR_RETURN(Timing t, timer_.Time(repeats_, [&]() -> absl::Status {
+    for (U::Gemm g : {U::kLogits, U::kDHidden, U::kDWeight})
+      KJIT_RETURN_IF_ERROR(unfused_->RunGemm(g, nullptr, fastest[g]));
+    return absl::OkStatus();
+  }));
+  Add("gemms_fastest_algorithms", algos, t, {});
+  const LinearCrossEntropySpec spec{.vocab = p_.vocab, .hidden = p_.hidden, .dtype = p_.dtype};
+  LinearCrossEntropyConfig c = ops::DefaultLinearCrossEntropyConfig(spec);
+  if (p_.rows > c.whole_rows) return std::nullopt;
+  c.logits_algo = fastest[0];
+  c.d_hidden_algo = fastest[1];
+  c.d_weight_algo = fastest[2];
+  return c;
 }
 
 absl::StatusOr<std::vector<LinearCrossEntropyConfig>> Bench::Sweep() {
@@ -321,6 +365,9 @@ absl::StatusOr<nlohmann::json> BenchLinearCrossEntropy(const Runtime& rt, GpuTim
   }
   if (sweep) {
     KJIT_ASSIGN_OR_RETURN(timed, bench.Sweep());
+    KJIT_ASSIGN_OR_RETURN(std::optional<LinearCrossEntropyConfig> fastest,
+                          bench.FastestGemmAlgorithms());
+    if (fastest) timed.push_back(*fastest);
   }
   for (const LinearCrossEntropyConfig& c : timed) {
     KJIT_RETURN_IF_ERROR(bench.Fused(c, WeightGradAccumulation::kFloat32));

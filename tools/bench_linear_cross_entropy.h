@@ -27,7 +27,8 @@ std::vector<LinearCrossEntropyBenchShape> LinearCrossEntropyBenchShapes();
 // The report's entries for one shape: the baselines, then the op's own config (fp32 and
 // output-dtype weight-gradient accumulation, and where the heuristic takes the rows as one chunk,
 // its chunked schedule beside), or `configs` (as ToString() prints them), or with `sweep` the
-// configs around the heuristic's.
+// configs around the heuristic's, each GEMM alone with every cuBLASLt algorithm for its shape, and
+// the three with their fastest (and, where the heuristic takes the rows whole, the op with them).
 absl::StatusOr<nlohmann::json> BenchLinearCrossEntropy(const Runtime& rt, autotune::GpuTimer& timer,
                                                        const LinearCrossEntropyBenchShape& shape,
                                                        DType dtype, int repeats, double copy_gbps,

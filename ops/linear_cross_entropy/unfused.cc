@@ -21,8 +21,10 @@ absl::StatusOr<std::unique_ptr<UnfusedLinearCrossEntropy>> UnfusedLinearCrossEnt
   return u;
 }
 
-absl::Status UnfusedLinearCrossEntropy::RunGemm(Gemm gemm, CUstream stream) {
-  return lt_->Run(gemms_[gemm], lt_workspace_->data(), stream);
+absl::Status UnfusedLinearCrossEntropy::RunGemm(Gemm gemm, CUstream stream, int algo) {
+  GemmArgs args = gemms_[gemm];
+  args.algo = algo;
+  return lt_->Run(args, lt_workspace_->data(), stream);
 }
 
 absl::Status UnfusedLinearCrossEntropy::Loss(CUstream stream) {

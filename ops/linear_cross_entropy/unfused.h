@@ -38,8 +38,9 @@ class UnfusedLinearCrossEntropy {
   static absl::StatusOr<std::unique_ptr<UnfusedLinearCrossEntropy>> Create(
       const Runtime& rt, const CrossEntropySpec& loss, const Views& views);
 
-  // One GEMM of the three; the gradient GEMMs read what Loss left in the logits.
-  absl::Status RunGemm(Gemm gemm, CUstream stream);
+  // One GEMM of the three, with the `algo`-th of cuBLASLt's heuristic algorithms for its shape
+  // (GemmArgs::algo); the gradient GEMMs read what Loss left in the logits.
+  absl::Status RunGemm(Gemm gemm, CUstream stream, int algo = 0);
   // The cross-entropy over the logits the logits GEMM wrote, its gradient in their place.
   absl::Status Loss(CUstream stream);
   // The logits GEMM, the loss, then the two gradient GEMMs.
