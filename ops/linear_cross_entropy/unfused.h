@@ -1,9 +1,9 @@
 // UnfusedLinearCrossEntropy: the path the fused op is checked and timed against, with the same
 // math and none of its chunking: the whole [rows x vocab] logits from cuBLASLt (its heuristic's
-// first algorithm), kjit's cross-entropy over them with the gradient written in place, then
-// cuBLASLt's d_hidden = dlogits · W and d_weight = dlogitsᵀ · h. It owns the logits and the two
-// workspaces; the caller owns the tensors the views name. Used by the trial, `kjit bench` and the
-// GPU tests, so that the three hold the op to one baseline.
+// first algorithm unless RunGemm names another), kjit's cross-entropy over them with the gradient
+// written in place, then cuBLASLt's d_hidden = dlogits · W and d_weight = dlogitsᵀ · h. It owns
+// the logits and the two workspaces; the caller owns the tensors the views name. Used by the
+// trial, `kjit bench` and the GPU tests, so that the three hold the op to one baseline.
 //
 //   KJIT_ASSIGN_OR_RETURN(std::unique_ptr<UnfusedLinearCrossEntropy> unfused,
 //                         UnfusedLinearCrossEntropy::Create(rt, {.vocab = 128256}, {
