@@ -10,6 +10,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -98,6 +99,12 @@ absl::StatusOr<int64_t> UsedBytes(const Runtime& rt) {
   return static_cast<int64_t>(total - free);
 }
 
+// The unfused path's GEMMs, as the report names them.
+constexpr std::pair<const char*, ops::UnfusedLinearCrossEntropy::Gemm> kGemms[] = {
+    {"gemm_logits", ops::UnfusedLinearCrossEntropy::kLogits},
+    {"gemm_d_hidden", ops::UnfusedLinearCrossEntropy::kDHidden},
+    {"gemm_d_weight", ops::UnfusedLinearCrossEntropy::kDWeight}};
+
 class Bench {
  public:
   Bench(const Runtime& rt, GpuTimer& timer, int repeats, double copy_gbps, Problem& p)
@@ -177,9 +184,7 @@ absl::Status Bench::Baselines() {
   }));
   gemms_us_ = gemms.median_us;
   Add("gemms", "cuBLASLt heuristic", gemms, {});
-  for (const auto& [name, g] : {std::pair<const char*, U::Gemm>{"gemm_logits", U::kLogits},
-                                {"gemm_d_hidden", U::kDHidden},
-                                {"gemm_d_weight", U::kDWeight}}) {
+  for (const auto& [name, g] : kGemms) {
     const U::Gemm one = g;  // a lambda may not capture a structured binding (clang)
     KJIT_ASSIGN_OR_RETURN(Timing t,
                           timer_.Time(repeats_, [&] { return unfused_->RunGemm(one, nullptr); }));
@@ -264,9 +269,7 @@ absl::Status Bench::Fused(const std::optional<LinearCrossEntropyConfig>& config,
 absl::StatusOr<std::optional<LinearCrossEntropyConfig>> Bench::FastestGemmAlgorithms() {
   using U = ops::UnfusedLinearCrossEntropy;
   int fastest[3] = {0, 0, 0};
-  for (const auto& [name, g] : {std::pair<const char*, U::Gemm>{"gemm_logits", U::kLogits},
-                                {"gemm_d_hidden", U::kDHidden},
-                                {"gemm_d_weight", U::kDWeight}}) {
+  for (const auto& [name, g] : kGemms) {
     const U::Gemm gemm = g;  // a lambda may not capture a structured binding (clang)
     KJIT_ASSIGN_OR_RETURN(const int algos,
                           unfused_->lt_gemm().AlgoCount(unfused_->gemm_args(gemm)));

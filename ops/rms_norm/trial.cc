@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -94,7 +93,7 @@ absl::StatusOr<std::unique_ptr<RmsNormTrial>> RmsNormTrial::Create(const Runtime
   const int64_t blocks = (rows + block_rows - 1) / block_rows;
   // A group of blocks, one per core, is downloaded at once (in this thread, which holds the
   // context) and then computed in parallel; the results are kept in row order.
-  const int64_t group = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t group = HostCores();
   for (int64_t group_first = 0; group_first < blocks; group_first += group) {
     const int64_t first_row = group_first * block_rows;
     const int64_t group_rows = std::min(group * block_rows, rows - first_row);
