@@ -2,13 +2,15 @@
 # Runs on the lent GPU machine (see ../shared/design/GPU.md): the GPU suite, compute-sanitizer on a
 # subset, and the benchmark, everything written under $OUT. Build here first and bundle:
 #   ../shared/tools/device-bundle build/tests/kjit_gpu_tests build/tools/kjit
-# then, through the device tool, with carry [".device-bundle"]:
+# then, through the device tool, with carry [".device-bundle", ".device-cache"]:
 #   bash scripts/gpu-check.sh [gtest-filter]
+# and copy the kernels.tgz it returns into .device-cache/ for the next call (gpu-kernel-cache.sh).
 set -uo pipefail
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.device-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export KJIT_CACHE_DIR=$(mktemp -d)/kjit
+source scripts/gpu-kernel-cache.sh
+kernel_cache_start
 bin=.device-bundle/bin
 export KJIT_TUNE_BIN=$PWD/$bin/kjit-tune  # for KJIT_AUTOTUNE's test
 filter=${1:-*}
@@ -35,4 +37,5 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 180 $bin/kjit bench --op rms_norm --output "$out/bench-rms_norm.json" || status=1
   timeout 240 $bin/kjit bench --op cross_entropy --output "$out/bench-cross_entropy.json" || status=1
 fi
+kernel_cache_save
 exit $status

@@ -8,12 +8,16 @@
 #   cmake --build build --target kjit_gpu_tests kjit_cli kjit_tune finetune_step
 #   ../shared/tools/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune \
 #     build/bench/finetune_step/finetune_step
-# then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu-linear-cross-entropy.sh
+# then, through the device tool, with carry [".device-bundle", ".device-cache"]:
+#   bash scripts/gpu-linear-cross-entropy.sh
+# and copy the kernels.tgz it returns into .device-cache/ for the next call (gpu-kernel-cache.sh).
 set -uo pipefail
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.device-bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export KJIT_CACHE_DIR=$(mktemp -d)/kjit KJIT_TUNING_DB=$(mktemp -d)/tuning.json
+export KJIT_TUNING_DB=$(mktemp -d)/tuning.json
+source scripts/gpu-kernel-cache.sh
+kernel_cache_start
 bin=.device-bundle/bin
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
@@ -46,4 +50,5 @@ if [ "${FINETUNE:-0}" = 1 ]; then
   timeout 200 $bin/finetune_step --json > "$out/finetune.json" 2> "$out/finetune.txt" || status=1
   tail -12 "$out/finetune.txt"
 fi
+kernel_cache_save
 exit $status

@@ -4,14 +4,17 @@
 # pytest are there), runs the Python suite with its GPU tests, then `python -m kjit.bench`, writing
 # the logs and the JSON under $OUT. Build the wheel here first:
 #   pip wheel --no-build-isolation --no-deps -w .device-wheel .      (or tests/python/run_wheel_tests.sh)
-# then, through the device tool, with carry [".device-wheel"]: bash scripts/gpu-python.sh
+# then, through the device tool, with carry [".device-wheel", ".device-cache"]: bash scripts/gpu-python.sh
+# and copy the kernels.tgz it returns into .device-cache/ for the next call (gpu-kernel-cache.sh).
 # PYTEST_ARGS adds pytest arguments (-k ...); SKIP_BENCH=1 skips the benchmark.
 set -uo pipefail
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
 site=$(mktemp -d)/site
 python3 -m pip install -q --no-deps --no-index --no-compile --target "$site" .device-wheel/kjit-*.whl || exit 1
-export PYTHONPATH=$site PYTHONUNBUFFERED=1 KJIT_CACHE_DIR=$(mktemp -d)/kjit
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+source scripts/gpu-kernel-cache.sh
+kernel_cache_start
 status=0
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -rs -q -p no:cacheprovider tests/python ${PYTEST_ARGS:-} 2>&1 |
@@ -20,4 +23,5 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 -m kjit.bench --json "$out/bench-python.json" 2>&1 |
     tee "$out/bench-python.log" || status=1
 fi
+kernel_cache_save
 exit $status
