@@ -382,6 +382,47 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
   }
 }
 
+// --- cuBLASLt
+// ---------------------------------------------------------------------------------------
+
+// Never FAIL: RMSNorm and cross-entropy run without it.
+void DiagnoseCublasLt(const DoctorFacts& f, std::vector<Finding>& out) {
+  const CublasLtFacts& c = f.cublaslt;
+  if (!c.loaded) {
+    // As for NVRTC, a set KJIT_CUBLASLT_PATH is the only library tried.
+    auto path = f.env.kjit_vars.find("KJIT_CUBLASLT_PATH");
+    const bool set = path != f.env.kjit_vars.end() && !path->second.empty();
+    out.push_back(
+        {"cublaslt", Status::kWarn,
+         // The loader's line says what was tried and that LinearCrossEntropy needs it.
+         fmt::format("{}; the other ops run without it", OneLine(FirstLine(c.error))),
+         set ? fmt::format("Point KJIT_CUBLASLT_PATH (now '{}') at a libcublasLt.so of CUDA 12 or "
+                           "newer (e.g. /usr/local/cuda/lib64/libcublasLt.so), or unset it to "
+                           "search the default places.",
+                           path->second)
+             : std::string("Install cuBLAS (the CUDA toolkit's, or the nvidia-cublas wheel "
+                           "PyTorch uses) and put its lib directory on LD_LIBRARY_PATH, or set "
+                           "KJIT_CUBLASLT_PATH to its libcublasLt.so.")});
+    return;
+  }
+  const std::string what = fmt::format("cuBLASLt {} ({}), built for CUDA {}", c.VersionString(),
+                                       c.path, CudaVersionText(c.cudart));
+  // A CUDA runtime runs on drivers of its own major version or newer (minor version
+  // compatibility), so only the major decides.
+  if (f.driver.ok() && f.driver.version > 0 && c.cudart / 1000 > f.driver.version / 1000) {
+    out.push_back(
+        {"cublaslt", Status::kWarn,
+         fmt::format("{}, newer than the driver's CUDA {}: its GEMMs will not initialize, so "
+                     "LinearCrossEntropy cannot run",
+                     what, CudaVersionText(f.driver.version)),
+         fmt::format("Upgrade the driver (R{}+), or point KJIT_CUBLASLT_PATH at the cuBLASLt of a "
+                     "CUDA {} toolkit.",
+                     MinimumDriverForCudaMajor(c.cudart / 1000), f.driver.version / 1000)});
+    return;
+  }
+  out.push_back({"cublaslt", Status::kOk, what + ": LinearCrossEntropy's GEMMs", ""});
+}
+
 // --- cache
 // -----------------------------------------------------------------------------------------
 
@@ -761,6 +802,10 @@ void DiagnoseEnv(const DoctorFacts& f, std::vector<Finding>& out) {
 
 std::string NvrtcFacts::VersionString() const { return fmt::format("{}.{}", major, minor); }
 
+std::string CublasLtFacts::VersionString() const {
+  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+}
+
 const char* StatusName(Status s) {
   switch (s) {
     case Status::kOk: return "OK";
@@ -838,6 +883,7 @@ std::vector<Finding> Diagnose(const DoctorFacts& facts) {
   DiagnoseCompat(facts, out);
   DiagnoseCompiles(facts, out);
   DiagnoseLaunches(facts, out);
+  DiagnoseCublasLt(facts, out);
   DiagnoseCache(facts, out);
   DiagnoseCacheFix(facts, out);
   DiagnoseTuning(facts, out);

@@ -15,9 +15,9 @@
 //
 // Check ids are stable (scripts match on them): "driver", "gpu.<N>", "nvrtc", "target.gpu.<N>",
 // "compat.min_driver", "compat.ptx", "compile.<target>" (e.g. "compile.sm_90"), "launch.gpu.<N>",
-// "cache.dir", "cache.permissions", "cache.stale", "cache.corrupt", "cache.fix", "tuning", "env".
-// A check whose prerequisite failed (no driver: no gpu.N, compat.*, launch.*; no NVRTC: no
-// target.*, compile.*) is left out; the prerequisite's FAIL says why.
+// "cublaslt", "cache.dir", "cache.permissions", "cache.stale", "cache.corrupt", "cache.fix",
+// "tuning", "env". A check whose prerequisite failed (no driver: no gpu.N, compat.*, launch.*; no
+// NVRTC: no target.*, compile.*) is left out; the prerequisite's FAIL says why.
 //
 // `kjit doctor --json` prints, schema 1 (fields are only ever added, never renamed or retyped):
 //
@@ -83,6 +83,16 @@ struct NvrtcFacts {
   std::vector<int> archs;  // nvrtcGetSupportedArchs: {75, 80, ..., 120}
   int version() const { return major * 1000 + minor * 10; }  // the driver's encoding
   std::string VersionString() const;                         // "13.0", as cache entries record it
+};
+
+// libcublasLt, which only LinearCrossEntropy (the fused lm_head + loss) needs: its GEMMs.
+struct CublasLtFacts {
+  bool loaded = false;
+  std::string error;  // first line of the load error when !loaded
+  std::string path;
+  size_t version = 0;  // cublasLtGetVersion: 130100 = 13.1.0
+  int cudart = 0;      // the CUDA runtime it was built with, the driver's encoding: 13000
+  std::string VersionString() const;  // "13.1.0"
 };
 
 // A test compile of the RMSNorm kernel (hidden 4096, bf16) for one target.
@@ -185,6 +195,7 @@ struct DoctorFacts {
   std::vector<std::string> arch_targets;  // --arch, already validated
   std::vector<CompileFacts> compiles;
   std::vector<LaunchFacts> launches;
+  CublasLtFacts cublaslt;
   CacheFacts cache;
   TuningFacts tuning;
   EnvFacts env;

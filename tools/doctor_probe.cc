@@ -34,6 +34,7 @@
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/version.h"
+#include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
 #include "ops/rms_norm/reference.h"
@@ -368,6 +369,20 @@ NvrtcFacts ProbeNvrtc(const std::vector<std::string>& candidates) {
   return n;
 }
 
+CublasLtFacts ProbeCublasLt(const std::vector<std::string>& candidates) {
+  CublasLtFacts c;
+  auto lt = ops::CublasLt::Load(candidates);
+  if (!lt.ok()) {
+    c.error = Msg(lt.status());
+    return c;
+  }
+  c.loaded = true;
+  c.path = lt->path();
+  c.version = lt->version();
+  c.cudart = static_cast<int>(lt->cudart_version());
+  return c;
+}
+
 CacheFacts ProbeCache(const std::string& dir_override) {
   CacheFacts c;
   c.euid = ::geteuid();
@@ -586,6 +601,7 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
     f.launches.push_back(std::move(l));
   }
 
+  f.cublaslt = ProbeCublasLt(ops::CublasLt::DefaultCandidates());
   f.cache = ProbeCache();
   if (options.fix_cache) FixCache(f);
   f.tuning = ProbeTuning();

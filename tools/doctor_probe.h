@@ -31,6 +31,8 @@ EnvFacts ProbeEnv();
 // threads would outlive the code).
 DriverFacts ProbeDriver(const std::vector<std::string>& candidates);
 NvrtcFacts ProbeNvrtc(const std::vector<std::string>& candidates);
+// Opens libcublasLt from `candidates` (ops::CublasLt::DefaultCandidates() in production).
+CublasLtFacts ProbeCublasLt(const std::vector<std::string>& candidates);
 // Inspects `dir` (empty: where kjit's cache is, from the environment) without creating it.
 CacheFacts ProbeCache(const std::string& dir = "");
 // Reads the tuning database a runtime created now would read (TuningDb::DefaultPath(), which

@@ -31,12 +31,15 @@ int CommonAlignment(std::initializer_list<const void*> pointers) {
 
 }  // namespace
 
-absl::StatusOr<CublasLt> CublasLt::Load() {
-  std::vector<std::string> candidates = {"libcublasLt.so.13", "libcublasLt.so.12",
-                                         "libcublasLt.so"};
+std::vector<std::string> CublasLt::DefaultCandidates() {
   if (const char* env = std::getenv("KJIT_CUBLASLT_PATH"); env != nullptr && *env != '\0') {
-    candidates = {env};
+    return {env};
   }
+  return {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
+          "/usr/local/cuda/lib64/libcublasLt.so"};
+}
+
+absl::StatusOr<CublasLt> CublasLt::Load(const std::vector<std::string>& candidates) {
   auto lib = jit::DynLib::Open(candidates);
   if (!lib.ok()) {
     return absl::FailedPreconditionError(fmt::format(
@@ -55,6 +58,7 @@ absl::StatusOr<CublasLt> CublasLt::Load() {
   KJIT_LT_LOAD(cublasLtCreate);
   KJIT_LT_LOAD(cublasLtDestroy);
   KJIT_LT_LOAD(cublasLtGetVersion);
+  KJIT_LT_LOAD(cublasLtGetCudartVersion);
   KJIT_LT_LOAD(cublasLtGetStatusName);
   KJIT_LT_LOAD(cublasLtGetStatusString);
   KJIT_LT_LOAD(cublasLtMatmulDescCreate);
@@ -73,11 +77,13 @@ absl::StatusOr<CublasLt> CublasLt::Load() {
         fmt::format("{} lacks{}: cuBLASLt 12 or newer is needed", lt.path(), missing));
   }
   lt.version_ = lt.cublasLtGetVersion();
+  lt.cudart_version_ = lt.cublasLtGetCudartVersion();
   return lt;
 }
 
 absl::StatusOr<const CublasLt*> CublasLt::Get() {
-  static const absl::StatusOr<CublasLt>* loaded = new absl::StatusOr<CublasLt>(Load());
+  static const absl::StatusOr<CublasLt>* loaded =
+      new absl::StatusOr<CublasLt>(Load(DefaultCandidates()));
   if (!loaded->ok()) return loaded->status();
   return &**loaded;
 }

@@ -1,7 +1,8 @@
 // CublasLt: the cuBLASLt calls the fused linear + cross-entropy op makes, from libcublasLt opened
 // with dlopen on first use (like libcuda, libnvrtc and NCCL), so that nothing else in kjit needs
 // it. $KJIT_CUBLASLT_PATH names the library; without it libcublasLt.so.13, .so.12 and .so are
-// tried on the loader's path (a process that imported torch already has one loaded).
+// tried on the loader's path (a process that imported torch already has one loaded), then the
+// toolkit's /usr/local/cuda/lib64/libcublasLt.so.
 //
 // LtGemm states a GEMM on row-major views, as a framework would, and keeps one plan (descriptors
 // and cuBLASLt's heuristic list of algorithms) per shape, so a launch makes no host-side search:
@@ -35,15 +36,24 @@ class CublasLt {
   // Opened once per process; a failure (no library, a symbol missing) is remembered and returned
   // as FailedPrecondition naming what was tried and KJIT_CUBLASLT_PATH.
   static absl::StatusOr<const CublasLt*> Get();
+  // What Get() tries: $KJIT_CUBLASLT_PATH alone when set, else the default names above.
+  static std::vector<std::string> DefaultCandidates();
+  // Opens the first of `candidates` that loads, anew each time (kjit doctor's probe; ops use
+  // Get()). The error names what was tried and how to fix it.
+  static absl::StatusOr<CublasLt> Load(const std::vector<std::string>& candidates);
 
   const std::string& path() const { return lib_.path(); }
-  size_t version() const { return version_; }  // e.g. 130000 for 13.0.0
+  size_t version() const { return version_; }  // e.g. 130100 for cuBLAS 13.1.0
+  // The CUDA runtime it was built with, as the driver encodes versions (13000 for CUDA 13.0): a
+  // driver of an older CUDA major cannot run it.
+  size_t cudart_version() const { return cudart_version_; }
   absl::Status Check(cublasStatus_t s, const char* call) const;
 
 #define KJIT_LT_FN(name) decltype(&::name) name = nullptr
   KJIT_LT_FN(cublasLtCreate);
   KJIT_LT_FN(cublasLtDestroy);
   KJIT_LT_FN(cublasLtGetVersion);
+  KJIT_LT_FN(cublasLtGetCudartVersion);
   KJIT_LT_FN(cublasLtGetStatusName);
   KJIT_LT_FN(cublasLtGetStatusString);
   KJIT_LT_FN(cublasLtMatmulDescCreate);
@@ -60,9 +70,9 @@ class CublasLt {
 
  private:
   explicit CublasLt(jit::DynLib lib) : lib_(std::move(lib)) {}
-  static absl::StatusOr<CublasLt> Load();
   jit::DynLib lib_;
   size_t version_ = 0;
+  size_t cudart_version_ = 0;
 };
 
 // One GEMM on row-major views: out = op(a) · op(b) [+ bias] + beta · out, op transposing when

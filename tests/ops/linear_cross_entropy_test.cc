@@ -919,6 +919,30 @@ TEST(LinearCrossEntropyCublasLtTest, ANonexistentPathIsAFailedPreconditionNaming
   EXPECT_EXIT(LoadFromANonexistentPathAndExit(), ::testing::ExitedWithCode(0), "verdict: right");
 }
 
+// $KJIT_CUBLASLT_PATH alone when set (a typo is an error, not a silent fallback); else the
+// sonames, then the toolkit's own copy for a machine whose loader path lacks it.
+TEST(LinearCrossEntropyCublasLtTest, DefaultCandidatesFollowTheVariable) {
+  const char* saved = std::getenv("KJIT_CUBLASLT_PATH");
+  const std::string restore = saved ? saved : "";
+  ::setenv("KJIT_CUBLASLT_PATH", "/opt/x/libcublasLt.so", 1);
+  EXPECT_EQ(ops::CublasLt::DefaultCandidates(), std::vector<std::string>{"/opt/x/libcublasLt.so"});
+  ::unsetenv("KJIT_CUBLASLT_PATH");
+  const std::vector<std::string> names = ops::CublasLt::DefaultCandidates();
+  ASSERT_EQ(names.size(), 4u);
+  EXPECT_EQ(names.front(), "libcublasLt.so.13");
+  EXPECT_EQ(names.back(), "/usr/local/cuda/lib64/libcublasLt.so");
+  if (saved != nullptr) ::setenv("KJIT_CUBLASLT_PATH", restore.c_str(), 1);
+}
+
+TEST(LinearCrossEntropyCublasLtTest, LoadNamesEveryCandidateTried) {
+  auto lt = ops::CublasLt::Load({"/nonexistent/a/libcublasLt.so", "/nonexistent/b/libcublasLt.so"});
+  ASSERT_FALSE(lt.ok());
+  EXPECT_EQ(lt.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(lt.status(), "/nonexistent/a/libcublasLt.so")) << lt.status();
+  EXPECT_TRUE(Contains(lt.status(), "/nonexistent/b/libcublasLt.so")) << lt.status();
+  EXPECT_TRUE(Contains(lt.status(), "KJIT_CUBLASLT_PATH")) << lt.status();
+}
+
 TEST(LinearCrossEntropyCublasLtTest, LoadsFromTheLoadersPath) {
   if (const char* env = std::getenv("KJIT_CUBLASLT_PATH"); env != nullptr && *env != '\0') {
     GTEST_SKIP() << "KJIT_CUBLASLT_PATH is set (" << env << "): the loader's path is not used";
@@ -929,6 +953,7 @@ TEST(LinearCrossEntropyCublasLtTest, LoadsFromTheLoadersPath) {
   }
   ASSERT_TRUE(lt.ok()) << lt.status();
   EXPECT_GT((*lt)->version(), 0u);
+  EXPECT_GE((*lt)->cudart_version(), 12000u) << "cuBLASLt 12 or newer";
   EXPECT_NE((*lt)->path().find("libcublasLt"), std::string::npos) << (*lt)->path();
   // Every entry point the op calls was found.
   EXPECT_NE((*lt)->cublasLtCreate, nullptr);

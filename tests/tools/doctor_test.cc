@@ -120,6 +120,10 @@ DoctorFacts HealthyH200() {
                  .state = LaunchFacts::State::kOk,
                  .target = "sm_90",
                  .detail = "64x4096 bf16 matches the fp64 reference"}};
+  f.cublaslt = {.loaded = true,
+                .path = "/usr/local/cuda/lib64/libcublasLt.so.13",
+                .version = 130100,
+                .cudart = 13000};
   f.cache = {.dir = "/home/u/.cache/kjit",
              .dir_source = "HOME",
              .exists = true,
@@ -158,7 +162,7 @@ TEST(DoctorDiagnose, HealthyH200IsAllOk) {
   const auto findings = Diagnose(HealthyH200());
   ExpectWellFormed(findings);
   for (const char* check : {"driver", "gpu.0", "nvrtc", "target.gpu.0", "compat.min_driver",
-                            "compat.ptx", "compile.sm_90", "launch.gpu.0", "cache.dir",
+                            "compat.ptx", "compile.sm_90", "launch.gpu.0", "cublaslt", "cache.dir",
                             "cache.permissions", "cache.stale", "cache.corrupt", "tuning", "env"}) {
     Expect(findings, check, Status::kOk);
   }
@@ -170,6 +174,9 @@ TEST(DoctorDiagnose, HealthyH200IsAllOk) {
   EXPECT_TRUE(Contains(Find(findings, "driver")->message, "CUDA 13.0"));
   EXPECT_TRUE(Contains(Find(findings, "target.gpu.0")->message, "CUBIN for sm_90"));
   EXPECT_TRUE(Contains(Find(findings, "tuning")->message, "no tuning database"));
+  EXPECT_EQ(Find(findings, "cublaslt")->message,
+            "cuBLASLt 13.1.0 (/usr/local/cuda/lib64/libcublasLt.so.13), built for CUDA 13.0: "
+            "LinearCrossEntropy's GEMMs");
   // Nothing about --fix-cache unless it ran.
   EXPECT_EQ(Find(findings, "cache.fix"), nullptr);
 }
@@ -293,6 +300,55 @@ TEST(DoctorDiagnose, AnUnusableNvrtcPathFailsWithTheVariableInTheFix) {
             "Point KJIT_NVRTC_PATH (now '/dev/zero') at the libnvrtc.so of a CUDA toolkit (e.g. "
             "/usr/local/cuda/lib64/libnvrtc.so), or unset it to search the default places.");
   EXPECT_EQ(ExitCodeFor(findings), 1);
+}
+
+// Only LinearCrossEntropy needs cuBLASLt: without it doctor warns, and the exit code stays 0.
+TEST(DoctorDiagnose, CublasLtMissingWarnsWithTheInstallFix) {
+  DoctorFacts f = HealthyH200();
+  f.cublaslt = {.error =
+                    "no cuBLASLt (the fused linear + cross-entropy op's GEMMs): could not load "
+                    "libcublasLt.so.13: cannot open shared object file\nfix: install ..."};
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  Finding c = Expect(findings, "cublaslt", Status::kWarn);
+  EXPECT_EQ(c.message,
+            "no cuBLASLt (the fused linear + cross-entropy op's GEMMs): could not load "
+            "libcublasLt.so.13: cannot open shared object file; the other ops run without it");
+  EXPECT_TRUE(Contains(c.fix, "nvidia-cublas")) << c.fix;
+  EXPECT_TRUE(Contains(c.fix, "KJIT_CUBLASLT_PATH")) << c.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 0) << Dump(findings);
+
+  // A set KJIT_CUBLASLT_PATH is the only library tried: the fix is to the variable.
+  f.env.kjit_vars["KJIT_CUBLASLT_PATH"] = "/opt/x/libcublasLt.so";
+  findings = Diagnose(f);
+  c = Expect(findings, "cublaslt", Status::kWarn);
+  EXPECT_TRUE(c.fix.starts_with("Point KJIT_CUBLASLT_PATH (now '/opt/x/libcublasLt.so') at"))
+      << c.fix;
+}
+
+// A CUDA runtime needs a driver of its major version or newer; an older runtime is fine.
+TEST(DoctorDiagnose, CublasLtBuiltForANewerCudaThanTheDriverWarns) {
+  DoctorFacts f = HealthyH200();
+  f.driver.version = 12080;
+  f.driver.release = "570.86.10";
+  auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding c = Expect(findings, "cublaslt", Status::kWarn);
+  EXPECT_TRUE(Contains(c.message, "built for CUDA 13.0, newer than the driver's CUDA 12.8"))
+      << c.message;
+  EXPECT_TRUE(Contains(c.fix, "R580.65.06+")) << c.fix;
+  EXPECT_TRUE(Contains(c.fix, "CUDA 12 toolkit")) << c.fix;
+
+  f.cublaslt.cudart = 12080;  // cuBLASLt 12.8 on the same driver
+  f.cublaslt.version = 120804;
+  Expect(Diagnose(f), "cublaslt", Status::kOk);
+  f = HealthyH200();
+  f.driver.version = 13010;  // a newer minor of the same major
+  Expect(Diagnose(f), "cublaslt", Status::kOk);
+  // Without a driver there is nothing to compare: what was found is reported.
+  f = NoGpu(DriverFacts::Error::kMissing);
+  const Finding no_driver = Expect(Diagnose(f), "cublaslt", Status::kOk);
+  EXPECT_TRUE(Contains(no_driver.message, "cuBLASLt 13.1.0")) << no_driver.message;
 }
 
 // A B200 (sm_100) with an NVRTC that stops at sm_90 (CUDA 12.6).
@@ -546,6 +602,11 @@ TEST(DoctorDiagnose, JudgeCacheEntry) {
   EXPECT_EQ(JudgeCacheEntry(entry("sm_80", "13.0"), none), EntryVerdict::kStaleTarget);
 }
 
+TEST(DoctorDiagnose, CublasLtVersionString) {
+  EXPECT_EQ((CublasLtFacts{.version = 130100}).VersionString(), "13.1.0");
+  EXPECT_EQ((CublasLtFacts{.version = 120804}).VersionString(), "12.8.4");
+}
+
 TEST(DoctorDiagnose, VersionTables) {
   EXPECT_EQ(CudaVersionText(13000), "13.0");
   EXPECT_EQ(CudaVersionText(12080), "12.8");
@@ -637,6 +698,23 @@ TEST(DoctorProbe, Nvrtc) {
   EXPECT_FALSE(n.loaded);
   EXPECT_TRUE(Contains(n.error, "/nonexistent/libnvrtc.so")) << n.error;
   EXPECT_FALSE(Contains(n.error, "\n"));
+}
+
+TEST(DoctorProbe, CublasLt) {
+  const CublasLtFacts missing = ProbeCublasLt({"/nonexistent/libcublasLt.so"});
+  EXPECT_FALSE(missing.loaded);
+  EXPECT_TRUE(Contains(missing.error, "/nonexistent/libcublasLt.so")) << missing.error;
+  EXPECT_TRUE(Contains(missing.error, "could not load")) << missing.error;
+  EXPECT_FALSE(Contains(missing.error, "\n"));
+
+  // The toolkit's, which this machine and CI have: the version as the library reports it.
+  const CublasLtFacts found = ProbeCublasLt({"/usr/local/cuda/lib64/libcublasLt.so"});
+  if (!found.loaded) GTEST_SKIP() << "no CUDA toolkit cuBLASLt here: " << found.error;
+  EXPECT_TRUE(Contains(found.path, "libcublasLt")) << found.path;
+  EXPECT_GE(found.version, 120000u);
+  EXPECT_GE(found.cudart, 12000);
+  EXPECT_EQ(found.VersionString(), fmt::format("{}.{}.{}", found.version / 10000,
+                                               found.version / 100 % 100, found.version % 100));
 }
 
 TEST(DoctorProbe, CacheThatDoesNotExistIsNotCreated) {
