@@ -182,22 +182,28 @@ void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
   }
 }
 
+// The fix for a library that did not load. A set `variable` is the only library kjit tries, so
+// the fix is to it; else `install`.
+std::string LibraryFix(const DoctorFacts& f, const std::string& variable,
+                       const std::string& expected, const std::string& install) {
+  auto path = f.env.kjit_vars.find(variable);
+  if (path == f.env.kjit_vars.end() || path->second.empty()) return install;
+  return fmt::format("Point {} (now '{}') at {}, or unset it to search the default places.",
+                     variable, path->second, expected);
+}
+
 // --- NVRTC, targets, compatibility --------------------------------------------------------------
 
 void DiagnoseNvrtc(const DoctorFacts& f, std::vector<Finding>& out) {
   const NvrtcFacts& n = f.nvrtc;
   if (!n.loaded) {
-    // An explicit KJIT_NVRTC_PATH is the only library kjit tries: the fix is to that variable.
-    auto path = f.env.kjit_vars.find("KJIT_NVRTC_PATH");
-    const bool set = path != f.env.kjit_vars.end() && !path->second.empty();
     out.push_back(
         {"nvrtc", Status::kFail,
          fmt::format("NVRTC is not available: {}", OneLine(FirstLine(n.error))),
-         set ? fmt::format("Point KJIT_NVRTC_PATH (now '{}') at the libnvrtc.so of a CUDA toolkit "
-                           "(e.g. /usr/local/cuda/lib64/libnvrtc.so), or unset it to search the "
-                           "default places.",
-                           path->second)
-             : std::string("Install the CUDA toolkit's NVRTC (") + kInstallNvrtc + ")."});
+         LibraryFix(f, "KJIT_NVRTC_PATH",
+                    "the libnvrtc.so of a CUDA toolkit (e.g. "
+                    "/usr/local/cuda/lib64/libnvrtc.so)",
+                    std::string("Install the CUDA toolkit's NVRTC (") + kInstallNvrtc + ").")});
     return;
   }
   out.push_back({"nvrtc", Status::kOk,
@@ -389,20 +395,16 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
 void DiagnoseCublasLt(const DoctorFacts& f, std::vector<Finding>& out) {
   const CublasLtFacts& c = f.cublaslt;
   if (!c.loaded) {
-    // As for NVRTC, a set KJIT_CUBLASLT_PATH is the only library tried.
-    auto path = f.env.kjit_vars.find("KJIT_CUBLASLT_PATH");
-    const bool set = path != f.env.kjit_vars.end() && !path->second.empty();
     out.push_back(
         {"cublaslt", Status::kWarn,
          // The loader's line says what was tried and that LinearCrossEntropy needs it.
          fmt::format("{}; the other ops run without it", OneLine(FirstLine(c.error))),
-         set ? fmt::format("Point KJIT_CUBLASLT_PATH (now '{}') at a libcublasLt.so of CUDA 12 or "
-                           "newer (e.g. /usr/local/cuda/lib64/libcublasLt.so), or unset it to "
-                           "search the default places.",
-                           path->second)
-             : std::string("Install cuBLAS (the CUDA toolkit's, or the nvidia-cublas wheel "
-                           "PyTorch uses) and put its lib directory on LD_LIBRARY_PATH, or set "
-                           "KJIT_CUBLASLT_PATH to its libcublasLt.so.")});
+         LibraryFix(f, "KJIT_CUBLASLT_PATH",
+                    "a libcublasLt.so of CUDA 12 or newer (e.g. "
+                    "/usr/local/cuda/lib64/libcublasLt.so)",
+                    "Install cuBLAS (the CUDA toolkit's, or the nvidia-cublas wheel PyTorch uses) "
+                    "and put its lib directory on LD_LIBRARY_PATH, or set KJIT_CUBLASLT_PATH to "
+                    "its libcublasLt.so.")});
     return;
   }
   const std::string what = fmt::format("cuBLASLt {} ({}), built for CUDA {}", c.VersionString(),
