@@ -20,6 +20,32 @@ needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU (torch.
                                "is False)")
 
 
+def small_hf_model(kind: str, *, vocab_size: int, hidden_size: int, max_positions: int,
+                   final_softcap: float):
+    """A randomly initialized (seed 0) two-layer Hugging Face causal LM on the CPU: "llama",
+    "qwen2" or "gemma2" (with its attention and final logit soft-caps), 4 heads, 2 KV heads,
+    eager attention."""
+    import torch
+    import transformers
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size,
+                  intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=max_positions)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common)
+    elif kind == "qwen2":
+        config = transformers.Qwen2Config(**common)
+    else:
+        head_dim = hidden_size // 4
+        config = transformers.Gemma2Config(**common, head_dim=head_dim,
+                                           final_logit_softcapping=final_softcap,
+                                           attn_logit_softcapping=50.0,
+                                           sliding_window=max_positions // 2,
+                                           query_pre_attn_scalar=head_dim)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A private kernel cache and no tuning database, so a test sees only its own builds."""

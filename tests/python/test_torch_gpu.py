@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from conftest import needs_gpu, needs_torch
+from conftest import needs_gpu, needs_torch, small_hf_model
 
 pytestmark = [needs_torch, needs_gpu]
 
@@ -785,33 +785,25 @@ def test_cuda_graph_training_step_gives_the_same_bits():
 # ---- apply_to on Hugging Face models -----------------------------------------------------------
 
 def hf_model(kind):
-    import transformers
-    common = dict(vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    if kind == "llama":
-        config = transformers.LlamaConfig(**common)
-    elif kind == "qwen2":
-        config = transformers.Qwen2Config(**common)
-    else:
-        config = transformers.Gemma2Config(**common, head_dim=64, final_logit_softcapping=30.0,
-                                           attn_logit_softcapping=50.0, sliding_window=128,
-                                           query_pre_attn_scalar=64)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).cuda().to(torch.bfloat16)
+    return small_hf_model(kind, vocab_size=32000, hidden_size=256, max_positions=256,
+                          final_softcap=30.0).cuda().to(torch.bfloat16)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "lm_head_fused"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
-def test_apply_to_tracks_the_unpatched_model(kind):
+def test_apply_to_tracks_the_unpatched_model(kind, fused):
     base = hf_model(kind)
     patched = copy.deepcopy(base)
-    changed = kt.apply_to(patched)
+    changed = kt.apply_to(patched, linear_cross_entropy=fused)
     assert changed["model_type"] == kind
     assert len(changed["rms_norm"]) == (2 * 4 + 1 if kind == "gemma2" else 2 * 2 + 1)
-    assert changed["loss"].endswith("-> kjit")
+    assert changed["loss"].endswith("-> kjit (lm_head fused)" if fused else "-> kjit")
+    assert changed["linear_cross_entropy"] is fused
     assert sum(1 for m in patched.modules() if isinstance(m, kt.KjitHFRMSNorm)) == len(
         changed["rms_norm"])
     assert patched.state_dict().keys() == base.state_dict().keys()
+    for model in (base, patched):
+        model.train()  # the fused path is the training forward's (no dropout in these configs)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (base, patched)]
     g = torch.Generator(device="cuda").manual_seed(1)
     worst = 0.0
@@ -824,6 +816,8 @@ def test_apply_to_tracks_the_unpatched_model(kind):
             out.loss.backward()
             opt.step()
             losses.append(out.loss.item())
+        # A fused training forward computes no logits; the model's own computes them all.
+        assert out.logits.shape == (4, 0 if fused else 128, 32000)
         assert math.isfinite(losses[1])
         worst = max(worst, abs(losses[1] - losses[0]) / abs(losses[0]))
     # bf16 training: the two runs round differently (fp32 loss here, the fp32 copy of the logits

@@ -10,16 +10,34 @@ model's loss function becomes kjit's fused cross-entropy over the model's logits
 fp32 copy of the logits Hugging Face's loss makes. Gemma 2's logit soft-cap stays in the model's
 forward. Tensors not on a GPU, and a LLaMA-style norm whose weight dtype differs from its input's
 (whose output torch would promote), run the original code.
+
+With linear_cross_entropy=True a training forward with labels computes no logits at all: the
+loss and the gradients of lm_head's input and weight come from kjit's fused lm_head +
+cross-entropy (kjit.torch.linear_cross_entropy), whose memory stays flat in the token count.
+It runs the model's own forward, not a copy of it, in three places:
+
+    forward            the model's class becomes a subclass (same name, so save_pretrained writes
+                       the original architecture) whose forward arms the fusion when the model
+                       trains on labels (model.training, labels given, no logits_to_keep) and
+                       disarms it afterwards, also when the forward raised; PEFT, which calls
+                       model.forward directly, goes through it too
+    lm_head pre-hook   while armed, keeps lm_head's input (the final hidden states) and hands
+                       lm_head zero positions, so the logits it returns are empty: [batch, 0, vocab]
+    loss function      computes the loss from the kept hidden states and lm_head's weight
+
+The state lives in a thread-local, not in the model: copy.deepcopy(model) fuses on its own, and
+nn.DataParallel's replicas run one thread each.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
 from torch import nn
 
-from kjit.torch.functional import cross_entropy, rms_norm
+from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
 _SUPPORTED = {
@@ -85,27 +103,39 @@ def _replace_norms(model: nn.Module, casting: str, offset: float) -> list:
     return replaced
 
 
-def _causal_lm_loss(original, inplace_backward):
+def _shifted_target(labels, shift_labels, ignore_index, device):
+    """ForCausalLMLoss's targets, flattened: position t predicts token t + 1, the last none."""
+    if shift_labels is None:
+        labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    return shift_labels.reshape(-1).to(device)
+
+
+def _count_on(num_items_in_batch, device):
+    return num_items_in_batch.to(device) if torch.is_tensor(num_items_in_batch) else \
+        num_items_in_batch
+
+
+def _causal_lm_loss(original, use_kjit, inplace_backward):
     """Hugging Face's ForCausalLMLoss (shift, flatten, mean or sum / num_items_in_batch) on kjit's
-    cross-entropy."""
+    fused lm_head + cross-entropy when a fused forward kept lm_head's input, else on kjit's
+    cross-entropy over the logits (use_kjit) or the original."""
 
     def loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
              shift_labels=None, **kwargs):
-        if not logits.is_cuda:
+        kept = _take_kept_lm_head_input()
+        if kept is not None:
+            return _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels)
+        if not (use_kjit and logits.is_cuda):
             return original(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
                             ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
-        if shift_labels is None:
-            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
-            shift_labels = labels[..., 1:]
-        target = shift_labels.reshape(-1).to(logits.device)
+        target = _shifted_target(labels, shift_labels, ignore_index, logits.device)
         flat = logits.reshape(-1, vocab_size)  # a view of lm_head's output, a copy if it must
         if num_items_in_batch is None:
             return cross_entropy(flat, target, ignore_index=ignore_index,
                                  inplace_backward=inplace_backward)
         # sum / n: the gradient is computed for the upstream 1 / n the division will send back.
-        count = num_items_in_batch
-        if torch.is_tensor(count):
-            count = count.to(logits.device)
+        count = _count_on(num_items_in_batch, logits.device)
         scale = torch.ones((), dtype=torch.float32, device=logits.device) / count
         summed = cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum",
                                grad_scale=scale, inplace_backward=inplace_backward)
@@ -114,33 +144,127 @@ def _causal_lm_loss(original, inplace_backward):
     return loss
 
 
+# ---- lm_head and the loss fused ---------------------------------------------------------------
+
+_fusion = threading.local()  # armed (bool) and softcap, then kept: (hidden, lm_head, softcap)
+_fused_classes: dict = {}
+
+
+def _fused_class(cls: type) -> type:
+    """cls with a forward that arms the fusion around cls.forward; one per class."""
+    fused = _fused_classes.get(cls)
+    if fused is not None:
+        return fused
+
+    def forward(self, *args, **kwargs):
+        keep = kwargs.get("logits_to_keep", 0)
+        if not (self.training and kwargs.get("labels") is not None and isinstance(keep, int)
+                and keep == 0):
+            return cls.forward(self, *args, **kwargs)
+        _fusion.armed, _fusion.kept = True, None
+        _fusion.softcap = getattr(self.config, "final_logit_softcapping", None) or 0.0
+        try:
+            return cls.forward(self, *args, **kwargs)
+        finally:
+            _fusion.armed, _fusion.kept = False, None
+
+    fused = type(cls.__name__, (cls,), {"forward": forward, "_kjit_fused_lm_head": True,
+                                        "__qualname__": cls.__qualname__,
+                                        "__module__": cls.__module__})
+    return _fused_classes.setdefault(cls, fused)
+
+
+def _keep_lm_head_input(head, args):
+    """lm_head's forward pre-hook: while armed, keeps the hidden states and gives lm_head none."""
+    if not getattr(_fusion, "armed", False) or not _runs_on_kjit(args[0]):
+        return None
+    _fusion.armed = False  # once a forward
+    hidden = args[0]
+    _fusion.kept = (hidden, head, _fusion.softcap)
+    return (hidden[..., :0, :],) + tuple(args[1:])
+
+
+def _runs_on_kjit(hidden: torch.Tensor) -> bool:
+    return hidden.is_cuda
+
+
+def _take_kept_lm_head_input():
+    kept = getattr(_fusion, "kept", None)
+    _fusion.kept = None
+    return kept
+
+
+def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels):
+    hidden, head, softcap = kept
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    target = _shifted_target(labels, shift_labels, ignore_index, hidden.device)
+    if target.shape[0] != flat.shape[0]:
+        raise ValueError(f"kjit.apply_to(linear_cross_entropy=True): lm_head got "
+                         f"{flat.shape[0]} positions but the labels hold {target.shape[0]}")
+    # As autocast's linear: a weight kept in another dtype (fp32 master weights) is cast to the
+    # hidden states', and its gradient flows back through the cast.
+    weight = head.weight if head.weight.dtype == hidden.dtype else head.weight.to(hidden.dtype)
+    bias = head.bias
+    if bias is not None and bias.dtype != hidden.dtype:
+        bias = bias.to(hidden.dtype)
+    if num_items_in_batch is None:
+        return linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
+                                    softcap=softcap)
+    summed = linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
+                                  reduction="sum", softcap=softcap)
+    return summed / _count_on(num_items_in_batch, hidden.device)
+
+
+def _fuse_lm_head_and_loss(model: nn.Module) -> None:
+    model.get_output_embeddings().register_forward_pre_hook(_keep_lm_head_input)
+    model.__class__ = _fused_class(type(model))
+
+
 def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = True,
-             inplace_backward: bool = True) -> dict:
+             linear_cross_entropy: bool = False, inplace_backward: bool = True) -> dict:
     """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face LLaMA, Mistral, Qwen2,
     Qwen3, Gemma or Gemma 2 model for kjit's; returns what it changed. Raises ValueError for a
     model it does not support (nothing is changed then).
 
     inplace_backward: the loss writes its gradient over the logits (the model's output logits
     then hold the gradient after a training forward); False allocates it instead.
+
+    linear_cross_entropy: a training forward with labels (model.train(), labels=...) runs
+    lm_head and the loss as kjit's fused op and computes no logits: its output's logits are
+    empty ([batch, 0, vocab]); evaluation, generation and forwards without labels compute them
+    as before. lm_head must be a plain nn.Linear (not LoRA-wrapped or quantized) whose weight
+    is whole in memory when the loss runs: not a separate FSDP unit, not ZeRO-3 partitioned.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in _SUPPORTED:
         raise ValueError(f"kjit.apply_to: model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(_SUPPORTED))}")
-    if cross_entropy and not (type(model).__name__.endswith("ForCausalLM")
-                              and hasattr(model, "loss_function")):
+    if (cross_entropy or linear_cross_entropy) and not (
+            type(model).__name__.endswith("ForCausalLM") and hasattr(model, "loss_function")):
         raise ValueError(f"kjit.apply_to: {type(model).__name__} is not a causal LM with a "
-                         "loss_function; pass cross_entropy=False to patch only the norms")
+                         "loss_function; pass cross_entropy=False (and no linear_cross_entropy) "
+                         "to patch only the norms")
     casting, offset = _SUPPORTED[model_type]
+    fuse = linear_cross_entropy and not getattr(model, "_kjit_fused_lm_head", False)
+    if fuse:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if type(head) is not nn.Linear:
+            raise ValueError(f"kjit.apply_to: linear_cross_entropy needs lm_head to be a plain "
+                             f"nn.Linear, got {type(head).__name__}; pass "
+                             "linear_cross_entropy=False")
     if rms_norm:  # checked before anything changes
         for name, module in _hf_norms(model):
             _norm_eps(name, module)
-    changed = {"model_type": model_type, "rms_norm": [], "loss": None}
+    changed = {"model_type": model_type, "rms_norm": [], "loss": None,
+               "linear_cross_entropy": fuse or getattr(model, "_kjit_fused_lm_head", False)}
     if rms_norm:
         changed["rms_norm"] = _replace_norms(model, casting, offset)
-    if cross_entropy:
+    if cross_entropy or fuse:
         original = model.loss_function
-        model.loss_function = _causal_lm_loss(original, inplace_backward)
-        changed["loss"] = f"{getattr(original, '__name__', type(original).__name__)} -> kjit"
+        model.loss_function = _causal_lm_loss(original, cross_entropy, inplace_backward)
+        changed["loss"] = (f"{getattr(original, '__name__', type(original).__name__)} -> kjit"
+                           + (" (lm_head fused)" if fuse else ""))
+    if fuse:
+        _fuse_lm_head_and_loss(model)
     return changed

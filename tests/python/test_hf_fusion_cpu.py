@@ -1,0 +1,214 @@
+"""apply_to(model, linear_cross_entropy=True)'s plumbing on the CPU, with real Hugging Face models:
+which forwards fuse, the hidden states the loss gets, the shifted targets, num_items_in_batch,
+Gemma 2's soft-cap, copies and PEFT-style direct forward calls. kjit's kernels need a GPU, so the
+fused op is replaced here by its float64 definition (the GPU suite checks the op itself and the
+fused models on the GPU); everything else is the code users run. Skips without torch and
+transformers.
+"""
+
+import copy
+import importlib.util
+
+import pytest
+
+from conftest import needs_torch, small_hf_model
+
+pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                              reason="transformers is not installed")]
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import kjit.torch as kt
+    from kjit.torch import hf
+except ImportError:
+    pass
+
+
+def reference_lce(hidden, weight, target, bias=None, *, ignore_index=-100, reduction="mean",
+                  softcap=0.0, **unused):
+    """kjit.torch.linear_cross_entropy's definition, differentiable: the logits (soft-capped) in
+    the inputs' dtype, the loss from them in fp32, as the model's own loss computes it."""
+    logits = F.linear(hidden, weight, bias)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction=reduction)
+
+
+@pytest.fixture
+def fused_on_cpu(monkeypatch):
+    """Fusion on CPU tensors, with the reference in place of kjit's kernels; counts its calls."""
+    calls = []
+
+    def lce(hidden, weight, target, bias=None, **options):
+        calls.append({"hidden": hidden, "weight": weight, "target": target, **options})
+        return reference_lce(hidden, weight, target, bias, **options)
+
+    monkeypatch.setattr(hf, "_runs_on_kjit", lambda hidden: True)
+    monkeypatch.setattr(hf, "linear_cross_entropy", lce)
+    return calls
+
+
+def tiny_model(kind):
+    return small_hf_model(kind, vocab_size=97, hidden_size=32, max_positions=64,
+                          final_softcap=3.0).to(torch.float64)
+
+
+def loss_and_grads(model, **inputs):
+    model.zero_grad()
+    out = model(**inputs)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def labels_with_ignored(ids):
+    labels = ids.clone()
+    labels[0, :3] = -100
+    return labels
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_a_training_forward_with_labels_fuses_and_matches_the_model(kind, fused_on_cpu):
+    base = tiny_model(kind)
+    patched = copy.deepcopy(base)
+    changed = kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    assert changed["linear_cross_entropy"] is True
+    assert changed["loss"].endswith("-> kjit (lm_head fused)")
+    # Same class name, so save_pretrained writes the same architecture; still the model's class.
+    assert type(patched).__name__ == type(base).__name__
+    assert isinstance(patched, type(base))
+    assert patched.state_dict().keys() == base.state_dict().keys()
+    base.train()
+    patched.train()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (2, 12), generator=g)
+    labels = labels_with_ignored(ids)
+    expected, expected_grads = loss_and_grads(base, input_ids=ids, labels=labels)
+    out, grads = loss_and_grads(patched, input_ids=ids, labels=labels)
+
+    assert len(fused_on_cpu) == 1
+    call = fused_on_cpu[0]
+    assert call["hidden"].shape == (2 * 12, 32)  # every position, flattened
+    assert call["weight"] is patched.lm_head.weight
+    assert torch.equal(call["target"], torch.cat([labels[:, 1:], torch.full((2, 1), -100)],
+                                                 dim=1).reshape(-1))
+    assert call["softcap"] == (3.0 if kind == "gemma2" else 0.0)
+    assert out.logits.shape == (2, 0, 97), "a fused forward computes no logits"
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-9, atol=0)
+
+
+def test_evaluation_and_forwards_without_labels_compute_the_logits(fused_on_cpu):
+    base = tiny_model("llama")
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(2))
+    for training, labels in ((False, ids), (True, None)):
+        base.train(training)
+        patched.train(training)
+        with torch.no_grad():
+            out, expected = patched(input_ids=ids, labels=labels), base(input_ids=ids, labels=labels)
+        assert out.logits.shape == (2, 9, 97)
+        torch.testing.assert_close(out.logits, expected.logits, rtol=0, atol=0)
+        if labels is not None:
+            torch.testing.assert_close(out.loss, expected.loss, rtol=0, atol=0)
+    # With logits_to_keep (generation's) the model keeps its own behaviour, here its error.
+    base.train()
+    patched.train()
+    with pytest.raises(ValueError, match="batch_size"):
+        base(input_ids=ids, labels=ids, logits_to_keep=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        patched(input_ids=ids, labels=ids, logits_to_keep=1)
+    assert not fused_on_cpu
+
+
+def test_num_items_in_batch_sums_and_divides_as_the_model_does(fused_on_cpu):
+    base = tiny_model("qwen2")
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    base.train()
+    patched.train()
+    ids = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(3))
+    labels = labels_with_ignored(ids)
+    n = torch.tensor(31)  # tokens over all micro-batches, as Trainer counts them
+    expected, expected_grads = loss_and_grads(base, input_ids=ids, labels=labels,
+                                              num_items_in_batch=n)
+    out, grads = loss_and_grads(patched, input_ids=ids, labels=labels, num_items_in_batch=n)
+    assert fused_on_cpu[0]["reduction"] == "sum"
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-9, atol=0)
+
+
+def test_copies_and_direct_forward_calls_fuse_on_their_own(fused_on_cpu):
+    model = tiny_model("llama")
+    kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(2)  # the copy's own weight, not the original's
+    model.train()
+    twin.train()
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(4))
+    twin(input_ids=ids, labels=ids)
+    assert fused_on_cpu[-1]["weight"] is twin.lm_head.weight
+    # PEFT calls model.forward directly, past nn.Module.__call__.
+    model.forward(input_ids=ids, labels=ids)
+    assert fused_on_cpu[-1]["weight"] is model.lm_head.weight
+    assert len(fused_on_cpu) == 2
+    # Applying again changes nothing more.
+    assert kt.apply_to(model, rms_norm=False, cross_entropy=False,
+                       linear_cross_entropy=True)["linear_cross_entropy"] is True
+    model(input_ids=ids, labels=ids)
+    assert len(fused_on_cpu) == 3
+
+
+def test_a_forward_that_raises_leaves_nothing_armed(fused_on_cpu, monkeypatch):
+    model = tiny_model("llama")
+    kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    model.train()
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(5))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("decoder failed")
+
+    monkeypatch.setattr(model.model, "forward", broken)
+    with pytest.raises(RuntimeError, match="decoder failed"):
+        model(input_ids=ids, labels=ids)
+    monkeypatch.undo()
+    assert not getattr(hf._fusion, "armed", False) and hf._fusion.kept is None
+    # An unpatched lm_head call afterwards (another model sharing the thread) computes logits.
+    hidden = torch.randn(1, 3, 32, dtype=torch.float64)
+    assert model.lm_head(hidden).shape == (1, 3, 97)
+
+
+def test_lm_head_must_be_a_plain_linear():
+    model = tiny_model("llama")
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model.lm_head = Wrapped(model.lm_head)
+    with pytest.raises(ValueError, match="plain nn.Linear, got Wrapped"):
+        kt.apply_to(model, linear_cross_entropy=True)
+    assert not any(isinstance(m, kt.KjitHFRMSNorm) for m in model.modules()), "nothing changed"
+
+
+def test_save_pretrained_writes_the_original_architecture(tmp_path):
+    import json
+    import transformers
+    model = tiny_model("llama")
+    kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert type(loaded) is transformers.LlamaForCausalLM
+    for (name, p), q in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), name
