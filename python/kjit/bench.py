@@ -15,12 +15,14 @@ beyond the inputs during one iteration. Bandwidth ratios are to the copy, from "
 
 The lm_head + loss case (lce:, issue 20) is GEMM-bound, so it is measured against the three GEMMs
 alone instead of the copy, in milliseconds and TFLOP/s; an implementation that runs out of memory
-there is a result (a row saying so), not an error (bench_linear_cross_entropy).
+there is a result (a row saying so), not an error (bench_linear_cross_entropy). The hf: case is a
+whole Hugging Face training step (bench_hf_step), timed the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import re
@@ -35,8 +37,9 @@ import kjit.torch as kt
 from kjit.torch import _kernels
 
 DEFAULT_CASES = ["ce:16384x128256", "ce:4096x128256", "ce:256x128256", "norm:16384x4096",
-                 "norm:256x4096", "lce:8192x4096x128256"]
-CASE_SHAPES = {"ce": "ROWSxVOCAB", "norm": "ROWSxHIDDEN", "lce": "ROWSxHIDDENxVOCAB"}
+                 "norm:256x4096", "lce:8192x4096x128256", "hf:4x2048", "hf:4x8192"]
+CASE_SHAPES = {"ce": "ROWSxVOCAB", "norm": "ROWSxHIDDEN", "lce": "ROWSxHIDDENxVOCAB",
+               "hf": "BATCHxSEQ"}
 CASES_HELP = """cases:
   ce:ROWSxVOCAB         cross-entropy forward + backward on bf16 logits
   norm:ROWSxHIDDEN      RMSNorm forward + backward, bf16
@@ -46,7 +49,12 @@ CASES_HELP = """cases:
                         logits, torch.compile of the bf16 one and the three GEMMs alone; time,
                         TFLOP/s (6 * rows * hidden * vocab), ratio to the GEMMs, peak extra
                         memory, a row saying "out of memory" for one that does not fit, and
-                        kjit's loss and gradients checked against eager's first"""
+                        kjit's loss and gradients checked against eager's first
+  hf:BATCHxSEQ          a Hugging Face training step (forward + backward, labels = inputs) of a
+                        two-layer LLaMA 3.1 8B (its hidden size, heads, MLP and vocab, bf16,
+                        SDPA attention): as transformers runs it, with kjit.torch.apply_to, and
+                        with apply_to(linear_cross_entropy=True); ms per step, peak extra
+                        memory and the losses (needs transformers)"""
 
 
 def parse_case(case: str) -> tuple:
@@ -385,6 +393,80 @@ def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -
             "check": check, "results": results}
 
 
+# LLaMA 3.1 8B's layer and lm_head shapes; two layers keep the step's time mostly the lm_head's and
+# the loss's, which is what kjit changes.
+HF_LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                   num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=2,
+                   max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5)
+HF_CHECK_LOSS_RTOL = 1e-2  # bf16 models whose losses are computed from differently rounded logits
+
+
+def bench_hf_step(batch: int, seq: int, iters: int) -> dict:
+    """One model, three ways, each alone on the GPU while it runs: transformers' own step
+    (its loss upcasts the bf16 logits to fp32), kjit.torch.apply_to (kjit's norms and fused
+    cross-entropy over the logits, gradient in place) and apply_to(linear_cross_entropy=True)
+    (no logits). Every step sets the gradients to None first, as an optimizer's zero_grad does, so
+    the peak extra memory is what a step takes beyond the model, its gradients and the inputs. A
+    way that runs out of memory is a row saying so."""
+    import transformers
+    config = transformers.LlamaConfig(**HF_LLAMA_8B)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq),
+                        generator=torch.Generator().manual_seed(1)).cuda()
+    flops = 6.0 * batch * seq * config.hidden_size * config.vocab_size  # (lce_row wants some)
+    results, losses = [], {}
+    for name, patch in (("transformers", None), ("kjit.torch.apply_to", {}),
+                        ("kjit.torch.apply_to, lm_head fused", {"linear_cross_entropy": True})):
+        model = copy.deepcopy(base)
+        if patch is not None:
+            kt.apply_to(model, **patch)
+        model.cuda()
+        last = []
+
+        def step(model=model, last=last):
+            model.zero_grad(set_to_none=True)
+            out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+            last[:] = [out.loss.detach()]
+
+        row = lce_row(name, step, iters, flops)
+        row.pop("tflops", None)  # (lce_row's counts the lm_head's GEMMs only)
+        if last:
+            losses[name] = row["loss"] = last[0].item()
+        results.append(row)
+        del model, step, last
+        _release()
+    reference = losses.get("transformers")
+    check = {"reference": "transformers", "losses": losses, "loss_rtol": HF_CHECK_LOSS_RTOL,
+             "ok": reference is not None and all(
+                 abs(v - reference) <= HF_CHECK_LOSS_RTOL * abs(reference)
+                 for v in losses.values())}
+    if reference is None:
+        check["skipped"] = "transformers' own step did not run"
+    floor = results[0].get("ms")
+    for r in results:
+        if "ms" in r:
+            r["ratio_to_transformers"] = round(r["ms"] / floor, 3) if floor else None
+    return {"batch": batch, "seq": seq, "model": "llama-3.1-8b, 2 layers", "dtype": "bf16",
+            "check": check, "results": results}
+
+
+def _print_hf(case: str, entry: dict) -> None:
+    check = entry["check"]
+    losses = ", ".join(f"{k} {v:.5f}" for k, v in check["losses"].items())
+    print(f"{case:22} losses: {losses}: {'ok' if check['ok'] else 'FAILED'}")
+    for r in entry["results"]:
+        if r.get("out_of_memory"):
+            print(f"{case:22} {r['impl']:34} out of memory")
+            continue
+        ratio = r["ratio_to_transformers"]
+        print(f"{case:22} {r['impl']:34} {r['ms']:9.2f} {ratio if ratio else '-':>8}  "
+              f"+{r['peak_extra_bytes'] / 2**30:7.2f} GiB")
+
+
 def _print_lce(case: str, entry: dict) -> None:
     check = entry["check"]
     if "skipped" in check:
@@ -430,7 +512,8 @@ def main(argv=None) -> int:
     copy_columns = (f"{'case':22} {'impl':34} {'us':>9} {'gpu_us':>9} {'host_us':>8}  "
                     f"{'of copy':>6}  extra")
     headers = {"ce": copy_columns, "norm": copy_columns,
-               "lce": f"{'case':22} {'impl':34} {'ms':>9} {'TFLOP/s':>8}  {'of GEMMs':>7}  extra"}
+               "lce": f"{'case':22} {'impl':34} {'ms':>9} {'TFLOP/s':>8}  {'of GEMMs':>7}  extra",
+               "hf": f"{'case':22} {'impl':34} {'ms/step':>9} {'of HF':>8}  extra"}
     header = None
     for case, (kind, sizes) in zip(names, cases):
         if header != headers[kind]:  # (printed again where the columns change)
@@ -439,6 +522,9 @@ def main(argv=None) -> int:
         if kind == "lce":
             entry = bench_linear_cross_entropy(*sizes, args.iters)
             _print_lce(case, entry)
+        elif kind == "hf":
+            entry = bench_hf_step(*sizes, args.iters)
+            _print_hf(case, entry)
         else:
             run = bench_cross_entropy if kind == "ce" else bench_rms_norm
             entry = {"results": run(*sizes, args.iters, copy_bw)}
