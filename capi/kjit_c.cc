@@ -168,6 +168,9 @@ constexpr const char* kStructName<kjit_linear_cross_entropy_spec> =
 template <>
 constexpr const char* kStructName<kjit_linear_cross_entropy_args> =
     "kjit_linear_cross_entropy_args";
+template <>
+constexpr const char* kStructName<kjit_linear_cross_entropy_rescale_args> =
+    "kjit_linear_cross_entropy_rescale_args";
 
 // The struct `name` points to was made for this library's layout of T.
 template <class T>
@@ -406,6 +409,10 @@ LinearCrossEntropyArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_args& a)
           KJIT_VIEW(d_bias),
           .accumulate = f.Flag("accumulate", a.accumulate),
           KJIT_WORKSPACE};
+}
+LinearCrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_rescale_args& a) {
+  return {KJIT_VIEW(d_hidden), KJIT_VIEW(d_weight), KJIT_VIEW(d_bias), KJIT_VIEW(grad_output),
+          KJIT_VIEW(applied)};
 }
 #undef KJIT_VIEW
 #undef KJIT_INDEX
@@ -691,6 +698,10 @@ void kjit_linear_cross_entropy_args_init(kjit_linear_cross_entropy_args* args) {
   kjit::InitArgs(args);
 }
 
+void kjit_linear_cross_entropy_rescale_args_init(kjit_linear_cross_entropy_rescale_args* args) {
+  kjit::InitArgs(args);
+}
+
 kjit_status kjit_linear_cross_entropy_create(const kjit_runtime* runtime,
                                              const kjit_linear_cross_entropy_spec* spec,
                                              kjit_linear_cross_entropy** out) {
@@ -708,6 +719,12 @@ kjit_status kjit_linear_cross_entropy_forward_backward(const kjit_linear_cross_e
                                                        CUstream stream,
                                                        const kjit_linear_cross_entropy_args* args) {
   return kjit::LaunchOp(__func__, op, stream, args, &kjit::LinearCrossEntropy::ForwardBackward);
+}
+
+kjit_status kjit_linear_cross_entropy_rescale_gradients(
+    const kjit_linear_cross_entropy* op, CUstream stream,
+    const kjit_linear_cross_entropy_rescale_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::LinearCrossEntropy::RescaleGradients);
 }
 
 kjit_status kjit_linear_cross_entropy_workspace_bytes(const kjit_linear_cross_entropy* op,

@@ -19,6 +19,17 @@ struct LinearCrossEntropyScaleParams {
   float* scale;              // [1]
 };
 
+// x = round(x * (g / a)) over a [rows, cols] matrix, g = grad_output[0], a = applied[0] (1 when
+// null); nothing when g == a.
+struct LinearCrossEntropyRescaleParams {
+  const float* grad_output;  // [1]
+  const float* applied;      // [1] or null
+  void* x;
+  long long rows;
+  long long cols;
+  long long stride;
+};
+
 // out = round(acc (+ out when accumulating)) over a [rows, cols] matrix; acc is contiguous.
 struct LinearCrossEntropyStoreParams {
   const float* acc;

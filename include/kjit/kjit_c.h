@@ -365,10 +365,25 @@ typedef struct kjit_linear_cross_entropy_args {
   int64_t workspace_bytes;
 } kjit_linear_cross_entropy_args;
 
+/* Gradients forward_backward computed for upstream gradient `applied` (NULL: 1) become, in place,
+ * the gradients for `grad_output`: round(x * fp32(g / a)) per element; where g == a (compared on
+ * the device) nothing is read or written, so the usual case costs one small launch per gradient.
+ * Sum and mean only; not for gradients forward_backward accumulated into. */
+typedef struct kjit_linear_cross_entropy_rescale_args {
+  uint32_t struct_size;
+  kjit_tensor d_hidden; /* as forward_backward wrote them; each optional */
+  kjit_tensor d_weight;
+  kjit_tensor d_bias;
+  kjit_tensor grad_output; /* fp32 [1] */
+  kjit_tensor applied;     /* fp32 [1]: what forward_backward used; NULL: 1 */
+} kjit_linear_cross_entropy_rescale_args;
+
 typedef struct kjit_linear_cross_entropy kjit_linear_cross_entropy;
 
 KJIT_C_EXPORT void kjit_linear_cross_entropy_spec_init(kjit_linear_cross_entropy_spec* spec);
 KJIT_C_EXPORT void kjit_linear_cross_entropy_args_init(kjit_linear_cross_entropy_args* args);
+KJIT_C_EXPORT void kjit_linear_cross_entropy_rescale_args_init(
+    kjit_linear_cross_entropy_rescale_args* args);
 KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_create(
     const kjit_runtime* runtime, const kjit_linear_cross_entropy_spec* spec,
     kjit_linear_cross_entropy** out);
@@ -381,6 +396,9 @@ kjit_linear_cross_entropy_forward(const kjit_linear_cross_entropy* op, CUstream 
 KJIT_C_EXPORT kjit_status
 kjit_linear_cross_entropy_forward_backward(const kjit_linear_cross_entropy* op, CUstream stream,
                                            const kjit_linear_cross_entropy_args* args);
+KJIT_C_EXPORT kjit_status
+kjit_linear_cross_entropy_rescale_gradients(const kjit_linear_cross_entropy* op, CUstream stream,
+                                            const kjit_linear_cross_entropy_rescale_args* args);
 /* The device memory a launch of `rows` needs (the weight-gradient accumulator included). */
 KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_workspace_bytes(
     const kjit_linear_cross_entropy* op, int64_t rows, int64_t* bytes);

@@ -123,6 +123,22 @@ struct LinearCrossEntropyArgs {
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
 };
 
+// Gradients that ForwardBackward computed for upstream gradient `applied` (empty: 1) become, in
+// place, the gradients for `grad_output`: each element round(x * fp32(g / a)), one IEEE division,
+// one multiply and one rounding to the gradient's dtype. Where g == a (compared as floats on the
+// device) nothing is read or written, so the usual case, a framework's backward handing back the
+// upstream gradient the forward was told, costs one launch of empty blocks per gradient instead
+// of a pass over d_weight. For sum and mean only (reduction none's per-row upstream gradients do
+// not scale d_weight: run ForwardBackward with them), and not for gradients ForwardBackward added
+// into (accumulate = true): what they held would be scaled too.
+struct LinearCrossEntropyRescaleArgs {
+  TensorView d_hidden;     // [rows, hidden] in dtype; each of the three may be empty
+  TensorView d_weight;     // [vocab, hidden] in weight_grad()
+  TensorView d_bias;       // [vocab] in weight_grad(); only with spec.bias
+  TensorView grad_output;  // fp32 [1]
+  TensorView applied;      // fp32 [1]; empty: 1
+};
+
 // Checks a spec without a GPU; InvalidArgument names the bad field.
 absl::Status ValidateLinearCrossEntropySpec(const LinearCrossEntropySpec& spec);
 
@@ -145,6 +161,8 @@ class LinearCrossEntropy {
   absl::Status Forward(CUstream stream, const LinearCrossEntropyArgs& args) const;
   // The loss and the gradients asked for, in one pass over the chunks.
   absl::Status ForwardBackward(CUstream stream, const LinearCrossEntropyArgs& args) const;
+  // See LinearCrossEntropyRescaleArgs. Its kernels are a program of their own, built on first use.
+  absl::Status RescaleGradients(CUstream stream, const LinearCrossEntropyRescaleArgs& args) const;
 
   // Device memory a launch of `rows` needs (see the header comment), for ConfigFor(rows).
   int64_t WorkspaceBytes(int64_t rows) const;
@@ -154,8 +172,9 @@ class LinearCrossEntropy {
   // After a launch, the first 8 bytes of the workspace hold the valid and out-of-range target
   // counts of the whole batch (kjit::CrossEntropyCounters' first two fields).
 
-  // Compiles (or finds in the caches) the op's own kernels and the chunk loss's programs that it
-  // launches (BuildInfo::programs lists them, its own first); works compile-only.
+  // Compiles (or finds in the caches) the op's own kernels, RescaleGradients' and the chunk loss's
+  // programs that it launches (BuildInfo::programs lists them, its own first); works
+  // compile-only.
   absl::StatusOr<BuildInfo> Build() const;
 
  private:

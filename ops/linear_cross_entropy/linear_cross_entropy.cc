@@ -27,7 +27,7 @@ namespace {
 constexpr int64_t kMaxHidden = 65536;
 constexpr int kCountThreads = 1024;
 constexpr int kReduceThreads = 1024;
-constexpr int kStoreThreads = 256;
+constexpr int kStoreThreads = 256;  // the store and rescale kernels'
 constexpr int kStoreVec = 4;
 constexpr int64_t kAlign = 256;
 
@@ -51,6 +51,27 @@ int64_t Chunks(const LinearCrossEntropyConfig& c, int64_t rows) {
 std::string StoreExpr(const LinearCrossEntropySpec& s, int vec, bool accumulate) {
   return fmt::format("kjit::linear_cross_entropy_store<{}, {}, {}, {}>",
                      DeviceTypeName(s.weight_grad()), kStoreThreads, vec, Bool(accumulate));
+}
+
+// The dtypes RescaleGradients scales, in the rescale program's order.
+std::vector<DType> RescaleDTypes(const LinearCrossEntropySpec& s) {
+  if (s.weight_grad() == s.dtype) return {s.dtype};
+  return {s.dtype, s.weight_grad()};
+}
+
+// The grid-stride launch of the store and rescale kernels over a [rows, cols] matrix: the widest
+// vectors its address, row stride and width allow, at most 16 blocks per SM.
+struct MatrixLaunch {
+  bool wide = false;
+  int64_t blocks = 1;
+};
+MatrixLaunch MatrixLaunchFor(const TensorView& t, int sm_count) {
+  MatrixLaunch m;
+  m.wide = internal::WidestAlignedVec(kStoreVec, {&t}) == kStoreVec && t.cols % kStoreVec == 0;
+  const int64_t vectors = t.rows * (t.cols / (m.wide ? kStoreVec : 1));
+  m.blocks =
+      std::clamp<int64_t>((vectors + kStoreThreads - 1) / kStoreThreads, 1, int64_t{sm_count} * 16);
+  return m;
 }
 
 }  // namespace
@@ -110,6 +131,24 @@ absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropy(const LinearCrossEntro
                            std::move(kernels), std::move(params));
 }
 
+absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropyRescale(const LinearCrossEntropySpec& s) {
+  KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(s));
+  std::vector<std::string> kernels;
+  for (DType t : RescaleDTypes(s)) {
+    for (int vec : {1, kStoreVec}) {
+      kernels.push_back(fmt::format("kjit::linear_cross_entropy_rescale<{}, {}, {}>",
+                                    DeviceTypeName(t), kStoreThreads, vec));
+    }
+  }
+  return jit::RenderSource("linear_cross_entropy.rescale",
+                           {"common.cuh", "cross_entropy_params.h", "cross_entropy.cuh",
+                            "linear_cross_entropy_params.h", "linear_cross_entropy.cuh"},
+                           std::move(kernels),
+                           {{"op", "linear_cross_entropy"},
+                            {"dtype", Name(s.dtype)},
+                            {"weight_grad_dtype", Name(s.weight_grad())}});
+}
+
 namespace internal {
 
 struct LinearCrossEntropyKernels {
@@ -131,6 +170,7 @@ struct LinearCrossEntropyState {
   // events are shared.
   std::mutex mu;
   std::optional<LinearCrossEntropyKernels> kernels;
+  std::optional<LoadedProgram> rescale;  // RescaleGradients', loaded on its first call
   std::unique_ptr<ops::LtGemm> gemm;
   CUstream side = nullptr;
   CUevent logits_ready[2] = {}, loss_done[2] = {};
@@ -263,9 +303,10 @@ int64_t LinearCrossEntropy::WorkspaceBytes(int64_t rows) const {
 
 absl::StatusOr<BuildInfo> LinearCrossEntropy::Build() const {
   KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderLinearCrossEntropy(op_->spec));
+  KJIT_ASSIGN_OR_RETURN(jit::Source rescale, ops::RenderLinearCrossEntropyRescale(op_->spec));
   // With the chunk loss's programs for the launches Run makes of it (forward+backward, forward;
   // never its backward or rescale), all built in parallel.
-  std::vector<jit::Source> sources = {std::move(src)};
+  std::vector<jit::Source> sources = {std::move(src), std::move(rescale)};
   std::vector<ops::CrossEntropyProgram> programs;
   for (ops::CrossEntropyLaunch launch :
        {ops::CrossEntropyLaunch::kForwardBackward, ops::CrossEntropyLaunch::kForward}) {
@@ -508,19 +549,71 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
   if (!acc || !gradient) return absl::OkStatus();
   auto store = [&](const TensorView& sum, const TensorView& out) -> absl::Status {
     if (out.empty()) return absl::OkStatus();
-    const bool wide =
-        internal::WidestAlignedVec(kStoreVec, {&out}) == kStoreVec && out.cols % kStoreVec == 0;
-    const auto kernel = wide ? (a.accumulate ? k.kStoreVecAccumulate : k.kStoreVec)
-                             : (a.accumulate ? k.kStoreAccumulate : k.kStore);
+    const MatrixLaunch m = MatrixLaunchFor(out, rt_->device.sm_count);
+    const auto kernel = m.wide ? (a.accumulate ? k.kStoreVecAccumulate : k.kStoreVec)
+                               : (a.accumulate ? k.kStoreAccumulate : k.kStore);
     LinearCrossEntropyStoreParams p{static_cast<const float*>(sum.data), out.data, out.rows,
                                     out.cols, out.row_stride};
-    const int64_t vectors = out.rows * (out.cols / (wide ? kStoreVec : 1));
-    const int64_t blocks = std::clamp<int64_t>((vectors + kStoreThreads - 1) / kStoreThreads, 1,
-                                               int64_t{rt_->device.sm_count} * 16);
-    return rt_->Launch(k[kernel], blocks, kStoreThreads, stream, &p);
+    return rt_->Launch(k[kernel], m.blocks, kStoreThreads, stream, &p);
   };
   KJIT_RETURN_IF_ERROR(store(weight_sum, a.d_weight));
   return store(bias_sum, a.d_bias);
+}
+
+absl::Status LinearCrossEntropy::RescaleGradients(CUstream stream,
+                                                  const LinearCrossEntropyRescaleArgs& a) const {
+  using internal::CheckMatrix;
+  const LinearCrossEntropySpec& s = op_->spec;
+  if (s.reduction == Reduction::kNone) {
+    return absl::InvalidArgumentError(
+        "RescaleGradients: reduction none's per-row upstream gradients do not scale d_weight; run "
+        "ForwardBackward with them as grad_output instead");
+  }
+  if (!a.d_hidden.empty()) {
+    KJIT_RETURN_IF_ERROR(
+        CheckMatrix("d_hidden", a.d_hidden, s.dtype, internal::kAnyRows, s.hidden));
+  }
+  if (!a.d_weight.empty())
+    KJIT_RETURN_IF_ERROR(CheckMatrix("d_weight", a.d_weight, s.weight_grad(), s.vocab, s.hidden));
+  if (!a.d_bias.empty()) {
+    if (!s.bias) {
+      return absl::InvalidArgumentError(
+          "d_bias: given, but the op was created without a bias (set the spec's bias)");
+    }
+    KJIT_RETURN_IF_ERROR(CheckMatrix("d_bias", a.d_bias, s.weight_grad(), 1, s.vocab));
+  }
+  KJIT_RETURN_IF_ERROR(CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, 1));
+  if (!a.applied.empty())
+    KJIT_RETURN_IF_ERROR(CheckMatrix("applied", a.applied, DType::kF32, 1, 1));
+  KJIT_RETURN_IF_ERROR(internal::CheckDisjoint(
+      {{"d_hidden", a.d_hidden}, {"d_weight", a.d_weight}, {"d_bias", a.d_bias}},
+      {{"grad_output", a.grad_output}, {"applied", a.applied}}));
+  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
+  KJIT_RETURN_IF_ERROR(rt_->MakeCurrent());
+
+  internal::LinearCrossEntropyState& op = *op_;
+  std::lock_guard<std::mutex> lock(op.mu);
+  if (!op.rescale) {
+    KJIT_ASSIGN_OR_RETURN(jit::Source src, ops::RenderLinearCrossEntropyRescale(s));
+    KJIT_ASSIGN_OR_RETURN(internal::LoadedProgram program, internal::LoadProgram(*rt_, src));
+    op.rescale.emplace(std::move(program));
+  }
+  const std::vector<DType> dtypes = RescaleDTypes(s);
+  for (const TensorView* g : {&a.d_hidden, &a.d_weight, &a.d_bias}) {
+    if (g->empty()) continue;
+    const size_t first =
+        2 * static_cast<size_t>(std::find(dtypes.begin(), dtypes.end(), g->dtype) - dtypes.begin());
+    const MatrixLaunch m = MatrixLaunchFor(*g, rt_->device.sm_count);
+    LinearCrossEntropyRescaleParams p{static_cast<const float*>(a.grad_output.data),
+                                      static_cast<const float*>(a.applied.data),
+                                      g->data,
+                                      g->rows,
+                                      g->cols,
+                                      g->row_stride};
+    KJIT_RETURN_IF_ERROR(rt_->Launch(op.rescale->functions[first + (m.wide ? 1 : 0)], m.blocks,
+                                     kStoreThreads, stream, &p));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(

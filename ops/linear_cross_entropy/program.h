@@ -11,5 +11,9 @@
 namespace kjit::ops {
 
 absl::StatusOr<jit::Source> RenderLinearCrossEntropy(const LinearCrossEntropySpec& spec);
+// The kernels of LinearCrossEntropy::RescaleGradients, a program of their own that only that call
+// loads: for the dtype's gradients, then (when it differs) weight_grad()'s, each for scalar and
+// 4-wide vectors.
+absl::StatusOr<jit::Source> RenderLinearCrossEntropyRescale(const LinearCrossEntropySpec& spec);
 
 }  // namespace kjit::ops

@@ -141,6 +141,11 @@ class LinearCrossEntropyArgs(ctypes.Structure):
                 ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
 
 
+class LinearCrossEntropyRescaleArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("d_hidden", Tensor), ("d_weight", Tensor),
+                ("d_bias", Tensor), ("grad_output", Tensor), ("applied", Tensor)]
+
+
 # ---- Prototypes ---------------------------------------------------------------------------------
 
 _H = ctypes.c_void_p  # every handle
@@ -186,6 +191,8 @@ _PROTOTYPES = {
     "kjit_cross_entropy_build": (_S, [_H, _OUT_STR]),
     "kjit_linear_cross_entropy_spec_init": (None, [ctypes.POINTER(LinearCrossEntropySpec)]),
     "kjit_linear_cross_entropy_args_init": (None, [ctypes.POINTER(LinearCrossEntropyArgs)]),
+    "kjit_linear_cross_entropy_rescale_args_init":
+        (None, [ctypes.POINTER(LinearCrossEntropyRescaleArgs)]),
     "kjit_linear_cross_entropy_create":
         (_S, [_H, ctypes.POINTER(LinearCrossEntropySpec), ctypes.POINTER(_H)]),
     "kjit_linear_cross_entropy_destroy": (None, [_H]),
@@ -193,6 +200,8 @@ _PROTOTYPES = {
         (_S, [_H, _STREAM, ctypes.POINTER(LinearCrossEntropyArgs)]),
     "kjit_linear_cross_entropy_forward_backward":
         (_S, [_H, _STREAM, ctypes.POINTER(LinearCrossEntropyArgs)]),
+    "kjit_linear_cross_entropy_rescale_gradients":
+        (_S, [_H, _STREAM, ctypes.POINTER(LinearCrossEntropyRescaleArgs)]),
     "kjit_linear_cross_entropy_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
     "kjit_linear_cross_entropy_accumulator_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
     "kjit_linear_cross_entropy_config_for": (_S, [_H, ctypes.c_int64, _OUT_STR]),
@@ -250,7 +259,7 @@ def _point_at_cublaslt() -> None:
     copy torch already loaded answers to its name)."""
     if os.environ.get("KJIT_CUBLASLT_PATH"):
         return
-    for name in ("libcublasLt.so.13", "libcublasLt.so.12"):
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "/usr/local/cuda/lib64/libcublasLt.so"):
         try:
             ctypes.CDLL(name)
             return

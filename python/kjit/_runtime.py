@@ -151,6 +151,12 @@ class LinearCrossEntropy(_Handle):
         self._launch("kjit_linear_cross_entropy_forward_backward", _capi.LinearCrossEntropyArgs,
                      stream, fields)
 
+    def rescale_gradients(self, stream, **fields) -> None:
+        """fields: d_hidden, d_weight, d_bias (each optional), grad_output and applied (see
+        kjit_linear_cross_entropy_rescale_args): nothing is touched when they are equal."""
+        self._launch("kjit_linear_cross_entropy_rescale_gradients",
+                     _capi.LinearCrossEntropyRescaleArgs, stream, fields)
+
     def workspace_bytes(self, rows: int) -> int:
         """Device memory (256-byte aligned) a launch of `rows` needs, the fp32 weight-gradient
         accumulator included."""

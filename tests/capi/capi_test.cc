@@ -223,6 +223,8 @@ TEST(CapiInit, ArgumentsStartEmpty) {
                &l.d_weight, &l.d_bias},
               {&l.targets, &l.argmax});
   EXPECT_TRUE(l.accumulate == 0 && l.workspace == nullptr && l.workspace_bytes == 0);
+  const auto lr = Initialized(kjit_linear_cross_entropy_rescale_args_init);
+  ExpectEmpty({&lr.d_hidden, &lr.d_weight, &lr.d_bias, &lr.grad_output, &lr.applied});
 }
 
 // ---- runtimes without a GPU -------------------------------------------------------------------
@@ -778,6 +780,8 @@ TEST_F(CapiCompileOnly, NullArgumentsAreNamed) {
        "kjit_linear_cross_entropy_forward: op is NULL"},
       {Last(kjit_linear_cross_entropy_forward_backward(lce, nullptr, nullptr)),
        "kjit_linear_cross_entropy_forward_backward: args is NULL"},
+      {Last(kjit_linear_cross_entropy_rescale_gradients(lce, nullptr, nullptr)),
+       "kjit_linear_cross_entropy_rescale_gradients: args is NULL"},
       {Last(kjit_linear_cross_entropy_workspace_bytes(lce, 1, nullptr)),
        "kjit_linear_cross_entropy_workspace_bytes: bytes is NULL"},
       {Last(kjit_linear_cross_entropy_accumulator_bytes(nullptr, 100, &acc_bytes)),

@@ -311,6 +311,70 @@ TEST(LinearCrossEntropyGpu, WeightGradientAccumulation) {
   RunAll(cases);
 }
 
+// RescaleGradients: where grad_output equals applied every bit stays; otherwise each element
+// becomes round(x * fp32(g / a)), checked bit for bit against the same arithmetic on the host, on
+// 4-wide (contiguous, even width) and scalar (odd width) gradients, in the dtype and in fp32.
+TEST(LinearCrossEntropyGpu, RescaleGradientsFollowTheFormulaBitForBit) {
+  KJIT_REQUIRE_GPU(rt);
+  const int64_t R = 37, V = 1000;
+  std::mt19937_64 gen(7);
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t H : {64, 4095}) {
+      SCOPED_TRACE(fmt::format("{} hidden={}", Name(dt), H));
+      ASSERT_OK_AND_ASSIGN(LinearCrossEntropy op,
+                           rt.LinearCrossEntropy({.vocab = V,
+                                                  .hidden = H,
+                                                  .dtype = dt,
+                                                  .weight_grad_dtype = DType::kF32,
+                                                  .bias = true}));
+      struct Gradient {
+        DType dtype;
+        int64_t rows, cols;
+        std::vector<unsigned char> bytes;
+        std::optional<DeviceBuffer> buffer;
+        TensorView View() const { return TensorView::Matrix(buffer->data(), dtype, rows, cols); }
+      };
+      Gradient grads[] = {{dt, R, H}, {DType::kF32, V, H}, {DType::kF32, 1, V}};
+      for (Gradient& g : grads) {
+        g.bytes = Encode(RandomValues(gen, g.rows * g.cols, 1e-3, 0.0, g.dtype), g.dtype);
+        ASSERT_OK_AND_ASSIGN(DeviceBuffer b, Upload(rt, g.bytes));
+        g.buffer.emplace(std::move(b));
+      }
+      for (auto [g, a] : {std::pair<float, float>{0.5f, 0.5f},
+                          {1.0f, NAN},
+                          {3.0f, 0.7f},
+                          {0.125f, NAN},
+                          {-2.0f, 1.0f}}) {
+        SCOPED_TRACE(fmt::format("grad_output={} applied={}", g, a));
+        ASSERT_OK_AND_ASSIGN(DeviceBuffer d_g, Upload(rt, Encode({g}, DType::kF32)));
+        ASSERT_OK_AND_ASSIGN(DeviceBuffer d_a, Upload(rt, Encode({a}, DType::kF32)));
+        const bool has_applied = !std::isnan(a);
+        ASSERT_OK(op.RescaleGradients(
+            nullptr, {.d_hidden = grads[0].View(),
+                      .d_weight = grads[1].View(),
+                      .d_bias = grads[2].View(),
+                      .grad_output = TensorView::Vector(d_g.data(), DType::kF32, 1),
+                      .applied = has_applied ? TensorView::Vector(d_a.data(), DType::kF32, 1)
+                                             : TensorView{}}));
+        const float applied = has_applied ? a : 1.0f;
+        const float factor = g / applied;  // one IEEE division, as the kernel's __fdiv_rn
+        for (Gradient& grad : grads) {
+          const size_t n = grad.bytes.size();
+          ASSERT_OK_AND_ASSIGN(std::vector<unsigned char> got, Download(*grad.buffer, n));
+          if (g != applied) {
+            std::vector<double> x = Decode(grad.bytes, grad.dtype);
+            for (double& v : x) v = static_cast<float>(v) * factor;  // one fp32 multiply
+            grad.bytes = Encode(x, grad.dtype);                      // rounded to the dtype once
+          }
+          EXPECT_TRUE(got == grad.bytes) << Name(grad.dtype) << " [" << grad.rows << " x "
+                                         << grad.cols << "] differs from the formula";
+          grad.bytes = got;
+        }
+      }
+    }
+  }
+}
+
 TEST(LinearCrossEntropyGpu, ForwardOnly) {
   RunAll({{.argmax = true, .forward_only = true},
           {.bias = true, .reduction = Reduction::kNone, .forward_only = true, .streams = 2}});

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "jit/compiler.h"
+#include "jit/dtype.h"
 #include "jit/embedded_templates.h"
 #include "kjit/runtime.h"
 #include "ops/linear_cross_entropy/config.h"
@@ -473,6 +474,35 @@ TEST(LinearCrossEntropyCompileTest, EveryArchDtypeReductionAndWeightGradDtype) {
   EXPECT_EQ(compiled, 4 * (3 * 2 + 3 * 2 + 3));
 }
 
+// RescaleGradients' program: scalar and 4-wide kernels per gradient dtype, the dtype's first.
+TEST(LinearCrossEntropyCompileTest, RescaleProgramPerGradientDtype) {
+  for (const char* arch : {"sm_80", "sm_90", "sm_100", "sm_120"}) {
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (DType wg : {dt, DType::kF32}) {
+        SCOPED_TRACE(fmt::format("{} {} weight_grad {}", arch, Name(dt), Name(wg)));
+        const LinearCrossEntropySpec s{
+            .vocab = 50257, .hidden = 4095, .dtype = dt, .weight_grad_dtype = wg};
+        auto src = ops::RenderLinearCrossEntropyRescale(s);
+        ASSERT_TRUE(src.ok()) << src.status();
+        ASSERT_EQ(src->name_expressions.size(), wg == dt ? 2u : 4u);
+        EXPECT_EQ(
+            src->name_expressions[0],
+            fmt::format("kjit::linear_cross_entropy_rescale<{}, 256, 1>", DeviceTypeName(dt)));
+        EXPECT_EQ(
+            src->name_expressions.back(),
+            fmt::format("kjit::linear_cross_entropy_rescale<{}, 256, 4>", DeviceTypeName(wg)));
+        auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget(arch));
+        ASSERT_TRUE(bin.ok()) << bin.status();
+        EXPECT_EQ(bin->lowered_names.size(), src->name_expressions.size());
+        if (dt == DType::kF32) break;
+      }
+    }
+  }
+  auto bad = ops::RenderLinearCrossEntropyRescale({.vocab = 1, .hidden = 64});
+  ASSERT_FALSE(bad.ok());
+  ExpectInvalid(bad.status(), "vocab:");
+}
+
 // Options reach the count kernel (target type, ignore_index); cover them with an odd vocab.
 TEST(LinearCrossEntropyCompileTest, Options) {
   for (int bits = 0; bits < 8; ++bits) {
@@ -532,13 +562,14 @@ TEST_F(LinearCrossEntropyRuntimeTest, CreatesAndBuildsCompileOnly) {
   EXPECT_EQ(built->params.at("op"), "linear_cross_entropy");
   EXPECT_EQ(built->params.at("vocab"), "128256");
   EXPECT_EQ(built->params.at("hidden"), "4096");
-  // Its own program first, then the chunk loss's programs that Run launches.
-  ASSERT_EQ(built->programs.size(), 4u);
+  // Its own programs first, then the chunk loss's programs that Run launches.
+  ASSERT_EQ(built->programs.size(), 5u);
   EXPECT_EQ(built->program, "linear_cross_entropy");
   EXPECT_EQ(built->programs[0].kernels.size(), 7u);
-  EXPECT_EQ(built->programs[1].program, "cross_entropy.forward_backward");
-  EXPECT_EQ(built->programs[2].program, "cross_entropy.count_reduce");
-  EXPECT_EQ(built->programs[3].program, "cross_entropy.forward");
+  EXPECT_EQ(built->programs[1].program, "linear_cross_entropy.rescale");
+  EXPECT_EQ(built->programs[2].program, "cross_entropy.forward_backward");
+  EXPECT_EQ(built->programs[3].program, "cross_entropy.count_reduce");
+  EXPECT_EQ(built->programs[4].program, "cross_entropy.forward");
   EXPECT_GT(built->bytes, built->programs[0].bytes);
   // The spec's config overrides the heuristic.
   LinearCrossEntropySpec tuned = Good();
@@ -754,6 +785,68 @@ TEST_F(LinearCrossEntropyBadInputTest, ValidArgumentsReachTheCompileOnlyError) {
       }
     }
   }
+}
+
+TEST_F(LinearCrossEntropyBadInputTest, RescaleGradientsChecksEachArgument) {
+  const LinearCrossEntropySpec s{.vocab = kVocab,
+                                 .hidden = kHidden,
+                                 .dtype = DType::kBF16,
+                                 .weight_grad_dtype = DType::kF32,
+                                 .bias = true};
+  auto op = rt_->LinearCrossEntropy(s);
+  ASSERT_TRUE(op.ok()) << op.status();
+  const LinearCrossEntropyRescaleArgs good{
+      .d_hidden = TensorView::Matrix(Slot(9), DType::kBF16, kRows, kHidden),
+      .d_weight = TensorView::Matrix(Slot(10), DType::kF32, kVocab, kHidden),
+      .d_bias = TensorView::Vector(Slot(11), DType::kF32, kVocab),
+      .grad_output = TensorView::Vector(Slot(8), DType::kF32, 1),
+      .applied = TensorView::Vector(Slot(12), DType::kF32, 1)};
+  // Valid, also with any of the gradients or applied left out: only the device is missing.
+  for (int skip = 0; skip < 16; ++skip) {
+    LinearCrossEntropyRescaleArgs a = good;
+    if (skip & 1) a.d_hidden = TensorView{};
+    if (skip & 2) a.d_weight = TensorView{};
+    if (skip & 4) a.d_bias = TensorView{};
+    if (skip & 8) a.applied = TensorView{};
+    const absl::Status st = op->RescaleGradients(nullptr, a);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << skip << ": " << st;
+  }
+  struct Case {
+    std::string prefix;
+    std::function<void(LinearCrossEntropyRescaleArgs&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"d_hidden:", [](auto& a) { a.d_hidden.cols = a.d_hidden.row_stride = kHidden + 1; }},
+      {"d_hidden:", [](auto& a) { a.d_hidden.dtype = DType::kF32; }},
+      {"d_weight:", [](auto& a) { a.d_weight.dtype = DType::kBF16; }},
+      {"d_weight:", [](auto& a) { a.d_weight.rows = kVocab - 1; }},
+      {"d_bias:",
+       [](auto& a) { a.d_bias = TensorView::Vector(Slot(11), DType::kF32, kVocab + 1); }},
+      {"grad_output:", [](auto& a) { a.grad_output = TensorView{}; }},
+      {"grad_output:",
+       [](auto& a) { a.grad_output = TensorView::Vector(Slot(8), DType::kF32, 2); }},
+      {"grad_output:", [](auto& a) { a.grad_output.dtype = DType::kBF16; }},
+      {"applied:", [](auto& a) { a.applied = TensorView::Vector(Slot(12), DType::kF32, kRows); }},
+      {"d_weight:", [](auto& a) { a.d_weight.data = a.grad_output.data; }},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    LinearCrossEntropyRescaleArgs a = good;
+    cases[i].mutate(a);
+    SCOPED_TRACE(i);
+    ExpectInvalid(op->RescaleGradients(nullptr, a), cases[i].prefix);
+  }
+  // No bias in the spec; reduction none, whose per-row upstream gradients do not scale d_weight.
+  auto plain = rt_->LinearCrossEntropy({.vocab = kVocab, .hidden = kHidden});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  LinearCrossEntropyRescaleArgs with_bias = good;
+  with_bias.d_hidden = with_bias.d_weight = TensorView{};
+  ExpectInvalid(plain->RescaleGradients(nullptr, with_bias), "d_bias:");
+  auto none =
+      rt_->LinearCrossEntropy({.vocab = kVocab, .hidden = kHidden, .reduction = Reduction::kNone});
+  ASSERT_TRUE(none.ok()) << none.status();
+  const absl::Status st = none->RescaleGradients(nullptr, {.grad_output = good.grad_output});
+  ExpectInvalid(st, "RescaleGradients:");
+  EXPECT_TRUE(Contains(st, "ForwardBackward")) << st;
 }
 
 TEST_F(LinearCrossEntropyBadInputTest, EachBadArgumentIsNamed) {

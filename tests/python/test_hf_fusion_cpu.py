@@ -12,6 +12,7 @@ import importlib.util
 import pytest
 
 from conftest import needs_torch, small_hf_model
+from test_torch_autograd_cpu import launches  # noqa: F401 (a fixture)
 
 pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                               reason="transformers is not installed")]
@@ -137,6 +138,8 @@ def test_num_items_in_batch_sums_and_divides_as_the_model_does(fused_on_cpu):
                                               num_items_in_batch=n)
     out, grads = loss_and_grads(patched, input_ids=ids, labels=labels, num_items_in_batch=n)
     assert fused_on_cpu[0]["reduction"] == "sum"
+    # The gradients are computed for the upstream gradient the division sends back.
+    assert fused_on_cpu[0]["grad_scale"].item() == pytest.approx(1 / 31)
     torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], rtol=1e-9, atol=0)
@@ -212,3 +215,25 @@ def test_save_pretrained_writes_the_original_architecture(tmp_path):
     assert type(loaded) is transformers.LlamaForCausalLM
     for (name, p), q in zip(model.named_parameters(), loaded.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_num_items_in_batch_needs_no_rescale_in_the_backward(launches, monkeypatch):
+    """Through kjit.torch.linear_cross_entropy itself (its kernels replaced as in
+    test_torch_autograd_cpu.py): the gradients are computed for 1 / num_items_in_batch, the
+    upstream gradient the division sends back, so the backward's rescale changes nothing."""
+    monkeypatch.setattr(hf, "_runs_on_kjit", lambda hidden: True)
+    base = tiny_model("llama").float()
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    base.train()
+    patched.train()
+    ids = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(6))
+    n = torch.tensor(31)
+    expected, expected_grads = loss_and_grads(base, input_ids=ids, labels=ids,
+                                              num_items_in_batch=n)
+    out, grads = loss_and_grads(patched, input_ids=ids, labels=ids, num_items_in_batch=n)
+    assert launches[0] == ("forward_backward", True, True, False, True)  # told the scale
+    assert launches[1:] == [("rescale", "d_hidden", False), ("rescale", "d_weight", False)]
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-7)

@@ -41,6 +41,7 @@ def test_abi_and_version_match_the_native_library():
     (_capi.CrossEntropyRescaleArgs, "kjit_cross_entropy_rescale_args_init"),
     (_capi.LinearCrossEntropySpec, "kjit_linear_cross_entropy_spec_init"),
     (_capi.LinearCrossEntropyArgs, "kjit_linear_cross_entropy_args_init"),
+    (_capi.LinearCrossEntropyRescaleArgs, "kjit_linear_cross_entropy_rescale_args_init"),
 ])
 def test_ctypes_structs_have_the_librarys_layout(struct, init):
     # *_init writes sizeof into struct_size and every default, the last field's included.

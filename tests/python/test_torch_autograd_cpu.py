@@ -58,8 +58,16 @@ def launches(monkeypatch):
                torch.empty(0, dtype=h.dtype) for x in inputs]
         return (loss.detach().float(), *out)
 
+    def rescale(grad, which, grad_output, applied, *spec_and_options):
+        g = grad_output.double().reshape(())
+        a = torch.ones((), dtype=torch.float64) if applied is None else applied.double().reshape(())
+        made.append(("rescale", which, g.item() != a.item()))
+        if g != a:  # (the kernel's test on the device)
+            grad.copy_(grad.double() * (g / a))
+
     monkeypatch.setattr(_kernels, "linear_cross_entropy_forward", forward)
     monkeypatch.setattr(_kernels, "linear_cross_entropy_forward_backward", forward_backward)
+    monkeypatch.setattr(_kernels, "linear_cross_entropy_rescale_", rescale)
     monkeypatch.setattr(functional, "_check_on_one_gpu", lambda *named: None)
     return made
 
@@ -101,8 +109,36 @@ def test_gradients_match_torch_for_every_reduction(launches, reduction, options)
         torch.testing.assert_close(leaf.grad.double(), ref, rtol=1e-5, atol=1e-6)
     if reduction == "none":  # the forward, then the fused pass with the per-row gradient
         assert launches == [("forward",), ("forward_backward", True, True, True, True)]
-    else:  # the gradients in the forward, for upstream 1, scaled by the backward
-        assert launches == [("forward_backward", True, True, True, False)]
+    else:  # the gradients in the forward, for upstream 1, rescaled by the backward
+        assert launches == [("forward_backward", True, True, True, False),
+                            ("rescale", "d_hidden", True), ("rescale", "d_weight", True),
+                            ("rescale", "d_bias", True)]
+
+
+@pytest.mark.parametrize("declared, upstream", [(None, 1.0), (0.25, 0.25), (0.25, 2.0)])
+def test_grad_scale_is_the_upstream_gradient_the_forward_computes_for(launches, declared,
+                                                                      upstream):
+    h, w, t, b = _inputs()
+    leaves = [x.clone().requires_grad_() for x in (h, w, b)]
+    loss = kt.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], reduction="sum",
+                                   grad_scale=declared)
+    loss.backward(torch.tensor(upstream))
+    _, ref_grads = _reference(h, w, t, b, torch.tensor(upstream), reduction="sum")
+    for leaf, ref in zip(leaves, ref_grads):
+        torch.testing.assert_close(leaf.grad.double(), ref, rtol=1e-5, atol=1e-6)
+    # The forward is told the scale; the backward's rescale changes the gradients only when the
+    # upstream gradient is another.
+    assert launches[0] == ("forward_backward", True, True, True, declared is not None)
+    differs = upstream != (1.0 if declared is None else declared)
+    assert launches[1:] == [("rescale", which, differs)
+                            for which in ("d_hidden", "d_weight", "d_bias")]
+
+
+def test_grad_scale_is_refused_for_reduction_none(launches):
+    h, w, t, b = _inputs()
+    with pytest.raises(ValueError, match="grad_scale is for reduction 'sum' and 'mean'"):
+        kt.linear_cross_entropy(h, w, t, b, reduction="none", grad_scale=0.5)
+    assert not launches
 
 
 @pytest.mark.parametrize("requires, expected", [

@@ -490,6 +490,26 @@ def test_linear_cross_entropy_gradients_accumulate_and_backward_runs_once():
         loss.backward()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_linear_cross_entropy_grad_scale_is_the_upstream_gradient_computed_for(reduction):
+    h, w, b, target = make_lce_inputs(77, 1000, 64, "bf16")
+    up = upstream(reduction, 77)
+    ref = lce_reference(h, w, b, target, up, reduction)
+    # Declared right, the backward's rescale leaves the forward's bits: those of the fused pass
+    # told the upstream gradient directly.
+    from kjit.torch import _kernels
+    direct = _kernels.linear_cross_entropy_forward_backward(
+        h, w, target, b, up.reshape(1), True, True, True, -100, reduction, 0.0, 0.0, 0.0)
+    for declared in (up, up.item(), 2.0):  # a tensor, a float, and another value (rescaled)
+        got = run_lce(h, w, b, target, up, reduction=reduction, grad_scale=declared)
+        assert_close(got[0], ref[0], 1e-5, 1e-5, "loss")
+        for name, out, expected in zip(("d_hidden", "d_weight", "d_bias"), got[1:], ref[1:]):
+            atol = LCE_ATOL["bf16"] * expected.abs().max().item()
+            assert_close(out, expected, 2 * RTOL["bf16"], atol, f"{name}, declared {declared}")
+        if declared is up:
+            assert all(torch.equal(x, y) for x, y in zip(got[1:], direct[1:]))
+
+
 def test_linear_cross_entropy_is_deterministic():
     h, w, b, target = make_lce_inputs(300, 5000, 128, "bf16")
     up = torch.ones((), device="cuda")

@@ -271,9 +271,15 @@ def linear_cross_entropy_op(hidden: torch.Tensor, weight: torch.Tensor, target: 
     up over the chunks in fp32 (the accumulator, vocab x hidden x 4 bytes, lies in the workspace)
     and are rounded to the weight's dtype once; without, the op has no accumulator, so a frozen
     lm_head (LoRA) or a forward alone costs no such workspace. Both share one compiled program."""
-    return _op("linear_cross_entropy", hidden.device, vocab=weight.shape[0],
-               hidden=weight.shape[1], dtype=dtype_name(hidden, "hidden"), bias=has_bias,
-               target_type=index_name(target, "target"), ignore_index=ignore_index,
+    return _lce_op(hidden.device, weight.shape[0], weight.shape[1], dtype_name(hidden, "hidden"),
+                   has_bias, index_name(target, "target"), weight_grad, ignore_index, reduction,
+                   label_smoothing, lse_square_scale, softcap)
+
+
+def _lce_op(device, vocab, hidden_size, dtype, has_bias, target_type, weight_grad, ignore_index,
+            reduction, label_smoothing, lse_square_scale, softcap):
+    return _op("linear_cross_entropy", device, vocab=vocab, hidden=hidden_size, dtype=dtype,
+               bias=has_bias, target_type=target_type, ignore_index=ignore_index,
                reduction=reduction, label_smoothing=label_smoothing,
                lse_square_scale=lse_square_scale, softcap=softcap,
                weight_grad_accumulation="fp32" if weight_grad else "output_dtype")
@@ -354,6 +360,24 @@ def _(hidden, weight, target, bias, grad_output, d_hidden, d_weight, d_bias, ign
       reduction, label_smoothing, lse_square_scale, softcap):
     return (_loss_like(hidden, reduction),
             *_lce_gradients_like(hidden, weight, bias, d_hidden, d_weight, d_bias))
+
+
+@_kernel("linear_cross_entropy_rescale_", mutates_args=("grad",),
+         schema="(Tensor(a!) grad, str which, Tensor grad_output, Tensor? applied, int vocab, "
+                "int hidden_size, bool bias, str target_type, bool weight_grad, "
+                f"{_LCE_OPTIONS}) -> ()")
+def linear_cross_entropy_rescale_(grad, which, grad_output, applied, vocab, hidden_size, bias,
+                                  target_type, weight_grad, ignore_index, reduction,
+                                  label_smoothing, lse_square_scale, softcap):
+    """grad, the forward_backward's `which` ("d_hidden", "d_weight" or "d_bias", in the op's
+    dtype) computed for upstream gradient `applied` (None: 1), becomes the gradient for
+    grad_output (fp32 [1]); untouched when the two are equal (checked on the device). The spec
+    names the forward's op handle, whose program is built already."""
+    op = _lce_op(grad.device, vocab, hidden_size, dtype_name(grad, which), bias, target_type,
+                 weight_grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+    view = as_vector(grad) if which == "d_bias" else as_matrix(grad, which)
+    op.rescale_gradients(_stream(grad.device), **{which: view},
+                         grad_output=as_vector(grad_output), applied=as_vector(applied))
 
 
 # ---- RMSNorm -----------------------------------------------------------------------------------

@@ -189,11 +189,14 @@ def _class_weight(weight, logits: torch.Tensor) -> torch.Tensor:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, options, grad_enabled):
+    def forward(ctx, hidden, weight, target, bias, grad_scale, options, grad_enabled):
         # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
         want = (grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1],
                 grad_enabled and bias is not None and ctx.needs_input_grad[3])
         ctx.want, ctx.options, ctx.reduction = want, options, options[1]
+        # The forward's op handle, which the backward's rescale takes its kernels from.
+        ctx.op_spec = (weight.shape[0], weight.shape[1], bias is not None,
+                       _kernels.index_name(target, "target"), want[1] or want[2])
         if not any(want):
             loss = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias, *options)
         elif ctx.reduction == "none":
@@ -203,11 +206,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias, *options)
             ctx.save_for_backward(hidden, weight, target, bias)
         else:
-            # The gradients for upstream gradient 1, computed now (as Liger-Kernel's fused linear
-            # cross-entropy does): the backward only scales them.
+            # The gradients for upstream gradient grad_scale (1 when None), computed now (as
+            # Liger-Kernel's fused linear cross-entropy does): the backward rescales them to the
+            # upstream gradient it gets, on the device, touching nothing when the two are equal.
             loss, d_hidden, d_weight, d_bias = _kernels.linear_cross_entropy_forward_backward(
-                hidden, weight, target, bias, None, *want, *options)
-            ctx.save_for_backward(d_hidden, d_weight, d_bias)
+                hidden, weight, target, bias, grad_scale, *want, *options)
+            ctx.save_for_backward(d_hidden, d_weight, d_bias, grad_scale)
         return loss
 
     @staticmethod
@@ -226,21 +230,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 hidden, weight, target, bias, _per_row(grad_loss, (hidden.shape[0],)), *ctx.want,
                 *ctx.options)
         else:
-            scale = grad_loss.detach()
-            # In place in eager mode (the saved gradients are handed out once); out of place
-            # under torch.compile, which functionalizes the graph anyway.
-            inplace = not torch.compiler.is_compiling()
-            grads = [(g.mul_(scale) if inplace else g * scale) if wanted else None
-                     for g, wanted in zip(ctx.saved_tensors, ctx.want)]
+            *saved, applied = ctx.saved_tensors
+            grad_output = _per_row(grad_loss, (1,))
+            if torch.compiler.is_compiling():
+                # Out of place: torch.compile functionalizes the graph anyway.
+                scale = grad_output if applied is None else grad_output / applied
+                grads = [g * scale if wanted else None for g, wanted in zip(saved, ctx.want)]
+            else:
+                # In place (the saved gradients are handed out once), and only where the upstream
+                # gradient differs from the one they were computed for.
+                for which, g, wanted in zip(("d_hidden", "d_weight", "d_bias"), saved, ctx.want):
+                    if wanted:
+                        _kernels.linear_cross_entropy_rescale_(g, which, grad_output, applied,
+                                                               *ctx.op_spec, *ctx.options)
+                grads = saved
         d_hidden, d_weight, d_bias = (g if wanted else None for g, wanted in zip(grads, ctx.want))
-        return d_hidden, d_weight, None, d_bias, None, None
+        return d_hidden, d_weight, None, d_bias, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
                          lse_square_scale: float = 0.0,
-                         softcap: Optional[float] = 0.0) -> torch.Tensor:
+                         softcap: Optional[float] = 0.0,
+                         grad_scale: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
     """F.cross_entropy(hidden @ weight.T + bias, target, ...) fused: the lm_head GEMM and the loss
     run over chunks of rows (cuBLASLt GEMMs, kjit's cross-entropy), so the [rows, vocab] logits
     never exist in memory (include/kjit/linear_cross_entropy.h).
@@ -257,8 +270,11 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
       ignored.
     - Autograd: only the inputs that require grad get gradients (none: the forward alone runs).
       For "mean" and "sum" the gradients are computed in the forward pass, as Liger-Kernel's
-      fused linear cross-entropy does, and the backward scales them by the upstream gradient:
-      d_hidden in hidden's dtype, d_weight and d_bias summed over the chunks in fp32 (a
+      fused linear cross-entropy does, for the upstream gradient grad_scale (1 when None; a
+      float or a fp32 tensor of one element, read on the device, such as Hugging Face's
+      1 / num_items_in_batch), and the backward rescales them to the upstream gradient it gets:
+      on the device, and not at all (one small launch per gradient) when the two are equal.
+      d_hidden is in hidden's dtype, d_weight and d_bias summed over the chunks in fp32 (a
       vocab x hidden_size x 4-byte workspace while the op runs) and rounded to the weight's dtype
       once. For "none" the backward runs the fused pass with the per-row upstream gradient.
     - The backward runs once per forward (no retain_graph=True double backward).
@@ -309,9 +325,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     target = target if target.is_contiguous() else target.contiguous()
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()  # (differentiable: its gradient reaches the strided bias)
+    if grad_scale is not None and reduction == "none":
+        raise ValueError("kjit: grad_scale is for reduction 'sum' and 'mean'; with 'none' each "
+                         "row's upstream gradient reaches the backward as it is")
+    scale = _scale_tensor(grad_scale, (1,), hidden.device)
     options = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale),
                float(softcap))
-    return _LinearCrossEntropy.apply(hidden, weight, target, bias, options,
+    return _LinearCrossEntropy.apply(hidden, weight, target, bias, scale, options,
                                      torch.is_grad_enabled())
 
 

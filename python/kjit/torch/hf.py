@@ -210,9 +210,13 @@ def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels):
     if num_items_in_batch is None:
         return linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
                                     softcap=softcap)
+    # sum / n: the gradients are computed for the upstream 1 / n the division will send back, so
+    # the backward's rescale finds nothing to do.
+    count = _count_on(num_items_in_batch, hidden.device)
+    scale = torch.ones((), dtype=torch.float32, device=hidden.device) / count
     summed = linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
-                                  reduction="sum", softcap=softcap)
-    return summed / _count_on(num_items_in_batch, hidden.device)
+                                  reduction="sum", softcap=softcap, grad_scale=scale)
+    return summed / count
 
 
 def _fuse_lm_head_and_loss(model: nn.Module) -> None:
