@@ -28,7 +28,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|device memory taken|worst' "$out/gpu-tests.log" | tail -30
   echo "== compute-sanitizer memcheck"
   timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 3 $bin/kjit_gpu_tests \
-    --gtest_filter='LinearCrossEntropyGpu.ForwardOnly:LinearCrossEntropyGpu.WeightGradientAccumulation:LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored' \
+    --gtest_filter='LinearCrossEntropyGpu.ForwardOnly:LinearCrossEntropyGpu.WeightGradientAccumulation:LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored:LinearCrossEntropyGpu.RescaleGradientsFollowTheFormulaBitForBit' \
     --gtest_brief=1 > "$out/sanitizer-memcheck.log" 2>&1
   rc=$?; tail -3 "$out/sanitizer-memcheck.log"; echo "memcheck exit $rc"; [ $rc = 0 ] || status=1
 fi

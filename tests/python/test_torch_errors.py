@@ -214,7 +214,8 @@ def test_linear_cross_entropy_loss_module_owns_no_parameters():
 
 def test_linear_cross_entropy_custom_ops_are_registered():
     from kjit.torch import _kernels  # noqa: F401 (registers them)
-    for name in ("linear_cross_entropy_forward", "linear_cross_entropy_forward_backward"):
+    for name in ("linear_cross_entropy_forward", "linear_cross_entropy_forward_backward",
+                 "linear_cross_entropy_rescale_"):
         assert hasattr(torch.ops.kjit, name), name
 
 
