@@ -8,6 +8,7 @@ transformers.
 
 import copy
 import importlib.util
+import inspect
 
 import pytest
 
@@ -75,9 +76,11 @@ def test_a_training_forward_with_labels_fuses_and_matches_the_model(kind, fused_
     changed = kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
     assert changed["linear_cross_entropy"] is True
     assert changed["loss"].endswith("-> kjit (lm_head fused)")
-    # Same class name, so save_pretrained writes the same architecture; still the model's class.
+    # Same class name, so save_pretrained writes the same architecture; still the model's class,
+    # and the same forward signature (Trainer keeps the dataset columns it names).
     assert type(patched).__name__ == type(base).__name__
     assert isinstance(patched, type(base))
+    assert inspect.signature(patched.forward) == inspect.signature(base.forward)
     assert patched.state_dict().keys() == base.state_dict().keys()
     base.train()
     patched.train()

@@ -31,6 +31,7 @@ nn.DataParallel's replicas run one thread each.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 
@@ -156,6 +157,9 @@ def _fused_class(cls: type) -> type:
     if fused is not None:
         return fused
 
+    # With cls.forward's signature, which Trainer (the dataset columns it keeps) and generation
+    # (the arguments the model takes) read.
+    @functools.wraps(cls.forward)
     def forward(self, *args, **kwargs):
         keep = kwargs.get("logits_to_keep", 0)
         if not (self.training and kwargs.get("labels") is not None and isinstance(keep, int)
