@@ -170,6 +170,22 @@ def test_copies_and_direct_forward_calls_fuse_on_their_own(fused_on_cpu):
     assert len(fused_on_cpu) == 3
 
 
+def test_pickling_gives_the_unfused_model(fused_on_cpu):
+    import pickle
+    model = tiny_model("llama")
+    kt.apply_to(model, linear_cross_entropy=True)  # norms and loss swapped too
+    loaded = pickle.loads(pickle.dumps(model))  # as torch.save(model) and torch.load do
+    assert type(loaded) is type(model).__mro__[1], "the model's own class, found by name"
+    for (name, p), q in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), name
+    loaded.train()
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(7))
+    assert loaded(input_ids=ids, labels=ids).logits.shape == (1, 8, 97)
+    assert not fused_on_cpu, "the loaded model is not fused"
+    assert sum(isinstance(m, kt.KjitHFRMSNorm) for m in loaded.modules()) == 5, "norms still are"
+    assert type(copy.deepcopy(model)) is type(model), "a copy still is"
+
+
 def test_a_forward_that_raises_leaves_nothing_armed(fused_on_cpu, monkeypatch):
     model = tiny_model("llama")
     kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)

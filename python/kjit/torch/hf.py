@@ -31,6 +31,7 @@ nn.DataParallel's replicas run one thread each.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import warnings
@@ -117,32 +118,36 @@ def _count_on(num_items_in_batch, device):
         num_items_in_batch
 
 
-def _causal_lm_loss(original, use_kjit, inplace_backward):
+class _CausalLMLoss:
     """Hugging Face's ForCausalLMLoss (shift, flatten, mean or sum / num_items_in_batch) on kjit's
     fused lm_head + cross-entropy when a fused forward kept lm_head's input, else on kjit's
-    cross-entropy over the logits (use_kjit) or the original."""
+    cross-entropy over the logits (use_kjit) or the original. An object rather than a closure, so
+    that a patched model still pickles (torch.save(model))."""
 
-    def loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
-             shift_labels=None, **kwargs):
+    def __init__(self, original, use_kjit: bool, inplace_backward: bool):
+        self.original, self.use_kjit, self.inplace_backward = original, use_kjit, inplace_backward
+        self.__name__ = getattr(original, "__name__", type(original).__name__)
+
+    def __call__(self, logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
+                 shift_labels=None, **kwargs):
         kept = _take_kept_lm_head_input()
         if kept is not None:
             return _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels)
-        if not (use_kjit and logits.is_cuda):
-            return original(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
-                            ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
+        if not (self.use_kjit and logits.is_cuda):
+            return self.original(logits, labels, vocab_size,
+                                 num_items_in_batch=num_items_in_batch,
+                                 ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
         target = _shifted_target(labels, shift_labels, ignore_index, logits.device)
         flat = logits.reshape(-1, vocab_size)  # a view of lm_head's output, a copy if it must
         if num_items_in_batch is None:
             return cross_entropy(flat, target, ignore_index=ignore_index,
-                                 inplace_backward=inplace_backward)
+                                 inplace_backward=self.inplace_backward)
         # sum / n: the gradient is computed for the upstream 1 / n the division will send back.
         count = _count_on(num_items_in_batch, logits.device)
         scale = torch.ones((), dtype=torch.float32, device=logits.device) / count
         summed = cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum",
-                               grad_scale=scale, inplace_backward=inplace_backward)
+                               grad_scale=scale, inplace_backward=self.inplace_backward)
         return summed / count
-
-    return loss
 
 
 # ---- lm_head and the loss fused ---------------------------------------------------------------
@@ -172,7 +177,22 @@ def _fused_class(cls: type) -> type:
         finally:
             _fusion.armed, _fusion.kept = False, None
 
-    fused = type(cls.__name__, (cls,), {"forward": forward, "_kjit_fused_lm_head": True,
+    def __deepcopy__(self, memo):
+        # A copy fuses too (what copy.deepcopy would do without __reduce_ex__ below).
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return copied
+
+    def __reduce_ex__(self, protocol):
+        # Pickled (torch.save(model)) as the model's own class, which pickle can find by name:
+        # loaded, it is the unfused model (apply_to it again).
+        _, _, *state = super(fused, self).__reduce_ex__(protocol)
+        return (object.__new__, (cls,), *state)
+
+    fused = type(cls.__name__, (cls,), {"forward": forward, "__deepcopy__": __deepcopy__,
+                                        "__reduce_ex__": __reduce_ex__,
+                                        "_kjit_fused_lm_head": True,
                                         "__qualname__": cls.__qualname__,
                                         "__module__": cls.__module__})
     return _fused_classes.setdefault(cls, fused)
@@ -270,7 +290,7 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
         changed["rms_norm"] = _replace_norms(model, casting, offset)
     if cross_entropy or fuse:
         original = model.loss_function
-        model.loss_function = _causal_lm_loss(original, cross_entropy, inplace_backward)
+        model.loss_function = _CausalLMLoss(original, cross_entropy, inplace_backward)
         changed["loss"] = (f"{getattr(original, '__name__', type(original).__name__)} -> kjit"
                            + (" (lm_head fused)" if fuse else ""))
     if fuse:
