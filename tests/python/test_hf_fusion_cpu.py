@@ -170,6 +170,24 @@ def test_copies_and_direct_forward_calls_fuse_on_their_own(fused_on_cpu):
     assert len(fused_on_cpu) == 3
 
 
+def test_under_autocast_the_fused_op_runs_in_autocasts_dtype(fused_on_cpu):
+    base = tiny_model("llama").float()  # fp32 master weights
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    base.train()
+    patched.train()
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, expected_grads = loss_and_grads(base, input_ids=ids, labels=ids)
+        out, grads = loss_and_grads(patched, input_ids=ids, labels=ids)
+    call = fused_on_cpu[0]
+    assert call["hidden"].dtype == call["weight"].dtype == torch.bfloat16, "as lm_head would"
+    assert patched.lm_head.weight.grad.dtype == torch.float32  # through the cast
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=0, msg=name)
+
+
 def test_pickling_gives_the_unfused_model(fused_on_cpu):
     import pickle
     model = tiny_model("llama")

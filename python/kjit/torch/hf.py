@@ -225,12 +225,13 @@ def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels):
     if target.shape[0] != flat.shape[0]:
         raise ValueError(f"kjit.apply_to(linear_cross_entropy=True): lm_head got "
                          f"{flat.shape[0]} positions but the labels hold {target.shape[0]}")
-    # As autocast's linear: a weight kept in another dtype (fp32 master weights) is cast to the
-    # hidden states', and its gradient flows back through the cast.
-    weight = head.weight if head.weight.dtype == hidden.dtype else head.weight.to(hidden.dtype)
-    bias = head.bias
-    if bias is not None and bias.dtype != hidden.dtype:
-        bias = bias.to(hidden.dtype)
+    # The dtype lm_head would have computed in: autocast's (fp32 master weights under bf16
+    # autocast: the GEMMs in bf16, not fp32), else the hidden states'. Casts are differentiable, so
+    # the gradients reach the weights in their own dtypes, as through autocast's linear.
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    flat, weight, bias = (t if t is None or t.dtype == dtype else t.to(dtype)
+                          for t in (flat, head.weight, head.bias))
     if num_items_in_batch is None:
         return linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
                                     softcap=softcap)
@@ -260,8 +261,9 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     linear_cross_entropy: a training forward with labels (model.train(), labels=...) runs
     lm_head and the loss as kjit's fused op and computes no logits: its output's logits are
     empty ([batch, 0, vocab]); evaluation, generation and forwards without labels compute them
-    as before. lm_head must be a plain nn.Linear (not LoRA-wrapped or quantized) whose weight
-    is whole in memory when the loss runs: not a separate FSDP unit, not ZeRO-3 partitioned.
+    as before. The op runs in the dtype lm_head would (autocast's, under autocast). lm_head must
+    be a plain nn.Linear (not LoRA-wrapped or quantized) whose weight is whole in memory when
+    the loss runs: not a separate FSDP unit, not ZeRO-3 partitioned.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
