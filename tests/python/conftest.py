@@ -23,8 +23,9 @@ needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU (torch.
 def small_hf_model(kind: str, *, vocab_size: int, hidden_size: int, max_positions: int,
                    final_softcap: float):
     """A randomly initialized (seed 0) two-layer Hugging Face causal LM on the CPU: "llama",
-    "qwen2" or "gemma2" (with its attention and final logit soft-caps), 4 heads, 2 KV heads,
-    eager attention."""
+    "qwen2", "gemma2" (with its attention and final logit soft-caps), or another model type
+    transformers knows ("mixtral", "qwen3_moe": 4 experts, 2 a token), 4 heads, 2 KV heads, eager
+    attention."""
     import torch
     import transformers
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size,
@@ -34,13 +35,18 @@ def small_hf_model(kind: str, *, vocab_size: int, hidden_size: int, max_position
         config = transformers.LlamaConfig(**common)
     elif kind == "qwen2":
         config = transformers.Qwen2Config(**common)
-    else:
+    elif kind == "gemma2":
         head_dim = hidden_size // 4
         config = transformers.Gemma2Config(**common, head_dim=head_dim,
                                            final_logit_softcapping=final_softcap,
                                            attn_logit_softcapping=50.0,
                                            sliding_window=max_positions // 2,
                                            query_pre_attn_scalar=head_dim)
+    else:
+        experts = dict(num_local_experts=4, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=hidden_size // 2)
+        config = transformers.AutoConfig.for_model(kind, **common, **experts, pad_token_id=0,
+                                                   bos_token_id=1, eos_token_id=2)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config)

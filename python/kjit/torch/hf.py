@@ -42,11 +42,18 @@ from torch import nn
 from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
+# Each one's RMSNorm is LlamaRMSNorm's code or Gemma's (checked against transformers 5.17's
+# source), and its forward hands lm_head's output to the loss unchanged (Gemma 2 soft-caps it,
+# which the fused path applies; Granite, which scales it, is left out).
 _SUPPORTED = {
     "llama": ("llama", 0.0),
     "mistral": ("llama", 0.0),
+    "mixtral": ("llama", 0.0),
+    "phi3": ("llama", 0.0),
     "qwen2": ("llama", 0.0),
+    "qwen2_moe": ("llama", 0.0),
     "qwen3": ("llama", 0.0),
+    "qwen3_moe": ("llama", 0.0),
     "gemma": ("gemma", 1.0),
     "gemma2": ("gemma", 1.0),
 }
@@ -251,8 +258,9 @@ def _fuse_lm_head_and_loss(model: nn.Module) -> None:
 
 def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = True,
              linear_cross_entropy: bool = False, inplace_backward: bool = True) -> dict:
-    """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face LLaMA, Mistral, Qwen2,
-    Qwen3, Gemma or Gemma 2 model for kjit's; returns what it changed. Raises ValueError for a
+    """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face LLaMA, Mistral,
+    Mixtral, Phi-3, Qwen2, Qwen3 (and their MoE variants), Gemma or Gemma 2 model for kjit's;
+    returns what it changed. Raises ValueError for a
     model it does not support (nothing is changed then).
 
     inplace_backward: the loss writes its gradient over the logits (the model's output logits
