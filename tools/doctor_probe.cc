@@ -376,10 +376,11 @@ CublasLtFacts ProbeCublasLt(const std::vector<std::string>& candidates) {
     c.error = Msg(lt.status());
     return c;
   }
+  const ops::CublasLt* kept = KeepLoaded(std::move(*lt));  // as NVRTC: its C++ runtime's pool
   c.loaded = true;
-  c.path = lt->path();
-  c.version = lt->version();
-  c.cudart = static_cast<int>(lt->cudart_version());
+  c.path = kept->path();
+  c.version = kept->version();
+  c.cudart = static_cast<int>(kept->cudart_version());
   return c;
 }
 
