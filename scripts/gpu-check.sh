@@ -22,6 +22,7 @@ echo "== GPU tests"
 timeout ${TEST_TIMEOUT:-480} $bin/kjit_gpu_tests --gtest_filter="$filter" > "$out/gpu-tests.log" 2>&1 || status=1
 grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure' "$out/gpu-tests.log" | tail -40
 [ $status = 0 ] || echo "GPU tests failed or timed out; the last test started: $(grep '^\[ RUN' "$out/gpu-tests.log" | tail -1)"
+kernel_cache_save  # now too: the call's own time limit may end it before the last line
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "${san:-}" ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   for tool in memcheck racecheck; do

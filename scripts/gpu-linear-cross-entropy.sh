@@ -31,6 +31,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     --gtest_filter='LinearCrossEntropyGpu.ForwardOnly:LinearCrossEntropyGpu.WeightGradientAccumulation:LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored:LinearCrossEntropyGpu.RescaleGradientsFollowTheFormulaBitForBit' \
     --gtest_brief=1 > "$out/sanitizer-memcheck.log" 2>&1
   rc=$?; tail -3 "$out/sanitizer-memcheck.log"; echo "memcheck exit $rc"; [ $rc = 0 ] || status=1
+  kernel_cache_save  # now too: the call's own time limit may end it before the last line
 fi
 echo "== bench"
 timeout 300 $bin/kjit bench --op linear_cross_entropy --output "$out/bench-linear_cross_entropy.json" || status=1

@@ -19,6 +19,7 @@ status=0
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -rs -q -p no:cacheprovider tests/python ${PYTEST_ARGS:-} 2>&1 |
   tee "$out/pytest.log" || status=1
+kernel_cache_save  # now too: the call's own time limit may end it before the last line
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 -m kjit.bench --json "$out/bench-python.json" 2>&1 |
     tee "$out/bench-python.log" || status=1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import importlib.util
 import json
 import re
 import sys
@@ -502,6 +503,9 @@ def main(argv=None) -> int:
         cases = [parse_case(case) for case in names]
     except ValueError as e:
         parser.error(str(e))
+    if any(kind == "hf" for kind, _ in cases) and importlib.util.find_spec("transformers") is None:
+        parser.error("the hf: cases need transformers (pip install transformers); leave them out "
+                     "with --case")
     if not torch.cuda.is_available():
         print("kjit.bench: no CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1

@@ -190,6 +190,76 @@ def test_under_autocast_the_fused_op_runs_in_autocasts_dtype(fused_on_cpu):
         torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=0, msg=name)
 
 
+def test_another_models_forward_inside_keeps_its_logits_and_the_loss_stays_ours(fused_on_cpu):
+    """A teacher called from a hook inside the student's forward (distillation): only the
+    student's own lm_head is fused."""
+    base = tiny_model("llama")
+    student = copy.deepcopy(base)
+    teacher = copy.deepcopy(base)
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(3)
+    for m in (student, teacher):
+        kt.apply_to(m, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(9))
+    teacher_logits = []
+
+    def call_teacher(module, args, out):
+        with torch.no_grad():
+            teacher_logits.append(teacher(input_ids=ids).logits)
+
+    for m in (base, student):
+        m.model.layers[0].register_forward_hook(call_teacher)
+    base.train()
+    student.train()
+    teacher.eval()
+    expected, expected_grads = loss_and_grads(base, input_ids=ids, labels=ids)
+    out, grads = loss_and_grads(student, input_ids=ids, labels=ids)
+    assert [tuple(t.shape) for t in teacher_logits] == [(2, 12, 97)] * 2
+    assert fused_on_cpu[0]["weight"] is student.lm_head.weight
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+    assert teacher.lm_head.weight.grad is None
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-9, atol=0, msg=name)
+
+
+def test_a_peft_style_wrapper_patches_the_model_underneath(fused_on_cpu):
+    class Wrapper(torch.nn.Module):  # PEFT's PeftModel, reduced to what apply_to meets
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def get_base_model(self):
+            return self.inner
+
+        def forward(self, **kwargs):
+            return self.inner.forward(**kwargs)  # as PEFT: past nn.Module.__call__
+
+    wrapped = Wrapper(tiny_model("llama"))
+    changed = kt.apply_to(wrapped, rms_norm=False, linear_cross_entropy=True)
+    assert changed["linear_cross_entropy"] is True
+    assert isinstance(wrapped.inner.loss_function, hf._CausalLMLoss)
+    wrapped.train()
+    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(10))
+    assert wrapped(input_ids=ids, labels=ids).logits.shape == (2, 0, 97)
+    assert len(fused_on_cpu) == 1
+
+
+def test_the_soft_cap_is_gemma_2s_alone_and_fp16_is_left_to_the_model(fused_on_cpu):
+    model = tiny_model("llama")
+    model.config.final_logit_softcapping = 30.0  # a key LLaMA's forward never reads
+    kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    model.train()
+    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(11))
+    model(input_ids=ids, labels=ids)
+    assert fused_on_cpu[-1]["softcap"] == 0.0
+    # fp16: the forward's gradients for 1/n would reach fp16's subnormals before a loss scaler's
+    # factor arrives; the model computes its logits and loss itself.
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(input_ids=ids, labels=ids)
+    assert out.logits.shape == (2, 8, 97)
+    assert len(fused_on_cpu) == 1
+
+
 def test_pickling_gives_the_unfused_model(fused_on_cpu):
     import pickle
     model = tiny_model("llama")

@@ -159,7 +159,9 @@ class _CausalLMLoss:
 
 # ---- lm_head and the loss fused ---------------------------------------------------------------
 
-_fusion = threading.local()  # armed (bool) and softcap, then kept: (hidden, lm_head, softcap)
+# armed: the lm_head whose input to keep (None: none), with softcap; then kept: (hidden, lm_head,
+# softcap).
+_fusion = threading.local()
 _fused_classes: dict = {}
 
 
@@ -177,18 +179,24 @@ def _fused_class(cls: type) -> type:
         if not (self.training and kwargs.get("labels") is not None and isinstance(keep, int)
                 and keep == 0):
             return cls.forward(self, *args, **kwargs)
-        _fusion.armed, _fusion.kept = True, None
-        _fusion.softcap = getattr(self.config, "final_logit_softcapping", None) or 0.0
+        # Armed for this model's own lm_head only, so that another model's forward inside this one
+        # (a teacher's, from a hook) computes its logits; the outer state comes back afterwards.
+        outer = (getattr(_fusion, "armed", None), getattr(_fusion, "softcap", 0.0),
+                 getattr(_fusion, "kept", None))
+        _fusion.armed, _fusion.kept = self.get_output_embeddings(), None
+        # Only Gemma 2's forward soft-caps the logits (a config may carry the key regardless).
+        softcap = getattr(self.config, "final_logit_softcapping", None)
+        _fusion.softcap = (softcap or 0.0) if self.config.model_type == "gemma2" else 0.0
         try:
             return cls.forward(self, *args, **kwargs)
         finally:
-            _fusion.armed, _fusion.kept = False, None
+            _fusion.armed, _fusion.softcap, _fusion.kept = outer
 
     def __deepcopy__(self, memo):
         # A copy fuses too (what copy.deepcopy would do without __reduce_ex__ below).
         copied = type(self).__new__(type(self))
         memo[id(self)] = copied
-        copied.__setstate__(copy.deepcopy(self.__dict__, memo))
+        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         return copied
 
     def __reduce_ex__(self, protocol):
@@ -206,11 +214,18 @@ def _fused_class(cls: type) -> type:
 
 
 def _keep_lm_head_input(head, args):
-    """lm_head's forward pre-hook: while armed, keeps the hidden states and gives lm_head none."""
-    if not getattr(_fusion, "armed", False) or not _runs_on_kjit(args[0]):
+    """lm_head's forward pre-hook: while its model is armed, keeps the hidden states and gives
+    lm_head none. fp16 is left to the model: the gradients, computed in the forward for the loss's
+    upstream gradient of 1/n before a loss scaler multiplies it, would fall into fp16's
+    subnormals (bf16 and fp32 have the exponent range)."""
+    if getattr(_fusion, "armed", None) is not head or not _runs_on_kjit(args[0]):
         return None
-    _fusion.armed = False  # once a forward
     hidden = args[0]
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    if dtype == torch.float16:
+        return None
+    _fusion.armed = None  # once a forward
     _fusion.kept = (hidden, head, _fusion.softcap)
     return (hidden[..., :0, :],) + tuple(args[1:])
 
@@ -273,6 +288,8 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     be a plain nn.Linear (not LoRA-wrapped or quantized) whose weight is whole in memory when
     the loss runs: not a separate FSDP unit, not ZeRO-3 partitioned.
     """
+    if callable(getattr(model, "get_base_model", None)):
+        model = model.get_base_model()  # a PEFT wrapper: the transformers model is underneath
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in _SUPPORTED:
@@ -304,5 +321,9 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
         changed["loss"] = (f"{getattr(original, '__name__', type(original).__name__)} -> kjit"
                            + (" (lm_head fused)" if fuse else ""))
     if fuse:
+        if "forward" in vars(model):
+            warnings.warn("kjit.apply_to: this model's forward was replaced on the instance (by "
+                          "accelerate or a hook library?); the fused lm_head arms in its class's "
+                          "forward and will not run unless that is called", stacklevel=2)
         _fuse_lm_head_and_loss(model)
     return changed
