@@ -29,6 +29,7 @@ import json
 import re
 import sys
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -285,17 +286,19 @@ def out_of_memory_row(name: str, error: Exception) -> dict:
             "error": str(error)}
 
 
-def lce_row(name: str, fn, iters: int, flops: float) -> dict:
-    """fn's row: peak extra memory (two calls, which also warm it up), then its time; or, when it
-    runs out of memory, the row saying so. Memory is released either way."""
+def lce_row(name: str, fn, iters: int, flops: Optional[float] = None) -> dict:
+    """fn's row: peak extra memory (two calls, which also warm it up), then its time (and TFLOP/s
+    when flops is given); or, when it runs out of memory, the row saying so. Memory is released
+    either way."""
     try:
         extra = peak_extra_bytes(fn)
         ms, calls = timed_ms(fn, iters)
     except torch.cuda.OutOfMemoryError as e:
         row = out_of_memory_row(name, e)
     else:
-        row = {"impl": name, "ms": round(ms, 3), "tflops": round(flops / (ms * 1e-3) / 1e12, 1),
-               "peak_extra_bytes": extra, "iters": calls}
+        row = {"impl": name, "ms": round(ms, 3), "peak_extra_bytes": extra, "iters": calls}
+        if flops:
+            row["tflops"] = round(flops / (ms * 1e-3) / 1e12, 1)
     _release()
     return row
 
@@ -417,7 +420,6 @@ def bench_hf_step(batch: int, seq: int, iters: int) -> dict:
         base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).train()
     ids = torch.randint(0, config.vocab_size, (batch, seq),
                         generator=torch.Generator().manual_seed(1)).cuda()
-    flops = 6.0 * batch * seq * config.hidden_size * config.vocab_size  # (lce_row wants some)
     results, losses = [], {}
     for name, patch in (("transformers", None), ("kjit.torch.apply_to", {}),
                         ("kjit.torch.apply_to, lm_head fused", {"linear_cross_entropy": True})):
@@ -433,8 +435,7 @@ def bench_hf_step(batch: int, seq: int, iters: int) -> dict:
             out.loss.backward()
             last[:] = [out.loss.detach()]
 
-        row = lce_row(name, step, iters, flops)
-        row.pop("tflops", None)  # (lce_row's counts the lm_head's GEMMs only)
+        row = lce_row(name, step, iters)
         if last:
             losses[name] = row["loss"] = last[0].item()
         results.append(row)

@@ -120,9 +120,12 @@ def _shifted_target(labels, shift_labels, ignore_index, device):
     return shift_labels.reshape(-1).to(device)
 
 
-def _count_on(num_items_in_batch, device):
-    return num_items_in_batch.to(device) if torch.is_tensor(num_items_in_batch) else \
+def _count_and_upstream(num_items_in_batch, device):
+    """(n, 1 / n as the fp32 device tensor the kernels read) for a loss summed and divided by n:
+    1 / n is the upstream gradient the division sends back to the sum, bit for bit."""
+    count = num_items_in_batch.to(device) if torch.is_tensor(num_items_in_batch) else \
         num_items_in_batch
+    return count, torch.ones((), dtype=torch.float32, device=device) / count
 
 
 class _CausalLMLoss:
@@ -150,8 +153,7 @@ class _CausalLMLoss:
             return cross_entropy(flat, target, ignore_index=ignore_index,
                                  inplace_backward=self.inplace_backward)
         # sum / n: the gradient is computed for the upstream 1 / n the division will send back.
-        count = _count_on(num_items_in_batch, logits.device)
-        scale = torch.ones((), dtype=torch.float32, device=logits.device) / count
+        count, scale = _count_and_upstream(num_items_in_batch, logits.device)
         summed = cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum",
                                grad_scale=scale, inplace_backward=self.inplace_backward)
         return summed / count
@@ -259,8 +261,7 @@ def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels):
                                     softcap=softcap)
     # sum / n: the gradients are computed for the upstream 1 / n the division will send back, so
     # the backward's rescale finds nothing to do.
-    count = _count_on(num_items_in_batch, hidden.device)
-    scale = torch.ones((), dtype=torch.float32, device=hidden.device) / count
+    count, scale = _count_and_upstream(num_items_in_batch, hidden.device)
     summed = linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
                                   reduction="sum", softcap=softcap, grad_scale=scale)
     return summed / count
