@@ -7,6 +7,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,11 +105,20 @@ struct CliResult {
   }
 };
 
-// Runs `program` with `args`, stdin from /dev/null, stdout and stderr captured through files in
-// `scratch_dir`. The environment is this process's with `env` applied (an empty value unsets).
+// Where a program's stdout goes: captured (CliResult::out), or somewhere every write fails.
+enum class Stdout {
+  kCaptured,
+  kFull,        // /dev/full: ENOSPC
+  kClosed,      // no file descriptor 1: EBADF
+  kBrokenPipe,  // a pipe without a reader, SIGPIPE ignored (as Python's os.system runs it): EPIPE
+};
+
+// Runs `program` with `args`, stdin from /dev/null, stdout (unless `to` says otherwise) and stderr
+// captured through files in `scratch_dir`. The environment is this process's with `env` applied
+// (an empty value unsets).
 inline CliResult RunProgram(const std::string& program, const std::vector<std::string>& args,
                             const std::map<std::string, std::string>& env,
-                            const std::string& scratch_dir) {
+                            const std::string& scratch_dir, Stdout to = Stdout::kCaptured) {
   const std::string out_path = scratch_dir + "/stdout", err_path = scratch_dir + "/stderr";
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -127,29 +137,44 @@ inline CliResult RunProgram(const std::string& program, const std::vector<std::s
   envp.push_back(nullptr);
 
   CliResult r;
+  int broken_pipe[2] = {-1, -1};
+  if (to == Stdout::kBrokenPipe) {
+    if (::pipe(broken_pipe) != 0) {
+      r.err = std::string("pipe failed: ") + std::strerror(errno);
+      return r;
+    }
+    ::close(broken_pipe[0]);  // no reader
+  }
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
     r.err = std::string("fork failed: ") + std::strerror(errno);
+    if (broken_pipe[1] >= 0) ::close(broken_pipe[1]);
     return r;
   }
   if (pid == 0) {
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int out = to == Stdout::kFull ? ::open("/dev/full", O_WRONLY)
+                    : to == Stdout::kBrokenPipe
+                        ? broken_pipe[1]
+                        : ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     const int in = ::open("/dev/null", O_RDONLY);
     if (out < 0 || err < 0 || in < 0) ::_exit(126);
     ::dup2(in, 0);
     ::dup2(out, 1);
     ::dup2(err, 2);
+    if (to == Stdout::kClosed) ::close(1);
+    if (to == Stdout::kBrokenPipe) ::signal(SIGPIPE, SIG_IGN);  // kept across execve
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
+  if (broken_pipe[1] >= 0) ::close(broken_pipe[1]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  r.out = ReadFile(out_path);
+  if (to == Stdout::kCaptured) r.out = ReadFile(out_path);
   r.err = ReadFile(err_path);
   return r;
 }
@@ -158,8 +183,8 @@ inline CliResult RunProgram(const std::string& program, const std::vector<std::s
 // The built kjit, run as RunProgram does.
 inline CliResult RunKjit(const std::vector<std::string>& args,
                          const std::map<std::string, std::string>& env,
-                         const std::string& scratch_dir) {
-  return RunProgram(KJIT_CLI_PATH, args, env, scratch_dir);
+                         const std::string& scratch_dir, Stdout to = Stdout::kCaptured) {
+  return RunProgram(KJIT_CLI_PATH, args, env, scratch_dir, to);
 }
 #endif
 

@@ -39,4 +39,10 @@ ParsedCommandLine ParseKjitCommandLine(int argc, const char* const* argv, std::o
 ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, std::ostream& out,
                                            std::ostream& err);
 
+// What main returns for a parsed command line: the exit code parsing ended with, else what `run`
+// returns, once everything printed has reached stdout. Output that could not be written (a full
+// disk, a closed stdout, a reader gone while SIGPIPE is ignored) is a failure: one line on stderr,
+// exit 1.
+int Finish(const ParsedCommandLine& cli);
+
 }  // namespace kjit::tools

@@ -68,9 +68,6 @@ ParsedCommandLine ParseKjitCommandLine(int argc, const char* const* argv, std::o
 // libFuzzer's main.
 #ifndef KJIT_CLI_NO_MAIN
 int main(int argc, char** argv) {
-  kjit::tools::ParsedCommandLine cli =
-      kjit::tools::ParseKjitCommandLine(argc, argv, std::cout, std::cerr);
-  if (cli.exit_code) return *cli.exit_code;
-  return cli.run();
+  return kjit::tools::Finish(kjit::tools::ParseKjitCommandLine(argc, argv, std::cout, std::cerr));
 }
 #endif

@@ -375,9 +375,7 @@ int main(int argc, char** argv) {
     }
     return kjit::autotune::RunTuneWorker(std::cin, std::cout, device);
   }
-  kjit::tools::ParsedCommandLine cli =
-      kjit::tools::ParseKjitTuneCommandLine(argc, argv, std::cout, std::cerr);
-  if (cli.exit_code) return *cli.exit_code;
-  return cli.run();
+  return kjit::tools::Finish(
+      kjit::tools::ParseKjitTuneCommandLine(argc, argv, std::cout, std::cerr));
 }
 #endif

@@ -1,5 +1,11 @@
 #include "tools/targets.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <system_error>
+
 #include <fmt/format.h>
 
 #include <absl/strings/str_split.h>
@@ -7,6 +13,7 @@
 #include "jit/nvrtc.h"
 #include "jit/target.h"
 #include "ops/common/json_fields.h"
+#include "tools/commands.h"
 
 namespace kjit::tools {
 
@@ -57,6 +64,16 @@ void RefuseEmptyValues(CLI::App& app) {
   }
 }
 
+// "kjit: cannot write to standard output: No space left on device" on stderr, through stdio:
+// fmt::print would throw if stderr is gone too. `error` is an errno value, 0 when unknown.
+int StdoutFailed(int error) {
+  const std::string line =
+      fmt::format("{}: cannot write to standard output{}{}\n", ToolName(), error != 0 ? ": " : "",
+                  error != 0 ? std::strerror(error) : "");
+  std::fputs(line.c_str(), stderr);
+  return 1;
+}
+
 }  // namespace
 
 CLI::Validator DTypeValidator() {
@@ -84,8 +101,13 @@ std::optional<int> ParseFlags(CLI::App& app, int argc, const char* const* argv, 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help and --version are "errors" that exit 0; every real usage error exits 2.
-    return app.exit(e, out, err) == 0 ? 0 : 2;
+    // --help and --version are "errors" that exit 0; every real usage error exits 2. CLI11 ends
+    // the version with std::endl, whose flush would fail (a full stdout) before Finish could see
+    // why: the text is written unflushed, like every other output.
+    std::ostringstream text;
+    const int code = app.exit(e, text, err) == 0 ? 0 : 2;
+    out << text.str();
+    return code;
   }
   return std::nullopt;
 }
@@ -133,6 +155,23 @@ absl::StatusOr<Runtime> RuntimeOnDevice(int ordinal) {
 }
 
 void SetToolName(std::string name) { ToolName() = std::move(name); }
+
+int Finish(const ParsedCommandLine& cli) {
+  int code = 1;
+  try {
+    code = cli.exit_code ? *cli.exit_code : cli.run();
+  } catch (const std::system_error& e) {
+    // fmt::print throws when a write fails (a long output); the tools print to stdout and stderr
+    // only, and with stderr gone there is nowhere to say more.
+    if (std::ferror(stdout)) return StdoutFailed(e.code().value());
+    if (std::ferror(stderr)) return 1;
+    throw;
+  }
+  // What is still buffered (a short output) is written here, or its failure lost at exit.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) return StdoutFailed(errno);
+  return code;
+}
 
 int Fail(const absl::Status& status) {
   fmt::print(stderr, "{}: {}\n", ToolName(), ToStd(status.message()));

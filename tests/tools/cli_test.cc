@@ -69,8 +69,9 @@ class CliTest : public ::testing::Test {
   }
 
   // Runs kjit with `args`; the environment is ours with env_ applied (an empty value unsets).
-  CliResult Run(const std::vector<std::string>& args) {
-    return testing::RunKjit(args, env_, root_);
+  CliResult Run(const std::vector<std::string>& args,
+                testing::Stdout to = testing::Stdout::kCaptured) {
+    return testing::RunKjit(args, env_, root_, to);
   }
 
   // Runs kjit with `args`, which must be a usage error whose message starts with `message`.
@@ -606,6 +607,31 @@ TEST_F(CliTest, BenchWithTheStubDriverFailsCleanly) {
   EXPECT_EQ(r.signal, 0) << "crashed\n" << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "CUDA_ERROR_STUB_LIBRARY")) << r.Describe();
+}
+
+// Issue 34 (1): a long output to a full or closed stdout, or to a pipe without a reader while
+// SIGPIPE is ignored, aborted (exit 134, "terminate called after throwing std::system_error"); a
+// short one was lost with exit 0. Both are failures: one line on stderr, exit 1.
+TEST_F(CliTest, OutputThatCannotBeWrittenIsAFailure) {
+  const std::vector<std::string> long_output = {
+      "compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,sm_100,sm_80,sm_120",
+      "--json"};
+  const CliResult printed = Run(long_output);
+  ASSERT_EQ(printed.exit_code, 0) << printed.Describe();
+  ASSERT_GT(printed.out.size(), 4096u) << "not longer than stdout's buffer";
+  const std::string short_line = "kjit: cannot write to standard output";
+  for (const std::vector<std::string>& args :
+       {long_output, std::vector<std::string>{"--help"}, std::vector<std::string>{"--version"},
+        std::vector<std::string>{"cache", "ls"}}) {
+    for (auto [to, why] : {std::pair{testing::Stdout::kFull, ": No space left on device\n"},
+                           std::pair{testing::Stdout::kClosed, ": Bad file descriptor\n"},
+                           std::pair{testing::Stdout::kBrokenPipe, ": Broken pipe\n"}}) {
+      const CliResult r = Run(args, to);
+      EXPECT_EQ(r.signal, 0) << "kjit " << Joined(args) << "\n" << r.Describe();
+      EXPECT_EQ(r.exit_code, 1) << "kjit " << Joined(args) << "\n" << r.Describe();
+      EXPECT_EQ(r.err, short_line + why) << "kjit " << Joined(args) << "\n" << r.Describe();
+    }
+  }
 }
 
 }  // namespace

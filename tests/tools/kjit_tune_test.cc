@@ -37,8 +37,9 @@ class KjitTuneTest : public ::testing::Test {
     env_["KJIT_CACHE_MAX_BYTES"] = "";
     env_["KJIT_LIBCUDA_PATH"] = root_ + "/no-libcuda.so";  // "no GPU", even on a GPU machine
   }
-  CliResult Run(const std::vector<std::string>& args) {
-    return testing::RunProgram(KJIT_TUNE_PATH, args, env_, root_);
+  CliResult Run(const std::vector<std::string>& args,
+                testing::Stdout to = testing::Stdout::kCaptured) {
+    return testing::RunProgram(KJIT_TUNE_PATH, args, env_, root_, to);
   }
   testing::TempDir tmp_{"kjit_tune_test"};
   std::string root_;
@@ -375,6 +376,26 @@ TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
   // Every pruned config carries its reason.
   EXPECT_FALSE(report["pruned"].empty());
   for (const auto& p : report["pruned"]) EXPECT_FALSE(p["reason"].get<std::string>().empty());
+}
+
+// Issue 34 (1): the JSON report to a full stdout aborted (exit 134); a short output (--help) to a
+// closed one was lost with exit 0. Both are failures: one line on stderr, exit 1.
+TEST_F(KjitTuneTest, OutputThatCannotBeWrittenIsAFailure) {
+  const std::vector<std::string> report = {"--spec", kRmsSpec.dump(), "--arch", "sm_90", "--json"};
+  CliResult r = Run(report, testing::Stdout::kFull);
+  EXPECT_EQ(r.signal, 0) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_TRUE(
+      r.err.ends_with("\nkjit-tune: cannot write to standard output: No space left on "
+                      "device\n"))
+      << r.Describe();
+  r = Run({"--help"}, testing::Stdout::kClosed);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "kjit-tune: cannot write to standard output: Bad file descriptor\n")
+      << r.Describe();
+  r = Run({"--version"}, testing::Stdout::kBrokenPipe);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "kjit-tune: cannot write to standard output: Broken pipe\n") << r.Describe();
 }
 
 }  // namespace
