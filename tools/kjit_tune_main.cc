@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -305,9 +306,9 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
       ->check(DTypeValidator());
   app.add_option("--tokens", f->tokens,
                  "Token counts (rows) to tune at, each rounded up to a "
-                 "power of two")
+                 "power of two (a launch takes at most 2^31 - 1 rows)")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->check(CLI::Range(int64_t{1}, int64_t{std::numeric_limits<int32_t>::max()}))
       ->capture_default_str();
   app.add_option("--arch", f->arch,
                  "auto (the GPU present, else sm_90,sm_100) or targets: sm_90,sm_100")

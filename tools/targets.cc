@@ -1,5 +1,6 @@
 #include "tools/targets.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <absl/strings/ascii.h>
 #include <absl/strings/str_split.h>
 
 #include "jit/nvrtc.h"
@@ -50,17 +52,38 @@ absl::Status CheckTargets(const std::string& arch) {
   return absl::OkStatus();
 }
 
+// CLI11 reads integers with strtoll's base 0, so "032000" was octal 13312, "0x40" hex 64 and " 64"
+// 64: an integer on kjit's command lines is decimal, an optional '-' and digits, whose leading
+// zeros mean nothing. A transform, so that it runs before the option's range check reads the value.
+std::string DecimalInteger(std::string& value) {
+  if (value.empty()) return "";  // the check of empty values says so
+  const bool negative = value.starts_with('-');
+  const std::string_view digits = std::string_view(value).substr(negative ? 1 : 0);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+    return fmt::format("'{}' is not a decimal integer", value);
+  }
+  const size_t first = std::min(digits.find_first_not_of('0'), digits.size() - 1);
+  value = (negative ? "-" : "") + std::string(digits.substr(first));
+  return "";
+}
+
 // An empty value means nothing to any option of kjit's, but CLI11 reads "" as 0 for a number and
 // as itself for a string (where kjit takes it for "not given"): refuse it for every option that
-// takes a value, the subcommands' too, so that no option is left out.
-void RefuseEmptyValues(CLI::App& app) {
+// takes a value, and any integer but a decimal one, the subcommands' options too, so that no
+// option is left out.
+void CheckEveryValue(CLI::App& app) {
   const CLI::Validator non_empty(
       [](std::string& value) { return value.empty() ? std::string("must not be empty") : ""; }, "");
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_expected_min() > 0) opt->check(non_empty);
+    // Its type's name, before the validators' descriptions ("INT:INT in [1 - 65536]").
+    const std::string type = opt->get_type_name().substr(0, opt->get_type_name().find(':'));
+    if (type == "INT" || type == "UINT") {
+      opt->transform(CLI::Validator(DecimalInteger, ""));
+    }
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-    RefuseEmptyValues(*sub);
+    CheckEveryValue(*sub);
   }
 }
 
@@ -97,7 +120,7 @@ std::string UsageMessage(const CLI::App* app, const CLI::Error& e) {
 
 std::optional<int> ParseFlags(CLI::App& app, int argc, const char* const* argv, std::ostream& out,
                               std::ostream& err) {
-  RefuseEmptyValues(app);
+  CheckEveryValue(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

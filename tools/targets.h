@@ -39,7 +39,8 @@ std::string UsageMessage(const CLI::App* app, const CLI::Error& e);
 // Parses argv into `app` (CLI11 runs the validators and final_callbacks too): nullopt when the
 // flags are good, else the exit code, having written the text: 0 after --help or --version
 // (to `out`), 2 after a usage error (to `err`, as app's failure_message says). An empty value is
-// a usage error for every option that takes a value.
+// a usage error for every option that takes a value, and an integer is decimal ("010" is 10; "0x8"
+// and "+8" are usage errors).
 std::optional<int> ParseFlags(CLI::App& app, int argc, const char* const* argv, std::ostream& out,
                               std::ostream& err);
 

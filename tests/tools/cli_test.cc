@@ -411,6 +411,10 @@ TEST_F(CliTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
       {{"compile", "--op", "rms_norm", "--hidden", "65537"}, "--hidden"},
       {{"compile", "--op", "rms_norm", "--hidden", "64.5"}, "--hidden"},
       {{"compile", "--op", "rms_norm", "--hidden", ""}, "--hidden"},
+      {{"compile", "--op", "rms_norm", "--hidden", "0x40"}, "--hidden: '0x40' is not a decimal"},
+      {{"compile", "--op", "rms_norm", "--hidden", "+64"}, "--hidden: '+64' is not a decimal"},
+      {{"compile", "--op", "rms_norm", "--hidden", " 64"}, "--hidden: ' 64' is not a decimal"},
+      {{"compile", "--op", "rms_norm", "--hidden", "0100000"}, "--hidden"},  // 100000, not 32768
       {Ce({"--hidden", "64"}), "--hidden"},
       {{"compile", "--op", "cross_entropy", "--arch", "sm_90"}, "--vocab"},
       {{"compile", "--op", "cross_entropy", "--vocab", "1"}, "--vocab"},
@@ -632,6 +636,15 @@ TEST_F(CliTest, OutputThatCannotBeWrittenIsAFailure) {
       EXPECT_EQ(r.err, short_line + why) << "kjit " << Joined(args) << "\n" << r.Describe();
     }
   }
+}
+
+// Issue 34 (4): integers were read as strtoll's base 0 reads them: --vocab 032000 compiled vocab
+// 13312 and --hidden 010 hidden 8. They are decimal: leading zeros mean nothing.
+TEST_F(CliTest, IntegersAreDecimal) {
+  const CliResult r =
+      Run({"compile", "--op", "rms_norm", "--hidden", "0096", "--arch", "sm_90", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(nlohmann::json::parse(r.out)[0]["params"]["hidden"], "96") << r.out;
 }
 
 }  // namespace

@@ -243,6 +243,9 @@ TEST_F(KjitTuneTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
       {{"--tokens", "x"}, "--tokens"},
       {{"--tokens", ""}, "--tokens"},
       {{"--tokens", "1024,4294967296"}, "--tokens"},
+      {{"--tokens", "2147483648"}, "--tokens"},  // a launch takes at most 2^31 - 1 rows
+      {{"--tokens", "1024,0x400"}, "--tokens: '0x400' is not a decimal integer"},
+      {{"--vocab", "0x3e8", "--hidden", "64"}, "--vocab: '0x3e8' is not a decimal integer"},
       {{"--arch", ""}, "--arch"},
       {{"--arch", ","}, "--arch"},
       {{"--arch", "sm_10"}, "--arch"},
@@ -376,6 +379,18 @@ TEST_F(KjitTuneTest, APlantedCrashOrHangFailsOneCandidateNotTheRun) {
   // Every pruned config carries its reason.
   EXPECT_FALSE(report["pruned"].empty());
   for (const auto& p : report["pruned"]) EXPECT_FALSE(p["reason"].get<std::string>().empty());
+}
+
+// Issue 34 (4): integers were read as strtoll's base 0 reads them, "016" as octal 14. They are
+// decimal: leading zeros mean nothing.
+TEST_F(KjitTuneTest, IntegersAreDecimal) {
+  const CliResult r =
+      Run({"--spec", kRmsSpec.dump(), "--arch", "sm_90", "--tokens", "016,0", "--json"});
+  ASSERT_EQ(r.exit_code, 2) << r.Describe();  // 0 is still 0
+  const CliResult ok =
+      Run({"--spec", kRmsSpec.dump(), "--arch", "sm_90", "--tokens", "016,00100", "--json"});
+  ASSERT_EQ(ok.exit_code, 0) << ok.Describe();
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["tokens"], nlohmann::json({16, 100})) << ok.out;
 }
 
 // Issue 34 (1): the JSON report to a full stdout aborted (exit 134); a short output (--help) to a
