@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import operator
 import os
 import sys
 import threading
 from pathlib import Path
+from typing import Optional
 
 ABI_VERSION = 2  # KJIT_C_ABI_VERSION this binding was written for
 
@@ -331,3 +333,53 @@ def init(struct_type, init_function: str):
     value = struct_type()
     getattr(lib(), init_function)(ctypes.byref(value))
     return value
+
+
+# ---- Checked conversions: ctypes wraps an int that does not fit, cuts a string at a NUL and takes
+# any attribute name on a struct, all silently ---------------------------------------------------
+
+_INTEGER_TYPES = (ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p)
+
+
+def integer(name: str, value, ctype=ctypes.c_int64) -> int:
+    """`value` as an int that `ctype` holds: TypeError for a non-integer, OverflowError naming
+    `name` for one out of the type's range (2**64 + 4096 is not 4096)."""
+    value = operator.index(value)
+    bits = 8 * ctypes.sizeof(ctype)
+    signed = ctype not in (ctypes.c_uint32, ctypes.c_void_p)
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not low <= value <= high:
+        raise OverflowError(f"{name}: {value} is out of range: expected {low} to {high}")
+    return value
+
+
+def c_string(name: str, value, *, path: bool = False) -> Optional[bytes]:
+    """`value` as a C string, None as NULL. A path may be a str, bytes or os.PathLike (encoded as
+    the file system does, os.fsencode); other text is a str. A NUL would end the string early:
+    ValueError naming `name`."""
+    if value is None:
+        return None
+    if path:
+        data = os.fsencode(value)
+    elif isinstance(value, str):
+        data = value.encode()
+    else:
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    if b"\0" in data:
+        raise ValueError(f"{name}: {value!r} contains a NUL character")
+    return data
+
+
+def fill(struct, what: str, fields: dict):
+    """Sets `fields` on a ctypes struct and returns it. A name the struct does not have raises
+    TypeError naming it (`what` names the call), an integer its field cannot hold OverflowError."""
+    types = {name: ctype for name, ctype in type(struct)._fields_ if name != "struct_size"}
+    unknown = [name for name in fields if name not in types]
+    if unknown:
+        raise TypeError(f"{what}: unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(map(repr, unknown))}; it takes {', '.join(types)}")
+    for name, value in fields.items():
+        if types[name] in _INTEGER_TYPES and value is not None:
+            value = integer(name, value, types[name])
+        setattr(struct, name, value)
+    return struct

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import warnings as _warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from kjit import _capi
+
+
+PathArg = Union[str, bytes, os.PathLike]
 
 
 class KjitWarning(UserWarning):
@@ -33,8 +37,9 @@ def _choice(what: str, value: str, table: dict) -> int:
 
 def tensor(data: int, dtype: str, rows: int, cols: int, row_stride: Optional[int] = None):
     """rows x cols elements of dtype ("fp32", "fp16", "bf16") at device address `data`."""
-    return _capi.Tensor(data, _choice("dtype", dtype, _capi.DTYPES), rows, cols,
-                        cols if row_stride is None else row_stride)
+    return _capi.fill(_capi.Tensor(), "tensor", dict(
+        data=data, dtype=_choice("dtype", dtype, _capi.DTYPES), rows=rows, cols=cols,
+        row_stride=cols if row_stride is None else row_stride))
 
 
 def vector(data: int, dtype: str, n: int):
@@ -43,11 +48,8 @@ def vector(data: int, dtype: str, n: int):
 
 def index(data: int, type: str, size: int):
     """A contiguous vector of `size` int32 or int64 at device address `data`."""
-    return _capi.Index(data, _choice("index type", type, _capi.INDEX_TYPES), size)
-
-
-def _encode(text: Optional[str]) -> Optional[bytes]:
-    return None if text is None else text.encode()
+    return _capi.fill(_capi.Index(), "index", dict(
+        data=data, type=_choice("index type", type, _capi.INDEX_TYPES), size=size))
 
 
 class _Handle:
@@ -67,7 +69,11 @@ class _Handle:
 
     def _launch(self, function: str, struct_type, stream, fields: dict) -> None:
         # An args struct's defaults are all zero (kjit_*_args_init), so the constructor sets it.
-        args = struct_type(ctypes.sizeof(struct_type), **fields)
+        # `function` is the C name of the method ("kjit_rms_norm_" + "forward"), the class's
+        # prefix as in _destroy.
+        method = function[len(self._destroy) - len("destroy"):]
+        args = _capi.fill(struct_type(ctypes.sizeof(struct_type)),
+                          f"{type(self).__name__}.{method}()", fields)
         _capi.call(function, self._handle, stream, ctypes.byref(args))
 
 
@@ -85,10 +91,12 @@ class RmsNorm(_Handle):
         self._launch("kjit_rms_norm_backward", _capi.RmsNormBackwardArgs, stream, fields)
 
     def backward_workspace_bytes(self, rows: int) -> int:
-        return _capi.call_int64("kjit_rms_norm_backward_workspace_bytes", self._handle, rows)
+        return _capi.call_int64("kjit_rms_norm_backward_workspace_bytes", self._handle,
+                                _capi.integer("rows", rows))
 
     def config_for(self, rows: int) -> str:
-        return _capi.call_string("kjit_rms_norm_config_for", self._handle, rows)
+        return _capi.call_string("kjit_rms_norm_config_for", self._handle,
+                                 _capi.integer("rows", rows))
 
     def build(self) -> dict:
         """Compiles (or finds in the caches) the op's kernels; works compile-only."""
@@ -123,10 +131,12 @@ class CrossEntropy(_Handle):
                      fields)
 
     def workspace_bytes(self, rows: int) -> int:
-        return _capi.call_int64("kjit_cross_entropy_workspace_bytes", self._handle, rows)
+        return _capi.call_int64("kjit_cross_entropy_workspace_bytes", self._handle,
+                                _capi.integer("rows", rows))
 
     def config_for(self, rows: int, fused: bool = True) -> str:
-        return _capi.call_string("kjit_cross_entropy_config_for", self._handle, rows, int(fused))
+        return _capi.call_string("kjit_cross_entropy_config_for", self._handle,
+                                 _capi.integer("rows", rows), int(fused))
 
     def build(self) -> dict:
         return json.loads(_capi.call_string("kjit_cross_entropy_build", self._handle))
@@ -160,15 +170,18 @@ class LinearCrossEntropy(_Handle):
     def workspace_bytes(self, rows: int) -> int:
         """Device memory (256-byte aligned) a launch of `rows` needs, the fp32 weight-gradient
         accumulator included."""
-        return _capi.call_int64("kjit_linear_cross_entropy_workspace_bytes", self._handle, rows)
+        return _capi.call_int64("kjit_linear_cross_entropy_workspace_bytes", self._handle,
+                                _capi.integer("rows", rows))
 
     def accumulator_bytes(self, rows: int) -> int:
         """The part of workspace_bytes(rows) the fp32 weight-gradient accumulator takes (0 when
         the rows fit one chunk, with output-dtype accumulation or an fp32 d_weight)."""
-        return _capi.call_int64("kjit_linear_cross_entropy_accumulator_bytes", self._handle, rows)
+        return _capi.call_int64("kjit_linear_cross_entropy_accumulator_bytes", self._handle,
+                                _capi.integer("rows", rows))
 
     def config_for(self, rows: int) -> str:
-        return _capi.call_string("kjit_linear_cross_entropy_config_for", self._handle, rows)
+        return _capi.call_string("kjit_linear_cross_entropy_config_for", self._handle,
+                                 _capi.integer("rows", rows))
 
     def build(self) -> dict:
         return json.loads(_capi.call_string("kjit_linear_cross_entropy_build", self._handle))
@@ -179,27 +192,25 @@ class Runtime(_Handle):
 
     device: the CUDA ordinal. target: "" for the device's own arch, else "sm_90"... compile_only:
     build and cache kernels without a driver (needs target). cache_dir/tuning_db: as
-    kjit::RuntimeOptions (None follows $KJIT_CACHE_DIR / $KJIT_TUNING_DB). warnings: a callable
-    taking the message; by default each becomes a KjitWarning.
+    kjit::RuntimeOptions (None follows $KJIT_CACHE_DIR / $KJIT_TUNING_DB), each a str, bytes or
+    os.PathLike. warnings: a callable taking the message; by default each becomes a KjitWarning.
     """
 
     _destroy = "kjit_runtime_destroy"
 
     def __init__(self, device: int = 0, *, target: Optional[str] = None,
                  compile_only: bool = False, disk_cache: bool = True,
-                 cache_dir: Optional[str] = None, tuning_db: Optional[str] = None,
+                 cache_dir: Optional[PathArg] = None, tuning_db: Optional[PathArg] = None,
                  autotune: bool = False, warnings: Optional[Callable[[str], None]] = None):
         sink = warnings or (lambda message: _warnings.warn(message, KjitWarning, stacklevel=2))
         callback = _capi.WARNING_FN(lambda message, _: sink(message.decode("utf-8", "replace")))
         options = _capi.init(_capi.RuntimeOptions, "kjit_runtime_options_init")
-        options.device = device
-        options.target = _encode(target)
-        options.compile_only = int(compile_only)
-        options.disk_cache = int(disk_cache)
-        options.cache_dir = _encode(cache_dir)
-        options.tuning_db = _encode(tuning_db)
-        options.autotune = int(autotune)
-        options.warning = callback
+        _capi.fill(options, "Runtime()", dict(
+            device=device, target=_capi.c_string("target", target),
+            compile_only=int(compile_only), disk_cache=int(disk_cache),
+            cache_dir=_capi.c_string("cache_dir", cache_dir, path=True),
+            tuning_db=_capi.c_string("tuning_db", tuning_db, path=True),
+            autotune=int(autotune), warning=callback))
         handle = ctypes.c_void_p()
         _capi.call("kjit_runtime_create", ctypes.byref(options), ctypes.byref(handle))
         super().__init__(handle, keep=callback)
@@ -217,15 +228,13 @@ class Runtime(_Handle):
                  eps: float = 1e-6, weight_offset: float = 0.0, casting: str = "llama",
                  fused_residual: bool = False, config: Optional[str] = None) -> RmsNorm:
         spec = _capi.init(_capi.RmsNormSpec, "kjit_rms_norm_spec_init")
-        spec.hidden = hidden
-        spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
-        spec.weight_dtype = -1 if weight_dtype is None else _choice(
-            "weight_dtype", weight_dtype, _capi.DTYPES)
-        spec.eps = eps
-        spec.weight_offset = weight_offset
-        spec.casting = _choice("casting", casting, _capi.CASTINGS)
-        spec.fused_residual = int(fused_residual)
-        spec.config = _encode(config)
+        _capi.fill(spec, "rms_norm()", dict(
+            hidden=hidden, dtype=_choice("dtype", dtype, _capi.DTYPES),
+            weight_dtype=-1 if weight_dtype is None else _choice(
+                "weight_dtype", weight_dtype, _capi.DTYPES),
+            eps=eps, weight_offset=weight_offset,
+            casting=_choice("casting", casting, _capi.CASTINGS),
+            fused_residual=int(fused_residual), config=_capi.c_string("config", config)))
         handle = ctypes.c_void_p()
         _capi.call("kjit_rms_norm_create", self._handle, ctypes.byref(spec), ctypes.byref(handle))
         return RmsNorm(handle, keep=self)
@@ -238,18 +247,14 @@ class Runtime(_Handle):
         """class_weight_dtype: None (no class weights), else "fp32" or dtype: the launches then
         take class_weight, a [vocab] vector of per-class weights (F.cross_entropy's `weight`)."""
         spec = _capi.init(_capi.CrossEntropySpec, "kjit_cross_entropy_spec_init")
-        spec.vocab = vocab
-        spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
-        spec.target_type = _choice("target_type", target_type, _capi.INDEX_TYPES)
-        spec.ignore_index = ignore_index
-        spec.reduction = _choice("reduction", reduction, _capi.REDUCTIONS)
-        spec.label_smoothing = label_smoothing
-        spec.lse_square_scale = z_loss
-        spec.softcap = softcap
-        spec.argmax = int(argmax)
-        spec.config = _encode(config)
-        spec.class_weight_dtype = -1 if class_weight_dtype is None else _choice(
-            "class_weight_dtype", class_weight_dtype, _capi.DTYPES)
+        _capi.fill(spec, "cross_entropy()", dict(
+            vocab=vocab, dtype=_choice("dtype", dtype, _capi.DTYPES),
+            target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
+            ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
+            label_smoothing=label_smoothing, lse_square_scale=z_loss, softcap=softcap,
+            argmax=int(argmax), config=_capi.c_string("config", config),
+            class_weight_dtype=-1 if class_weight_dtype is None else _choice(
+                "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
         handle = ctypes.c_void_p()
         _capi.call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(handle))
@@ -267,22 +272,17 @@ class Runtime(_Handle):
         fp32 itself) or "output_dtype" (straight into d_weight). config: None (tuned or
         heuristic) or "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"."""
         spec = _capi.init(_capi.LinearCrossEntropySpec, "kjit_linear_cross_entropy_spec_init")
-        spec.vocab = vocab
-        spec.hidden = hidden
-        spec.dtype = _choice("dtype", dtype, _capi.DTYPES)
-        spec.weight_grad_dtype = -1 if weight_grad_dtype is None else _choice(
-            "weight_grad_dtype", weight_grad_dtype, _capi.DTYPES)
-        spec.bias = int(bias)
-        spec.target_type = _choice("target_type", target_type, _capi.INDEX_TYPES)
-        spec.ignore_index = ignore_index
-        spec.reduction = _choice("reduction", reduction, _capi.REDUCTIONS)
-        spec.label_smoothing = label_smoothing
-        spec.lse_square_scale = lse_square_scale
-        spec.softcap = softcap
-        spec.argmax = int(argmax)
-        spec.weight_grad_accumulation = _choice("weight_grad_accumulation",
-                                                weight_grad_accumulation, _capi.ACCUMULATIONS)
-        spec.config = _encode(config)
+        _capi.fill(spec, "linear_cross_entropy()", dict(
+            vocab=vocab, hidden=hidden, dtype=_choice("dtype", dtype, _capi.DTYPES),
+            weight_grad_dtype=-1 if weight_grad_dtype is None else _choice(
+                "weight_grad_dtype", weight_grad_dtype, _capi.DTYPES),
+            bias=int(bias), target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
+            ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
+            argmax=int(argmax),
+            weight_grad_accumulation=_choice("weight_grad_accumulation", weight_grad_accumulation,
+                                             _capi.ACCUMULATIONS),
+            config=_capi.c_string("config", config)))
         handle = ctypes.c_void_p()
         _capi.call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(handle))

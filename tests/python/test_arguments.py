@@ -1,0 +1,109 @@
+"""What the package does with arguments ctypes would take silently (issue 34): misspelled keyword
+arguments, integers beyond their C type, paths that are not str, strings with a NUL. All without a
+GPU: the ops are created compile-only, and each check comes before the launch is refused."""
+
+import inspect
+import os
+import pathlib
+
+import pytest
+
+import kjit
+
+
+@pytest.fixture
+def rt(cache_dir):
+    return kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+
+
+def _launches(rt):
+    """(name, bound method) of every op's launches: the methods that take **fields."""
+    ops = [rt.rms_norm(64), rt.cross_entropy(vocab=64),
+           rt.linear_cross_entropy(vocab=64, hidden=32)]
+    return [(f"{type(op).__name__}.{name}", getattr(op, name))
+            for op in ops for name in dir(op) if not name.startswith("_")
+            and callable(getattr(op, name)) and any(
+                p.kind is inspect.Parameter.VAR_KEYWORD
+                for p in inspect.signature(getattr(op, name)).parameters.values())]
+
+
+def test_the_launches_are_found(rt):
+    assert len(_launches(rt)) == 9  # RmsNorm 2, CrossEntropy 4, LinearCrossEntropy 3
+
+
+# Issue 34 (3): ctypes structures take unknown names as plain attributes, so
+# forward_backward(grad_ouput=g) ran without the upstream gradient.
+@pytest.mark.parametrize("misspelled", [dict(grad_ouput=None), dict(bogus=1),
+                                        dict(bogus=1, grad_ouput=None)])
+def test_an_unknown_keyword_argument_of_a_launch_is_a_type_error(rt, misspelled):
+    for name, launch in _launches(rt):
+        with pytest.raises(TypeError) as e:
+            launch(None, **misspelled)
+        message = str(e.value)
+        assert message.startswith(f"{name}(): unexpected keyword argument"), message
+        for key in misspelled:
+            assert repr(key) in message, message
+        assert "it takes " in message  # and lists the names it takes
+    with pytest.raises(TypeError, match=r"tensor: unexpected keyword argument 'stride'"):
+        kjit._capi.fill(kjit._capi.Tensor(), "tensor", dict(stride=4))
+
+
+# Issue 34 (7): ctypes wraps an int that does not fit its C type: rms_norm(2**64 + 4096) built
+# hidden 4096.
+@pytest.mark.parametrize("call, name", [
+    (lambda rt: rt.rms_norm(2**64 + 4096), "hidden"),
+    (lambda rt: rt.cross_entropy(vocab=2**64 + 5), "vocab"),
+    (lambda rt: rt.cross_entropy(vocab=64, ignore_index=2**63), "ignore_index"),
+    (lambda rt: rt.linear_cross_entropy(vocab=64, hidden=-2**63 - 1), "hidden"),
+    (lambda rt: rt.rms_norm(64).config_for(2**64 + 5), "rows"),
+    (lambda rt: rt.rms_norm(64).backward_workspace_bytes(2**64 + 3), "rows"),
+    (lambda rt: rt.cross_entropy(vocab=64).workspace_bytes(2**64 + 3), "rows"),
+    (lambda rt: rt.cross_entropy(vocab=64).config_for(2**64 + 3), "rows"),
+    (lambda rt: rt.linear_cross_entropy(vocab=64, hidden=32).accumulator_bytes(2**64), "rows"),
+    (lambda rt: kjit.tensor(0x1000, "bf16", 2**64 + 3, 64), "rows"),
+    (lambda rt: kjit.tensor(2**64 + 0x1000, "bf16", 1, 64), "data"),
+    (lambda rt: kjit.index(0x1000, "int64", 2**64 + 1), "size"),
+    (lambda rt: rt.cross_entropy(vocab=64).forward(None, workspace_bytes=2**64), "workspace_bytes"),
+    (lambda rt: kjit.Runtime(2**32, target="sm_90", compile_only=True), "device"),
+])
+def test_an_integer_its_c_type_cannot_hold_is_an_overflow_error(rt, call, name):
+    with pytest.raises(OverflowError, match=f"^{name}: -?[0-9]+ is out of range: expected "):
+        call(rt)
+
+
+def test_integers_at_their_c_types_limits_pass(rt):
+    assert rt.cross_entropy(vocab=64, ignore_index=-2**63).build()["params"]["vocab"] == "64"
+    assert kjit.tensor(2**64 - 1, "bf16", 2**63 - 1, 1).rows == 2**63 - 1
+    with pytest.raises(TypeError):
+        rt.rms_norm(64.0)
+
+
+# Issue 34 (8): a pathlib.Path raised AttributeError (no .encode), a non-UTF-8 path
+# UnicodeEncodeError, and a NUL cut the string short.
+def test_paths_may_be_path_like_or_bytes(cache_dir, tmp_path):
+    as_path = tmp_path / "as_path"
+    built = kjit.Runtime(target="sm_90", compile_only=True, cache_dir=as_path,
+                         tuning_db=tmp_path / "no-such-db.json").rms_norm(64).build()
+    assert pathlib.Path(built["path"]).parent == as_path
+    raw = os.fsencode(tmp_path) + b"/not-utf8-\xff"
+    kjit.Runtime(target="sm_90", compile_only=True, cache_dir=raw).rms_norm(64).build()
+    assert any(name.endswith(b".kjit") for name in os.listdir(raw))
+    as_str = os.fsdecode(os.fsencode(tmp_path) + b"/not-utf8-\xfe")  # surrogate escapes
+    kjit.Runtime(target="sm_90", compile_only=True, cache_dir=as_str).rms_norm(64).build()
+    assert any(name.endswith(".kjit") for name in os.listdir(as_str))
+    with pytest.raises(TypeError):
+        kjit.Runtime(target="sm_90", compile_only=True, cache_dir=42)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda tmp: kjit.Runtime(target="sm_90\0x", compile_only=True), "target"),
+    (lambda tmp: kjit.Runtime(target="sm_90", compile_only=True, cache_dir=f"{tmp}/a\0b"),
+     "cache_dir"),
+    (lambda tmp: kjit.Runtime(target="sm_90", compile_only=True, tuning_db=b"off\0"),
+     "tuning_db"),
+    (lambda tmp: kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off").rms_norm(
+        64, config="vec=8 fwd=4x32 bwd=8x16\0vec=2"), "config"),
+])
+def test_a_nul_in_a_string_is_a_value_error(cache_dir, tmp_path, call, name):
+    with pytest.raises(ValueError, match=f"^{name}: .* contains a NUL character"):
+        call(tmp_path)
