@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include <absl/strings/cord.h>
 #include <fmt/format.h>
@@ -23,7 +24,9 @@ std::string ProgramLog(const Nvrtc& nvrtc, nvrtcProgram prog) {
   if (nvrtc.nvrtcGetProgramLogSize(prog, &size) != NVRTC_SUCCESS || size <= 1) return "";
   std::string log(size, '\0');
   if (nvrtc.nvrtcGetProgramLog(prog, log.data()) != NVRTC_SUCCESS) return "";
-  log.resize(size - 1);  // drop the terminating NUL
+  // The log ends in a NUL, and ptxas's part brings one of its own: none may reach a message, where
+  // a C caller would see it cut and JSON would hold \u0000.
+  std::erase(log, '\0');
   return log;
 }
 

@@ -26,6 +26,20 @@ const char* DeviceTypeName(DType t) {
   return "?";
 }
 
+absl::Status CheckDTypesOnTarget(
+    const jit::Target& target,
+    std::initializer_list<std::pair<std::string_view, std::optional<DType>>> fields) {
+  constexpr int kMinBf16Arch = 80;  // cvt.rn.bf16.f32 and the .bf16 types of PTX
+  for (const auto& [field, t] : fields) {
+    if (t == DType::kBF16 && target.arch < kMinBf16Arch) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: bf16 needs sm_{} or newer, the target is {}; use fp16 or fp32", field,
+                      kMinBf16Arch, target.ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 const char* Name(IndexType t) { return t == IndexType::kInt32 ? "int32" : "int64"; }
 size_t SizeOf(IndexType t) { return t == IndexType::kInt32 ? 4 : 8; }
 

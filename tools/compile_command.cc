@@ -129,7 +129,8 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
 }
 
 // What CLI11 cannot check once it has parsed the flags: that each belongs to --op, that the op's
-// size is given, and that the op accepts the values (its spec validates).
+// size is given, that its dtypes compile for the targets, and that the op accepts the values (its
+// spec validates).
 absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
   std::vector<std::string_view> others;
   for (const OpFlag& o : kOpFlags) {
@@ -145,6 +146,9 @@ absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
   if (cmd.count(size) == 0) {
     return absl::InvalidArgumentError(fmt::format("{} is required for --op {}", size, f.op));
   }
+  KJIT_RETURN_IF_ERROR(CheckDTypesForArch(f.arch, {{"--dtype", f.dtype},
+                                                   {"--weight-dtype", f.weight_dtype},
+                                                   {"--class-weights", f.class_weights}}));
   const absl::Status spec = SpecFromFlags(f).status();
   for (const OpFlag& o : kOpFlags) {
     if (!o.field.empty() && ToStd(spec.message()).starts_with(fmt::format("{}: ", o.field))) {

@@ -92,6 +92,10 @@ absl::Status CheckTuneFlags(const TuneFlags& f, const CLI::App& app) {
     return absl::InvalidArgumentError(
         fmt::format("--class-weights {}: must be fp32 or --dtype ({})", f.class_weights, f.dtype));
   }
+  if (!given("--spec")) {  // a spec's dtype is its own, checked as its op is built
+    KJIT_RETURN_IF_ERROR(
+        CheckDTypesForArch(f.arch, {{"--dtype", f.dtype}, {"--class-weights", f.class_weights}}));
+  }
   // Explicit targets are compile-only runtimes, like --compile-only: nothing is timed on them.
   const bool compile_only = f.compile_only || f.arch != "auto";
   const std::string why = f.compile_only ? "--compile-only" : "--arch " + f.arch;

@@ -12,6 +12,7 @@
 #include <absl/strings/ascii.h>
 #include <absl/strings/str_split.h>
 
+#include "jit/dtype.h"
 #include "jit/nvrtc.h"
 #include "jit/target.h"
 #include "ops/common/json_fields.h"
@@ -32,8 +33,8 @@ std::string Problem(const absl::Status& status) {
   return status.ok() ? "" : std::string(ops::WithoutField(ToStd(status.message())));
 }
 
-// --arch's targets: each must parse, and NVRTC (when it loads) must support each.
-absl::Status CheckTargets(const std::string& arch) {
+// --arch's list of targets, each parsed.
+absl::StatusOr<std::vector<jit::Target>> ParseTargets(const std::string& arch) {
   const std::vector<std::string> pieces = absl::StrSplit(arch, ',', absl::SkipEmpty());
   if (pieces.empty()) {
     return absl::InvalidArgumentError(
@@ -44,6 +45,12 @@ absl::Status CheckTargets(const std::string& arch) {
     KJIT_ASSIGN_OR_RETURN(const jit::Target t, jit::ParseTarget(piece));
     targets.push_back(t);
   }
+  return targets;
+}
+
+// --arch's targets: each must parse, and NVRTC (when it loads) must support each.
+absl::Status CheckTargets(const std::string& arch) {
+  KJIT_ASSIGN_OR_RETURN(const std::vector<jit::Target> targets, ParseTargets(arch));
   absl::StatusOr<const jit::Nvrtc*> nvrtc = jit::Nvrtc::Get();
   if (!nvrtc.ok()) return absl::OkStatus();  // the compile says what is wrong with NVRTC
   for (const jit::Target& t : targets) {
@@ -108,6 +115,21 @@ CLI::Validator ArchValidator() {
   return CLI::Validator(
       [](std::string& value) { return value == "auto" ? "" : Problem(CheckTargets(value)); },
       "auto|TARGET[,TARGET...]");
+}
+
+absl::Status CheckDTypesForArch(
+    const std::string& arch,
+    std::initializer_list<std::pair<std::string_view, std::string_view>> dtype_flags) {
+  if (arch == "auto") return absl::OkStatus();
+  KJIT_ASSIGN_OR_RETURN(const std::vector<jit::Target> targets, ParseTargets(arch));
+  for (const jit::Target& target : targets) {
+    for (const auto& [flag, name] : dtype_flags) {
+      if (name.empty()) continue;
+      KJIT_ASSIGN_OR_RETURN(const DType dtype, ParseDType(name));
+      KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(target, {{flag, dtype}}));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void ThrowIfUsageError(const absl::Status& status) {

@@ -10,9 +10,12 @@
 // and ThrowIfUsageError below make ours go the same way, so that they are found by parsing alone.
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +30,13 @@ CLI::Validator DTypeValidator();
 // an --arch no NVRTC can build for (sm_10, sm_999) is a mistake in the flags, found before any
 // work. (Without NVRTC the compile fails later, as a failure.)
 CLI::Validator ArchValidator();
+
+// With explicit targets (`arch` not "auto"): that the dtype of each flag given (a name ParseDType
+// takes; "" when not given) compiles for every target, so that --dtype bf16 --arch sm_75 is a usage
+// error ("--dtype: bf16 needs sm_80 or newer, ...") before any compile.
+absl::Status CheckDTypesForArch(
+    const std::string& arch,
+    std::initializer_list<std::pair<std::string_view, std::string_view>> dtype_flags);
 
 // How a command's own check of its parsed flags (in a final_callback) reports a usage error:
 // throws CLI::ValidationError with the status's message unless it is OK, so that CLI11 prints it

@@ -11,6 +11,8 @@
 
 namespace kjit {
 
+// bf16 needs sm_80 or newer: an op of it for an older target is refused as it is made
+// (InvalidArgument naming the field).
 enum class DType { kF32, kF16, kBF16 };
 
 size_t SizeOf(DType t);

@@ -646,6 +646,8 @@ absl::Status CrossEntropy::RescaleGradient(CUstream stream,
 
 absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
+  KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
+      state_->target, {{"dtype", spec.dtype}, {"class_weight_dtype", spec.class_weight_dtype}}));
   auto op = std::make_shared<internal::CrossEntropyState>();
   op->spec = spec;
   op->arch = state_->target.arch;

@@ -390,6 +390,8 @@ absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vecto
 absl::StatusOr<kjit::ShardedCrossEntropy> Runtime::ShardedCrossEntropy(
     const ShardedCrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(spec));
+  KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
+      state_->target, {{"dtype", spec.dtype}, {"class_weight_dtype", spec.class_weight_dtype}}));
   auto op = std::make_shared<internal::ShardedCrossEntropyState>();
   op->spec = spec;
   const int max_vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));

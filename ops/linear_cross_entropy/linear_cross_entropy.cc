@@ -619,6 +619,7 @@ absl::Status LinearCrossEntropy::RescaleGradients(CUstream stream,
 absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(
     const LinearCrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(spec));
+  KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(state_->target, {{"dtype", spec.dtype}}));
   auto op = std::make_shared<internal::LinearCrossEntropyState>();
   op->spec = spec;
   op->config = spec.config.value_or(ops::DefaultLinearCrossEntropyConfig(spec));

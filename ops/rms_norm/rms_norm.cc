@@ -363,6 +363,8 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
 
 absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(spec));
+  KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
+      state_->target, {{"dtype", spec.dtype}, {"weight_dtype", spec.weight_dtype}}));
   auto op = std::make_shared<internal::RmsNormState>();
   op->spec = spec;
   const int max_vec = ops::MaxVecForHidden(

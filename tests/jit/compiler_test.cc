@@ -2,6 +2,9 @@
 // promises, as CUBIN with the lowered names recorded, and a broken program reports its log.
 #include "jit/compiler.h"
 
+#include <string>
+
+#include <absl/strings/cord.h>
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -108,6 +111,23 @@ TEST(CompilerTest, CompileErrorCarriesLogOptionsTargetAndParams) {
   EXPECT_NE(msg.find("for sm_90"), std::string::npos);                 // the target
   EXPECT_NE(msg.find("hidden=123"), std::string::npos);                // the op's parameters
   EXPECT_TRUE(bin.status().GetPayload(jit::kCompileLogPayload).has_value());
+}
+
+// Issue 34 (5): ptxas's part of the log brings a NUL of its own, which reached the message: C and
+// Python callers saw it cut, `kjit compile --json` held \u0000.
+TEST(CompilerTest, NoNulOfTheLogReachesTheMessage) {
+  auto src =
+      ops::RenderRmsNorm({.hidden = 64, .dtype = DType::kBF16}, ops::DefaultRmsNormConfig(64, 8));
+  ASSERT_TRUE(src.ok()) << src.status();
+  // jit::Compile does not know bf16 needs sm_80 (the ops refuse it before): ptxas fails.
+  auto bin = jit::Compile(GetNvrtc(), *src, *jit::ParseTarget("sm_75"));
+  ASSERT_FALSE(bin.ok());
+  const std::string msg(ToStd(bin.status().message()));
+  EXPECT_NE(msg.find("ptxas fatal"), std::string::npos) << msg;  // the log's last line is kept
+  EXPECT_EQ(msg.find('\0'), std::string::npos) << msg;
+  const auto log = bin.status().GetPayload(jit::kCompileLogPayload);
+  ASSERT_TRUE(log.has_value());
+  EXPECT_EQ(std::string(*log).find('\0'), std::string::npos);
 }
 
 TEST(CompilerTest, TargetNvrtcLacksIsRefusedBeforeCompiling) {

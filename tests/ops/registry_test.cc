@@ -183,5 +183,29 @@ TEST(Registry, TheHeuristicAndABuildNeedNoGpu) {
   }
 }
 
+// Issue 34 (5): bf16 below sm_80 went to NVRTC and came back as INTERNAL with 13.6 KB of ptxas
+// output. Every op refuses it as it is made, naming the field, before any compile; fp16 builds.
+TEST(Registry, Bf16BelowSm80IsRefusedAsTheOpIsMade) {
+  auto rt = Runtime::Create({.target = "sm_75", .compile_only = true, .disk_cache = false});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const std::string why = ": bf16 needs sm_80 or newer, the target is sm_75; use fp16 or fp32";
+  for (const std::string& name : OpNames()) {
+    auto spec = BenchSpec(name, 64, DType::kBF16);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const absl::Status built = Build(*rt, *spec).status();
+    EXPECT_EQ(built.code(), absl::StatusCode::kInvalidArgument) << name << ": " << built;
+    EXPECT_EQ(ToStd(built.message()), "dtype" + why) << name;
+  }
+  const absl::Status weight =
+      rt->RmsNorm({.hidden = 64, .dtype = DType::kF32, .weight_dtype = DType::kBF16}).status();
+  EXPECT_EQ(ToStd(weight.message()), "weight_dtype" + why) << weight;
+  const absl::Status sharded =
+      rt->ShardedCrossEntropy({.vocab = 64, .shard_start = 0, .shard_end = 32}).status();
+  EXPECT_EQ(ToStd(sharded.message()), "dtype" + why) << sharded;
+  auto fp16 = Build(*rt, RmsNormSpec{.hidden = 64, .dtype = DType::kF16});
+  ASSERT_TRUE(fp16.ok()) << fp16.status();
+  EXPECT_EQ(fp16->target, "sm_75");
+}
+
 }  // namespace
 }  // namespace kjit::ops

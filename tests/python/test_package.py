@@ -282,3 +282,12 @@ def test_pip_cublaslt_is_found_on_sys_path(tmp_path, monkeypatch):
     assert _capi._find_pip_cublaslt() == str(lib / "libcublasLt.so.13")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere")])
     assert _capi._find_pip_cublaslt() is None
+
+
+def test_bf16_below_sm80_is_refused_as_the_op_is_made(cache_dir):
+    # Issue 34 (5): an INTERNAL error with 13.6 KB of ptxas output, cut at a NUL in it.
+    rt = kjit.Runtime(target="sm_75", compile_only=True, tuning_db="off")
+    with pytest.raises(kjit.KjitInvalidArgument, match=r"^dtype: bf16 needs sm_80 or newer, the "
+                       r"target is sm_75; use fp16 or fp32$"):
+        rt.rms_norm(4096)
+    assert rt.rms_norm(4096, dtype="fp16").build()["target"] == "sm_75"

@@ -647,5 +647,21 @@ TEST_F(CliTest, IntegersAreDecimal) {
   EXPECT_EQ(nlohmann::json::parse(r.out)[0]["params"]["hidden"], "96") << r.out;
 }
 
+// Issue 34 (5): `kjit compile --op rms_norm --hidden 64 --arch sm_75` was an INTERNAL error with
+// 13.6 KB of ptxas output (and a NUL in it), exit 1. A dtype a target cannot hold is a usage error.
+TEST_F(CliTest, Bf16BelowSm80IsAUsageError) {
+  const std::string why = ": bf16 needs sm_80 or newer, the target is sm_75; use fp16 or fp32\n";
+  ExpectUsageError({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,sm_75"},
+                   "kjit: --dtype" + why);
+  ExpectUsageError({"compile", "--op", "rms_norm", "--hidden", "64", "--dtype", "fp32",
+                    "--weight-dtype", "bf16", "--arch", "sm_75"},
+                   "kjit: --weight-dtype" + why);
+  EXPECT_TRUE(EntryFiles().empty()) << "nothing is compiled";
+  const CliResult r =
+      Run({"compile", "--op", "rms_norm", "--hidden", "64", "--dtype", "fp16", "--arch", "sm_75"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(EntryFiles().size(), 1u) << r.Describe();
+}
+
 }  // namespace
 }  // namespace kjit::tools

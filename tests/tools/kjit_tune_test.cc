@@ -251,6 +251,8 @@ TEST_F(KjitTuneTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
       {{"--arch", "sm_10"}, "--arch"},
       {{"--arch", "sm_999"}, "--arch"},
       {{"--arch", "sm_90,auto"}, "--arch"},
+      {{"--vocab", "1000", "--hidden", "64", "--arch", "sm_75"},
+       "--dtype: bf16 needs sm_80 or newer, the target is sm_75; use fp16 or fp32"},
       {{"--device", "-1"}, "--device"},
       {{"--device", "x"}, "--device"},
       {{"--device", "4096"}, "--device"},
