@@ -176,6 +176,16 @@ int RunCompile(const CompileFlags& f) {
       continue;
     }
     const std::string config = built->params.count("config") ? built->params.at("config") : "";
+    // Compiled but kept in memory (a read-only cache, a full disk): the next run compiles it again,
+    // which is what `kjit compile` is run to spare; a failure, as in kjit-tune.
+    const bool stored = !built->path.empty();
+    if (!stored) {
+      ++failures;
+      fmt::print(stderr,
+                 "kjit compile: {}: compiled but not stored in the kernel cache, kept in memory "
+                 "only (the warnings above say why)\n",
+                 rt.target());
+    }
     if (f.json) {
       report.push_back({{"op", f.op},
                         {"target", built->target},
@@ -183,6 +193,7 @@ int RunCompile(const CompileFlags& f) {
                         {"config", config},
                         {"origin", built->origin},
                         {"path", built->path},
+                        {"stored", stored},
                         {"bytes", built->bytes},
                         {"params", built->params},
                         {"nvrtc", built->nvrtc},

@@ -328,6 +328,31 @@ TEST_F(CacheCliTest, KjitTuneIntoAReadOnlyCacheSaysNothingWasStoredAndFails) {
   EXPECT_TRUE(said) << report["failures"];
 }
 
+// Issue 34 (11): `kjit compile` into a cache it cannot write (a full filesystem, a read-only cache)
+// warned, reported "path": "" and exited 0, while kjit-tune exits 1 in the same state.
+TEST_F(CacheCliTest, KjitCompileIntoAReadOnlyCacheFails) {
+  env_["KJIT_CACHE_DIR"] = "/proc/self/fdinfo";
+  const CliResult r =
+      Kjit({"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_90,sm_100", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  for (const char* target : {"sm_90", "sm_100"}) {
+    EXPECT_TRUE(Contains(r.err, std::string("kjit compile: ") + target +
+                                    ": compiled but not stored in the kernel cache"))
+        << r.err;
+  }
+  const json report = ParseOut(r);
+  ASSERT_EQ(report.size(), 2u) << report;
+  for (const json& k : report) {
+    EXPECT_EQ(k["origin"], "compiled") << k;
+    EXPECT_EQ(k["path"], "") << k;
+    EXPECT_EQ(k["stored"], false) << k;
+  }
+  env_["KJIT_CACHE_DIR"] = cache_;
+  const CliResult stored = CompileRmsNorm(64);
+  EXPECT_EQ(stored.exit_code, 0) << stored.Describe();
+  EXPECT_FALSE(Contains(stored.err, "not stored")) << stored.err;
+}
+
 // Defect 14: a directory named like an entry made `--fix-cache` fail (advising `rm` on a
 // directory), stayed after `prune`, and made `verify` exit 1 forever.
 TEST_F(CacheCliTest, ADirectoryNamedLikeAnEntryIsRemovedByPruneAndFixCache) {
