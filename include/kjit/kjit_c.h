@@ -241,7 +241,8 @@ typedef struct kjit_cross_entropy_spec {
   float lse_square_scale; /* z-loss coefficient, >= 0 */
   float softcap;          /* 0: off */
   int32_t argmax;         /* 1: forward writes the predicted token per row */
-  const char* config;     /* NULL or "": tuned or heuristic; else "vec=8 threads=256 ..." */
+  /* NULL or "": tuned or heuristic; else "vec=8 threads=256 unroll=4 cluster=6 staged=1" */
+  const char* config;
   /* Per-class weights (PyTorch's `weight`): -1 (default) none; else KJIT_F32 or the dtype, and
    * launches take class_weight. */
   int32_t class_weight_dtype;
@@ -338,8 +339,9 @@ typedef struct kjit_linear_cross_entropy_spec {
   int32_t argmax;                   /* 1: launches write the predicted token per row */
   int32_t weight_grad_accumulation; /* kjit_weight_grad_accumulation; default FP32 */
   /* NULL or "": tuned or heuristic; else
-   * "chunk=1024 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0" (chunk: the rows whose
-   * logits exist at once; streams 2: each chunk's loss beside the next chunk's logits GEMM). */
+   * "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0" (chunk: the rows
+   * whose logits exist at once; whole: a launch of at most this many rows is one chunk, 0: never;
+   * streams 2: each chunk's loss beside the next chunk's logits GEMM). */
   const char* config;
 } kjit_linear_cross_entropy_spec;
 

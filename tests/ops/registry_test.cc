@@ -4,8 +4,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -205,6 +210,39 @@ TEST(Registry, Bf16BelowSm80IsRefusedAsTheOpIsMade) {
   auto fp16 = Build(*rt, RmsNormSpec{.hidden = 64, .dtype = DType::kF16});
   ASSERT_TRUE(fp16.ok()) << fp16.status();
   EXPECT_EQ(fp16->target, "sm_75");
+}
+
+// Issue 34 (12): kjit_c.h showed the lm_head config "chunk=1024 streams=1 ..." without whole=,
+// which the parser refuses. Every config written out in the public headers, the README and the
+// Python package's docstrings ("name=value name=value ...", quoted) parses for one of the ops.
+TEST(Registry, TheConfigExamplesOfTheDocsParse) {
+  const std::vector<OpSpec> ops = {RmsNormSpec{.hidden = 4096}, CrossEntropySpec{.vocab = 128256},
+                                   LinearCrossEntropySpec{.vocab = 128256, .hidden = 4096}};
+  const std::string root = KJIT_SOURCE_DIR;
+  std::vector<std::string> files = {root + "/README.md", root + "/python/kjit/_runtime.py"};
+  for (const auto& e : std::filesystem::directory_iterator(root + "/include/kjit")) {
+    files.push_back(e.path().string());
+  }
+  const std::regex quoted_config(R"re("([a-z_]+=[^" \n]*(?: [^" \n]+)+)")re");
+  int examples = 0;
+  for (const std::string& file : files) {
+    std::ifstream in(file);
+    ASSERT_TRUE(in) << file;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (std::sregex_iterator m(text.begin(), text.end(), quoted_config), end; m != end; ++m) {
+      const std::string config = (*m)[1];
+      ++examples;
+      std::string errors;
+      bool parsed = false;
+      for (const OpSpec& op : ops) {
+        const absl::Status s = WithConfig(op, config).status();
+        parsed |= s.ok();
+        errors += fmt::format("\n  {}: {}", OpName(op), ToStd(s.message()));
+      }
+      EXPECT_TRUE(parsed) << file << ": \"" << config << "\" parses for no op:" << errors;
+    }
+  }
+  EXPECT_GE(examples, 8) << "the examples were not found";
 }
 
 }  // namespace
