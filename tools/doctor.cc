@@ -357,9 +357,12 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
                        ""});
         break;
       case LaunchFacts::State::kNotAttempted:
+      case LaunchFacts::State::kSkipped:
         out.push_back({id, Status::kWarn,
                        fmt::format("no test launch on GPU {}: {}", l.ordinal, OneLine(l.detail)),
-                       "Resolve the FAIL findings above, then run `kjit doctor` again."});
+                       l.state == LaunchFacts::State::kSkipped
+                           ? "Run `kjit doctor` without --no-launch to test-launch a kernel."
+                           : "Resolve the FAIL findings above, then run `kjit doctor` again."});
         break;
       case LaunchFacts::State::kError: {
         std::string fix;

@@ -106,7 +106,8 @@ struct CompileFacts {
 
 // A test launch of RMSNorm forward on one GPU, checked against the fp64 reference.
 struct LaunchFacts {
-  enum class State { kNotAttempted, kOk, kError };
+  // kSkipped: not asked for (--no-launch); kNotAttempted: something it needs failed.
+  enum class State { kNotAttempted, kSkipped, kOk, kError };
   int ordinal = 0;
   State state = State::kNotAttempted;
   std::string target;  // what the runtime loaded

@@ -573,6 +573,7 @@ DoctorFacts GatherFacts(const ProbeOptions& options) {
     } else if (!f.nvrtc.loaded) {
       l.detail = "NVRTC is not available";
     } else if (!options.launch) {
+      l.state = LaunchFacts::State::kSkipped;
       l.detail = "skipped (--no-launch)";
     } else {
       auto target =

@@ -267,6 +267,24 @@ DoctorFacts NoNvrtc(const std::string& error) {
   return f;
 }
 
+// Issue 34 ("Also"): `kjit doctor --no-launch` on a healthy machine said "Resolve the FAIL findings
+// above" when there were none.
+TEST(DoctorDiagnose, ASkippedLaunchSaysHowToRunOne) {
+  DoctorFacts f = HealthyH200();
+  f.launches = {
+      {.ordinal = 0, .state = LaunchFacts::State::kSkipped, .detail = "skipped (--no-launch)"}};
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  for (const Finding& x : findings) EXPECT_NE(x.status, Status::kFail) << Dump(findings);
+  const Finding l = Expect(findings, "launch.gpu.0", Status::kWarn);
+  EXPECT_EQ(l.message, "no test launch on GPU 0: skipped (--no-launch)");
+  EXPECT_EQ(l.fix, "Run `kjit doctor` without --no-launch to test-launch a kernel.");
+  // Not attempted because something failed: the other findings say what.
+  const Finding n =
+      Expect(Diagnose(NoNvrtc("libnvrtc.so.13: cannot open")), "launch.gpu.0", Status::kWarn);
+  EXPECT_EQ(n.fix, "Resolve the FAIL findings above, then run `kjit doctor` again.");
+}
+
 TEST(DoctorDiagnose, NvrtcMissingFailsWithTheInstallFix) {
   const DoctorFacts f =
       NoNvrtc("NVRTC (libnvrtc) is not available: libnvrtc.so.13: cannot open shared object file");
