@@ -261,6 +261,15 @@ absl::StatusOr<DiskCache> DiskCache::Open(const Options& options) {
         "password database has no home); fix: set KJIT_CACHE_DIR");
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  // "$UNSET/" is "/", which passes every check below for root: a cache there would put its
+  // entries in the file system's root, and `kjit cache clear` would empty it of them.
+  if (std::filesystem::path(dir).lexically_normal() == "/") {
+    return absl::InvalidArgumentError(
+        fmt::format("disk cache: {} is the root directory, not a cache directory (a variable that "
+                    "was empty in \"$VAR/\"?); fix: set KJIT_CACHE_DIR to a directory of its own, "
+                    "such as $HOME/.cache/kjit",
+                    dir));
+  }
 
   if (std::string dangling = DescribeDanglingSymlink(dir); !dangling.empty()) {
     return absl::FailedPreconditionError(fmt::format(

@@ -438,6 +438,20 @@ TEST_F(DiskCacheTest, SharedDirectoriesAreNeverToldToChmodOrChown) {
       << tmp.status();
 }
 
+// Issue 34 ("Also"): KJIT_CACHE_DIR=/ (what "$UNSET/" gives) was accepted as a cache when running
+// as root, who owns / with mode 0755.
+TEST_F(DiskCacheTest, TheRootDirectoryIsNoCache) {
+  for (const std::string dir : {"/", "//", "/./", "/tmp/.."}) {
+    SCOPED_TRACE(dir);
+    absl::StatusOr<DiskCache> cache = DiskCache::Open({.dir = dir});
+    ASSERT_FALSE(cache.ok());
+    EXPECT_EQ(cache.status().code(), absl::StatusCode::kInvalidArgument) << cache.status();
+    EXPECT_NE(cache.status().message().find("is the root directory, not a cache directory"),
+              absl::string_view::npos)
+        << cache.status();
+  }
+}
+
 // Issue 18, defect 5: a symlink to a missing target was "cannot stat L: No such file or directory"
 // here and "does not exist yet; kjit creates it" in doctor.
 TEST_F(DiskCacheTest, DanglingSymlinkAsTheDirectoryIsNamedAsSuch) {
