@@ -290,9 +290,16 @@ def lib() -> ctypes.CDLL:
         tune = NATIVE_DIR / "kjit-tune"
         if "KJIT_TUNE_BIN" not in os.environ and tune.exists():
             os.environ["KJIT_TUNE_BIN"] = str(tune)
-        loaded = ctypes.CDLL(str(path))
+        try:
+            loaded = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise ImportError(f"kjit: cannot load {path}: {e}; reinstall the kjit wheel or set "
+                              "KJIT_C_LIBRARY to a libkjit_c.so") from None
         for name, (restype, argtypes) in _PROTOTYPES.items():
-            fn = getattr(loaded, name)
+            fn = getattr(loaded, name, None)
+            if fn is None:
+                raise ImportError(f"kjit: {path} is not kjit's C library (it has no {name}); "
+                                  "set KJIT_C_LIBRARY to a libkjit_c.so, or unset it")
             fn.restype = restype
             fn.argtypes = argtypes
         got = loaded.kjit_abi_version()

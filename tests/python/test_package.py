@@ -3,6 +3,7 @@
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +292,29 @@ def test_bf16_below_sm80_is_refused_as_the_op_is_made(cache_dir):
                        r"target is sm_75; use fp16 or fp32$"):
         rt.rms_norm(4096)
     assert rt.rms_norm(4096, dtype="fp16").build()["target"] == "sm_75"
+
+
+@pytest.mark.parametrize("library, message", [
+    # Issue 34 ("Also"): both ended in a raw traceback (AttributeError, OSError).
+    (lambda tmp: _ctypes_file(), "is not kjit's C library (it has no kjit_abi_version); set "
+     "KJIT_C_LIBRARY to a libkjit_c.so"),
+    (lambda tmp: _text_file(tmp), "cannot load "),
+])
+def test_kjit_c_library_naming_another_file_is_an_import_error(tmp_path, monkeypatch, library,
+                                                                message):
+    monkeypatch.setattr(_capi, "_lib", None)
+    monkeypatch.setenv("KJIT_C_LIBRARY", library(tmp_path))
+    with pytest.raises(ImportError, match=re.escape(message)):
+        _capi.lib()
+
+
+def _ctypes_file() -> str:
+    """A shared library that is not kjit's: the _ctypes extension module."""
+    import _ctypes
+    return _ctypes.__file__
+
+
+def _text_file(tmp) -> str:
+    path = tmp / "libkjit_c.so"
+    path.write_text("not a library")
+    return str(path)
