@@ -31,7 +31,12 @@ import sys
 import time
 from typing import Optional
 
-import torch
+try:
+    import torch
+except ImportError:
+    if __name__ == "__main__":  # a message, not a traceback, for `python -m kjit.bench`
+        sys.exit("python -m kjit.bench needs PyTorch: pip install torch")
+    raise
 import torch.nn.functional as F
 
 import kjit

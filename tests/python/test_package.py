@@ -318,3 +318,12 @@ def _text_file(tmp) -> str:
     path = tmp / "libkjit_c.so"
     path.write_text("not a library")
     return str(path)
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="torch is installed here")
+def test_python_m_kjit_bench_without_torch_says_what_to_install():
+    # Issue 34 ("Also"): a ModuleNotFoundError traceback.
+    out = subprocess.run([sys.executable, "-m", "kjit.bench"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert out.stderr == "python -m kjit.bench needs PyTorch: pip install torch\n"
