@@ -1,5 +1,7 @@
 // `kjit cache ls|verify|clear|prune`: inspect and maintain the disk cache.
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,6 +24,16 @@ struct CacheFlags {
 int RunCache(const CacheFlags& f) {
   auto options = jit::DiskCache::Options::FromEnvironment();
   if (!options.ok()) return Fail(options.status());
+  // Open would create it: a mistyped KJIT_CACHE_DIR would be made, and listed as "0 entries". (A
+  // dangling symlink is left to Open, which names it.)
+  std::error_code ec;
+  if (!options->dir.empty() &&
+      !std::filesystem::exists(std::filesystem::symlink_status(options->dir, ec))) {
+    return Fail(absl::NotFoundError(fmt::format(
+        "cache {}: {} does not exist, so nothing is cached there (the cache is $KJIT_CACHE_DIR, "
+        "else $XDG_CACHE_HOME/kjit, else ~/.cache/kjit)",
+        f.action, options->dir)));
+  }
   auto cache = jit::DiskCache::Open(*options);
   if (!cache.ok()) return Fail(cache.status());
   if (f.action == "clear" || f.action == "prune") {

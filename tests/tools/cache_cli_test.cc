@@ -353,6 +353,24 @@ TEST_F(CacheCliTest, KjitCompileIntoAReadOnlyCacheFails) {
   EXPECT_FALSE(Contains(stored.err, "not stored")) << stored.err;
 }
 
+// Issue 34 ("Also"): `kjit cache ls` and `verify` created a mistyped cache directory and reported
+// "0 entries" in it.
+TEST_F(CacheCliTest, ACacheDirectoryThatDoesNotExistIsNotMade) {
+  const std::string mistyped = root_ + "/cahce";
+  env_["KJIT_CACHE_DIR"] = mistyped;
+  for (const char* action : {"ls", "verify", "clear", "prune"}) {
+    const CliResult r = Kjit({"cache", action});
+    EXPECT_EQ(r.exit_code, 1) << action << "\n" << r.Describe();
+    EXPECT_EQ(r.err, fmt::format("kjit: cache {}: {} does not exist, so nothing is cached there "
+                                 "(the cache is $KJIT_CACHE_DIR, else $XDG_CACHE_HOME/kjit, else "
+                                 "~/.cache/kjit)\n",
+                                 action, mistyped))
+        << r.Describe();
+    EXPECT_TRUE(r.out.empty()) << r.Describe();
+  }
+  EXPECT_FALSE(fs::exists(mistyped));
+}
+
 // Defect 14: a directory named like an entry made `--fix-cache` fail (advising `rm` on a
 // directory), stayed after `prune`, and made `verify` exit 1 forever.
 TEST_F(CacheCliTest, ADirectoryNamedLikeAnEntryIsRemovedByPruneAndFixCache) {
