@@ -23,7 +23,8 @@ const char* NvrtcPathVariable() {
 // The builtins library that the libnvrtc at `nvrtc_path` dlopens by name at its first compile:
 // libnvrtc-builtins.so.13.0 for NVRTC 13.0, libnvrtc-builtins.alt.so.13.0 for libnvrtc.alt.so.13.
 std::string BuiltinsName(const std::string& nvrtc_path, NvrtcVersion version) {
-  const bool alt = std::filesystem::path(nvrtc_path).filename().string().starts_with("libnvrtc.alt.");
+  const bool alt =
+      std::filesystem::path(nvrtc_path).filename().string().starts_with("libnvrtc.alt.");
   return fmt::format("libnvrtc-builtins{}.so.{}", alt ? ".alt" : "", version.ToString());
 }
 

@@ -257,6 +257,35 @@ def test_python_m_kjit_runs_the_cli(cache_dir):
     assert tune.returncode == 0 and "--model" in tune.stdout
 
 
+def _console_script(name: str) -> Path:
+    # pip puts a wheel's console scripts beside the interpreter of the environment it installs to.
+    return Path(sys.executable).parent / name
+
+
+def _tuning_hint(command) -> str:
+    doctor = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    findings = {f["check"]: f for f in json.loads(doctor.stdout)["findings"]}
+    return findings["tuning"]["message"]
+
+
+def test_the_console_scripts_run_the_wheels_programs(cache_dir):
+    kjit_cli, kjit_tune = _console_script("kjit"), _console_script("kjit-tune")
+    assert kjit_cli.exists() and kjit_tune.exists(), "the wheel installs both console scripts"
+    out = subprocess.run([str(kjit_cli), "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("kjit 0.1.0"), out.stderr
+    tune = subprocess.run([str(kjit_tune), "--help"], capture_output=True, text=True, timeout=120)
+    assert tune.returncode == 0 and "--model" in tune.stdout, tune.stderr
+
+
+def test_doctors_fixes_name_the_commands_kjit_was_started_with(cache_dir):
+    # The console scripts' names exist wherever the wheel is installed; `python -m kjit` users get
+    # its spelling.
+    assert "run `kjit-tune --model <name>`" in _tuning_hint(
+        [str(_console_script("kjit")), "doctor", "--json"])
+    assert "run `python -m kjit tune --model <name>`" in _tuning_hint(
+        [sys.executable, "-m", "kjit", "doctor", "--json"])
+
+
 @pytest.mark.skipif(HAS_TORCH, reason="torch is installed here")
 def test_kjit_torch_without_torch_says_what_to_install():
     with pytest.raises(ImportError, match="pip install torch"):
