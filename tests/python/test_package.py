@@ -66,6 +66,13 @@ def test_native_library_and_its_dependencies_come_from_the_wheel():
     assert not outside, f"loaded from outside the wheel ({native}): {outside}"
 
 
+def test_each_bundled_library_is_in_the_wheel_once():
+    # Under its soname only: a wheel (a zip) would hold a symlink chain as copies of the library.
+    libraries = sorted(p.name for p in _capi.NATIVE_DIR.glob("lib*.so*"))
+    stems = [name.split(".so")[0] for name in libraries]
+    assert len(set(stems)) == len(stems), libraries
+
+
 @pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here")
 def test_runtime_without_a_driver_is_a_clear_error(cache_dir):
     with pytest.raises(kjit.KjitUnavailable) as e:
