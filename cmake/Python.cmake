@@ -9,11 +9,24 @@ foreach(target IN LISTS kjit_python_targets)
   target_link_options(${target} PRIVATE -Wl,--disable-new-dtags)
 endforeach()
 
-install(TARGETS ${kjit_python_targets} RUNTIME_DEPENDENCY_SET kjit_python_dependencies
+install(TARGETS ${kjit_python_targets}
   LIBRARY DESTINATION kjit/_native COMPONENT python
   RUNTIME DESTINATION kjit/_native COMPONENT python)
 # Only what a GPU machine with a driver and NVRTC lacks; the C and C++ runtimes are the system's.
-install(RUNTIME_DEPENDENCY_SET kjit_python_dependencies
-  PRE_INCLUDE_REGEXES "^libabsl_" "^libfmt" "^libxxhash" "^libboost_"
-  PRE_EXCLUDE_REGEXES ".*"
-  LIBRARY DESTINATION kjit/_native COMPONENT python)
+# Each once, under the name the loader asks for (its soname): install(RUNTIME_DEPENDENCY_SET)
+# follows the symlink chain, and a wheel (a zip) holds each link as a second copy of the library.
+install(CODE [[
+  file(GET_RUNTIME_DEPENDENCIES
+    LIBRARIES "$<TARGET_FILE:kjit_c>"
+    EXECUTABLES "$<TARGET_FILE:kjit_cli>" "$<TARGET_FILE:kjit_tune>"
+    RESOLVED_DEPENDENCIES_VAR kjit_dependencies
+    PRE_INCLUDE_REGEXES "^libabsl_" "^libfmt" "^libxxhash" "^libboost_"
+    PRE_EXCLUDE_REGEXES ".*")
+  foreach(dependency IN LISTS kjit_dependencies)
+    get_filename_component(soname "${dependency}" NAME)
+    file(REAL_PATH "${dependency}" library)
+    file(INSTALL DESTINATION "${CMAKE_INSTALL_PREFIX}/kjit/_native" TYPE FILE FILES "${library}"
+      RENAME "${soname}" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+      GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  endforeach()
+]] COMPONENT python)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -17,6 +18,33 @@ constexpr std::string_view kNotLoaded = "NVRTC (libnvrtc) is not available: ";
 const char* NvrtcPathVariable() {
   const char* env = std::getenv("KJIT_NVRTC_PATH");
   return env != nullptr && *env != '\0' ? env : nullptr;
+}
+
+// The builtins library that the libnvrtc at `nvrtc_path` dlopens by name at its first compile:
+// libnvrtc-builtins.so.13.0 for NVRTC 13.0, libnvrtc-builtins.alt.so.13.0 for libnvrtc.alt.so.13.
+std::string BuiltinsName(const std::string& nvrtc_path, NvrtcVersion version) {
+  const bool alt =
+      std::filesystem::path(nvrtc_path).filename().string().starts_with("libnvrtc.alt.");
+  return fmt::format("libnvrtc-builtins{}.so.{}", alt ? ".alt" : "", version.ToString());
+}
+
+// Opens the builtins beside libnvrtc, else wherever the loader finds them. libnvrtc has no RUNPATH
+// (neither the toolkit's nor pip's nvidia-cuda-nvrtc), so its own dlopen by name finds a copy
+// beside it only through LD_LIBRARY_PATH or ldconfig; once this one is loaded, the loader answers
+// that dlopen with it (it matches loaded libraries by soname).
+absl::StatusOr<DynLib> LoadBuiltins(const std::string& nvrtc_path, NvrtcVersion version) {
+  const std::string name = BuiltinsName(nvrtc_path, version);
+  const std::filesystem::path dir = std::filesystem::path(nvrtc_path).parent_path();
+  std::vector<std::string> candidates{name};
+  if (!dir.empty()) candidates.insert(candidates.begin(), (dir / name).string());
+  auto builtins = DynLib::Open(candidates);
+  if (builtins.ok()) return builtins;
+  return absl::FailedPreconditionError(fmt::format(
+      "{} (NVRTC {}) cannot compile without {}, found neither beside it nor on the loader's path "
+      "({}); fix: install the libnvrtc-builtins of the same CUDA version beside it (pip's "
+      "nvidia-cuda-nvrtc and the toolkit's cuda-nvrtc package ship both), or point "
+      "KJIT_NVRTC_PATH at a libnvrtc that has them",
+      nvrtc_path, version.ToString(), name, ToStd(builtins.status().message())));
 }
 
 }  // namespace
@@ -78,6 +106,8 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
     KJIT_RETURN_IF_ERROR(
         n.Check(n.nvrtcGetSupportedArchs(n.archs_.data()), "nvrtcGetSupportedArchs"));
   }
+  KJIT_ASSIGN_OR_RETURN(DynLib builtins, LoadBuiltins(n.path(), n.version_));
+  n.builtins_.emplace(std::move(builtins));
   return n;
 }
 

@@ -3,6 +3,8 @@
 // libnvrtc is KJIT_NVRTC_PATH when set (only it: a path that does not load is an error naming the
 // variable, never replaced by another NVRTC), else found on the loader's path, then in the
 // toolkit's usual places; a missing NVRTC is an error that says how to install it, never a crash.
+// The libnvrtc-builtins of its version is loaded from beside it (pip's nvidia-cuda-nvrtc puts both
+// in a folder the loader does not search), so compiles work wherever libnvrtc was found.
 //
 //   KJIT_ASSIGN_OR_RETURN(const Nvrtc* nvrtc, Nvrtc::Get());
 //   fmt::print("NVRTC {}.{} from {}\n", nvrtc->version().major, nvrtc->version().minor,
@@ -11,6 +13,7 @@
 
 #include <nvrtc.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,8 @@ class Nvrtc {
  private:
   explicit Nvrtc(DynLib lib) : lib_(std::move(lib)) {}
   DynLib lib_;
+  // libnvrtc-builtins, loaded from beside lib_ so that lib_'s compiles find it (Load's comment).
+  std::optional<DynLib> builtins_;
   NvrtcVersion version_;
   std::vector<int> archs_;
 };

@@ -74,6 +74,18 @@ std::string NvrtcForArch(int cc) {
   return out;
 }
 
+// A kjit command as the user can type it, quoted: "`kjit doctor --fix-cache`", or
+// "`python -m kjit doctor --fix-cache`" when kjit was started that way (the Python package's
+// launcher sets KJIT_COMMAND); "tune ..." is kjit-tune's: "`kjit-tune --model <name>`".
+std::string Command(const DoctorFacts& f, std::string_view args) {
+  auto prefix = f.env.kjit_vars.find("KJIT_COMMAND");
+  if (prefix != f.env.kjit_vars.end() && !prefix->second.empty()) {
+    return fmt::format("`{} {}`", prefix->second, args);
+  }
+  if (args.starts_with("tune ")) return fmt::format("`kjit-tune {}`", args.substr(5));
+  return fmt::format("`kjit {}`", args);
+}
+
 const char* kInstallNvrtc =
     "e.g. apt install cuda-nvrtc-13-0, or pip install nvidia-cuda-nvrtc, then point "
     "KJIT_NVRTC_PATH at its libnvrtc.so if it is not on the loader's path";
@@ -93,8 +105,8 @@ void DiagnoseDriver(const DoctorFacts& f, std::vector<Finding>& out) {
         it->second);
   };
   const std::string no_driver_is_ok =
-      " (Compiling for explicit targets, `kjit doctor --arch sm_90,sm_100` or `kjit compile "
-      "--arch ...`, works without a driver.)";
+      fmt::format(" (Compiling for explicit targets, {} or {}, works without a driver.)",
+                  Command(f, "doctor --arch sm_90,sm_100"), Command(f, "compile --arch ..."));
   switch (d.error) {
     case DriverFacts::Error::kNone: {
       std::string release = d.release.empty() ? "" : fmt::format("driver {}, ", d.release);
@@ -333,10 +345,11 @@ void DiagnoseCompiles(const DoctorFacts& f, std::vector<Finding>& out) {
           "--arch.",
           Sm(parsed->arch), NvrtcForArch(parsed->arch), kInstallNvrtc, c.target);
     } else {
-      fix =
+      fix = fmt::format(
           "NVRTC itself failed on a kjit kernel: check that KJIT_NVRTC_PATH / the libnvrtc "
           "found matches its libnvrtc-builtins (same toolkit), then report it with the output "
-          "of `kjit doctor --json`.";
+          "of {}.",
+          Command(f, "doctor --json"));
     }
     out.push_back({id, Status::kFail,
                    fmt::format("RMSNorm (hidden 4096, bf16) failed to compile for {}: {}", c.target,
@@ -361,8 +374,10 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
         out.push_back({id, Status::kWarn,
                        fmt::format("no test launch on GPU {}: {}", l.ordinal, OneLine(l.detail)),
                        l.state == LaunchFacts::State::kSkipped
-                           ? "Run `kjit doctor` without --no-launch to test-launch a kernel."
-                           : "Resolve the FAIL findings above, then run `kjit doctor` again."});
+                           ? fmt::format("Run {} without --no-launch to test-launch a kernel.",
+                                         Command(f, "doctor"))
+                           : fmt::format("Resolve the FAIL findings above, then run {} again.",
+                                         Command(f, "doctor"))});
         break;
       case LaunchFacts::State::kError: {
         std::string fix;
@@ -372,13 +387,15 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
               "install an NVRTC that builds CUBIN for this GPU.",
               f.nvrtc.VersionString(), MinimumDriverForCudaMajor(f.nvrtc.major));
         } else if (l.detail.find("wrong result") != std::string::npos) {
-          fix =
-              "The kernel ran but computed wrong values: report it with the output of `kjit "
-              "doctor --json` and `nvidia-smi -q`.";
+          fix = fmt::format(
+              "The kernel ran but computed wrong values: report it with the output of {} and "
+              "`nvidia-smi -q`.",
+              Command(f, "doctor --json"));
         } else {
-          fix =
+          fix = fmt::format(
               "Check `nvidia-smi` (a GPU in a bad state, out of memory or under MIG limits); "
-              "if it persists, report it with the output of `kjit doctor --json`.";
+              "if it persists, report it with the output of {}.",
+              Command(f, "doctor --json"));
         }
         out.push_back(
             {id, Status::kFail,
@@ -541,10 +558,11 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
       case EntryVerdict::kCorrupt: corrupt.push_back(&e); break;
     }
   }
-  const std::string fix_cmd =
-      c.writable && safe ? "Run `kjit doctor --fix-cache` to remove them"
-                         : "Make the cache writable and safe (see cache.permissions), then run "
-                           "`kjit doctor --fix-cache` to remove them";
+  const std::string fix_cmd = fmt::format(
+      "{} {} to remove them",
+      c.writable && safe ? "Run"
+                         : "Make the cache writable and safe (see cache.permissions), then run",
+      Command(f, "doctor --fix-cache"));
   if (f.nvrtc.loaded) {
     std::string in_use;
     for (const std::string& t : TargetsInUse(f)) in_use += (in_use.empty() ? "" : ", ") + t;
@@ -570,8 +588,8 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
         for (const auto& [t, count] : by_target) all += "," + t;
         keep = fix_cmd + fmt::format(
                              "; to keep entries prebuilt for other GPUs, name their "
-                             "targets: `kjit doctor --arch {} --fix-cache`.",
-                             all);
+                             "targets: {}.",
+                             Command(f, fmt::format("doctor --arch {} --fix-cache", all)));
       }
       out.push_back(
           {"cache.stale", Status::kWarn,
@@ -592,8 +610,9 @@ void DiagnoseCache(const DoctorFacts& f, std::vector<Finding>& out) {
                    fmt::format("{} entries fail their checks (e.g. {}: {}); kjit never loads "
                                "them and recompiles instead",
                                corrupt.size(), corrupt[0]->key, OneLine(corrupt[0]->problem)),
-                   fix_cmd + " (or `kjit cache prune`); repeated corruption points at the disk "
-                             "or a shared filesystem."});
+                   fmt::format("{} (or {}); repeated corruption points at the disk or a shared "
+                               "filesystem.",
+                               fix_cmd, Command(f, "cache prune"))});
   }
 }
 
@@ -603,8 +622,9 @@ void DiagnoseCacheFix(const DoctorFacts& f, std::vector<Finding>& out) {
   if (!x.refused.empty()) {
     out.push_back({"cache.fix", Status::kFail,
                    fmt::format("--fix-cache removed nothing: {}", OneLine(x.refused)),
-                   "Fix the cache.dir / cache.permissions findings first, then run `kjit doctor "
-                   "--fix-cache` again."});
+                   fmt::format("Fix the cache.dir / cache.permissions findings first, then run {} "
+                               "again.",
+                               Command(f, "doctor --fix-cache"))});
     return;
   }
   const std::string removed =
@@ -627,7 +647,11 @@ void DiagnoseCacheFix(const DoctorFacts& f, std::vector<Finding>& out) {
 // What the runtime does with a database it cannot use (LoadTuningDb in runtime.cc).
 const char* kTuningIgnored =
     "the runtime ignores it with a warning and ops use their heuristic launch configs";
-const char* kTuneHint = "run `kjit-tune --model <name>` to tune them";
+
+// "run `kjit-tune --model <name>` to tune them", as Command names kjit-tune.
+std::string TuneHint(const DoctorFacts& f) {
+  return fmt::format("run {} to tune them", Command(f, "tune --model <name>"));
+}
 
 // The database's path and why there, as TuningDb::DefaultPath() picks it.
 std::string TuningWhere(const DoctorFacts& f) {
@@ -671,16 +695,16 @@ std::string TunedUnder(const std::string& device, int arch, int driver, int nvrt
 }
 
 // Nothing to tune with yet, which is fine: `what` says why.
-Finding Untuned(const std::string& what) {
+Finding Untuned(const DoctorFacts& f, const std::string& what) {
   return {"tuning", Status::kOk,
-          fmt::format("{}: ops use their heuristic launch configs; {}", what, kTuneHint), ""};
+          fmt::format("{}: ops use their heuristic launch configs; {}", what, TuneHint(f)), ""};
 }
 
 void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
                            std::vector<Finding>& out) {
   const std::vector<TuningRecordFacts>& records = f.tuning.records;
   if (records.empty()) {
-    out.push_back(Untuned(fmt::format("the tuning database {} holds no records", where)));
+    out.push_back(Untuned(f, fmt::format("the tuning database {} holds no records", where)));
     return;
   }
   // Per GPU model present, the records that apply: device, arch, driver and NVRTC all match, as
@@ -706,7 +730,7 @@ void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
     parts.push_back(count > 0 ? fmt::format("{} apply to {}", count, gpu)
                               : fmt::format("none apply to {}, whose ops use their heuristic "
                                             "launch configs ({} here)",
-                                            gpu, kTuneHint));
+                                            gpu, TuneHint(f)));
   }
   // The others, grouped by what they were tuned under: the runtime never reads them here.
   std::map<std::tuple<std::string, int, int, int>, int> others;
@@ -752,16 +776,16 @@ void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {
                      "own."});
       return;
     case TuningFacts::State::kMissing:
-      out.push_back(Untuned(fmt::format("no tuning database yet at {}", where)));
+      out.push_back(Untuned(f, fmt::format("no tuning database yet at {}", where)));
       return;
     case TuningFacts::State::kLoaded: DiagnoseTuningRecords(f, where, out); return;
     case TuningFacts::State::kCorrupt:
       out.push_back({"tuning", Status::kWarn,
                      fmt::format("the tuning database {} is corrupt ({}): {}", where,
                                  OneLine(t.error), kTuningIgnored),
-                     fmt::format("Run `kjit-tune --model <name>`, which sets the corrupt file "
-                                 "aside as {}.corrupt-<time> and builds a new one, or delete it.",
-                                 t.path)});
+                     fmt::format("Run {}, which sets the corrupt file aside as "
+                                 "{}.corrupt-<time> and builds a new one, or delete it.",
+                                 Command(f, "tune --model <name>"), t.path)});
       return;
     case TuningFacts::State::kNotAFile:
       out.push_back({"tuning", Status::kWarn,

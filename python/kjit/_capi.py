@@ -283,7 +283,7 @@ def lib() -> ctypes.CDLL:
         path = library_path()
         if not path.exists():
             raise ImportError(f"kjit: the native library {path} is missing; reinstall the kjit "
-                              "wheel (pip install kjit from this repository) or set "
+                              "wheel (`pip install .` in a kjit checkout builds one) or set "
                               "KJIT_C_LIBRARY to a libkjit_c.so")
         _point_at_nvrtc()
         _point_at_cublaslt()

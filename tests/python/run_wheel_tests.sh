@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the kjit wheel from this checkout (scikit-build-core, as `pip install .` does), installs it
 # into a fresh virtual environment that has nothing else of kjit's, and runs the Python suite there.
-# Tests that need torch or a GPU skip visibly (pytest -rs lists them). Needs PyPI for
-# scikit-build-core and pytest.
+# Tests that need torch or a GPU skip visibly (pytest -rs lists them); then
+# tests/package/pip_nvrtc_test.sh runs the installed kjit on pip's nvidia-cuda-nvrtc alone. Needs
+# PyPI for scikit-build-core and pytest.
 #
 #   tests/python/run_wheel_tests.sh WORK_DIR [pytest args...]
 set -euo pipefail
@@ -22,3 +23,9 @@ python3 -m venv "$work/venv-test"
   "$work"/dist/kjit-*.whl
 cd "$work"
 "$work/venv-test/bin/python" -m pytest -rs -q -p no:cacheprovider "$src/tests/python" "$@"
+# Then pip's NVRTC alone, found by `python -m kjit` and the console scripts (skipped, saying why,
+# without PyPI or a mount namespace).
+rc=0
+"$src/tests/package/pip_nvrtc_test.sh" "$work/pip-nvrtc" python "$work/venv-test/bin/python" ||
+  rc=$?
+[ "$rc" = 0 ] || [ "$rc" = 77 ] || exit "$rc"

@@ -2,13 +2,17 @@
 which forwards fuse, the hidden states the loss gets, the shifted targets, num_items_in_batch,
 Gemma 2's soft-cap, copies and PEFT-style direct forward calls. kjit's kernels need a GPU, so the
 fused op is replaced here by its float64 definition (the GPU suite checks the op itself and the
-fused models on the GPU); everything else is the code users run. Skips without torch and
-transformers.
+fused models on the GPU); everything else is the code users run. Also apply_to's loud fallbacks
+(issue 33): a call kjit cannot take (CPU tensors, float64, a float16 forward of the fused lm_head)
+runs Hugging Face's code with one KjitFallbackWarning per model and cause, strict=True raises, and
+"runs" says what will run. Skips without torch and transformers.
 """
 
 import copy
 import importlib.util
 import inspect
+import types
+import warnings
 
 import pytest
 
@@ -346,3 +350,91 @@ def test_num_items_in_batch_needs_no_rescale_in_the_backward(launches, monkeypat
     torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=0)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-7)
+
+
+# ---- loud fallbacks ----------------------------------------------------------------------------
+
+
+def batch(seed=0):
+    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids}
+
+
+def fallback_warnings(run):
+    """The KjitFallbackWarning messages `run()` gives, every one (no filter hides repeats)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = run()
+    return result, [str(w.message) for w in seen if issubclass(w.category, kt.KjitFallbackWarning)]
+
+
+def test_a_model_on_the_cpu_runs_hugging_faces_code_and_says_so_once():
+    base = tiny_model("llama")
+    patched = copy.deepcopy(base)
+    changed = kt.apply_to(patched)
+    assert changed["loss"] == "ForCausalLMLoss -> kjit"
+    assert changed["runs"]["rms_norm"].startswith("Hugging Face's code: its tensors are on cpu")
+    assert changed["runs"]["loss"].startswith("Hugging Face's ForCausalLMLoss: its tensors are on "
+                                              "cpu")
+    out, said = fallback_warnings(lambda: patched(**batch()))
+    assert len(said) == 1, said  # one cause, however many norms and the loss meet it
+    assert "LlamaForCausalLM" in said[0] and "on cpu, not on a CUDA GPU" in said[0], said
+    assert "model.cuda()" in said[0], said
+    torch.testing.assert_close(out.loss, base(**batch()).loss, rtol=0, atol=0)
+    _, again = fallback_warnings(lambda: patched(**batch(1)))
+    assert again == [], "said once per model"
+    other = tiny_model("llama")
+    kt.apply_to(other)
+    _, said_for_other = fallback_warnings(lambda: other(**batch()))
+    assert len(said_for_other) == 1, "another model says it too"
+
+
+def test_strict_raises_instead_of_running_hugging_faces_code():
+    model = tiny_model("llama")
+    kt.apply_to(model, strict=True)
+    with pytest.raises(kt.KjitFallbackError, match=r"strict=True.*RMSNorm.*on cpu"):
+        model(**batch())
+    kt.apply_to(model, strict=False)  # again, relaxed: the modules patched first follow
+    _, said = fallback_warnings(lambda: model(**batch()))
+    assert len(said) == 1, said
+
+
+def test_the_loss_alone_falls_back_loudly_too():
+    model = tiny_model("llama")
+    changed = kt.apply_to(model, rms_norm=False)
+    assert "rms_norm" not in changed["runs"]
+    _, said = fallback_warnings(lambda: model(**batch()))
+    assert len(said) == 1 and "the loss runs Hugging Face's ForCausalLMLoss" in said[0], said
+
+
+def test_a_float16_forward_of_the_fused_lm_head_says_it_is_unfused(fused_on_cpu):
+    model = tiny_model("llama")
+    changed = kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    assert changed["runs"]["loss"].startswith("kjit's fused lm_head + cross-entropy")
+    model.train()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out, said = fallback_warnings(lambda: model(**batch()))
+    assert out.logits.shape == (2, 8, 97), "lm_head computed the logits"
+    assert len(said) == 1 and "lm_head computes the logits, unfused" in said[0], said
+    assert "float16" in said[0] and "bfloat16" in said[0], said
+    kt.apply_to(model, rms_norm=False, cross_entropy=False, linear_cross_entropy=True, strict=True)
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(kt.KjitFallbackError,
+                                                                   match="float16"):
+        model(**batch())
+
+
+def test_runs_says_a_float16_model_is_not_fused(monkeypatch):
+    model = tiny_model("llama").half()
+    monkeypatch.setattr(hf, "_not_for_kjit", lambda t: None)  # as if on a GPU
+    changed = kt.apply_to(model, rms_norm=False, linear_cross_entropy=True)
+    assert changed["runs"]["loss"].startswith(
+        "kjit's cross-entropy over the logits (lm_head unfused: a float16 training forward is not "
+        "fused"), changed["runs"]
+
+
+def test_a_dtype_the_kernels_do_not_take_is_a_cause_of_its_own():
+    gpu_tensor = types.SimpleNamespace(is_cuda=True, dtype=torch.float64)
+    reason, why = hf._not_for_kjit(gpu_tensor)
+    assert reason == "dtype torch.float64"
+    assert "float32, float16 and bfloat16" in why
+    assert hf._not_for_kjit(types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)) is None

@@ -67,6 +67,13 @@ def test_native_library_and_its_dependencies_come_from_the_wheel():
     assert not outside, f"loaded from outside the wheel ({native}): {outside}"
 
 
+def test_each_bundled_library_is_in_the_wheel_once():
+    # Under its soname only: a wheel (a zip) would hold a symlink chain as copies of the library.
+    libraries = sorted(p.name for p in _capi.NATIVE_DIR.glob("lib*.so*"))
+    stems = [name.split(".so")[0] for name in libraries]
+    assert len(set(stems)) == len(stems), libraries
+
+
 @pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here")
 def test_runtime_without_a_driver_is_a_clear_error(cache_dir):
     with pytest.raises(kjit.KjitUnavailable) as e:
@@ -256,6 +263,35 @@ def test_python_m_kjit_runs_the_cli(cache_dir):
     assert {"driver", "nvrtc"} <= {f["check"] for f in report["findings"]}
     tune = _run_module("tune", "--help")
     assert tune.returncode == 0 and "--model" in tune.stdout
+
+
+def _console_script(name: str) -> Path:
+    # pip puts a wheel's console scripts beside the interpreter of the environment it installs to.
+    return Path(sys.executable).parent / name
+
+
+def _tuning_hint(command) -> str:
+    doctor = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    findings = {f["check"]: f for f in json.loads(doctor.stdout)["findings"]}
+    return findings["tuning"]["message"]
+
+
+def test_the_console_scripts_run_the_wheels_programs(cache_dir):
+    kjit_cli, kjit_tune = _console_script("kjit"), _console_script("kjit-tune")
+    assert kjit_cli.exists() and kjit_tune.exists(), "the wheel installs both console scripts"
+    out = subprocess.run([str(kjit_cli), "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("kjit 0.1.0"), out.stderr
+    tune = subprocess.run([str(kjit_tune), "--help"], capture_output=True, text=True, timeout=120)
+    assert tune.returncode == 0 and "--model" in tune.stdout, tune.stderr
+
+
+def test_doctors_fixes_name_the_commands_kjit_was_started_with(cache_dir):
+    # The console scripts' names exist wherever the wheel is installed; `python -m kjit` users get
+    # its spelling.
+    assert "run `kjit-tune --model <name>`" in _tuning_hint(
+        [str(_console_script("kjit")), "doctor", "--json"])
+    assert "run `python -m kjit tune --model <name>`" in _tuning_hint(
+        [sys.executable, "-m", "kjit", "doctor", "--json"])
 
 
 @pytest.mark.skipif(HAS_TORCH, reason="torch is installed here")

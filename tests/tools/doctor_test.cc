@@ -203,6 +203,30 @@ TEST(DoctorDiagnose, NoDriverInAContainerFailsWithTheContainerToolkitFix) {
   EXPECT_EQ(ExitCodeFor(findings), 1);
 }
 
+// Issue 33: a pip user has `python -m kjit` (and the console scripts); the fixes name the commands
+// the way kjit was started. The Python launcher sets KJIT_COMMAND for `python -m kjit`.
+TEST(DoctorDiagnose, FixesNameTheCommandsTheWayKjitWasStarted) {
+  struct Case {
+    const char* command;  // KJIT_COMMAND, "" unset
+    const char* driver_fix;
+    const char* tuning;
+  };
+  for (const Case& c : {Case{"", "`kjit doctor --arch sm_90,sm_100` or `kjit compile --arch ...`",
+                             "run `kjit-tune --model <name>`"},
+                        Case{"python -m kjit",
+                             "`python -m kjit doctor --arch sm_90,sm_100` or `python -m kjit "
+                             "compile --arch ...`",
+                             "run `python -m kjit tune --model <name>`"}}) {
+    DoctorFacts f = NoGpu(DriverFacts::Error::kMissing);
+    if (*c.command != '\0') f.env.kjit_vars["KJIT_COMMAND"] = c.command;
+    const auto findings = Diagnose(f);
+    EXPECT_TRUE(Contains(Find(findings, "driver")->fix, c.driver_fix))
+        << Find(findings, "driver")->fix;
+    EXPECT_TRUE(Contains(Find(findings, "tuning")->message, c.tuning))
+        << Find(findings, "tuning")->message;
+  }
+}
+
 TEST(DoctorDiagnose, NoDriverOutsideAContainerDoesNotBlameTheContainer) {
   DoctorFacts f = NoGpu(DriverFacts::Error::kMissing);
   f.env.in_container = false;

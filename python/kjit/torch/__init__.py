@@ -18,8 +18,9 @@ except ImportError as e:  # pragma: no cover - exercised where torch is absent
                       "python -m kjit doctor) works without it") from e
 
 from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
-from kjit.torch.hf import KjitHFRMSNorm, apply_to
+from kjit.torch.hf import KjitFallbackError, KjitFallbackWarning, KjitHFRMSNorm, apply_to
 from kjit.torch.modules import CrossEntropyLoss, LinearCrossEntropyLoss, RMSNorm
 
-__all__ = ["CrossEntropyLoss", "KjitHFRMSNorm", "LinearCrossEntropyLoss", "RMSNorm", "apply_to",
-           "cross_entropy", "linear_cross_entropy", "rms_norm"]
+__all__ = ["CrossEntropyLoss", "KjitFallbackError", "KjitFallbackWarning", "KjitHFRMSNorm",
+           "LinearCrossEntropyLoss", "RMSNorm", "apply_to", "cross_entropy", "linear_cross_entropy",
+           "rms_norm"]

@@ -8,8 +8,13 @@ Each RMSNorm module becomes a kjit one holding the same weight Parameter (state 
 optimizers are unaffected) and computing what the original rounds where it rounds it; the
 model's loss function becomes kjit's fused cross-entropy over the model's logits, without the
 fp32 copy of the logits Hugging Face's loss makes. Gemma 2's logit soft-cap stays in the model's
-forward. Tensors not on a GPU, and a LLaMA-style norm whose weight dtype differs from its input's
-(whose output torch would promote), run the original code.
+forward.
+
+Where kjit cannot run a call, the patched module runs the original code and says so: tensors not
+on a CUDA GPU, a dtype kjit's kernels do not take (float64), a LLaMA-style norm whose weight dtype
+differs from its input's (whose output torch would promote), and a float16 forward of the fused
+lm_head. Each reason is a KjitFallbackWarning once per model; apply_to(model, strict=True) raises
+KjitFallbackError instead. apply_to's "runs" says what runs for the model as it is then.
 
 With linear_cross_entropy=True a training forward with labels computes no logits at all: the
 loss and the gradients of lm_head's input and weight come from kjit's fused lm_head +
@@ -39,6 +44,7 @@ import warnings
 import torch
 from torch import nn
 
+from kjit._runtime import KjitWarning
 from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
@@ -59,25 +65,71 @@ _SUPPORTED = {
 }
 
 
+class KjitFallbackWarning(KjitWarning):
+    """A module apply_to patched ran the original code for a call kjit cannot take."""
+
+
+class KjitFallbackError(RuntimeError):
+    """apply_to(model, strict=True): a patched module got a call kjit cannot take."""
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _not_for_kjit(t: torch.Tensor):
+    """(reason, why) when kjit's kernels cannot take tensors like t, else None. One reason per
+    cause, whichever module meets it, so that a model on the CPU warns once, not once a module."""
+    if not t.is_cuda:
+        return (f"device {t.device.type}",
+                f"its tensors are on {t.device.type}, not on a CUDA GPU; move the model to the GPU "
+                "(model.cuda()) for kjit's kernels")
+    if t.dtype not in _KERNEL_DTYPES:
+        return (f"dtype {t.dtype}",
+                f"its tensors are {t.dtype}, which kjit's kernels do not take (float32, float16 "
+                "and bfloat16)")
+    return None
+
+
+class _Fallbacks:
+    """One patched model's calls that run the original code: each reason is warned once (strict:
+    raised). Shared by the model's patched modules and kept on the model (copies get their own)."""
+
+    def __init__(self, model_name: str, strict: bool):
+        self.model_name, self.strict, self.warned = model_name, strict, set()
+
+    def original_runs(self, reason: str, what_runs: str, why: str) -> None:
+        """Says that `what_runs` instead of kjit, for `why`, unless `reason` was said already."""
+        message = f"{self.model_name}: {what_runs}: {why}"
+        if self.strict:
+            raise KjitFallbackError(f"kjit.apply_to(strict=True): {message}")
+        if reason not in self.warned:
+            self.warned.add(reason)
+            warnings.warn(f"kjit.apply_to: {message} (said once per model and cause)",
+                          KjitFallbackWarning, stacklevel=2)
+
+
 class KjitHFRMSNorm(nn.Module):
     """Stands in for a Hugging Face RMSNorm module, sharing its weight."""
 
-    def __init__(self, original: nn.Module, eps: float, casting: str, offset: float):
+    def __init__(self, original: nn.Module, eps: float, casting: str, offset: float,
+                 fallbacks: _Fallbacks):
         super().__init__()
         self.weight = original.weight
         self.eps = eps
         self.casting = casting
         self.offset = offset
+        self.fallbacks = fallbacks
         # Not a submodule: its weight is ours, and it must not appear twice in parameters().
         object.__setattr__(self, "original", original)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        promotes = self.casting == "llama" and self.weight.dtype != x.dtype
-        if not x.is_cuda or promotes:
-            if promotes:
-                warnings.warn(f"kjit: an RMSNorm with {self.weight.dtype} weight got {x.dtype} "
-                              "input; its output dtype would be promoted, so the original module "
-                              "runs", stacklevel=2)
+        cannot = _not_for_kjit(x) or _not_for_kjit(self.weight)
+        if cannot is None and self.casting == "llama" and self.weight.dtype != x.dtype:
+            cannot = (f"promotes {self.weight.dtype} {x.dtype}",
+                      f"an RMSNorm with {self.weight.dtype} weight got {x.dtype} input, and torch "
+                      "would promote its output")
+        if cannot is not None:
+            self.fallbacks.original_runs(cannot[0], "RMSNorm runs Hugging Face's code", cannot[1])
             return self.original(x)
         return rms_norm(x, self.weight, self.eps, casting=self.casting, offset=self.offset)
 
@@ -102,12 +154,13 @@ def _hf_norms(model: nn.Module) -> list:
             if type(module).__name__.endswith("RMSNorm") and not isinstance(module, KjitHFRMSNorm)]
 
 
-def _replace_norms(model: nn.Module, casting: str, offset: float) -> list:
+def _replace_norms(model: nn.Module, casting: str, offset: float, fallbacks: _Fallbacks) -> list:
     replaced = []
     for name, module in _hf_norms(model):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, KjitHFRMSNorm(module, _norm_eps(name, module), casting, offset))
+        setattr(parent, child,
+                KjitHFRMSNorm(module, _norm_eps(name, module), casting, offset, fallbacks))
         replaced.append(name)
     return replaced
 
@@ -134,8 +187,9 @@ class _CausalLMLoss:
     cross-entropy over the logits (use_kjit) or the original. An object rather than a closure, so
     that a patched model still pickles (torch.save(model))."""
 
-    def __init__(self, original, use_kjit: bool, inplace_backward: bool):
+    def __init__(self, original, use_kjit: bool, inplace_backward: bool, fallbacks: _Fallbacks):
         self.original, self.use_kjit, self.inplace_backward = original, use_kjit, inplace_backward
+        self.fallbacks = fallbacks
         self.__name__ = getattr(original, "__name__", type(original).__name__)
 
     def __call__(self, logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
@@ -143,7 +197,11 @@ class _CausalLMLoss:
         kept = _take_kept_lm_head_input()
         if kept is not None:
             return _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels)
-        if not (self.use_kjit and logits.is_cuda):
+        cannot = _not_for_kjit(logits) if self.use_kjit else None
+        if cannot is not None:
+            self.fallbacks.original_runs(cannot[0], f"the loss runs Hugging Face's {self.__name__}",
+                                         cannot[1])
+        if not self.use_kjit or cannot is not None:
             return self.original(logits, labels, vocab_size,
                                  num_items_in_batch=num_items_in_batch,
                                  ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
@@ -161,8 +219,8 @@ class _CausalLMLoss:
 
 # ---- lm_head and the loss fused ---------------------------------------------------------------
 
-# armed: the lm_head whose input to keep (None: none), with softcap; then kept: (hidden, lm_head,
-# softcap).
+# armed: the lm_head whose input to keep (None: none), with softcap and its model's _Fallbacks;
+# then kept: (hidden, lm_head, softcap).
 _fusion = threading.local()
 _fused_classes: dict = {}
 
@@ -184,15 +242,16 @@ def _fused_class(cls: type) -> type:
         # Armed for this model's own lm_head only, so that another model's forward inside this one
         # (a teacher's, from a hook) computes its logits; the outer state comes back afterwards.
         outer = (getattr(_fusion, "armed", None), getattr(_fusion, "softcap", 0.0),
-                 getattr(_fusion, "kept", None))
+                 getattr(_fusion, "fallbacks", None), getattr(_fusion, "kept", None))
         _fusion.armed, _fusion.kept = self.get_output_embeddings(), None
+        _fusion.fallbacks = self._kjit_fallbacks
         # Only Gemma 2's forward soft-caps the logits (a config may carry the key regardless).
         softcap = getattr(self.config, "final_logit_softcapping", None)
         _fusion.softcap = (softcap or 0.0) if self.config.model_type == "gemma2" else 0.0
         try:
             return cls.forward(self, *args, **kwargs)
         finally:
-            _fusion.armed, _fusion.softcap, _fusion.kept = outer
+            _fusion.armed, _fusion.softcap, _fusion.fallbacks, _fusion.kept = outer
 
     def __deepcopy__(self, memo):
         # A copy fuses too (what copy.deepcopy would do without __reduce_ex__ below).
@@ -220,20 +279,34 @@ def _keep_lm_head_input(head, args):
     lm_head none. fp16 is left to the model: the gradients, computed in the forward for the loss's
     upstream gradient of 1/n before a loss scaler multiplies it, would fall into fp16's
     subnormals (bf16 and fp32 have the exponent range)."""
-    if getattr(_fusion, "armed", None) is not head or not _runs_on_kjit(args[0]):
+    if getattr(_fusion, "armed", None) is not head:
         return None
     hidden = args[0]
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    if dtype == torch.float16:
+    cannot = _fused_cannot_take(hidden, dtype)
+    if cannot is not None:
+        _fusion.fallbacks.original_runs(cannot[0], "lm_head computes the logits, unfused",
+                                        cannot[1])
         return None
     _fusion.armed = None  # once a forward
     _fusion.kept = (hidden, head, _fusion.softcap)
     return (hidden[..., :0, :],) + tuple(args[1:])
 
 
+def _fused_cannot_take(hidden: torch.Tensor, dtype: torch.dtype):
+    """_not_for_kjit for the fused lm_head + loss, whose hidden states compute in `dtype`."""
+    if dtype == torch.float16:
+        return ("fused float16",
+                "a float16 training forward is not fused: the gradients, computed for the loss's "
+                "1/n before a loss scaler multiplies them, would fall into float16's subnormals "
+                "(train in bfloat16 to fuse)")
+    return None if _runs_on_kjit(hidden) else _not_for_kjit(hidden)
+
+
 def _runs_on_kjit(hidden: torch.Tensor) -> bool:
-    return hidden.is_cuda
+    # The CPU tests replace this to run the fused plumbing on CPU tensors.
+    return _not_for_kjit(hidden) is None
 
 
 def _take_kept_lm_head_input():
@@ -272,12 +345,42 @@ def _fuse_lm_head_and_loss(model: nn.Module) -> None:
     model.__class__ = _fused_class(type(model))
 
 
+def _what_runs(model: nn.Module, norms: bool, loss_name, use_kjit: bool, fused: bool) -> dict:
+    """What each patched part runs for the model's parameters as they are now (apply_to may come
+    before model.cuda(); each call decides for its own tensors, as _not_for_kjit says)."""
+    probe = next(model.parameters(), None)
+    if probe is None:
+        return {}
+    cannot = _not_for_kjit(probe)
+    runs = {}
+    if norms:
+        runs["rms_norm"] = "kjit" if cannot is None else f"Hugging Face's code: {cannot[1]}"
+    if loss_name is None:
+        return runs
+    loss = "kjit's cross-entropy over the logits" if use_kjit and cannot is None else \
+        f"Hugging Face's {loss_name}" + (f": {cannot[1]}" if cannot else "")
+    unfused = _fused_cannot_take(probe, probe.dtype) if fused else None
+    if fused and unfused is None:
+        loss = f"kjit's fused lm_head + cross-entropy in training forwards with labels, else {loss}"
+    elif fused and cannot is None:
+        loss += f" (lm_head unfused: {unfused[1]})"
+    runs["loss"] = loss
+    return runs
+
+
 def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = True,
-             linear_cross_entropy: bool = False, inplace_backward: bool = True) -> dict:
+             linear_cross_entropy: bool = False, inplace_backward: bool = True,
+             strict: bool = False) -> dict:
     """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face LLaMA, Mistral,
     Mixtral, Phi-3, Qwen2, Qwen3 (and their MoE variants), Gemma or Gemma 2 model for kjit's;
-    returns what it changed. Raises ValueError for a
-    model it does not support (nothing is changed then).
+    returns what it changed ("rms_norm": the norms' names, "loss", "linear_cross_entropy") and
+    what runs for the model as it is now ("runs": {"rms_norm": ..., "loss": ...}, e.g. Hugging
+    Face's code for a model still on the CPU). Raises ValueError for a model it does not support
+    (nothing is changed then).
+
+    A call kjit cannot take (tensors not on a CUDA GPU, float64, a LLaMA norm whose weight and
+    input dtypes differ, a float16 forward of the fused lm_head) runs the original code with a
+    KjitFallbackWarning, once per model and cause; strict=True raises KjitFallbackError instead.
 
     inplace_backward: the loss writes its gradient over the logits (the model's output logits
     then hold the gradient after a training forward); False allocates it instead.
@@ -312,15 +415,22 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     if rms_norm:  # checked before anything changes
         for name, module in _hf_norms(model):
             _norm_eps(name, module)
+    fallbacks = getattr(model, "_kjit_fallbacks", None) or _Fallbacks(type(model).__name__, strict)
+    fallbacks.strict = strict  # an earlier apply_to's modules share it
+    model._kjit_fallbacks = fallbacks
+    fused = fuse or getattr(model, "_kjit_fused_lm_head", False)
     changed = {"model_type": model_type, "rms_norm": [], "loss": None,
-               "linear_cross_entropy": fuse or getattr(model, "_kjit_fused_lm_head", False)}
+               "linear_cross_entropy": fused}
     if rms_norm:
-        changed["rms_norm"] = _replace_norms(model, casting, offset)
+        changed["rms_norm"] = _replace_norms(model, casting, offset, fallbacks)
+    loss_name = None
     if cross_entropy or fuse:
         original = model.loss_function
-        model.loss_function = _CausalLMLoss(original, cross_entropy, inplace_backward)
-        changed["loss"] = (f"{getattr(original, '__name__', type(original).__name__)} -> kjit"
-                           + (" (lm_head fused)" if fuse else ""))
+        model.loss_function = _CausalLMLoss(original, cross_entropy, inplace_backward, fallbacks)
+        loss_name = model.loss_function.__name__
+        changed["loss"] = f"{loss_name} -> kjit" + (" (lm_head fused)" if fuse else "")
+    norms = any(isinstance(m, KjitHFRMSNorm) for m in model.modules())
+    changed["runs"] = _what_runs(model, norms, loss_name, cross_entropy, fused)
     if fuse:
         if "forward" in vars(model):
             warnings.warn("kjit.apply_to: this model's forward was replaced on the instance (by "
