@@ -79,6 +79,7 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   KJIT_CU_LOAD(cuEventRecord);
   KJIT_CU_LOAD(cuEventSynchronize);
   KJIT_CU_LOAD(cuEventElapsedTime);
+  KJIT_CU_LOAD(cuTensorMapEncodeTiled);
 #undef KJIT_CU_LOAD
   if (!missing.empty()) {
     return absl::FailedPreconditionError(

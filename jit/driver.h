@@ -82,6 +82,7 @@ class Driver {
   KJIT_CU_FN(cuEventRecord);
   KJIT_CU_FN(cuEventSynchronize);
   KJIT_CU_FN(cuEventElapsedTime);
+  KJIT_CU_FN(cuTensorMapEncodeTiled);
 #undef KJIT_CU_FN
 
  private:

@@ -28,6 +28,10 @@ struct LoadedProgram {
   std::vector<CUfunction> functions;
 };
 absl::StatusOr<LoadedProgram> LoadProgram(const RuntimeState& rt, const jit::Source& source);
+// The same for another target than the runtime's own, e.g. sm_90a for a kernel that needs the
+// arch-specific instructions (wgmma, setmaxnreg) on an sm_90 device.
+absl::StatusOr<LoadedProgram> LoadProgram(const RuntimeState& rt, const jit::Source& source,
+                                          const jit::Target& target);
 // Programs a launch needs together, in `sources`' order: those not cached yet are compiled in
 // parallel (jit::Jit::BuildAll) before they are loaded.
 absl::StatusOr<std::vector<LoadedProgram>> LoadPrograms(const RuntimeState& rt,

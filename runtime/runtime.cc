@@ -231,8 +231,14 @@ void internal::WarnOnceToStderr(std::string_view message) {
 
 absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState& rt,
                                                               const jit::Source& source) {
+  return LoadProgram(rt, source, rt.target);
+}
+
+absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState& rt,
+                                                              const jit::Source& source,
+                                                              const jit::Target& target) {
   LoadedProgram p;
-  KJIT_ASSIGN_OR_RETURN(p.module, rt.jit->Load(source, rt.target, *rt.driver, rt.ctx));
+  KJIT_ASSIGN_OR_RETURN(p.module, rt.jit->Load(source, target, *rt.driver, rt.ctx));
   for (const std::string& expr : source.name_expressions) {
     KJIT_ASSIGN_OR_RETURN(CUfunction f, p.module->Function(expr));
     p.functions.push_back(f);

@@ -17,6 +17,7 @@
 
 #include "ops/common/compare.h"
 #include "ops/common/trial.h"
+#include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/unfused.h"
 #include "runtime/runtime_state.h"
@@ -283,6 +284,17 @@ absl::StatusOr<std::optional<LinearCrossEntropyConfig>> Bench::FastestGemmAlgori
         fastest[gemm] = algo;
       }
     }
+    // kjit's own GEMM beside them, where it applies (its output is checked through the fused op's
+    // sweep entry that runs all three on it).
+    const ops::GemmArgs& args = unfused_->gemm_args(gemm);
+    if (ops::HopperGemm::Supports(args, internal::StateOf(rt_).target).ok()) {
+      KJIT_ASSIGN_OR_RETURN(const ops::GemmShape shape, ops::ShapeOf(args));
+      KJIT_ASSIGN_OR_RETURN(Timing t, timer_.Time(repeats_, [&] {
+        return unfused_->RunGemm(gemm, nullptr, ops::kOwnGemm);
+      }));
+      Add(name, "kjit sm_90a GEMM " + ops::DefaultGemmConfig(shape.m, shape.n, shape.k).ToString(),
+          t, {{"algo", "kjit"}}, p_.Flops() / 3);
+    }
   }
   const std::string algos = fmt::format("logits_algo={} d_hidden_algo={} d_weight_algo={}",
                                         fastest[0], fastest[1], fastest[2]);
@@ -327,6 +339,10 @@ absl::StatusOr<std::vector<LinearCrossEntropyConfig>> Bench::Sweep() {
       out.push_back(c);
     }
   }
+  // kjit's own GEMM for all three (cuBLASLt, with a warning, for any it does not apply to).
+  LinearCrossEntropyConfig own = base;
+  own.logits_algo = own.d_hidden_algo = own.d_weight_algo = LinearCrossEntropyConfig::kOwnGemm;
+  out.push_back(own);
   return out;
 }
 

@@ -61,11 +61,14 @@ struct LinearCrossEntropyConfig {
   // stream beside the next chunk's logits GEMM (two chunk buffers), joined before the op returns.
   int streams = 1;
   // The i-th of cuBLASLt's heuristic algorithms for each GEMM (0: its first choice); an index past
-  // the ones offered for a shape falls back to 0.
+  // the ones offered for a shape falls back to 0. kOwnGemm (written "kjit"): kjit's own Hopper GEMM
+  // (bf16/fp16 on sm_90, rows 16-byte aligned, no bias), and cuBLASLt's first choice with a
+  // warning where it does not apply. Never the heuristic's yet: it has not been measured on a GPU.
+  static constexpr int kOwnGemm = -1;
   int logits_algo = 0;
   int d_hidden_algo = 0;
   int d_weight_algo = 0;
-  // "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"
+  // "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=kjit d_weight_algo=0"
   std::string ToString() const;
   bool operator==(const LinearCrossEntropyConfig&) const = default;
 };

@@ -5,13 +5,24 @@
 #include <fmt/format.h>
 
 #include "ops/common/config_text.h"
+#include "ops/gemm/gemm_args.h"
 
 namespace kjit {
+
+namespace {
+
+static_assert(LinearCrossEntropyConfig::kOwnGemm == ops::kOwnGemm);
+
+std::string AlgoText(int algo) {
+  return algo == LinearCrossEntropyConfig::kOwnGemm ? "kjit" : std::to_string(algo);
+}
+
+}  // namespace
 
 std::string LinearCrossEntropyConfig::ToString() const {
   return fmt::format(
       "chunk={} whole={} streams={} logits_algo={} d_hidden_algo={} d_weight_algo={}", chunk_rows,
-      whole_rows, streams, logits_algo, d_hidden_algo, d_weight_algo);
+      whole_rows, streams, AlgoText(logits_algo), AlgoText(d_hidden_algo), AlgoText(d_weight_algo));
 }
 
 const char* Name(WeightGradAccumulation a) {
@@ -28,9 +39,16 @@ absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::stri
   KJIT_ASSIGN_OR_RETURN(c.chunk_rows, t.Int("chunk"));
   KJIT_ASSIGN_OR_RETURN(c.whole_rows, t.Int("whole"));
   KJIT_ASSIGN_OR_RETURN(c.streams, t.Int("streams"));
-  KJIT_ASSIGN_OR_RETURN(c.logits_algo, t.Int("logits_algo"));
-  KJIT_ASSIGN_OR_RETURN(c.d_hidden_algo, t.Int("d_hidden_algo"));
-  KJIT_ASSIGN_OR_RETURN(c.d_weight_algo, t.Int("d_weight_algo"));
+  // An algorithm index, or "kjit" for kjit's own GEMM.
+  auto algo = [&t](std::string_view name) -> absl::StatusOr<int> {
+    if (t.Value(name) == "kjit") return LinearCrossEntropyConfig::kOwnGemm;
+    KJIT_ASSIGN_OR_RETURN(const int index, t.Int(name));
+    if (index < 0) return t.Invalid(name, "an index from 0 to 63, or kjit");
+    return index;
+  };
+  KJIT_ASSIGN_OR_RETURN(c.logits_algo, algo("logits_algo"));
+  KJIT_ASSIGN_OR_RETURN(c.d_hidden_algo, algo("d_hidden_algo"));
+  KJIT_ASSIGN_OR_RETURN(c.d_weight_algo, algo("d_weight_algo"));
   const absl::Status valid = ValidateLinearCrossEntropyConfig(c);
   if (!valid.ok())
     return absl::InvalidArgumentError(fmt::format("\"{}\": {}", text, ToStd(valid.message())));
@@ -53,9 +71,10 @@ absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c)
   for (const auto& [name, algo] : {std::pair<const char*, int>{"logits_algo", c.logits_algo},
                                    {"d_hidden_algo", c.d_hidden_algo},
                                    {"d_weight_algo", c.d_weight_algo}}) {
-    if (algo < 0 || algo > 63) {
+    if ((algo < 0 || algo > 63) && algo != LinearCrossEntropyConfig::kOwnGemm) {
       return absl::InvalidArgumentError(
-          fmt::format("config.{}: {} must be an index from 0 to 63", name, algo));
+          fmt::format("config.{}: {} must be an index from 0 to 63 or kjit ({})", name, algo,
+                      LinearCrossEntropyConfig::kOwnGemm));
     }
   }
   return absl::OkStatus();

@@ -123,36 +123,8 @@ LtGemm::~LtGemm() {
 }
 
 absl::StatusOr<LtGemm::Key> LtGemm::KeyOf(const GemmArgs& g) const {
-  for (const auto& [name, v] :
-       {std::pair<const char*, const TensorView*>{"a", &g.a}, {"b", &g.b}, {"out", &g.out}}) {
-    if (v->empty() || v->rows < 1 || v->cols < 1 || v->row_stride < v->cols) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: must be a non-empty matrix with row_stride >= cols", name));
-    }
-  }
-  if (g.b.dtype != g.a.dtype) {
-    return absl::InvalidArgumentError(
-        fmt::format("b: is {}, a is {}", Name(g.b.dtype), Name(g.a.dtype)));
-  }
-  if (g.out.dtype != g.a.dtype && g.out.dtype != DType::kF32) {
-    return absl::InvalidArgumentError(
-        fmt::format("out: is {}, must be {} or fp32", Name(g.out.dtype), Name(g.a.dtype)));
-  }
-  const int64_t m = g.transpose_a ? g.a.cols : g.a.rows, k = g.transpose_a ? g.a.rows : g.a.cols;
-  const int64_t b_inner = g.transpose_b ? g.b.cols : g.b.rows;
-  const int64_t n = g.transpose_b ? g.b.rows : g.b.cols;
-  if (b_inner != k) {
-    return absl::InvalidArgumentError(
-        fmt::format("b: op(b) has {} rows, op(a) has {} columns", b_inner, k));
-  }
-  if (g.out.rows != m || g.out.cols != n) {
-    return absl::InvalidArgumentError(
-        fmt::format("out: is {}x{}, op(a) op(b) is {}x{}", g.out.rows, g.out.cols, m, n));
-  }
-  if (!g.bias.empty() && (g.bias.rows != 1 || g.bias.cols != n || g.bias.dtype != g.out.dtype)) {
-    return absl::InvalidArgumentError(
-        fmt::format("bias: must be a {} vector of {}", Name(g.out.dtype), n));
-  }
+  KJIT_ASSIGN_OR_RETURN(const GemmShape s, ShapeOf(g));
+  const auto [m, n, k] = s;
   return Key{g.transpose_a,
              g.transpose_b,
              m,

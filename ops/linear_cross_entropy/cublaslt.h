@@ -28,6 +28,7 @@
 #include "kjit/status.h"
 #include "kjit/stream.h"
 #include "kjit/tensor.h"
+#include "ops/gemm/gemm_args.h"
 
 namespace kjit::ops {
 
@@ -73,20 +74,6 @@ class CublasLt {
   jit::DynLib lib_;
   size_t version_ = 0;
   size_t cudart_version_ = 0;
-};
-
-// One GEMM on row-major views: out = op(a) · op(b) [+ bias] + beta · out, op transposing when
-// asked, accumulated in fp32. a and b share a dtype (bf16, fp16 or fp32); out is that dtype or
-// fp32; bias (a row vector added to every row of out) has out's dtype.
-struct GemmArgs {
-  TensorView a;
-  bool transpose_a = false;
-  TensorView b;
-  bool transpose_b = false;
-  TensorView out;
-  TensorView bias;  // optional [out.cols]
-  float beta = 0;   // 1 adds to what out holds
-  int algo = 0;     // index into cuBLASLt's heuristic list for this shape; out of range: 0
 };
 
 class LtGemm {

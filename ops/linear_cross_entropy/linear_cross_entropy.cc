@@ -10,6 +10,7 @@
 
 #include "jit/dtype.h"
 #include "ops/cross_entropy/program.h"
+#include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/linear_cross_entropy/program.h"
@@ -172,6 +173,7 @@ struct LinearCrossEntropyState {
   std::optional<LinearCrossEntropyKernels> kernels;
   std::optional<LoadedProgram> rescale;  // RescaleGradients', loaded on its first call
   std::unique_ptr<ops::LtGemm> gemm;
+  std::unique_ptr<ops::HopperGemm> own_gemm;  // for the config's GEMMs that ask for kjit's
   CUstream side = nullptr;
   CUevent logits_ready[2] = {}, loss_done[2] = {};
 
@@ -264,6 +266,7 @@ absl::Status Prepare(const internal::RuntimeState& rt, internal::LinearCrossEntr
   if (!op.gemm) {
     KJIT_ASSIGN_OR_RETURN(const ops::CublasLt* lt, ops::CublasLt::Get());
     KJIT_ASSIGN_OR_RETURN(op.gemm, ops::LtGemm::Create(*lt));
+    op.own_gemm = std::make_unique<ops::HopperGemm>(rt);
   }
   if (streams > 1 && op.side == nullptr) {
     const jit::Driver& cu = *rt.driver;
@@ -457,16 +460,27 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
     return TensorView::Matrix(ws + l.chunks + (c % config.streams) * l.chunk_bytes, s.dtype,
                               std::min(chunk_rows, rows - first), s.vocab, stride);
   };
-  ops::LtGemm& gemm = *op.gemm;
+  // kjit's own GEMM where the config asks for it and it applies; else cuBLASLt (loudly when asked).
+  auto run_gemm = [&](const ops::GemmArgs& args) -> absl::Status {
+    if (args.algo == ops::kOwnGemm) {
+      const absl::Status applies = ops::HopperGemm::Supports(args, rt_->target);
+      if (applies.ok()) {
+        KJIT_ASSIGN_OR_RETURN(const ops::GemmShape shape, ops::ShapeOf(args));
+        return op.own_gemm->Run(args, ops::DefaultGemmConfig(shape.m, shape.n, shape.k), stream);
+      }
+      rt_->Warn(fmt::format("linear cross-entropy: a GEMM runs on cuBLASLt: {}",
+                            ToStd(applies.message())));
+    }
+    return op.gemm->Run(args, lt_workspace, stream);
+  };
   auto logits_gemm = [&](int64_t c) {
     const TensorView logits = chunk_view(c);
-    return gemm.Run({.a = RowsOf(a.hidden_states, c * chunk_rows, logits.rows),
+    return run_gemm({.a = RowsOf(a.hidden_states, c * chunk_rows, logits.rows),
                      .b = a.weight,
                      .transpose_b = true,
                      .out = logits,
                      .bias = a.bias,
-                     .algo = config.logits_algo},
-                    lt_workspace, stream);
+                     .algo = config.logits_algo});
   };
   CUstream loss_stream = config.streams > 1 ? op.side : stream;
   auto loss_kernel = [&](int64_t c) {
@@ -491,26 +505,23 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
     const int64_t first = c * chunk_rows;
     const TensorView h = RowsOf(a.hidden_states, first, dlogits.rows);
     if (!a.d_hidden.empty()) {
-      KJIT_RETURN_IF_ERROR(gemm.Run({.a = dlogits,
+      KJIT_RETURN_IF_ERROR(run_gemm({.a = dlogits,
                                      .b = a.weight,
                                      .out = RowsOf(a.d_hidden, first, dlogits.rows),
-                                     .algo = config.d_hidden_algo},
-                                    lt_workspace, stream));
+                                     .algo = config.d_hidden_algo}));
     }
     const float beta = c > 0 || add_first ? 1.0f : 0.0f;
     if (!a.d_weight.empty()) {
-      KJIT_RETURN_IF_ERROR(gemm.Run({.a = dlogits,
+      KJIT_RETURN_IF_ERROR(run_gemm({.a = dlogits,
                                      .transpose_a = true,
                                      .b = h,
                                      .out = weight_sum,
                                      .beta = beta,
-                                     .algo = config.d_weight_algo},
-                                    lt_workspace, stream));
+                                     .algo = config.d_weight_algo}));
     }
     if (want_bias_grad) {
       const TensorView ones = TensorView::Matrix(ws + l.ones, s.dtype, 1, dlogits.rows);
-      KJIT_RETURN_IF_ERROR(
-          gemm.Run({.a = ones, .b = dlogits, .out = bias_sum, .beta = beta}, lt_workspace, stream));
+      KJIT_RETURN_IF_ERROR(run_gemm({.a = ones, .b = dlogits, .out = bias_sum, .beta = beta}));
     }
     return absl::OkStatus();
   };

@@ -1,5 +1,7 @@
 #include "ops/linear_cross_entropy/unfused.h"
 
+#include "runtime/runtime_state.h"
+
 namespace kjit::ops {
 
 absl::StatusOr<std::unique_ptr<UnfusedLinearCrossEntropy>> UnfusedLinearCrossEntropy::Create(
@@ -9,6 +11,7 @@ absl::StatusOr<std::unique_ptr<UnfusedLinearCrossEntropy>> UnfusedLinearCrossEnt
   KJIT_ASSIGN_OR_RETURN(u->ce_, rt.CrossEntropy(loss));
   KJIT_ASSIGN_OR_RETURN(const CublasLt* lt, CublasLt::Get());
   KJIT_ASSIGN_OR_RETURN(u->lt_, LtGemm::Create(*lt));
+  u->own_ = std::make_unique<HopperGemm>(internal::StateOf(rt));
   KJIT_ASSIGN_OR_RETURN(u->lt_workspace_, DeviceBuffer::Create(rt, LtGemm::kWorkspaceBytes));
   const int64_t rows = views.hidden.rows;
   KJIT_ASSIGN_OR_RETURN(u->logits_,
@@ -24,6 +27,10 @@ absl::StatusOr<std::unique_ptr<UnfusedLinearCrossEntropy>> UnfusedLinearCrossEnt
 absl::Status UnfusedLinearCrossEntropy::RunGemm(Gemm gemm, CUstream stream, int algo) {
   GemmArgs args = gemms_[gemm];
   args.algo = algo;
+  if (algo == kOwnGemm) {
+    KJIT_ASSIGN_OR_RETURN(const GemmShape s, ShapeOf(args));
+    return own_->Run(args, DefaultGemmConfig(s.m, s.n, s.k), stream);
+  }
   return lt_->Run(args, lt_workspace_->data(), stream);
 }
 

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "kjit/kjit.h"
+#include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 
 namespace kjit::ops {
@@ -39,7 +40,8 @@ class UnfusedLinearCrossEntropy {
       const Runtime& rt, const CrossEntropySpec& loss, const Views& views);
 
   // One GEMM of the three, with the `algo`-th of cuBLASLt's heuristic algorithms for its shape
-  // (GemmArgs::algo); the gradient GEMMs read what Loss left in the logits.
+  // (GemmArgs::algo), or with kjit's own GEMM (kOwnGemm: FailedPrecondition where it does not
+  // apply); the gradient GEMMs read what Loss left in the logits.
   absl::Status RunGemm(Gemm gemm, CUstream stream, int algo = 0);
   // The cross-entropy over the logits the logits GEMM wrote, its gradient in their place.
   absl::Status Loss(CUstream stream);
@@ -57,6 +59,7 @@ class UnfusedLinearCrossEntropy {
   Views views_;
   std::optional<CrossEntropy> ce_;
   std::unique_ptr<LtGemm> lt_;
+  std::unique_ptr<HopperGemm> own_;
   std::optional<DeviceBuffer> lt_workspace_, logits_, ce_workspace_;
   GemmArgs gemms_[3];
 };

@@ -182,12 +182,18 @@ TEST(LinearCrossEntropyConfigTest, TextRoundTrips) {
         .d_hidden_algo = 5,
         .d_weight_algo = 17},
         LinearCrossEntropyConfig{.chunk_rows = 384, .streams = 2, .d_weight_algo = 1},
-        LinearCrossEntropyConfig{.chunk_rows = 1920, .whole_rows = 10112}}) {
+        LinearCrossEntropyConfig{.chunk_rows = 1920, .whole_rows = 10112},
+        LinearCrossEntropyConfig{.logits_algo = LinearCrossEntropyConfig::kOwnGemm,
+        .d_weight_algo = LinearCrossEntropyConfig::kOwnGemm}}) {
     auto parsed = ops::ParseLinearCrossEntropyConfig(c.ToString());
     ASSERT_TRUE(parsed.ok()) << c.ToString() << ": " << parsed.status();
     EXPECT_EQ(*parsed, c) << c.ToString() << " -> " << parsed->ToString();
     EXPECT_EQ(parsed->ToString(), c.ToString());
   }
+  // kjit's own GEMM is written "kjit", never as its number.
+  EXPECT_EQ(
+      LinearCrossEntropyConfig{.d_hidden_algo = LinearCrossEntropyConfig::kOwnGemm}.ToString(),
+      "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=kjit d_weight_algo=0");
   // Any order, extra spaces.
   auto shuffled = ops::ParseLinearCrossEntropyConfig(
       "  d_weight_algo=2 streams=2  chunk=256 d_hidden_algo=1 logits_algo=3 whole=512 ");
@@ -242,7 +248,7 @@ TEST(LinearCrossEntropyConfigTest, RejectsBadTextNamingTheField) {
              "config.whole_rows:");
   expect_bad("chunk=1024 streams=0 " + ok_tail, "config.streams:");
   expect_bad("chunk=1024 whole=0 streams=1 logits_algo=-1 d_hidden_algo=0 d_weight_algo=0",
-             "config.logits_algo:");
+             "logits_algo=-1: expected an index from 0 to 63, or kjit");
   expect_bad("chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=64 d_weight_algo=0",
              "config.d_hidden_algo:");
   expect_bad("chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=99",
