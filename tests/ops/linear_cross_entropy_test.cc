@@ -123,13 +123,13 @@ TEST(LinearCrossEntropySpecTest, RejectsEachBadFieldNamingIt) {
                 "config.streams:");
   ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.streams = 0}; }),
                 "config.streams:");
-  ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.logits_algo = -1}; }),
+  ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.logits_algo = -2}; }),
                 "config.logits_algo:");
   ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.logits_algo = 64}; }),
                 "config.logits_algo:");
   ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.d_hidden_algo = 64}; }),
                 "config.d_hidden_algo:");
-  ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.d_weight_algo = -1}; }),
+  ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.d_weight_algo = -2}; }),
                 "config.d_weight_algo:");
 
   // The runtime refuses the same spec before compiling anything.
