@@ -1,12 +1,16 @@
 #include "jit/compiler.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <absl/strings/cord.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "jit/exit_gate.h"
 
 namespace kjit::jit {
 
@@ -30,10 +34,33 @@ std::string ProgramLog(const Nvrtc& nvrtc, nvrtcProgram prog) {
   return log;
 }
 
+// NVRTC registers a few static destructors of its own only at its first compile, after
+// ExitGate's handler (registered when NVRTC was loaded), so those would run first at exit. The
+// first compile with each loaded NVRTC is therefore preceded by a trivial one (tens of
+// milliseconds, once per process), after which the handler is registered again and runs before
+// them all. Other threads' first compiles wait for it.
+void WarmUp(const Nvrtc& nvrtc, const std::vector<const char*>& options) {
+  static std::mutex mu;
+  static auto* warmed = new std::map<const void*, bool>();
+  std::lock_guard<std::mutex> lock(mu);
+  bool& done = (*warmed)[reinterpret_cast<const void*>(nvrtc.nvrtcCompileProgram)];
+  if (done) return;
+  done = true;
+  nvrtcProgram prog = nullptr;
+  if (nvrtc.nvrtcCreateProgram(&prog, "extern \"C\" __global__ void kjit_warm_up() {}",
+                               "kjit_warm_up.cu", 0, nullptr, nullptr) == NVRTC_SUCCESS) {
+    nvrtc.nvrtcCompileProgram(prog, static_cast<int>(options.size()), options.data());
+    nvrtc.nvrtcDestroyProgram(&prog);
+  }
+  ExitGate::Arm();
+}
+
 }  // namespace
 
 absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const Target& target) {
   KJIT_RETURN_IF_ERROR(CheckNvrtcSupports(target, nvrtc.supported_archs()));
+  // exit() on another thread waits for this pass before NVRTC's destructors run (exit_gate.h).
+  ExitGate::Pass pass;
   std::vector<const char*> header_texts, header_names;
   for (const auto& [name, text] : source.headers) {
     header_names.push_back(name.c_str());
@@ -55,6 +82,7 @@ absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const T
   const std::vector<std::string> options = CompileOptions(target);
   std::vector<const char*> option_ptrs;
   for (const std::string& o : options) option_ptrs.push_back(o.c_str());
+  WarmUp(nvrtc, option_ptrs);
 
   nvrtcResult compiled =
       nvrtc.nvrtcCompileProgram(prog, static_cast<int>(option_ptrs.size()), option_ptrs.data());

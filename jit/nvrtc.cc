@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/exit_gate.h"
+
 namespace kjit::jit {
 
 namespace {
@@ -70,6 +72,8 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
         "libnvrtc.so",
         kNotLoaded, ToStd(lib.status().message())));
   }
+  // Its static destructors are registered now: exit must wait for a compile before they run.
+  ExitGate::Arm();
   Nvrtc n(std::move(*lib));
   std::string missing;
 #define KJIT_NVRTC_LOAD(name)                                        \

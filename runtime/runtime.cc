@@ -52,8 +52,8 @@ absl::Status RuntimeState::Launch(CUfunction fn, int64_t grid, int block, CUstre
         fmt::format("rows: {} blocks are outside the grid limit (1 to 2^31-1)", grid));
   }
   KJIT_RETURN_IF_ERROR(MakeCurrent());
-  static const std::string kLaunch = "launch";
-  const jit::NvtxRange nvtx(kLaunch);
+  static const auto* kLaunch = new std::string("launch");  // never destroyed: launches at exit
+  const jit::NvtxRange nvtx(*kLaunch);
   if (jit::Tracer::Global().launches()) {
     jit::Tracer::Global().Instant("launch", "launch",
                                   {{"function", fmt::format("{}", static_cast<void*>(fn))},
@@ -224,9 +224,9 @@ const DeviceInfo& Runtime::device() const { return state_->device; }
 
 void internal::WarnOnceToStderr(std::string_view message) {
   static std::mutex mu;
-  static std::set<std::string, std::less<>> said;
+  static auto* said = new std::set<std::string, std::less<>>();  // never destroyed: used at exit
   std::lock_guard<std::mutex> lock(mu);
-  if (said.insert(std::string(message)).second) fmt::print(stderr, "kjit: warning: {}\n", message);
+  if (said->insert(std::string(message)).second) fmt::print(stderr, "kjit: warning: {}\n", message);
 }
 
 absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState& rt,

@@ -252,6 +252,22 @@ TEST(CapiRuntime, WithTheStubDriverIsUnavailableAndSaysWhy) {
   EXPECT_THAT(r.out, HasSubstr("LD_LIBRARY_PATH")) << r.Describe();
 }
 
+// Issue 34, defect 2: exit() on one thread while two others compile (a real NVRTC compile; no GPU
+// needed). Before the fix NVRTC's static destructors ran under the compiles and every run died
+// (SIGSEGV, "double free or corruption", "LLVM ERROR: out of memory"); six runs at delays spread
+// over a compile's length must all exit 0.
+TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
+  testing::TempDir scratch("kjit_capi_exit");
+  for (int run = 0; run < 6; ++run) {
+    const std::string delay_ms = std::to_string(150 + 250 * (run % 4));
+    const testing::CliResult r =
+        testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {delay_ms},
+                            {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+    EXPECT_EQ(r.exit_code, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
+    EXPECT_EQ(r.signal, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
+  }
+}
+
 TEST(CapiRuntime, CompileOnlyNeedsATarget) {
   kjit_runtime_options o;
   kjit_runtime_options_init(&o);

@@ -363,3 +363,32 @@ def test_python_m_kjit_bench_without_torch_says_what_to_install():
                          timeout=120)
     assert out.returncode == 1
     assert out.stderr == "python -m kjit.bench needs PyTorch: pip install torch\n"
+
+
+_EXIT_WHILE_BUILDING = """
+import sys, threading, time
+import kjit
+building = threading.Semaphore(0)
+def build_forever(seed):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, disk_cache=False)
+    for i in range(1000):
+        op = rt.cross_entropy(1000 + 16 * i + seed)  # a new program each time: each compiles
+        building.release()
+        op.build()
+for seed in range(2):
+    threading.Thread(target=build_forever, args=(seed,), daemon=True).start()
+building.acquire()
+building.acquire()
+time.sleep(float(sys.argv[1]))
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.5, 0.7])
+def test_exit_while_daemon_threads_build_does_not_crash(cache_dir, delay):
+    # Issue 34, defect 2: sys.exit(0) while two daemon threads compile. Before the fix NVRTC's
+    # static destructors ran under the compiles: most runs died (exit 134 "LLVM ERROR: out of memory", or
+    # SIGSEGV).
+    out = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUILDING, str(delay)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
