@@ -27,16 +27,29 @@
 #include "ops/registry.h"
 #include "ops/rms_norm/config.h"
 
+// Each handle starts with its kind, so that one of another kind (or a destroyed one, while its
+// memory is still there) passed where this kind is expected is an error naming both, not UB.
+enum class kjit_handle_kind : uint32_t {
+  kDestroyed = 0,
+  kRuntime = 0x6b6a7401,
+  kRmsNorm,
+  kCrossEntropy,
+  kLinearCrossEntropy,
+};
 struct kjit_runtime {
+  kjit_handle_kind kind = kjit_handle_kind::kRuntime;
   kjit::Runtime rt;
 };
 struct kjit_rms_norm {
+  kjit_handle_kind kind = kjit_handle_kind::kRmsNorm;
   kjit::RmsNorm op;
 };
 struct kjit_cross_entropy {
+  kjit_handle_kind kind = kjit_handle_kind::kCrossEntropy;
   kjit::CrossEntropy op;
 };
 struct kjit_linear_cross_entropy {
+  kjit_handle_kind kind = kjit_handle_kind::kLinearCrossEntropy;
   kjit::LinearCrossEntropy op;
 };
 
@@ -132,6 +145,61 @@ absl::Status NotNull(const char* fn,
     if (p == nullptr) return absl::InvalidArgumentError(fmt::format("{}: {} is NULL", fn, name));
   }
   return absl::OkStatus();
+}
+
+template <class Handle>
+constexpr kjit_handle_kind kKindOf = kjit_handle_kind::kDestroyed;
+template <>
+constexpr kjit_handle_kind kKindOf<kjit_runtime> = kjit_handle_kind::kRuntime;
+template <>
+constexpr kjit_handle_kind kKindOf<kjit_rms_norm> = kjit_handle_kind::kRmsNorm;
+template <>
+constexpr kjit_handle_kind kKindOf<kjit_cross_entropy> = kjit_handle_kind::kCrossEntropy;
+template <>
+constexpr kjit_handle_kind kKindOf<kjit_linear_cross_entropy> =
+    kjit_handle_kind::kLinearCrossEntropy;
+
+const char* KindName(kjit_handle_kind kind) {
+  switch (kind) {
+    case kjit_handle_kind::kRuntime: return "kjit_runtime";
+    case kjit_handle_kind::kRmsNorm: return "kjit_rms_norm";
+    case kjit_handle_kind::kCrossEntropy: return "kjit_cross_entropy";
+    case kjit_handle_kind::kLinearCrossEntropy: return "kjit_linear_cross_entropy";
+    case kjit_handle_kind::kDestroyed: break;
+  }
+  return nullptr;
+}
+
+// `handle` (the argument `name`) is not NULL and is a live handle of its type: InvalidArgument
+// naming the kind it is instead (a handle of another kind cast to this type), or saying that it
+// is none (destroyed, or not a handle at all).
+template <class Handle>
+absl::Status CheckHandle(const char* fn, const char* name, const Handle* handle) {
+  KJIT_RETURN_IF_ERROR(NotNull(fn, {{name, handle}}));
+  kjit_handle_kind kind;
+  std::memcpy(&kind, handle, sizeof(kind));  // every handle starts with its kind
+  if (kind == kKindOf<Handle>) return absl::OkStatus();
+  const char* expected = KindName(kKindOf<Handle>);
+  if (const char* other = KindName(kind)) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {} is a {} handle; expected a {}", fn, name, other, expected));
+  }
+  return absl::InvalidArgumentError(fmt::format(
+      "{}: {} is not a live {} handle (destroyed already, or not a handle)", fn, name, expected));
+}
+
+// kjit_*_destroy: NULL is nothing to do; a handle of another kind is left alone (this thread's
+// last error says why) rather than freed as the wrong type.
+template <class Handle>
+void DestroyHandle(const char* fn, Handle* handle) noexcept {
+  if (handle == nullptr) return;
+  const absl::Status s = CheckHandle(fn, "handle", handle);
+  if (!s.ok()) {
+    Fail(static_cast<kjit_status>(s.code()), ToStd(s.message()));
+    return;
+  }
+  handle->kind = kjit_handle_kind::kDestroyed;
+  delete handle;
 }
 
 // An output pointer: not NULL, and cleared first, so that a failed call leaves NULL (or 0) there.
@@ -362,10 +430,11 @@ template <class Handle, class Spec>
 kjit_status CreateOp(const char* fn, const kjit_runtime* runtime, const Spec* spec, Handle** out) {
   return Call(fn, [&](const char*) -> absl::Status {
     KJIT_RETURN_IF_ERROR(Output(fn, "out", out));
-    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"runtime", runtime}, {"spec", spec}}));
+    KJIT_RETURN_IF_ERROR(CheckHandle(fn, "runtime", runtime));
+    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"spec", spec}}));
     KJIT_RETURN_IF_ERROR(CheckSize(fn, "spec", *spec));
     KJIT_ASSIGN_OR_RETURN(auto op, MakeOp(runtime->rt, *spec));
-    *out = new Handle{std::move(op)};
+    *out = new Handle{.op = std::move(op)};
     return absl::OkStatus();
   });
 }
@@ -423,7 +492,8 @@ template <class Handle, class Args, class Op, class CppArgs>
 kjit_status LaunchOp(const char* fn, const Handle* op, CUstream stream, const Args* args,
                      absl::Status (Op::*launch)(CUstream, const CppArgs&) const) {
   return Call(fn, [&](const char*) -> absl::Status {
-    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"op", op}, {"args", args}}));
+    KJIT_RETURN_IF_ERROR(CheckHandle(fn, "op", op));
+    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"args", args}}));
     KJIT_RETURN_IF_ERROR(CheckSize(fn, "args", *args));
     Fields f;
     const CppArgs cpp = ToCpp(f, *args);
@@ -439,7 +509,7 @@ kjit_status QueryOp(const char* fn, const Handle* op, const char* out_name, Out*
                     Query&& query) {
   return Call(fn, [&](const char*) -> absl::Status {
     KJIT_RETURN_IF_ERROR(Output(fn, out_name, out));
-    KJIT_RETURN_IF_ERROR(NotNull(fn, {{"op", op}}));
+    KJIT_RETURN_IF_ERROR(CheckHandle(fn, "op", op));
     return query(op->op);
   });
 }
@@ -502,17 +572,17 @@ kjit_status kjit_runtime_create(const kjit_runtime_options* options, kjit_runtim
     KJIT_ASSIGN_OR_RETURN(const kjit::RuntimeOptions cpp, kjit::ToOptions(o));
     KJIT_RETURN_IF_ERROR(kjit::ToolchainAvailable(cpp.compile_only));
     KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create(cpp));
-    *out = new kjit_runtime{std::move(rt)};
+    *out = new kjit_runtime{.rt = std::move(rt)};
     return absl::OkStatus();
   });
 }
 
-void kjit_runtime_destroy(kjit_runtime* runtime) { delete runtime; }
+void kjit_runtime_destroy(kjit_runtime* runtime) { kjit::DestroyHandle(__func__, runtime); }
 
 kjit_status kjit_runtime_info(const kjit_runtime* runtime, char** json_out) {
   return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
     KJIT_RETURN_IF_ERROR(kjit::Output(fn, "json_out", json_out));
-    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"runtime", runtime}}));
+    KJIT_RETURN_IF_ERROR(kjit::CheckHandle(fn, "runtime", runtime));
     const kjit::Runtime& rt = runtime->rt;
     nlohmann::json info = {{"target", rt.target()},
                            {"arch", rt.arch()},
@@ -555,7 +625,7 @@ kjit_status kjit_rms_norm_create(const kjit_runtime* runtime, const kjit_rms_nor
   return kjit::CreateOp(__func__, runtime, spec, out);
 }
 
-void kjit_rms_norm_destroy(kjit_rms_norm* op) { delete op; }
+void kjit_rms_norm_destroy(kjit_rms_norm* op) { kjit::DestroyHandle(__func__, op); }
 
 kjit_status kjit_rms_norm_forward(const kjit_rms_norm* op, CUstream stream,
                                   const kjit_rms_norm_forward_args* args) {
@@ -624,7 +694,7 @@ kjit_status kjit_cross_entropy_create(const kjit_runtime* runtime,
   return kjit::CreateOp(__func__, runtime, spec, out);
 }
 
-void kjit_cross_entropy_destroy(kjit_cross_entropy* op) { delete op; }
+void kjit_cross_entropy_destroy(kjit_cross_entropy* op) { kjit::DestroyHandle(__func__, op); }
 
 kjit_status kjit_cross_entropy_forward(const kjit_cross_entropy* op, CUstream stream,
                                        const kjit_cross_entropy_args* args) {
@@ -708,7 +778,9 @@ kjit_status kjit_linear_cross_entropy_create(const kjit_runtime* runtime,
   return kjit::CreateOp(__func__, runtime, spec, out);
 }
 
-void kjit_linear_cross_entropy_destroy(kjit_linear_cross_entropy* op) { delete op; }
+void kjit_linear_cross_entropy_destroy(kjit_linear_cross_entropy* op) {
+  kjit::DestroyHandle(__func__, op);
+}
 
 kjit_status kjit_linear_cross_entropy_forward(const kjit_linear_cross_entropy* op, CUstream stream,
                                               const kjit_linear_cross_entropy_args* args) {

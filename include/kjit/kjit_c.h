@@ -14,7 +14,10 @@
  *  - Strings and JSON returned through `char** out` are allocated by kjit; free them with
  *    kjit_free. A failed call leaves NULL (or 0) in its outputs, handles included.
  *  - Handles (runtime, ops) are created once and launched many times, from any thread; an op
- *    keeps its runtime alive, so destroy order does not matter. Destroying NULL does nothing.
+ *    keeps its runtime alive, so destroy order does not matter. Destroying NULL does nothing. A
+ *    handle of one kind passed where another is expected (a kjit_rms_norm* cast to kjit_runtime*)
+ *    is KJIT_INVALID_ARGUMENT naming both kinds; a destroy given one leaves it alone and sets the
+ *    last error.
  *  - Launches take a CUstream (a cudaStream_t or torch's stream pointer passes straight in; NULL is
  *    the legacy default stream), enqueue work and return: no host synchronization and no
  *    allocation, so they can be captured into CUDA graphs. Device memory is described by

@@ -393,6 +393,57 @@ TEST_F(CapiCompileOnly, BuildsEveryOp) {
   ExpectBuilds(Lce(lce_spec_), kjit_linear_cross_entropy_build, cache_);
 }
 
+// Issue 34: a handle of one kind passed where another is expected was used as that type (UB; an
+// RMSNorm handle taken for a runtime returned OK). Each is refused, naming both kinds; a destroy
+// given the wrong kind leaves the handle alone.
+TEST_F(CapiCompileOnly, AHandleOfAnotherKindIsRefused) {
+  kjit_rms_norm* norm = Norm(norm_spec_);
+  kjit_cross_entropy* ce = Ce(ce_spec_);
+  kjit_linear_cross_entropy* lce = Lce(lce_spec_);
+  auto* norm_as_runtime = reinterpret_cast<kjit_runtime*>(norm);
+  kjit_rms_norm* op = nullptr;
+  ExpectInvalid(Last(kjit_rms_norm_create(norm_as_runtime, &norm_spec_, &op)),
+                "kjit_rms_norm_create: runtime is a kjit_rms_norm handle; expected a kjit_runtime");
+  EXPECT_EQ(op, nullptr);
+  char* text = nullptr;
+  ExpectInvalid(Last(kjit_runtime_info(reinterpret_cast<kjit_runtime*>(ce), &text)),
+                "kjit_runtime_info: runtime is a kjit_cross_entropy handle; expected a "
+                "kjit_runtime");
+  EXPECT_EQ(text, nullptr);
+  ExpectInvalid(Last(kjit_cross_entropy_build(reinterpret_cast<kjit_cross_entropy*>(norm), &text)),
+                "kjit_cross_entropy_build: op is a kjit_rms_norm handle; expected a "
+                "kjit_cross_entropy");
+  ExpectInvalid(Last(kjit_rms_norm_config_for(reinterpret_cast<kjit_rms_norm*>(rt_), 16, &text)),
+                "kjit_rms_norm_config_for: op is a kjit_runtime handle; expected a kjit_rms_norm");
+  int64_t bytes = -1;
+  ExpectInvalid(
+      Last(kjit_linear_cross_entropy_workspace_bytes(
+          reinterpret_cast<kjit_linear_cross_entropy*>(ce), 16, &bytes)),
+      "kjit_linear_cross_entropy_workspace_bytes: op is a kjit_cross_entropy handle; expected a "
+      "kjit_linear_cross_entropy");
+  EXPECT_EQ(bytes, 0);
+  kjit_cross_entropy_args args;
+  kjit_cross_entropy_args_init(&args);
+  ExpectInvalid(
+      Last(kjit_cross_entropy_forward(reinterpret_cast<kjit_cross_entropy*>(lce), nullptr, &args)),
+      "kjit_cross_entropy_forward: op is a kjit_linear_cross_entropy handle");
+  // Memory that is no handle at all (zeroes, as a destroyed handle's kind is).
+  alignas(16) unsigned char junk[256] = {};
+  ExpectInvalid(
+      Last(kjit_cross_entropy_create(reinterpret_cast<kjit_runtime*>(junk), &ce_spec_, &ce)),
+      "kjit_cross_entropy_create: runtime is not a live kjit_runtime handle");
+  // Destroying through the wrong type frees nothing: the op still works.
+  kjit_runtime_destroy(norm_as_runtime);
+  EXPECT_THAT(kjit_last_error(), StartsWith("kjit_runtime_destroy: handle is a kjit_rms_norm"));
+  kjit_cross_entropy_destroy(reinterpret_cast<kjit_cross_entropy*>(rt_));
+  EXPECT_THAT(kjit_last_error(),
+              StartsWith("kjit_cross_entropy_destroy: handle is a kjit_runtime"));
+  ASSERT_EQ(kjit_rms_norm_config_for(norm, 16, &text), KJIT_OK) << kjit_last_error();
+  EXPECT_FALSE(Take(text).empty());
+  ASSERT_EQ(kjit_runtime_info(rt_, &text), KJIT_OK) << kjit_last_error();
+  Take(text);
+}
+
 // 16-byte aligned host memory standing in for device buffers: a compile-only runtime checks the
 // arguments, then refuses the launch before anything is read.
 struct alignas(16) Block {
