@@ -4,6 +4,7 @@
 // Timing is autotune::GpuTimer's: a cold L2 before each repeat, CUDA events, the median and the
 // 10th/90th percentiles.
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -264,8 +265,8 @@ Command AddBenchCommand(CLI::App& app) {
          "Vocab size, cross_entropy and linear_cross_entropy (default: 128256 at 3 row counts, "
          "256000 and 151936 at 8192, and for cross_entropy 50257 at 16384)")
       ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--rows", f->rows, "Rows (tokens)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  cmd->add_option("--rows", f->rows, "Rows (tokens); a launch takes at most 2^31 - 1")
+      ->check(CLI::Range(int64_t{1}, int64_t{std::numeric_limits<int32_t>::max()}));
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")
       ->check(DTypeValidator())
       ->capture_default_str();

@@ -475,6 +475,8 @@ TEST_F(CliTest, EveryBadFlagIsAUsageErrorNamingTheFlag) {
       {{"bench", "--rows", "0"}, "--rows"},
       {{"bench", "--rows", "x"}, "--rows"},
       {{"bench", "--rows", "4294967296"}, "--rows"},
+      {{"bench", "--rows", "2147483648"}, "--rows"},  // 2^31: a launch takes at most 2^31 - 1
+      {{"bench", "--op", "linear_cross_entropy", "--rows", "2147483648"}, "--rows"},
       {{"bench", "--dtype", "bf17"}, "--dtype"},
       {{"bench", "--dtype", ""}, "--dtype"},
       {{"bench", "--repeats", "2"}, "--repeats"},
@@ -547,6 +549,9 @@ TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
        "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
       {{"bench", "--op", "cross_entropy", "--hidden", "64"},
        "kjit: --hidden does not apply to --op cross_entropy\n"},
+      // Issue 34: 2^31 was accepted, though a launch takes at most 2^31 - 1 rows.
+      {{"bench", "--rows", "2147483648"},
+       "kjit: --rows: Value 2147483648 not in range 1 to 2147483647\n"},
   };
   for (const auto& c : cases) ExpectUsageError(c.args, c.message);
 }
