@@ -310,28 +310,62 @@ def lib() -> ctypes.CDLL:
         return _lib
 
 
-def call(name: str, *args) -> None:
-    """Calls a kjit_* function that returns a status; raises KjitError unless it is KJIT_OK."""
+class WarningSink:
+    """The runtime's warning callback for the C library: calls `sink` with each message. ctypes can
+    only print and drop what a callback raises ("Exception ignored on calling ctypes callback"),
+    so an exception from `sink` (a warnings.warn under `-W error`) is kept here, and the call that
+    caused it raises it once the library returns (`call(..., sink=...)`)."""
+
+    def __init__(self, sink):
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._raised = []
+        self.callback = WARNING_FN(self._on_warning)
+
+    def _on_warning(self, message, _user_data) -> None:
+        try:
+            self._sink(message.decode("utf-8", "replace"))
+        except BaseException as e:  # noqa: B036 -- handed to the caller, not swallowed
+            with self._lock:
+                self._raised.append(e)
+
+    def raise_pending(self, cause: Optional[BaseException] = None) -> None:
+        """Raises the first exception the sink raised since the last call (the rest are of the
+        same call: dropped), chained to `cause`, the call's own failure if any."""
+        with self._lock:
+            raised, self._raised = self._raised, []
+        if raised:
+            raise raised[0] from cause
+
+
+def call(name: str, *args, sink: Optional[WarningSink] = None) -> None:
+    """Calls a kjit_* function that returns a status; raises KjitError unless it is KJIT_OK, or
+    what `sink` raised for a warning of the call."""
     library = lib()
     status = getattr(library, name)(*args)
+    failed = None
     if status != 0:
         message = library.kjit_last_error().decode("utf-8", "replace")
-        raise error(library.kjit_status_name(status).decode() or str(status), message)
+        failed = error(library.kjit_status_name(status).decode() or str(status), message)
+    if sink is not None:
+        sink.raise_pending(failed)
+    if failed is not None:
+        raise failed
 
 
-def call_string(name: str, *args) -> str:
+def call_string(name: str, *args, sink: Optional[WarningSink] = None) -> str:
     """Calls a kjit_* function whose last argument is a char** out; returns that string."""
     out = ctypes.c_void_p()
-    call(name, *args, ctypes.byref(out))
     try:
+        call(name, *args, ctypes.byref(out), sink=sink)
         return ctypes.string_at(out.value).decode("utf-8", "replace")
     finally:
         lib().kjit_free(out)
 
 
-def call_int64(name: str, *args) -> int:
+def call_int64(name: str, *args, sink: Optional[WarningSink] = None) -> int:
     out = ctypes.c_int64()
-    call(name, *args, ctypes.byref(out))
+    call(name, *args, ctypes.byref(out), sink=sink)
     return out.value
 
 

@@ -57,9 +57,20 @@ class _Handle:
 
     _destroy = ""
 
-    def __init__(self, handle: ctypes.c_void_p, keep=None):
+    def __init__(self, handle: ctypes.c_void_p, keep=None, sink=None):
         self._handle = handle
-        self._keep = keep  # what must outlive the handle (the runtime's warning callback)
+        self._keep = keep  # what must outlive the handle (the runtime, its warning callback)
+        # Where the calls' warnings go (the runtime's, for an op): what it raised is raised.
+        self._sink = sink if sink is not None else getattr(keep, "_sink", None)
+
+    def _call(self, function: str, *args) -> None:
+        _capi.call(function, *args, sink=self._sink)
+
+    def _call_string(self, function: str, *args) -> str:
+        return _capi.call_string(function, *args, sink=self._sink)
+
+    def _call_int64(self, function: str, *args) -> int:
+        return _capi.call_int64(function, *args, sink=self._sink)
 
     def __del__(self):
         handle = getattr(self, "_handle", None)
@@ -74,7 +85,7 @@ class _Handle:
         method = function[len(self._destroy) - len("destroy"):]
         args = _capi.fill(struct_type(ctypes.sizeof(struct_type)),
                           f"{type(self).__name__}.{method}()", fields)
-        _capi.call(function, self._handle, stream, ctypes.byref(args))
+        self._call(function, self._handle, stream, ctypes.byref(args))
 
 
 class RmsNorm(_Handle):
@@ -91,16 +102,16 @@ class RmsNorm(_Handle):
         self._launch("kjit_rms_norm_backward", _capi.RmsNormBackwardArgs, stream, fields)
 
     def backward_workspace_bytes(self, rows: int) -> int:
-        return _capi.call_int64("kjit_rms_norm_backward_workspace_bytes", self._handle,
+        return self._call_int64("kjit_rms_norm_backward_workspace_bytes", self._handle,
                                 _capi.integer("rows", rows))
 
     def config_for(self, rows: int) -> str:
-        return _capi.call_string("kjit_rms_norm_config_for", self._handle,
+        return self._call_string("kjit_rms_norm_config_for", self._handle,
                                  _capi.integer("rows", rows))
 
     def build(self) -> dict:
         """Compiles (or finds in the caches) the op's kernels; works compile-only."""
-        return json.loads(_capi.call_string("kjit_rms_norm_build", self._handle))
+        return json.loads(self._call_string("kjit_rms_norm_build", self._handle))
 
 
 class CrossEntropy(_Handle):
@@ -131,15 +142,15 @@ class CrossEntropy(_Handle):
                      fields)
 
     def workspace_bytes(self, rows: int) -> int:
-        return _capi.call_int64("kjit_cross_entropy_workspace_bytes", self._handle,
+        return self._call_int64("kjit_cross_entropy_workspace_bytes", self._handle,
                                 _capi.integer("rows", rows))
 
     def config_for(self, rows: int, fused: bool = True) -> str:
-        return _capi.call_string("kjit_cross_entropy_config_for", self._handle,
+        return self._call_string("kjit_cross_entropy_config_for", self._handle,
                                  _capi.integer("rows", rows), int(fused))
 
     def build(self) -> dict:
-        return json.loads(_capi.call_string("kjit_cross_entropy_build", self._handle))
+        return json.loads(self._call_string("kjit_cross_entropy_build", self._handle))
 
 
 class LinearCrossEntropy(_Handle):
@@ -170,21 +181,21 @@ class LinearCrossEntropy(_Handle):
     def workspace_bytes(self, rows: int) -> int:
         """Device memory (256-byte aligned) a launch of `rows` needs, the fp32 weight-gradient
         accumulator included."""
-        return _capi.call_int64("kjit_linear_cross_entropy_workspace_bytes", self._handle,
+        return self._call_int64("kjit_linear_cross_entropy_workspace_bytes", self._handle,
                                 _capi.integer("rows", rows))
 
     def accumulator_bytes(self, rows: int) -> int:
         """The part of workspace_bytes(rows) the fp32 weight-gradient accumulator takes (0 when
         the rows fit one chunk, with output-dtype accumulation or an fp32 d_weight)."""
-        return _capi.call_int64("kjit_linear_cross_entropy_accumulator_bytes", self._handle,
+        return self._call_int64("kjit_linear_cross_entropy_accumulator_bytes", self._handle,
                                 _capi.integer("rows", rows))
 
     def config_for(self, rows: int) -> str:
-        return _capi.call_string("kjit_linear_cross_entropy_config_for", self._handle,
+        return self._call_string("kjit_linear_cross_entropy_config_for", self._handle,
                                  _capi.integer("rows", rows))
 
     def build(self) -> dict:
-        return json.loads(_capi.call_string("kjit_linear_cross_entropy_build", self._handle))
+        return json.loads(self._call_string("kjit_linear_cross_entropy_build", self._handle))
 
 
 class Runtime(_Handle):
@@ -202,19 +213,20 @@ class Runtime(_Handle):
                  compile_only: bool = False, disk_cache: bool = True,
                  cache_dir: Optional[PathArg] = None, tuning_db: Optional[PathArg] = None,
                  autotune: bool = False, warnings: Optional[Callable[[str], None]] = None):
-        sink = warnings or (lambda message: _warnings.warn(message, KjitWarning, stacklevel=2))
-        callback = _capi.WARNING_FN(lambda message, _: sink(message.decode("utf-8", "replace")))
+        sink = _capi.WarningSink(
+            warnings or (lambda message: _warnings.warn(message, KjitWarning, stacklevel=2)))
         options = _capi.init(_capi.RuntimeOptions, "kjit_runtime_options_init")
         _capi.fill(options, "Runtime()", dict(
             device=device, target=_capi.c_string("target", target),
             compile_only=int(compile_only), disk_cache=int(disk_cache),
             cache_dir=_capi.c_string("cache_dir", cache_dir, path=True),
             tuning_db=_capi.c_string("tuning_db", tuning_db, path=True),
-            autotune=int(autotune), warning=callback))
+            autotune=int(autotune), warning=sink.callback))
         handle = ctypes.c_void_p()
-        _capi.call("kjit_runtime_create", ctypes.byref(options), ctypes.byref(handle))
-        super().__init__(handle, keep=callback)
-        self._info = json.loads(_capi.call_string("kjit_runtime_info", self._handle))
+        # Owned before a warning's exception can leave: collected, the handle is destroyed.
+        super().__init__(handle, keep=sink, sink=sink)
+        self._call("kjit_runtime_create", ctypes.byref(options), ctypes.byref(handle))
+        self._info = json.loads(self._call_string("kjit_runtime_info", self._handle))
 
     def info(self) -> dict:
         """{"target", "arch", "compile_only", "device": {"name", "compute_capability", ...}}."""
@@ -235,9 +247,10 @@ class Runtime(_Handle):
             eps=eps, weight_offset=weight_offset,
             casting=_choice("casting", casting, _capi.CASTINGS),
             fused_residual=int(fused_residual), config=_capi.c_string("config", config)))
-        handle = ctypes.c_void_p()
-        _capi.call("kjit_rms_norm_create", self._handle, ctypes.byref(spec), ctypes.byref(handle))
-        return RmsNorm(handle, keep=self)
+        op = RmsNorm(ctypes.c_void_p(), keep=self)  # owns the handle before a warning can raise
+        self._call("kjit_rms_norm_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(op._handle))
+        return op
 
     def cross_entropy(self, vocab: int, dtype: str = "bf16", *, target_type: str = "int64",
                       ignore_index: int = -100, reduction: str = "mean",
@@ -255,10 +268,10 @@ class Runtime(_Handle):
             argmax=int(argmax), config=_capi.c_string("config", config),
             class_weight_dtype=-1 if class_weight_dtype is None else _choice(
                 "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
-        handle = ctypes.c_void_p()
-        _capi.call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
-                   ctypes.byref(handle))
-        return CrossEntropy(handle, keep=self)
+        op = CrossEntropy(ctypes.c_void_p(), keep=self)
+        self._call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(op._handle))
+        return op
 
     def linear_cross_entropy(self, vocab: int, hidden: int, dtype: str = "bf16", *,
                              weight_grad_dtype: Optional[str] = None, bias: bool = False,
@@ -283,7 +296,7 @@ class Runtime(_Handle):
             weight_grad_accumulation=_choice("weight_grad_accumulation", weight_grad_accumulation,
                                              _capi.ACCUMULATIONS),
             config=_capi.c_string("config", config)))
-        handle = ctypes.c_void_p()
-        _capi.call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
-                   ctypes.byref(handle))
-        return LinearCrossEntropy(handle, keep=self)
+        op = LinearCrossEntropy(ctypes.c_void_p(), keep=self)
+        self._call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(op._handle))
+        return op

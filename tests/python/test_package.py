@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,27 @@ def test_warnings_reach_python(cache_dir, tmp_path):
     seen = []
     kjit.Runtime(tuning_db=str(db), warnings=seen.append)
     assert len(seen) == 1 and "ignoring the tuning database" in seen[0]
+
+
+def test_a_warning_sink_that_raises_raises_from_the_call(cache_dir):
+    # Issue 34: an exception from the warning sink (pytest -W error, warnings as errors) was
+    # printed and dropped by ctypes ("Exception ignored on calling ctypes callback"), and the call
+    # succeeded. /proc/self/fdinfo refuses new files even to root: the runtime warns as it is made.
+    unwritable = dict(target="sm_90", compile_only=True, cache_dir="/proc/self/fdinfo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kjit.KjitWarning)
+        with pytest.raises(kjit.KjitWarning, match="/proc/self/fdinfo is not writable"):
+            kjit.Runtime(**unwritable)
+
+    def refuse(message):
+        raise ValueError(f"refused: {message}")
+
+    with pytest.raises(ValueError, match="refused: disk cache /proc/self/fdinfo"):
+        kjit.Runtime(**unwritable, warnings=refuse)
+    seen = []
+    rt = kjit.Runtime(**unwritable, warnings=seen.append)
+    assert len(seen) == 1 and "is not writable" in seen[0]
+    assert rt.rms_norm(256, "fp32").build()["origin"] == "compiled"
 
 
 def _run_module(*args):
