@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -26,6 +27,8 @@ namespace kjit::jit {
 namespace {
 
 constexpr size_t kDefaultMaxEvents = 100000;
+// How long a process waits for the others sharing its trace file to write theirs.
+constexpr std::chrono::seconds kMergeLockTimeout{30};
 
 size_t MaxEventsFromEnv() {
   const char* v = std::getenv("KJIT_TRACE_MAX_EVENTS");
@@ -98,15 +101,55 @@ absl::Status WriteInPlace(const std::string& path, bool fifo, std::string_view t
   return absl::OkStatus();
 }
 
-absl::Status WriteTrace(const std::string& path, std::string_view text) {
+// The most of an existing trace file that is read to merge it (a larger one is replaced).
+constexpr size_t kMaxMergedBytes = size_t{1} << 30;
+
+// `doc` with the events of the kjit trace already in the regular file at `path` (open as `fd`)
+// put first, its dropped events counted in; a file that is not a kjit trace (another program's,
+// or empty: a writer that died) adds nothing and is replaced.
+void MergeExisting(int fd, nlohmann::json& doc) {
+  std::string text;
+  if (ReadAll(fd, text, kMaxMergedBytes) != 0 || text.size() > kMaxMergedBytes) return;
+  nlohmann::json old = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!old.is_object() || !old.contains("traceEvents") || !old["traceEvents"].is_array() ||
+      !old.contains("otherData") || !old["otherData"].is_object() ||
+      old["otherData"].value("producer", "") != "kjit") {
+    return;
+  }
+  nlohmann::json& events = old["traceEvents"];
+  for (nlohmann::json& e : doc["traceEvents"]) events.push_back(std::move(e));
+  doc["traceEvents"] = std::move(events);
+  const nlohmann::json& dropped = old["otherData"]["dropped_events"];
+  if (dropped.is_number_unsigned()) {
+    doc["otherData"]["dropped_events"] =
+        doc["otherData"]["dropped_events"].get<uint64_t>() + dropped.get<uint64_t>();
+  }
+}
+
+// A regular file (or a new one) gets the events of every process that writes it: under an flock
+// on the file itself (LockFile retakes it when a writer has renamed a new file over the one
+// locked), what is there is read, merged and replaced through a temporary and a rename.
+absl::Status MergeIntoFile(const std::string& path, nlohmann::json doc) {
+  struct stat st {};
+  std::optional<FileLock> lock;
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {  // not through a symlink
+    KJIT_ASSIGN_OR_RETURN(FileLock held, LockFile(path, kMergeLockTimeout));
+    lock.emplace(std::move(held));
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() >= 0) MergeExisting(fd.get(), doc);
+  }
+  // 0666 less the umask, as any file a program creates.
+  return WriteFileAtomically(path, JsonText(doc) + "\n", 0666);
+}
+
+absl::Status WriteTrace(const std::string& path, nlohmann::json doc) {
   // stat, not lstat: through a link to a device (/dev/stdout to a pipe) is still into the device.
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {
-    // 0666 less the umask, as any file a program creates.
-    return WriteFileAtomically(path, text, 0666);
+    return MergeIntoFile(path, std::move(doc));
   }
   if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
-    return WriteInPlace(path, S_ISFIFO(st.st_mode), text);
+    return WriteInPlace(path, S_ISFIFO(st.st_mode), JsonText(doc) + "\n");
   }
   // A directory, a socket (open cannot write one) or a block device (a disk).
   return absl::FailedPreconditionError(fmt::format(
@@ -185,8 +228,7 @@ absl::Status Tracer::Flush() {
       {"otherData",
        {{"producer", "kjit"}, {"max_events", max_events_}, {"dropped_events", dropped_}}}};
   events_.clear();
-  const std::string text = JsonText(doc) + "\n";
-  return Annotate(WriteTrace(path_, text), "KJIT_TRACE");
+  return Annotate(WriteTrace(path_, doc), "KJIT_TRACE");
 }
 
 namespace {

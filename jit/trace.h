@@ -5,6 +5,13 @@
 // Flush(); later events are counted as dropped and no second write happens. KJIT_TRACE may name a
 // FIFO or a character device: it is written into, not replaced.
 //
+// Several processes may share one KJIT_TRACE (kjit-tune's workers, the ranks of a training job):
+// a regular file collects them all. Each process, under an flock on the file, reads the kjit
+// trace already there, adds its own events (each carries its pid: one track per process) and
+// replaces the file through a rename. A file that is not a kjit trace is replaced. So events add
+// up across runs too: remove the file to start afresh, as `kjit --trace` and `kjit-tune --trace`
+// do before they start.
+//
 //   {
 //     kjit::jit::TraceSpan span("compile", "jit", {{"target", "sm_90"}});   // one "X" event
 //     ...
@@ -42,9 +49,10 @@ class Tracer {
                 TraceArgs args);
   // A point in time.
   void Instant(std::string_view name, std::string_view category, TraceArgs args);
-  // Writes the file, once only: later calls return OK. A regular file (or a new one) is replaced
-  // through a temporary and a rename; a FIFO or a character device is written into, and a FIFO
-  // that nobody reads yet is an error, not a wait.
+  // Writes the file, once only: later calls return OK. A regular file (or a new one) gets these
+  // events added to the kjit trace it holds (see above), through a temporary and a rename; a FIFO
+  // or a character device is written into, and a FIFO that nobody reads yet is an error, not a
+  // wait.
   absl::Status Flush();
 
   static int64_t NowUs();

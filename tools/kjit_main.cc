@@ -56,8 +56,7 @@ ParsedCommandLine ParseKjitCommandLine(int argc, const char* const* argv, std::o
   if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
   Command command = commands.at(app.get_subcommands().front()->get_name());
   return {.run = [trace, command] {
-    // Before anything traces: the tracer reads the environment once.
-    if (!trace->empty()) ::setenv("KJIT_TRACE", trace->c_str(), 1);
+    if (!trace->empty()) StartTrace(*trace);
     return command();
   }};
 }

@@ -352,8 +352,7 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
   app.final_callback([f, &app] { ThrowIfUsageError(CheckTuneFlags(*f, app)); });
   if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
   return {.run = [f] {
-    // Before anything traces: the tracer reads the environment once.
-    if (!f->trace.empty()) ::setenv("KJIT_TRACE", f->trace.c_str(), 1);
+    if (!f->trace.empty()) StartTrace(f->trace);
     return RunTune(*f);
   }};
 }

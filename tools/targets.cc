@@ -1,8 +1,12 @@
 #include "tools/targets.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <system_error>
@@ -221,6 +225,13 @@ int Finish(const ParsedCommandLine& cli) {
 int Fail(const absl::Status& status) {
   fmt::print(stderr, "{}: {}\n", ToolName(), ToStd(status.message()));
   return 1;
+}
+
+void StartTrace(const std::string& path) {
+  struct stat st {};
+  // lstat: a link (--trace /dev/stdout) is written through, never removed.
+  if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());
+  ::setenv("KJIT_TRACE", path.c_str(), 1);
 }
 
 }  // namespace kjit::tools

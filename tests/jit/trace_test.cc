@@ -4,18 +4,22 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -127,6 +131,63 @@ TEST_F(TraceTest, CapsTheEventsAndCountsTheDropped) {
   EXPECT_EQ(doc["traceEvents"][2]["name"], "e2");
   EXPECT_EQ(doc["otherData"]["dropped_events"], 7);
   EXPECT_EQ(doc["otherData"]["max_events"], 3);
+}
+
+// Issue 34, defect 6: processes sharing KJIT_TRACE (kjit-tune's workers, a job's ranks) each
+// replaced the file, so one process's events survived. Now each adds its own to the kjit trace
+// there: four processes writing at once, then a fifth, all land.
+TEST_F(TraceTest, ProcessesSharingTheFileAllLandInIt) {
+  const std::string path = dir_ + "/trace.json";
+  auto write_events = [&](int process) {
+    Tracer t(path, false, /*max_events=*/20);
+    for (int i = 0; i < 25; ++i) t.Instant(fmt::format("p{} e{}", process, i), "jit", {});
+    return t.Flush();
+  };
+  std::vector<pid_t> children;
+  for (int process = 0; process < 4; ++process) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) ::_exit(write_events(process).ok() ? 0 : 1);
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  ASSERT_TRUE(write_events(4).ok());
+  const nlohmann::json doc = Read(path);
+  std::set<std::string> names;
+  std::set<int> pids;
+  for (const auto& e : doc["traceEvents"]) {
+    names.insert(e["name"].get<std::string>());
+    pids.insert(e["pid"].get<int>());
+  }
+  EXPECT_EQ(names.size(), 5u * 20) << doc.dump();
+  for (int process = 0; process < 5; ++process) {
+    EXPECT_TRUE(names.count(fmt::format("p{} e19", process))) << process;
+  }
+  EXPECT_EQ(pids.size(), 5u);
+  EXPECT_EQ(doc["otherData"]["dropped_events"], 5 * 5);
+  EXPECT_EQ(testing::NamesWithPrefix(dir_, ""), std::vector<std::string>{"trace.json"})
+      << "a temp or lock file is left";
+}
+
+// What is not a kjit trace (another program's file, or an empty one a writer left) is replaced.
+TEST_F(TraceTest, AFileThatIsNotAKjitTraceIsReplaced) {
+  const std::string path = dir_ + "/trace.json";
+  for (const char* before : {"", "not json", "{\"traceEvents\": [{\"name\": \"theirs\"}]}"}) {
+    {
+      std::ofstream out(path);
+      out << before;
+    }
+    Tracer t(path, false, 100);
+    t.Instant("ours", "jit", {});
+    ASSERT_TRUE(t.Flush().ok());
+    const nlohmann::json doc = Read(path);
+    ASSERT_EQ(doc["traceEvents"].size(), 1u) << before;
+    EXPECT_EQ(doc["traceEvents"][0]["name"], "ours");
+  }
 }
 
 TEST_F(TraceTest, OffRecordsNothingAndAnUnwritablePathIsAnError) {

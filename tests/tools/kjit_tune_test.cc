@@ -74,6 +74,31 @@ TEST_F(KjitTuneTest, CompileOnlyFillsTheCacheSoASecondRunCompilesNothing) {
   }
 }
 
+// Issue 34, defect 6: with --jobs 2 every worker replaced the --trace file at its exit, so it held
+// one process's events. Now every process's land in it (one pid each), and a second run starts
+// the file afresh rather than adding to the first's.
+TEST_F(KjitTuneTest, TheTraceHoldsEveryProcesssEvents) {
+  const std::string trace = root_ + "/t.json";
+  std::set<int> runs[2];
+  for (std::set<int>& pids : runs) {
+    env_["KJIT_CACHE_DIR"] = root_ + "/cache" + std::to_string(&pids - runs);  // all compiled
+    const CliResult r = Run({"--trace", trace, "--vocab", "1236", "--hidden", "104",
+                             "--compile-only", "--arch", "sm_90", "--jobs", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.Describe();
+    const nlohmann::json doc = nlohmann::json::parse(testing::ReadFile(trace));
+    std::set<std::string> names;
+    for (const auto& e : doc["traceEvents"]) {
+      pids.insert(e["pid"].get<int>());
+      names.insert(e["name"].get<std::string>());
+    }
+    EXPECT_GE(pids.size(), 3u) << "kjit-tune and its two workers: " << doc.dump();
+    for (const char* op : {"rms_norm", "cross_entropy.forward", "linear_cross_entropy"}) {
+      EXPECT_TRUE(names.count(std::string("nvrtc ") + op)) << op << ": " << doc.dump();
+    }
+  }
+  for (int pid : runs[1]) EXPECT_EQ(runs[0].count(pid), 0u) << "the first run's events are kept";
+}
+
 TEST_F(KjitTuneTest, ReadsAHuggingFaceConfigFile) {
   const std::string path = root_ + "/config.json";
   std::ofstream(path) << R"({"model_type": "gemma2", "hidden_size": 256, "vocab_size": 1000,
