@@ -7,6 +7,8 @@
 //   static constexpr std::string_view kName;       // "rms_norm": JSON, CLI and report name
 //   static std::string TuningOp(const Spec&);      // the tuning database's op and shape fields
 //   static std::string TuningShape(const Spec&);
+//   static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
+//                                            DType);  // a spec with that op and shape, if any
 //   static nlohmann::json ToJson(const Spec&);     // its config left out; FromJson validates
 //   static absl::StatusOr<Spec> FromJson(const nlohmann::json&);   // may throw nlohmann's errors
 //   static absl::StatusOr<Config> ParseConfig(std::string_view);
@@ -26,7 +28,13 @@
 //   static nlohmann::json BenchFields(const Spec&, const Trial&, int64_t rows);
 #pragma once
 
+#include <charconv>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 
 #include "ops/common/trial.h"
 
@@ -40,6 +48,39 @@ struct OpTrait;
 struct TunedPass {
   Pass pass = Pass::kForwardBackward;
   std::string record_op;
+};
+
+// A tuning record's shape field ("vocab=128256 softcap") split back into its words: "key=value"
+// words and flag words, for OpTrait::FromTuningKey (which the registry checks by a round trip
+// through TuningOp and TuningShape, so a trait need not refuse every odd word itself).
+struct TuningShapeWords {
+  std::map<std::string, std::string, std::less<>> values;
+  std::set<std::string, std::less<>> flags;
+
+  static TuningShapeWords Parse(std::string_view shape) {
+    TuningShapeWords w;
+    while (!shape.empty()) {
+      const size_t space = shape.find(' ');
+      const std::string_view word = shape.substr(0, space);
+      shape = space == std::string_view::npos ? "" : shape.substr(space + 1);
+      if (const size_t eq = word.find('='); eq != std::string_view::npos) {
+        w.values.emplace(word.substr(0, eq), word.substr(eq + 1));
+      } else if (!word.empty()) {
+        w.flags.emplace(word);
+      }
+    }
+    return w;
+  }
+  bool Has(std::string_view flag) const { return flags.count(flag) > 0; }
+  // The decimal integer under `key`, or 0 when there is none.
+  int64_t Int(std::string_view key) const {
+    auto it = values.find(key);
+    int64_t n = 0;
+    if (it == values.end()) return 0;
+    const auto [end, ec] =
+        std::from_chars(it->second.data(), it->second.data() + it->second.size(), n);
+    return ec == std::errc() && end == it->second.data() + it->second.size() ? n : 0;
+  }
 };
 
 }  // namespace kjit::ops

@@ -1,5 +1,7 @@
 #include "ops/registry.h"
 
+#include <map>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -132,6 +134,68 @@ absl::StatusOr<OpSpec> WithConfig(const OpSpec& op, const std::string& config) {
         return s;
       },
       op);
+}
+
+namespace {
+
+// The op whose TuningOp (or a TunedPass's record_op) and TuningShape are the key's: read back by
+// its trait's FromTuningKey and checked by the round trip, so that any word the trait does not
+// know, or a value out of place, matches no op.
+template <size_t I = 0>
+std::optional<OpSpec> SpecForTuningKey(const internal::TuningKey& key, DType dtype,
+                                       const TuningShapeWords& words) {
+  if constexpr (I == std::variant_size_v<OpSpec>) {
+    return std::nullopt;
+  } else {
+    using Trait = OpTrait<std::variant_alternative_t<I, OpSpec>>;
+    if (auto s = Trait::FromTuningKey(key.op, words, dtype);
+        s && Trait::TuningShape(*s) == key.shape) {
+      for (const TunedPass& p : Trait::TunedPasses(*s)) {
+        if (p.record_op == key.op) return OpSpec(*s);
+      }
+    }
+    return SpecForTuningKey<I + 1>(key, dtype, words);
+  }
+}
+
+absl::Status CheckTuningRecord(const internal::TuningRecord& r,
+                               std::map<int, absl::StatusOr<Runtime>>& twins) {
+  const absl::StatusOr<DType> dtype = ParseDType(r.key.dtype);
+  std::optional<OpSpec> spec;
+  if (dtype.ok()) spec = SpecForTuningKey(r.key, *dtype, TuningShapeWords::Parse(r.key.shape));
+  if (!spec) {
+    return absl::NotFoundError(
+        fmt::format("op \"{}\" with shape \"{}\" and dtype \"{}\" is none of kjit's ops ({})",
+                    r.key.op, r.key.shape, r.key.dtype, fmt::join(OpNames(), ", ")));
+  }
+  KJIT_ASSIGN_OR_RETURN(const OpSpec with_config, WithConfig(*spec, r.config));
+  auto twin = twins.find(r.key.arch);
+  if (twin == twins.end()) {
+    // A compile-only twin for the record's arch: making an op validates its config as a launch
+    // validates a tuned one, and builds nothing.
+    twin = twins
+               .emplace(r.key.arch, Runtime::Create({.target = fmt::format("sm_{}", r.key.arch),
+                                                     .compile_only = true,
+                                                     .disk_cache = false,
+                                                     .tuning_db = "off"}))
+               .first;
+  }
+  if (!twin->second.ok()) {
+    return absl::UnavailableError(
+        fmt::format("cannot check it here: {}", ToStd(twin->second.status().message())));
+  }
+  return std::visit(
+      [&](const auto& s) { return TraitOf<decltype(s)>::Create(*twin->second, s).status(); },
+      with_config);
+}
+
+}  // namespace
+
+std::vector<absl::Status> CheckTuningRecords(const std::vector<internal::TuningRecord>& records) {
+  std::map<int, absl::StatusOr<Runtime>> twins;  // by arch
+  std::vector<absl::Status> out;
+  for (const internal::TuningRecord& r : records) out.push_back(CheckTuningRecord(r, twins));
+  return out;
 }
 
 absl::StatusOr<std::string> HeuristicConfig(const Runtime& rt, const OpSpec& op) {

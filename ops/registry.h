@@ -51,6 +51,13 @@ internal::TuningKey TuningKeyFor(const Runtime& rt, const OpSpec& op, int64_t ro
 std::string SpecToJson(const OpSpec& op);
 absl::StatusOr<OpSpec> SpecFromJson(std::string_view text);
 
+// What a runtime does with each of `records` at launch on a GPU of the record's arch
+// (TunedConfigs): OK when its op, shape and dtype name an op kjit has and its config parses and
+// fits that op there; else why the runtime ignores the record: NotFound when it names no op kjit
+// has, the parser's or the op's own error otherwise. Unavailable when it cannot be told here (no
+// NVRTC that knows the record's arch). For `kjit doctor`.
+std::vector<absl::Status> CheckTuningRecords(const std::vector<internal::TuningRecord>& records);
+
 // The spec with its config set from text, as the config's ToString() prints it.
 absl::StatusOr<OpSpec> WithConfig(const OpSpec& op, const std::string& config);
 // The config the op runs without tuning for a runtime's target (it builds nothing).

@@ -700,6 +700,29 @@ Finding Untuned(const DoctorFacts& f, const std::string& what) {
           fmt::format("{}: ops use their heuristic launch configs; {}", what, TuneHint(f)), ""};
 }
 
+// The records a launch would refuse, read as the runtime reads them (issue 34, defect 9): whatever
+// GPU they are for, since a database that holds them was written wrong or by another kjit.
+void DiagnoseRefusedRecords(const DoctorFacts& f, const std::vector<TuningRecordFacts>& records,
+                            std::vector<Finding>& out) {
+  constexpr size_t kListed = 4;
+  std::vector<std::string> listed;
+  size_t refused = 0;
+  for (const TuningRecordFacts& r : records) {
+    if (r.refused.empty()) continue;
+    if (++refused <= kListed) listed.push_back(fmt::format("{} ({})", r.what, r.refused));
+  }
+  if (refused == 0) return;
+  if (refused > kListed) listed.push_back(fmt::format("and {} more", refused - kListed));
+  out.push_back(
+      {"tuning.records", Status::kWarn,
+       fmt::format("{} of the {} records in the tuning database would be refused at launch (the "
+                   "runtime warns and runs the heuristic's config instead): {}",
+                   refused, records.size(), absl::StrJoin(listed, "; ")),
+       fmt::format("retune those shapes with {} (it replaces their records), or delete the "
+                   "database {} to start afresh",
+                   Command(f, "tune --model <name>"), f.tuning.path)});
+}
+
 void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
                            std::vector<Finding>& out) {
   const std::vector<TuningRecordFacts>& records = f.tuning.records;
@@ -716,21 +739,25 @@ void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
   for (const GpuFacts& g : f.driver.ok() ? f.driver.gpus : no_gpus) {
     const int arch = TuningArch(f, g);
     if (!seen.insert({g.name, arch}).second) continue;  // GPUs of one model share their records
-    int count = 0;
+    int count = 0, refused = 0;
     for (size_t i = 0; i < records.size(); ++i) {
       const TuningRecordFacts& r = records[i];
       if (r.device == g.name && r.arch == arch && r.driver == f.driver.version &&
           (!f.nvrtc.loaded || r.nvrtc == f.nvrtc.version())) {
         applies[i] = true;
-        ++count;
+        ++(r.refused.empty() ? count : refused);
       }
     }
     const std::string gpu =
         TunedUnder(g.name, arch, f.driver.version, f.nvrtc.loaded ? f.nvrtc.version() : 0);
-    parts.push_back(count > 0 ? fmt::format("{} apply to {}", count, gpu)
-                              : fmt::format("none apply to {}, whose ops use their heuristic "
+    // Those the runtime would refuse are not counted as applying (tuning.records names them).
+    const std::string also_refused =
+        refused > 0 ? fmt::format(" ({} more match it, but the runtime refuses them)", refused)
+                    : "";
+    parts.push_back(count > 0 ? fmt::format("{} apply to {}{}", count, gpu, also_refused)
+                              : fmt::format("none apply to {}{}, whose ops use their heuristic "
                                             "launch configs ({} here)",
-                                            gpu, TuneHint(f)));
+                                            gpu, also_refused, TuneHint(f)));
   }
   // The others, grouped by what they were tuned under: the runtime never reads them here.
   std::map<std::tuple<std::string, int, int, int>, int> others;
@@ -761,6 +788,7 @@ void DiagnoseTuningRecords(const DoctorFacts& f, const std::string& where,
                  fmt::format("the tuning database {} holds {} record{}; {}", where, records.size(),
                              records.size() == 1 ? "" : "s", absl::StrJoin(parts, "; ")),
                  ""});
+  DiagnoseRefusedRecords(f, records, out);
 }
 
 void DiagnoseTuning(const DoctorFacts& f, std::vector<Finding>& out) {

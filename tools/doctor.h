@@ -159,6 +159,12 @@ struct TuningRecordFacts {
   int arch = 0;        // the arch of the target it was tuned with: 90
   int driver = 0;      // cuDriverGetVersion: 13000
   int nvrtc = 0;       // NVRTC major*1000 + minor*10: 13000
+  // `rms_norm hidden=4096 bf16 rows<=16: "vec=8 threads=512"`: the record, for messages.
+  std::string what;
+  // Why a runtime would refuse it at launch (ops::CheckTuningRecords: names no op kjit has, or a
+  // config that does not parse or fit its op on its arch), warning and running the heuristic's
+  // config instead; "" when it would use it, or when that cannot be told here.
+  std::string refused;
 };
 
 // The tuning database as a runtime created now would read it: TuningDb::DefaultPath() and

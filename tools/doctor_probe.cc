@@ -35,6 +35,7 @@
 #include "kjit/runtime.h"
 #include "kjit/version.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
+#include "ops/registry.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
 #include "ops/rms_norm/reference.h"
@@ -494,11 +495,20 @@ TuningFacts ProbeTuning() {
     // Load reads a missing file as an empty database.
     t.state = exists || !db->records().empty() ? TuningFacts::State::kLoaded
                                                : TuningFacts::State::kMissing;
-    for (const internal::TuningRecord& r : db->records()) {
-      t.records.push_back({.device = r.key.device,
-                           .arch = r.key.arch,
-                           .driver = r.key.driver,
-                           .nvrtc = r.key.nvrtc});
+    // Each record as a launch would read it (issue 34, defect 9: doctor said "10 apply" while the
+    // runtime refused five).
+    const std::vector<absl::Status> checked = ops::CheckTuningRecords(db->records());
+    for (size_t i = 0; i < db->records().size(); ++i) {
+      const internal::TuningRecord& r = db->records()[i];
+      const absl::Status& why = checked[i];
+      t.records.push_back(
+          {.device = r.key.device,
+           .arch = r.key.arch,
+           .driver = r.key.driver,
+           .nvrtc = r.key.nvrtc,
+           .what = fmt::format("{} {} {} rows<={}: \"{}\"", r.key.op, r.key.shape, r.key.dtype,
+                               r.key.rows_bucket, r.config),
+           .refused = why.ok() || absl::IsUnavailable(why) ? "" : std::string(why.message())});
     }
     return t;
   }

@@ -21,6 +21,18 @@ std::string Trait::TuningShape(const Spec& s) {
   return shape;
 }
 
+std::optional<CrossEntropySpec> Trait::FromTuningKey(std::string_view, const TuningShapeWords& w,
+                                                     DType dtype) {
+  // Any value that adds the work: which one does not change which configs fit.
+  return Spec{.vocab = w.Int("vocab"),
+              .dtype = dtype,
+              .label_smoothing = w.Has("smoothing") ? 0.1f : 0.0f,
+              .lse_square_scale = w.Has("z_loss") ? 1e-4f : 0.0f,
+              .softcap = w.Has("softcap") ? 30.0f : 0.0f,
+              .argmax = w.Has("argmax"),
+              .class_weight_dtype = w.Has("class_weights") ? std::optional(dtype) : std::nullopt};
+}
+
 nlohmann::json Trait::ToJson(const Spec& s) {
   nlohmann::json j = {{"op", kName},
                       {"vocab", s.vocab},

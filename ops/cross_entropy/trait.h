@@ -36,6 +36,8 @@ struct OpTrait<CrossEntropySpec> {
   // "cross_entropy.forward": the config of the streaming launches (forward only, backward from a
   // saved lse), tuned apart from the fused forward+backward's.
   static std::string StreamingTuningOp(const Spec& s) { return TuningOp(s) + ".forward"; }
+  static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
+                                           DType dtype);
   static nlohmann::json ToJson(const Spec& s);
   static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
   static absl::StatusOr<Config> ParseConfig(std::string_view text) {

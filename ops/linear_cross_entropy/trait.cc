@@ -20,6 +20,25 @@ std::string Trait::TuningShape(const Spec& s) {
   return shape + loss.substr(loss.find(' ') == std::string::npos ? loss.size() : loss.find(' '));
 }
 
+std::optional<LinearCrossEntropySpec> Trait::FromTuningKey(std::string_view op,
+                                                           const TuningShapeWords& w, DType dtype) {
+  const std::optional<CrossEntropySpec> loss =
+      OpTrait<CrossEntropySpec>::FromTuningKey(op, w, dtype);
+  if (!loss) return std::nullopt;
+  return Spec{.vocab = w.Int("vocab"),
+              .hidden = w.Int("hidden"),
+              .dtype = dtype,
+              .weight_grad_dtype = w.Has("fp32_grad") ? std::optional(DType::kF32) : std::nullopt,
+              .bias = w.Has("bias"),
+              .label_smoothing = loss->label_smoothing,
+              .lse_square_scale = loss->lse_square_scale,
+              .softcap = loss->softcap,
+              .argmax = loss->argmax,
+              .weight_grad_accumulation = w.Has("output_dtype_acc")
+                                              ? WeightGradAccumulation::kOutputDtype
+                                              : WeightGradAccumulation::kFloat32};
+}
+
 nlohmann::json Trait::ToJson(const Spec& s) {
   nlohmann::json j = OpTrait<CrossEntropySpec>::ToJson(s.ChunkLoss());
   j["op"] = kName;

@@ -36,6 +36,8 @@ struct OpTrait<LinearCrossEntropySpec> {
   // "vocab=128256 hidden=4096", plus " bias", " fp32_grad", " output_dtype_acc" and the loss's
   // options that add work.
   static std::string TuningShape(const Spec& s);
+  static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
+                                           DType dtype);
   static nlohmann::json ToJson(const Spec& s);
   static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
   static absl::StatusOr<Config> ParseConfig(std::string_view text) {

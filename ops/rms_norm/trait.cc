@@ -22,6 +22,20 @@ std::string Trait::TuningShape(const Spec& s) {
   return shape;
 }
 
+std::optional<RmsNormSpec> Trait::FromTuningKey(std::string_view op, const TuningShapeWords& w,
+                                                DType dtype) {
+  Spec s{.hidden = w.Int("hidden"), .dtype = dtype, .fused_residual = op == "rms_norm+residual"};
+  for (RmsNormCasting c : {RmsNormCasting::kGemma, RmsNormCasting::kNone}) {
+    if (w.Has(Name(c))) s.casting = c;
+  }
+  if (auto weight = w.values.find("weight"); weight != w.values.end()) {
+    absl::StatusOr<DType> t = ParseDType(weight->second);
+    if (!t.ok()) return std::nullopt;
+    s.weight_dtype = *t;
+  }
+  return s;
+}
+
 nlohmann::json Trait::ToJson(const Spec& s) {
   nlohmann::json j = {{"op", kName},
                       {"hidden", s.hidden},

@@ -33,6 +33,8 @@ struct OpTrait<RmsNormSpec> {
   // " weight=<dtype>". The JSON names the casting as Name(RmsNormCasting) does: "casting": "llama".
   static std::string TuningOp(const Spec& s);
   static std::string TuningShape(const Spec& s);
+  static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
+                                           DType dtype);
   static nlohmann::json ToJson(const Spec& s);
   static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
   static absl::StatusOr<Config> ParseConfig(std::string_view text) {

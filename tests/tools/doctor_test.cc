@@ -26,6 +26,7 @@
 
 #include "jit/cache_key.h"
 #include "jit/disk_cache.h"
+#include "ops/registry.h"
 #include "runtime/tuning_db.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
@@ -949,7 +950,7 @@ std::vector<internal::TuningRecord> TunedRecords(const std::string& device, int 
              .dtype = "bf16",
              .shape = "hidden=4096",
              .rows_bucket = int64_t{1} << i};
-    r.config = "vec=8 threads=512";
+    r.config = "vec=8 fwd=256x1 bwd=512x1r2";  // the heuristic's at hidden 4096: the runtime's too
     r.median_us = r.p10_us = r.p90_us = 10;
     r.candidates = 4;
     r.tuned_at = "2026-12-02T21:04:05Z";
@@ -1072,6 +1073,81 @@ TEST(DoctorTuning, NoFileYetIsOkAndNothingIsCreated) {
       << t.message;
   EXPECT_TRUE(Contains(t.message, "run `kjit-tune --model <name>`")) << t.message;
   EXPECT_FALSE(fs::exists(tmp.path() + "/not")) << "the probe must not create anything";
+}
+
+// A record for the H200 of HealthyH200 (driver and NVRTC 13.0) of any op, shape and config.
+internal::TuningRecord H200Record(const std::string& op, const std::string& shape,
+                                  const std::string& config, int64_t rows_bucket) {
+  internal::TuningRecord r = TunedRecords("NVIDIA H200", 90, 1).front();
+  r.key.op = op;
+  r.key.shape = shape;
+  r.key.rows_bucket = rows_bucket;
+  r.config = config;
+  return r;
+}
+
+// Issue 34, defect 9: doctor counted every record for the GPU present as applying ("10 records; 10
+// apply") while the runtime refused four configs at launch and one record named no op. Now each
+// is read as a launch reads it: those refused are named, and not counted.
+TEST(DoctorTuning, RecordsTheRuntimeWouldRefuseAreNamedNotCounted) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/tuning.json";
+  std::vector<internal::TuningRecord> records = TunedRecords("NVIDIA H200", 90, 2);
+  // Records of every op kjit-tune writes, with the configs the heuristics choose: all usable.
+  auto twin = Runtime::Create({.target = "sm_90", .compile_only = true, .tuning_db = "off"});
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  for (const ops::OpSpec& spec :
+       {ops::OpSpec(
+            RmsNormSpec{.hidden = 3584, .casting = RmsNormCasting::kGemma, .fused_residual = true}),
+        ops::OpSpec(CrossEntropySpec{.vocab = 256000, .softcap = 30}),
+        ops::OpSpec(LinearCrossEntropySpec{
+            .vocab = 128256, .hidden = 4096, .weight_grad_dtype = DType::kF32, .argmax = true})}) {
+    auto config = ops::HeuristicConfig(*twin, spec);
+    ASSERT_TRUE(config.ok()) << config.status();
+    for (const ops::TunedPass& pass : ops::TunedPasses(spec)) {
+      records.push_back(H200Record(pass.record_op, ops::TuningShape(spec), *config, 1024));
+    }
+  }
+  const size_t usable = records.size();
+  records.push_back(H200Record("rms_norm", "hidden=4096", "vec=8 fwd=4096x1 bwd=512x1r2", 64));
+  records.push_back(H200Record("rms_norm", "hidden=4096", "threads=frobnicate", 128));
+  records.push_back(H200Record("cross_entropy", "vocab=128256",
+                               "vec=8 threads=256 unroll=4 cluster=64 staged=1", 16));
+  records.push_back(H200Record("rms_norm", "hidden=4096 sideways", "vec=8 fwd=256x1", 256));
+  records.push_back(H200Record("softmax", "vocab=32000", "vec=8 fwd=256x1", 16));
+  WriteTuningDb(path, records);
+
+  const DoctorFacts f = H200WithTuningDbAt(path);
+  ASSERT_EQ(f.tuning.records.size(), records.size());
+  const auto findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const Finding t = Expect(findings, "tuning", Status::kOk);
+  EXPECT_TRUE(Contains(t.message, fmt::format("holds {} records; {} apply to NVIDIA H200 sm_90 "
+                                              "(driver CUDA 13.0, NVRTC 13.0) (5 more match it, "
+                                              "but the runtime refuses them)",
+                                              records.size(), usable)))
+      << t.message;
+  const Finding refused = Expect(findings, "tuning.records", Status::kWarn);
+  EXPECT_TRUE(refused.message.starts_with(
+      fmt::format("5 of the {} records in the tuning database would be refused at launch (the "
+                  "runtime warns and runs the heuristic's config instead): ",
+                  records.size())))
+      << refused.message;
+  for (const char* named :
+       {"rms_norm hidden=4096 bf16 rows<=64: \"vec=8 fwd=4096x1 bwd=512x1r2\" (",
+        "rms_norm hidden=4096 bf16 rows<=128: \"threads=frobnicate\" (",
+        "cross_entropy vocab=128256 bf16 rows<=16: ", "and 1 more"}) {
+    EXPECT_TRUE(Contains(refused.message, named)) << named << "\n" << refused.message;
+  }
+  EXPECT_TRUE(Contains(refused.fix, "kjit-tune --model")) << refused.fix;
+  EXPECT_TRUE(Contains(refused.fix, path)) << refused.fix;
+  EXPECT_EQ(ExitCodeFor(findings), 0) << "the runtime runs on: a warning, not a failure";
+  // The ones past the first four are refused for naming no op kjit has.
+  int no_op = 0;
+  for (const TuningRecordFacts& r : f.tuning.records) {
+    if (Contains(r.refused, "is none of kjit's ops")) ++no_op;
+  }
+  EXPECT_EQ(no_op, 2);
 }
 
 TEST(DoctorTuning, CorruptFileWarnsWithTheKjitTuneFix) {
