@@ -18,6 +18,14 @@
 
 namespace kjit::jit {
 
+// The error for cuModuleLoadData's `r` (not CUDA_SUCCESS) on `binary` under a driver of
+// `driver_version` (cuDriverGetVersion). A driver older than the major version of the NVRTC that
+// built the code (driver 12.2, NVRTC 13) refuses it whatever the arch, and is named as the cause;
+// CUDA_ERROR_UNSUPPORTED_PTX_VERSION and an image the GPU cannot run are explained; other codes get
+// `otherwise` (the driver's own message). Public for tests: no GPU needed.
+absl::Status ModuleLoadError(CUresult r, const char* error_name, int driver_version,
+                             const Binary& binary, absl::Status otherwise);
+
 class LoadedModule {
  public:
   // Loads into `ctx` (made current for the call). A PTX binary is JIT-compiled by the driver; the

@@ -381,7 +381,16 @@ void DiagnoseLaunches(const DoctorFacts& f, std::vector<Finding>& out) {
         break;
       case LaunchFacts::State::kError: {
         std::string fix;
-        if (l.detail.find("CUDA_ERROR_UNSUPPORTED_PTX_VERSION") != std::string::npos) {
+        if (f.nvrtc.loaded && f.driver.version > 0 && f.driver.version / 1000 < f.nvrtc.major) {
+          // Issue 34, defect 10: whatever the driver called it (CUDA_ERROR_NO_BINARY_FOR_GPU reads
+          // as the arch's fault), code from a newer CUDA major version does not load.
+          fix = fmt::format(
+              "The driver (CUDA {}) is older than NVRTC {}, whose code it cannot load: upgrade "
+              "the driver to R{} or newer, or use a CUDA {}.x NVRTC through KJIT_NVRTC_PATH (see "
+              "compat.min_driver).",
+              CudaVersionText(f.driver.version), f.nvrtc.VersionString(),
+              MinimumDriverForCudaMajor(f.nvrtc.major), f.driver.version / 1000);
+        } else if (l.detail.find("CUDA_ERROR_UNSUPPORTED_PTX_VERSION") != std::string::npos) {
           fix = fmt::format(
               "The driver is older than NVRTC {}: upgrade the driver (R{}+), or "
               "install an NVRTC that builds CUBIN for this GPU.",

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/loaded_module.h"
 #include "jit/nvrtc.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
@@ -294,6 +295,40 @@ TEST(RuntimeTest, CompileOnlyBuildsButDoesNotLaunch) {
 
   // Nothing was compiled or loaded for the refused launches.
   EXPECT_EQ(kjit::internal::StateOf(*rt).jit->compile_count(), 1);
+}
+
+// Issue 34, defect 10: with driver 12.2 and NVRTC 13 the driver refuses the sm_90 CUBIN
+// (CUDA_ERROR_NO_BINARY_FOR_GPU), and the error blamed the arch on an sm_90 GPU. The driver's age
+// is the cause and is named, with the fix; the arch is blamed only when it is the arch.
+TEST(ModuleLoadError, ADriverOlderThanTheNvrtcIsNamedNotTheArch) {
+  jit::Binary bin;
+  bin.target = {.kind = jit::Target::Kind::kCubin, .arch = 90};
+  bin.nvrtc_version = "13.0";
+  bin.program_name = "rms_norm";
+  const absl::Status driver_says = absl::InternalError("cuModuleLoadData failed: driver text");
+  for (CUresult r : {CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_IMAGE,
+                     CUDA_ERROR_UNSUPPORTED_PTX_VERSION}) {
+    const absl::Status s = jit::ModuleLoadError(r, "CUDA_ERROR_X", 12020, bin, driver_says);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    const std::string m(s.message());
+    EXPECT_TRUE(
+        m.starts_with("the driver (CUDA 12.2) is older than the NVRTC 13.0 that built "
+                      "this code for sm_90 (program 'rms_norm')"))
+        << m;
+    EXPECT_TRUE(testing::Contains(m,
+                                  "fix: upgrade the NVIDIA driver to one for CUDA 13.x, or "
+                                  "point KJIT_NVRTC_PATH at a CUDA 12.x NVRTC"))
+        << m;
+    EXPECT_FALSE(testing::Contains(m, "cannot run code built for")) << m;
+  }
+  // A driver of NVRTC's major version: then it is the arch.
+  absl::Status s = jit::ModuleLoadError(CUDA_ERROR_NO_BINARY_FOR_GPU,
+                                        "CUDA_ERROR_NO_BINARY_FOR_GPU", 13000, bin, driver_says);
+  EXPECT_TRUE(std::string(s.message()).starts_with("the GPU cannot run code built for sm_90")) << s;
+  // Anything else is the driver's own message.
+  s = jit::ModuleLoadError(CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", 12020, bin,
+                           driver_says);
+  EXPECT_EQ(s, driver_says);
 }
 
 }  // namespace

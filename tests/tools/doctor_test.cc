@@ -478,6 +478,24 @@ TEST(DoctorDiagnose, DriverBelowTheToolkitMinimumFails) {
   Expect(findings, "compat.ptx", Status::kWarn);
   EXPECT_EQ(ExitCodeFor(findings), 1);
 
+  // Issue 34, defect 10: the test launch's failure, whatever the driver called it, is the driver's
+  // age, not a GPU to check with nvidia-smi.
+  f.launches[0] = {.ordinal = 0,
+                   .state = LaunchFacts::State::kError,
+                   .target = "sm_90",
+                   .detail =
+                       "the GPU cannot run code built for sm_90 (program 'rms_norm', "
+                       "CUDA_ERROR_NO_BINARY_FOR_GPU, 209)"};
+  findings = Diagnose(f);
+  ExpectWellFormed(findings);
+  const std::string fix = Expect(findings, "launch.gpu.0", Status::kFail).fix;
+  for (const char* said : {"The driver (CUDA 12.8) is older than NVRTC 13.0", "R580.65.06 or newer",
+                           "KJIT_NVRTC_PATH"}) {
+    EXPECT_TRUE(Contains(fix, said)) << said << "\n" << fix;
+  }
+  EXPECT_FALSE(Contains(fix, "nvidia-smi")) << fix;
+
+  f.launches = HealthyH200().launches;
   f.nvrtc.major = 12;
   f.nvrtc.minor = 4;
   f.driver.version = 11080;
