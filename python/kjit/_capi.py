@@ -380,12 +380,17 @@ def init(struct_type, init_function: str):
 # any attribute name on a struct, all silently ---------------------------------------------------
 
 _INTEGER_TYPES = (ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p)
+# What makes the value of a view field, for messages.
+_VIEW_MAKERS = {Tensor: "a kjit.tensor() (or None)", Index: "a kjit.index() (or None)"}
 
 
 def integer(name: str, value, ctype=ctypes.c_int64) -> int:
     """`value` as an int that `ctype` holds: TypeError for a non-integer, OverflowError naming
     `name` for one out of the type's range (2**64 + 4096 is not 4096)."""
-    value = operator.index(value)
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
     bits = 8 * ctypes.sizeof(ctype)
     signed = ctype not in (ctypes.c_uint32, ctypes.c_void_p)
     low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
@@ -401,9 +406,15 @@ def c_string(name: str, value, *, path: bool = False) -> Optional[bytes]:
     if value is None:
         return None
     if path:
+        if not isinstance(value, (str, bytes, os.PathLike)):
+            raise TypeError(f"{name}: expected a str, bytes or os.PathLike path, got "
+                            f"{type(value).__name__}")
         data = os.fsencode(value)
     elif isinstance(value, str):
-        data = value.encode()
+        try:
+            data = value.encode()
+        except UnicodeEncodeError:  # a lone surrogate: "\udcff"
+            raise ValueError(f"{name}: {value!r} is not text that UTF-8 can encode") from None
     else:
         raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
     if b"\0" in data:
@@ -411,16 +422,39 @@ def c_string(name: str, value, *, path: bool = False) -> Optional[bytes]:
     return data
 
 
+def flag(name: str, value) -> int:
+    """A yes/no argument as the C API's 0 or 1: a bool, or the int 0 or 1 (numpy's too); anything
+    else (None, "yes", 2) raises TypeError or ValueError naming `name`, rather than being read as
+    true or false."""
+    if isinstance(value, bool):
+        return int(value)
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}") from None
+    if number not in (0, 1):
+        raise ValueError(f"{name}: expected a bool (or 0 or 1), got {number}")
+    return number
+
+
 def fill(struct, what: str, fields: dict):
     """Sets `fields` on a ctypes struct and returns it. A name the struct does not have raises
-    TypeError naming it (`what` names the call), an integer its field cannot hold OverflowError."""
+    TypeError naming it (`what` names the call), an integer its field cannot hold OverflowError,
+    a value of the wrong type TypeError naming the field; None for a view leaves it empty."""
     types = {name: ctype for name, ctype in type(struct)._fields_ if name != "struct_size"}
     unknown = [name for name in fields if name not in types]
     if unknown:
         raise TypeError(f"{what}: unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
                         f"{', '.join(map(repr, unknown))}; it takes {', '.join(types)}")
     for name, value in fields.items():
+        if value is None and types[name] in _VIEW_MAKERS:
+            continue  # an empty view, as the struct starts: the argument not given
         if types[name] in _INTEGER_TYPES and value is not None:
             value = integer(name, value, types[name])
-        setattr(struct, name, value)
+        try:
+            setattr(struct, name, value)
+        except TypeError:  # ctypes names neither the field nor what to pass
+            expected = _VIEW_MAKERS.get(types[name], "an int")
+            raise TypeError(f"{what}: {name}: expected {expected}, got "
+                            f"{type(value).__name__}") from None
     return struct

@@ -147,7 +147,7 @@ class CrossEntropy(_Handle):
 
     def config_for(self, rows: int, fused: bool = True) -> str:
         return self._call_string("kjit_cross_entropy_config_for", self._handle,
-                                 _capi.integer("rows", rows), int(fused))
+                                 _capi.integer("rows", rows), _capi.flag("fused", fused))
 
     def build(self) -> dict:
         return json.loads(self._call_string("kjit_cross_entropy_build", self._handle))
@@ -213,15 +213,19 @@ class Runtime(_Handle):
                  compile_only: bool = False, disk_cache: bool = True,
                  cache_dir: Optional[PathArg] = None, tuning_db: Optional[PathArg] = None,
                  autotune: bool = False, warnings: Optional[Callable[[str], None]] = None):
+        if warnings is not None and not callable(warnings):
+            raise TypeError(f"warnings: expected a callable taking the message, got "
+                            f"{type(warnings).__name__}")
         sink = _capi.WarningSink(
             warnings or (lambda message: _warnings.warn(message, KjitWarning, stacklevel=2)))
         options = _capi.init(_capi.RuntimeOptions, "kjit_runtime_options_init")
         _capi.fill(options, "Runtime()", dict(
             device=device, target=_capi.c_string("target", target),
-            compile_only=int(compile_only), disk_cache=int(disk_cache),
+            compile_only=_capi.flag("compile_only", compile_only),
+            disk_cache=_capi.flag("disk_cache", disk_cache),
             cache_dir=_capi.c_string("cache_dir", cache_dir, path=True),
             tuning_db=_capi.c_string("tuning_db", tuning_db, path=True),
-            autotune=int(autotune), warning=sink.callback))
+            autotune=_capi.flag("autotune", autotune), warning=sink.callback))
         handle = ctypes.c_void_p()
         # Owned before a warning's exception can leave: collected, the handle is destroyed.
         super().__init__(handle, keep=sink, sink=sink)
@@ -246,7 +250,7 @@ class Runtime(_Handle):
                 "weight_dtype", weight_dtype, _capi.DTYPES),
             eps=eps, weight_offset=weight_offset,
             casting=_choice("casting", casting, _capi.CASTINGS),
-            fused_residual=int(fused_residual), config=_capi.c_string("config", config)))
+            fused_residual=_capi.flag("fused_residual", fused_residual), config=_capi.c_string("config", config)))
         op = RmsNorm(ctypes.c_void_p(), keep=self)  # owns the handle before a warning can raise
         self._call("kjit_rms_norm_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
@@ -265,7 +269,7 @@ class Runtime(_Handle):
             target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
             ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
             label_smoothing=label_smoothing, lse_square_scale=z_loss, softcap=softcap,
-            argmax=int(argmax), config=_capi.c_string("config", config),
+            argmax=_capi.flag("argmax", argmax), config=_capi.c_string("config", config),
             class_weight_dtype=-1 if class_weight_dtype is None else _choice(
                 "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
         op = CrossEntropy(ctypes.c_void_p(), keep=self)
@@ -289,10 +293,10 @@ class Runtime(_Handle):
             vocab=vocab, hidden=hidden, dtype=_choice("dtype", dtype, _capi.DTYPES),
             weight_grad_dtype=-1 if weight_grad_dtype is None else _choice(
                 "weight_grad_dtype", weight_grad_dtype, _capi.DTYPES),
-            bias=int(bias), target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
+            bias=_capi.flag("bias", bias), target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
             ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
-            argmax=int(argmax),
+            argmax=_capi.flag("argmax", argmax),
             weight_grad_accumulation=_choice("weight_grad_accumulation", weight_grad_accumulation,
                                              _capi.ACCUMULATIONS),
             config=_capi.c_string("config", config)))

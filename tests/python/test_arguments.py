@@ -107,3 +107,48 @@ def test_paths_may_be_path_like_or_bytes(cache_dir, tmp_path):
 def test_a_nul_in_a_string_is_a_value_error(cache_dir, tmp_path, call, name):
     with pytest.raises(ValueError, match=f"^{name}: .* contains a NUL character"):
         call(tmp_path)
+
+
+# Found by tests/python/test_fuzz_arguments.py: errors that named no argument, or values read as
+# something else.
+@pytest.mark.parametrize("call, error, message", [
+    # UnicodeEncodeError, naming nothing.
+    (lambda rt: kjit.Runtime(target="\udcff", compile_only=True), ValueError,
+     "target: '\\udcff' is not text that UTF-8 can encode"),
+    (lambda rt: rt.rms_norm(64, config="\udcff"), ValueError, "config: "),
+    # int("yes") raised "invalid literal for int()"; None "int() argument must be..."; "1" and 1.0
+    # were true.
+    (lambda rt: kjit.Runtime(target="sm_90", compile_only="yes"), TypeError,
+     "compile_only: expected a bool, got str"),
+    (lambda rt: kjit.Runtime(target="sm_90", compile_only=True, disk_cache=None), TypeError,
+     "disk_cache: expected a bool, got NoneType"),
+    (lambda rt: rt.rms_norm(64, fused_residual=2), ValueError,
+     "fused_residual: expected a bool (or 0 or 1), got 2"),
+    (lambda rt: rt.cross_entropy(vocab=64, argmax=1.0), TypeError, "argmax: expected a bool"),
+    (lambda rt: rt.cross_entropy(vocab=64).config_for(16, fused="no"), TypeError,
+     "fused: expected a bool"),
+    # Accepted: the first warning then failed, inside the library's callback.
+    (lambda rt: kjit.Runtime(target="sm_90", compile_only=True, warnings="log"), TypeError,
+     "warnings: expected a callable"),
+    # ctypes' "expected Tensor instance, got int" and "... cannot be interpreted as an integer".
+    (lambda rt: rt.rms_norm(64).forward(None, x=3), TypeError,
+     "RmsNorm.forward(): x: expected a kjit.tensor() (or None), got int"),
+    (lambda rt: rt.cross_entropy(vocab=64).forward(None, targets=kjit.tensor(0, "fp32", 1, 1)),
+     TypeError, "CrossEntropy.forward(): targets: expected a kjit.index() (or None), got Tensor"),
+    (lambda rt: rt.rms_norm(64).config_for("16"), TypeError, "rows: expected an int, got str"),
+    (lambda rt: kjit.tensor("0x10", "bf16", 1, 1), TypeError, "data: expected an int, got str"),
+])
+def test_bad_values_are_errors_that_name_the_argument(rt, call, error, message):
+    with pytest.raises(error) as e:
+        call(rt)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_none_leaves_an_optional_view_empty(rt):
+    # Launches check what they were given before refusing a compile-only runtime: None for lse is
+    # no lse, so the refusal is about the launch, not about lse.
+    op = rt.cross_entropy(vocab=64)
+    with pytest.raises(kjit.KjitError) as e:
+        op.forward(None, logits=kjit.tensor(16, "bf16", 2, 64), targets=kjit.index(16, "int64", 2),
+                   loss=kjit.tensor(16, "fp32", 1, 1), lse=None)
+    assert "lse" not in str(e.value), str(e.value)
