@@ -422,6 +422,13 @@ def c_string(name: str, value, *, path: bool = False) -> Optional[bytes]:
     return data
 
 
+def stream(value) -> Optional[int]:
+    """A launch's stream: None (the legacy default stream) or a CUstream handle as an int, e.g.
+    torch.cuda.current_stream().cuda_stream. ctypes would pass a str's bytes as the handle, wrap
+    -1 and 2**64, and name no argument for a float."""
+    return None if value is None else integer("stream", value, ctypes.c_void_p)
+
+
 def flag(name: str, value) -> int:
     """A yes/no argument as the C API's 0 or 1: a bool, or the int 0 or 1 (numpy's too); anything
     else (None, "yes", 2) raises TypeError or ValueError naming `name`, rather than being read as

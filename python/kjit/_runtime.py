@@ -85,7 +85,7 @@ class _Handle:
         method = function[len(self._destroy) - len("destroy"):]
         args = _capi.fill(struct_type(ctypes.sizeof(struct_type)),
                           f"{type(self).__name__}.{method}()", fields)
-        self._call(function, self._handle, stream, ctypes.byref(args))
+        self._call(function, self._handle, _capi.stream(stream), ctypes.byref(args))
 
 
 class RmsNorm(_Handle):

@@ -137,6 +137,14 @@ def test_a_nul_in_a_string_is_a_value_error(cache_dir, tmp_path, call, name):
      TypeError, "CrossEntropy.forward(): targets: expected a kjit.index() (or None), got Tensor"),
     (lambda rt: rt.rms_norm(64).config_for("16"), TypeError, "rows: expected an int, got str"),
     (lambda rt: kjit.tensor("0x10", "bf16", 1, 1), TypeError, "data: expected an int, got str"),
+    # A launch's stream: a str was passed as a pointer to its bytes, -1 and 2**64 wrapped, and a
+    # float raised ctypes.ArgumentError ("argument 2: TypeError: wrong type").
+    (lambda rt: rt.rms_norm(64).forward("stream"), TypeError, "stream: expected an int, got str"),
+    (lambda rt: rt.rms_norm(64).forward(-1), OverflowError, "stream: -1 is out of range"),
+    (lambda rt: rt.cross_entropy(vocab=64).forward_backward(2**64), OverflowError,
+     "stream: 18446744073709551616 is out of range"),
+    (lambda rt: rt.linear_cross_entropy(vocab=64, hidden=32).forward(1.5), TypeError,
+     "stream: expected an int, got float"),
 ])
 def test_bad_values_are_errors_that_name_the_argument(rt, call, error, message):
     with pytest.raises(error) as e:

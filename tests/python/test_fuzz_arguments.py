@@ -167,7 +167,8 @@ def test_random_keywords_and_values_raise_only_documented_errors(cache_dir, tmp_
             params = _signature(fn)
             if params and params[0][0] == "stream":  # a launch: the stream, then struct fields
                 kwargs = _kwargs(rng, _launch_fields(fn), pools, _tensors(rng))
-                _call(what, fn, [rng.choice([None, 0, -1, 2**64, "s"])], kwargs, seed)
+                _call(what, fn, [rng.choice([None, 0, 2, 2**63, -1, 2**64, "s", b"s", 1.5, object()])],
+                      kwargs, seed)
             else:
                 _call(what, fn, [], _kwargs(rng, params, pools), seed)
     # Nothing the calls did broke the package: a build compiles and the queries answer.
