@@ -1,5 +1,6 @@
 #include "jit/exit_gate.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -19,14 +20,32 @@ struct GateState {
   std::thread::id exiting_thread;
 };
 
-// Never destroyed: the handler and the passes use it while the process's destructors run.
-GateState& State() {
-  static GateState* state = new GateState;
-  return *state;
-}
-
 // The passes this thread holds (the exiting thread waits only for the others').
 thread_local int held_here = 0;
+
+GateState& State();
+
+// fork() copies the count of passes but not the threads that hold them: without this, a child
+// forked while another thread compiles (Python's multiprocessing, a data loader) would wait
+// kMaxWait at its exit for passes that nobody will give back. The lock is held across the fork so
+// that the child's copy is not locked by a thread it does not have.
+void BeforeFork() { State().mu.lock(); }
+void AfterForkInParent() { State().mu.unlock(); }
+void AfterForkInChild() {
+  GateState& s = State();
+  s.in_flight = held_here;  // the forking thread's own, which the child still has
+  s.mu.unlock();
+}
+
+// Never destroyed: the handler and the passes use it while the process's destructors run.
+GateState& State() {
+  static GateState* state = [] {
+    auto* s = new GateState;
+    ::pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild);
+    return s;
+  }();
+  return *state;
+}
 
 // The process is exiting under this thread: it waits for the end (exit_group ends every thread).
 [[noreturn]] void WaitForTheEnd() {

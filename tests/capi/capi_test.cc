@@ -268,6 +268,16 @@ TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
   }
 }
 
+// A child forked while another thread compiles has no such thread: its exit must not wait for it
+// (before the gate's fork handler it waited the gate's 60 s).
+TEST(CapiRuntime, AChildForkedWhileAThreadCompilesExitsAtOnce) {
+  testing::TempDir scratch("kjit_capi_exit");
+  const testing::CliResult r =
+      testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {"300", "fork"},
+                          {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+}
+
 TEST(CapiRuntime, CompileOnlyNeedsATarget) {
   kjit_runtime_options o;
   kjit_runtime_options_init(&o);

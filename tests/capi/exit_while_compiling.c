@@ -6,12 +6,21 @@
  * after every library's destructors, lingers 300 ms as a larger program's would (Python's
  * finalization takes longer still), so that a compile left running on freed state shows.
  *
- *   kjit_exit_while_compiling 400 */
+ *
+ * With "fork" after the delay, the main thread first forks a child that exits at once: the child
+ * has no compiling thread, so its exit must not wait for one (it waited ExitGate::kMaxWait, 60 s,
+ * before the fork handler); the program exits 5 when the child took over 10 s.
+ *
+ *   kjit_exit_while_compiling 400
+ *   kjit_exit_while_compiling 400 fork */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kjit/kjit_c.h"
 
@@ -70,5 +79,19 @@ int main(int argc, char** argv) {
   pthread_mutex_unlock(&mu);
   const struct timespec delay = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
   nanosleep(&delay, NULL);
+  if (argc > 2 && strcmp(argv[2], "fork") == 0) {
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    const pid_t child = fork();
+    if (child == 0) exit(0);
+    int status = 0;
+    if (child < 0 || waitpid(child, &status, 0) != child) return 4;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    if (end.tv_sec - start.tv_sec > 10) {
+      fprintf(stderr, "the forked child took %ld s to exit\n", (long)(end.tv_sec - start.tv_sec));
+      return 5;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 6;
+  }
   exit(0);
 }
