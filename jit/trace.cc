@@ -133,6 +133,12 @@ absl::Status MergeIntoFile(const std::string& path, nlohmann::json doc) {
   struct stat st {};
   std::optional<FileLock> lock;
   if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {  // not through a symlink
+    // Created here (as any file a program creates) so that a path that cannot be written is said
+    // so, rather than as a lock LockFile could not open.
+    if (UniqueFd created(::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666));
+        created.get() < 0) {
+      return ErrnoStatus(errno, fmt::format("cannot write {}", path));
+    }
     KJIT_ASSIGN_OR_RETURN(FileLock held, LockFile(path, kMergeLockTimeout));
     lock.emplace(std::move(held));
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));

@@ -201,6 +201,10 @@ TEST_F(TraceTest, OffRecordsNothingAndAnUnwritablePathIsAnError) {
   absl::Status s = bad.Flush();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(std::string(s.message()).find("missing-dir"), std::string::npos) << s;
+  // Said as the trace it could not write, not as a lock file (the merge's lock is on the file).
+  EXPECT_TRUE(std::string(s.message())
+                  .starts_with("KJIT_TRACE: cannot write " + dir_ + "/missing-dir/trace.json: "))
+      << s;
 }
 
 // Issue 18, defect 1: the trace was written to a temp file renamed over the path, which replaced a
