@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/driver.h"
+#include "jit/exit_gate.h"
 #include "jit/json_text.h"
 #include "jit/nvrtc.h"
 #include "kjit/kjit.h"
@@ -125,6 +126,9 @@ kjit_status Fail(kjit_status code, std::string_view message) noexcept {
 // KJIT_RESOURCE_EXHAUSTED when host memory ran out).
 template <class Body>
 kjit_status Call(const char* fn, Body&& body) noexcept {
+  // exit() on another thread waits for this call before any library's destructors run, and a call
+  // made after that waits for the end (jit/exit_gate.h).
+  jit::ExitGate::Pass pass;
   try {
     const absl::Status status = body(fn);
     return Fail(static_cast<kjit_status>(status.code()), ToStd(status.message()));
@@ -193,6 +197,7 @@ absl::Status CheckHandle(const char* fn, const char* name, const Handle* handle)
 template <class Handle>
 void DestroyHandle(const char* fn, Handle* handle) noexcept {
   if (handle == nullptr) return;
+  jit::ExitGate::Pass pass;  // as Call's
   const absl::Status s = CheckHandle(fn, "handle", handle);
   if (!s.ok()) {
     Fail(static_cast<kjit_status>(s.code()), ToStd(s.message()));

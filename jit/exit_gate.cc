@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -12,15 +13,17 @@ namespace kjit::jit {
 
 namespace {
 
+// The counts are atomics so that a C API call (a launch among them) takes and gives back a pass
+// without a lock; the lock and the condition are the exiting thread's, to wait on.
 struct GateState {
   std::mutex mu;
   std::condition_variable cv;
-  int in_flight = 0;
-  bool exiting = false;
-  std::thread::id exiting_thread;
+  std::atomic<int> in_flight{0};  // threads holding an outermost pass
+  std::atomic<bool> exiting{false};
+  std::thread::id exiting_thread;  // set before `exiting`, read after it
 };
 
-// The passes this thread holds (the exiting thread waits only for the others').
+// This thread's passes, nested ones and an Inherited's included.
 thread_local int held_here = 0;
 
 GateState& State();
@@ -33,7 +36,7 @@ void BeforeFork() { State().mu.lock(); }
 void AfterForkInParent() { State().mu.unlock(); }
 void AfterForkInChild() {
   GateState& s = State();
-  s.in_flight = held_here;  // the forking thread's own, which the child still has
+  s.in_flight = held_here > 0 ? 1 : 0;  // the forking thread's own, which the child still has
   s.mu.unlock();
 }
 
@@ -53,50 +56,62 @@ GateState& State() {
 }
 
 bool HeldBack(const GateState& s) {
-  return s.exiting && s.exiting_thread != std::this_thread::get_id();
+  return s.exiting.load() && s.exiting_thread != std::this_thread::get_id();
+}
+
+// An outermost pass given back; the exiting thread is told once it is exiting. The order (count,
+// then the flag; the handler: the flag, then the count under the lock) makes sure that one of the
+// two sees the other: no wake-up is lost.
+void Leave(GateState& s) {
+  s.in_flight.fetch_sub(1);
+  if (s.exiting.load()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.cv.notify_all();
+  }
 }
 
 void OnExit() {
   GateState& s = State();
   std::unique_lock<std::mutex> lock(s.mu);
-  if (s.exiting) return;  // an earlier registration's run
-  s.exiting = true;
+  if (s.exiting.load()) return;  // an earlier registration's run
   s.exiting_thread = std::this_thread::get_id();
-  const int own = held_here;
-  s.cv.wait_for(lock, ExitGate::kMaxWait, [&] { return s.in_flight <= own; });
+  s.exiting.store(true);
+  const int own = held_here > 0 ? 1 : 0;
+  s.cv.wait_for(lock, ExitGate::kMaxWait, [&] { return s.in_flight.load() <= own; });
 }
 
 }  // namespace
 
 ExitGate::Pass::Pass() {
+  if (held_here++ > 0) return;  // nested: the outermost one counts
   GateState& s = State();
-  std::unique_lock<std::mutex> lock(s.mu);
+  s.in_flight.fetch_add(1);
   if (HeldBack(s)) {
-    lock.unlock();
+    --held_here;
+    Leave(s);
     WaitForTheEnd();
   }
-  ++s.in_flight;
-  ++held_here;
 }
 
 ExitGate::Pass::~Pass() {
+  if (--held_here > 0) return;
   GateState& s = State();
-  std::unique_lock<std::mutex> lock(s.mu);
-  --s.in_flight;
-  --held_here;
-  s.cv.notify_all();
-  if (HeldBack(s)) {
-    lock.unlock();
-    WaitForTheEnd();
-  }
+  Leave(s);
+  if (HeldBack(s)) WaitForTheEnd();
 }
+
+ExitGate::Inherited::Inherited(bool held) : held_(held) {
+  if (held_) ++held_here;
+}
+
+ExitGate::Inherited::~Inherited() {
+  if (held_) --held_here;
+}
+
+bool ExitGate::held() { return held_here > 0; }
 
 void ExitGate::Arm() { std::atexit(OnExit); }
 
-bool ExitGate::exiting() {
-  GateState& s = State();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.exiting;
-}
+bool ExitGate::exiting() { return State().exiting.load(); }
 
 }  // namespace kjit::jit

@@ -1,14 +1,20 @@
-// Process exit against NVRTC work in flight on other threads.
+// Process exit against kjit work in flight on other threads.
 //
 // exit() runs every library's static destructors, NVRTC's (its LLVM) among them, while the
 // process's other threads keep running: a compile in flight on one of them then uses freed state
-// ("double free or corruption", "LLVM ERROR: out of memory", SIGSEGV). Every use of an NVRTC
-// program holds an ExitGate::Pass. An atexit handler, registered once NVRTC is loaded and again
-// once its first compile has registered the destructors it registers lazily, so that it runs
-// before any of them, waits for the passes that other threads hold to end (a compile takes seconds;
-// the wait stops at kMaxWait, for an NVRTC that hangs). From then on a thread that asks for a pass,
-// or gives one back, waits for the process to end rather than running on into state being
-// destroyed. The exiting thread itself is never held.
+// ("double free or corruption", "LLVM ERROR: out of memory", SIGSEGV). Every C API call and every
+// use of an NVRTC program holds an ExitGate::Pass. An atexit handler, registered once NVRTC is
+// loaded and again once its first compile has registered the destructors it registers lazily, so
+// that it runs before any of them, waits for the threads holding passes to give back their
+// outermost one (a compile takes seconds; the wait stops at kMaxWait, for an NVRTC that hangs).
+// From then on a thread that takes an outermost pass, or gives one back, waits for the process to
+// end rather than running on into state being destroyed. The exiting thread itself is never held,
+// and passes nested in another (or in a thread started for one: Inherited) never hold a thread,
+// so that a call waiting for its own workers is waited for, not deadlocked.
+//
+// Not covered: an exit while NVRTC itself is being loaded or runs its warm-up compile (the first
+// tens of milliseconds of a process's first compile), when NVRTC registers destructors that run
+// before anything registered after them can.
 //
 //   {
 //     ExitGate::Pass pass;                       // exit() waits for it
@@ -32,6 +38,21 @@ class ExitGate {
     Pass& operator=(const Pass&) = delete;
   };
 
+  // On a thread started to work for a call that holds a pass (Jit::BuildAll's workers), with
+  // `held` = held() on the starting thread: this thread's passes are then nested in that one.
+  class Inherited {
+   public:
+    explicit Inherited(bool held);
+    ~Inherited();
+    Inherited(const Inherited&) = delete;
+    Inherited& operator=(const Inherited&) = delete;
+
+   private:
+    bool held_;
+  };
+
+  // Whether this thread holds a pass.
+  static bool held();
   // Registers the handler (again): call it after loading a library whose static destructors a
   // pass protects, and after a first use that registers more of them. Cheap; it runs once.
   static void Arm();

@@ -9,6 +9,7 @@
 
 #include "jit/cache_key.h"
 #include "jit/compiler.h"
+#include "jit/exit_gate.h"
 #include "jit/trace.h"
 
 namespace kjit::jit {
@@ -91,7 +92,11 @@ absl::StatusOr<std::vector<Jit::Built>> Jit::BuildAll(const std::vector<Source>&
   // One worker a core, each taking the next program in turn: on few cores a launch's longest
   // program keeps a core to itself instead of being time-sliced with all the others.
   std::atomic<size_t> next{0};
+  // The workers' passes are this call's (exit waits for them through it, and none parks a worker
+  // that the call is about to join).
+  const bool held = ExitGate::held();
   auto work = [&] {
+    ExitGate::Inherited inherited(held);
     for (size_t i; (i = next++) < sources.size();) results[i] = Build(sources[i], target);
   };
   const size_t workers =

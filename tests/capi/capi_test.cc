@@ -5,6 +5,7 @@
 // compile-only runtime that builds the ops, checks their arguments (class weights included),
 // refuses launches and reports warnings.
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -260,11 +261,14 @@ TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
   testing::TempDir scratch("kjit_capi_exit");
   for (int run = 0; run < 6; ++run) {
     const std::string delay_ms = std::to_string(150 + 250 * (run % 4));
+    const auto start = std::chrono::steady_clock::now();
     const testing::CliResult r =
         testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {delay_ms},
                             {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
     EXPECT_EQ(r.exit_code, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
     EXPECT_EQ(r.signal, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
+    // Exit waits for the builds in flight (a build's length), never for the gate's 60 s limit.
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << delay_ms;
   }
 }
 
