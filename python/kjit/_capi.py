@@ -430,11 +430,11 @@ def stream(value) -> Optional[int]:
 
 
 def flag(name: str, value) -> int:
-    """A yes/no argument as the C API's 0 or 1: a bool, or the int 0 or 1 (numpy's too); anything
+    """A yes/no argument as the C API's 0 or 1: a bool (numpy's too), or the int 0 or 1; anything
     else (None, "yes", 2) raises TypeError or ValueError naming `name`, rather than being read as
     true or false."""
-    if isinstance(value, bool):
-        return int(value)
+    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b":
+        return int(bool(value))  # numpy's bool_ too, which has no __index__
     try:
         number = operator.index(value)
     except TypeError:

@@ -160,3 +160,22 @@ def test_none_leaves_an_optional_view_empty(rt):
         op.forward(None, logits=kjit.tensor(16, "bf16", 2, 64), targets=kjit.index(16, "int64", 2),
                    loss=kjit.tensor(16, "fp32", 1, 1), lse=None)
     assert "lse" not in str(e.value), str(e.value)
+
+
+class _NumpyBool:
+    """numpy.bool_'s shape without numpy: a dtype of kind "b", __bool__, and no __index__."""
+
+    dtype = type("dtype", (), {"kind": "b"})()
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __bool__(self):
+        return self.value
+
+
+def test_numpy_bools_are_flags(rt):
+    # int() took them before flags were checked; operator.index() alone would refuse them.
+    assert kjit._capi.flag("argmax", _NumpyBool(True)) == 1
+    assert kjit._capi.flag("argmax", _NumpyBool(False)) == 0
+    rt.cross_entropy(vocab=64, argmax=_NumpyBool(True))
