@@ -3,6 +3,8 @@
 // or an exception, becomes a kjit_status and this thread's last error message.
 #include "kjit/kjit_c.h"
 
+#include <cxxabi.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -123,15 +125,20 @@ kjit_status Fail(kjit_status code, std::string_view message) noexcept {
 
 // Runs `body(fn)` (an absl::Status) and reports it the C way: its code, and its message as this
 // thread's last error ("" on success). Nothing escapes: an exception becomes KJIT_INTERNAL (or
-// KJIT_RESOURCE_EXHAUSTED when host memory ran out).
+// KJIT_RESOURCE_EXHAUSTED when host memory ran out), but for the unwinding of a thread that
+// pthread_exit() ends under the call (Python ends a daemon thread so when a warning callback
+// wants the interpreter while it shuts down): swallowed, it aborted the process ("FATAL:
+// exception not rethrown"). Not noexcept, for the same reason.
 template <class Body>
-kjit_status Call(const char* fn, Body&& body) noexcept {
+kjit_status Call(const char* fn, Body&& body) {
   // exit() on another thread waits for this call before any library's destructors run, and a call
   // made after that waits for the end (jit/exit_gate.h).
   jit::ExitGate::Pass pass;
   try {
     const absl::Status status = body(fn);
     return Fail(static_cast<kjit_status>(status.code()), ToStd(status.message()));
+  } catch (const abi::__forced_unwind&) {
+    throw;
   } catch (const std::bad_alloc&) {
     return Fail(KJIT_RESOURCE_EXHAUSTED, "out of host memory");
   } catch (const std::exception& e) {
