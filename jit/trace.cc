@@ -237,6 +237,12 @@ absl::Status Tracer::Flush() {
   return Annotate(WriteTrace(path_, doc), "KJIT_TRACE");
 }
 
+void StartTraceFile(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());
+  ::setenv("KJIT_TRACE", path.c_str(), 1);
+}
+
 namespace {
 nvtxDomainHandle_t KjitDomain() {
   static nvtxDomainHandle_t domain = nvtxDomainCreateA("kjit");

@@ -76,6 +76,12 @@ class Tracer {
   bool flushed_ = false;
 };
 
+// `--trace FILE` of kjit's programs (kjit, kjit-tune, finetune_step): the trace starts afresh (a
+// regular file at `path` is removed, as the tracer adds to the kjit trace a file holds; a link such
+// as /dev/stdout never is) and KJIT_TRACE names it for this process and the ones it starts. Call it
+// before anything traces: the tracer reads the environment once.
+void StartTraceFile(const std::string& path);
+
 // An NVTX range in kjit's domain, so that Nsight Systems shows kjit's work by name. NVTX3 is
 // header-only and costs a pointer check when no tool is attached.
 class NvtxRange {

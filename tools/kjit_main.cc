@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/trace.h"
 #include "kjit/version.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -56,7 +57,7 @@ ParsedCommandLine ParseKjitCommandLine(int argc, const char* const* argv, std::o
   if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
   Command command = commands.at(app.get_subcommands().front()->get_name());
   return {.run = [trace, command] {
-    if (!trace->empty()) StartTrace(*trace);
+    if (!trace->empty()) jit::StartTraceFile(*trace);
     return command();
   }};
 }

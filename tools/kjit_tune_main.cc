@@ -30,6 +30,7 @@
 #include "autotune/model_config.h"
 #include "autotune/tune_worker.h"
 #include "autotune/tuner.h"
+#include "jit/trace.h"
 #include "kjit/kjit.h"
 #include "kjit/version.h"
 #include "ops/common/json_fields.h"
@@ -352,7 +353,7 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
   app.final_callback([f, &app] { ThrowIfUsageError(CheckTuneFlags(*f, app)); });
   if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
   return {.run = [f] {
-    if (!f->trace.empty()) StartTrace(f->trace);
+    if (!f->trace.empty()) jit::StartTraceFile(f->trace);
     return RunTune(*f);
   }};
 }

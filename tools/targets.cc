@@ -1,12 +1,8 @@
 #include "tools/targets.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <system_error>
@@ -225,13 +221,6 @@ int Finish(const ParsedCommandLine& cli) {
 int Fail(const absl::Status& status) {
   fmt::print(stderr, "{}: {}\n", ToolName(), ToStd(status.message()));
   return 1;
-}
-
-void StartTrace(const std::string& path) {
-  struct stat st {};
-  // lstat: a link (--trace /dev/stdout) is written through, never removed.
-  if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());
-  ::setenv("KJIT_TRACE", path.c_str(), 1);
 }
 
 }  // namespace kjit::tools

@@ -65,11 +65,6 @@ absl::StatusOr<Runtime> RuntimeOnDevice(int ordinal);
 
 // The name the tool's messages start with: "kjit" unless main sets another ("kjit-tune").
 void SetToolName(std::string name);
-
-// `--trace FILE`: the trace starts afresh (a regular file at `path` is removed, as KJIT_TRACE adds
-// to the kjit trace a file holds) and KJIT_TRACE names it for this process and the ones it starts.
-// Call before anything traces: the tracer reads the environment once.
-void StartTrace(const std::string& path);
 // Prints "<tool>: <message>" to stderr and returns 1.
 int Fail(const absl::Status& status);
 

@@ -435,8 +435,7 @@ int main(int argc, char** argv) {
     // a failure.
     return f.config.empty() ? finetune::kExitUsage : 1;
   }
-  // Before anything traces: the tracer reads the environment once.
-  if (!f.trace.empty()) ::setenv("KJIT_TRACE", f.trace.c_str(), 1);
+  if (!f.trace.empty()) kjit::jit::StartTraceFile(f.trace);
   if (auto driver = kjit::jit::Driver::Get(); !driver.ok()) {
     fmt::print(stderr, "finetune_step: skipped: this example needs a GPU: {}\n",
                kjit::ToStd(driver.status().message()));

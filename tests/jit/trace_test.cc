@@ -343,6 +343,14 @@ TEST_F(TraceTest, KjitTraceRecordsCompilesAndCacheHits) {
   const nlohmann::json second = Read(dir_ + "/second.json");
   ASSERT_EQ(second["traceEvents"].size(), 1u) << second.dump();
   EXPECT_EQ(second["traceEvents"][0]["args"]["origin"], "disk cache");
+
+  // --trace starts its file afresh: a run into first.json again holds that run's events alone,
+  // not the first run's as well (KJIT_TRACE alone adds to what a file holds).
+  r = testing::RunKjit(with_trace(dir_ + "/first.json"), env, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  const nlohmann::json again = Read(dir_ + "/first.json");
+  ASSERT_EQ(again["traceEvents"].size(), 1u) << again.dump();
+  EXPECT_EQ(again["traceEvents"][0]["args"]["origin"], "disk cache");
 }
 #endif
 
