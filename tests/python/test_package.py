@@ -1,6 +1,7 @@
 """The kjit package without torch and without a GPU: what CI checks on a CPU machine."""
 
 import ctypes
+import importlib.metadata
 import json
 import os
 import re
@@ -57,23 +58,41 @@ def test_ctypes_structs_have_the_librarys_layout(struct, init):
         assert value.weight_grad_accumulation == 0 and value.config is None
 
 
+def _bundle_dirs() -> list:
+    # Where the wheel keeps the libraries it bundles: kjit.libs/ beside the package for a wheel made
+    # by scripts/build-wheel.sh (auditwheel repair), kjit/_native/ for a plain `pip install .`.
+    native = _capi.NATIVE_DIR.resolve()
+    return [native, native.parent.parent / "kjit.libs"]
+
+
 def test_native_library_and_its_dependencies_come_from_the_wheel():
     _capi.lib()
-    native = _capi.NATIVE_DIR.resolve()
     mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
               if line.split()[-1].startswith("/")}
     bundled = [p for p in mapped if any(n in p for n in ("libabsl_", "libfmt", "libxxhash"))]
     assert any("libkjit_c.so" in p for p in mapped)
     assert bundled, "no Abseil/fmt library is mapped: is libkjit_c.so linked against them?"
-    outside = [p for p in bundled if not Path(p).resolve().is_relative_to(native)]
-    assert not outside, f"loaded from outside the wheel ({native}): {outside}"
+    outside = [p for p in bundled
+               if not any(Path(p).resolve().is_relative_to(d) for d in _bundle_dirs())]
+    assert not outside, f"loaded from outside the wheel ({_bundle_dirs()}): {outside}"
 
 
 def test_each_bundled_library_is_in_the_wheel_once():
-    # Under its soname only: a wheel (a zip) would hold a symlink chain as copies of the library.
-    libraries = sorted(p.name for p in _capi.NATIVE_DIR.glob("lib*.so*"))
-    stems = [name.split(".so")[0] for name in libraries]
+    # Under its soname only: a wheel (a zip) would hold a symlink chain as copies of the library;
+    # auditwheel's copies are named lib<name>-<hash>.so.<version>.
+    libraries = sorted(p.name for d in _bundle_dirs() for p in d.glob("lib*.so*"))
+    stems = [re.split(r"-[0-9a-f]{8}\.so|\.so", name)[0] for name in libraries]
     assert len(set(stems)) == len(stems), libraries
+
+
+def test_the_wheel_carries_its_license_and_the_bundled_libraries_notices():
+    files = {f.name for f in importlib.metadata.distribution("kjit").files or []}
+    assert {"LICENSE", "NOTICE"} <= files, sorted(files)
+    notice = next(f for f in importlib.metadata.distribution("kjit").files if f.name == "NOTICE")
+    text = notice.read_text()
+    for project in ("Abseil", "{fmt}", "xxHash", "Boost Software License", "CLI11",
+                    "JSON for Modern C++"):
+        assert project in text, project
 
 
 @pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here")
