@@ -22,5 +22,5 @@ from kjit.torch.hf import KjitFallbackError, KjitFallbackWarning, KjitHFRMSNorm,
 from kjit.torch.modules import CrossEntropyLoss, LinearCrossEntropyLoss, RMSNorm
 
 __all__ = ["CrossEntropyLoss", "KjitFallbackError", "KjitFallbackWarning", "KjitHFRMSNorm",
-           "LinearCrossEntropyLoss", "LossOutput", "RMSNorm", "apply_to", "cross_entropy", "linear_cross_entropy",
-           "rms_norm"]
+           "LinearCrossEntropyLoss", "LossOutput", "RMSNorm", "apply_to", "cross_entropy",
+           "linear_cross_entropy", "rms_norm"]

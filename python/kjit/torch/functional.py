@@ -137,7 +137,8 @@ def _loss_output(names, loss, target, lse, argmax, entropy, logprob, *, vocab: i
         elif reduction == "sum":
             out["z_loss"] = per_row.sum()
         else:
-            divisor = count.to(torch.float32) if weight is None else torch.where(valid, w_t, 0.0).sum()
+            divisor = (count.to(torch.float32) if weight is None
+                       else torch.where(valid, w_t, 0.0).sum())
             out["z_loss"] = per_row.sum() / divisor
     if "num_tokens" in names:
         out["num_tokens"] = count
