@@ -391,6 +391,7 @@ absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
       .lse_square_scale = c.lse_square_scale,
       .softcap = c.softcap,
       .argmax = f.Flag("argmax", c.argmax),
+      .entropy = f.Flag("entropy", c.entropy),
       .class_weight_dtype =
           class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype))};
   KJIT_RETURN_IF_ERROR(f.status());
@@ -402,6 +403,8 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
   Fields f;
   const int weight_grad_dtype =
       f.Choice({"weight_grad_dtype"}, c.weight_grad_dtype, kWeightDTypeNames, -1);
+  const int class_weight_dtype =
+      f.Choice({"class_weight_dtype"}, c.class_weight_dtype, kClassWeightDTypeNames, -1);
   LinearCrossEntropySpec spec{
       .vocab = c.vocab,
       .hidden = c.hidden,
@@ -416,6 +419,9 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
       .lse_square_scale = c.lse_square_scale,
       .softcap = c.softcap,
       .argmax = f.Flag("argmax", c.argmax),
+      .entropy = f.Flag("entropy", c.entropy),
+      .class_weight_dtype =
+          class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype)),
       .weight_grad_accumulation = WeightGradAccumulation(
           f.Choice({"weight_grad_accumulation"}, c.weight_grad_accumulation, kAccumulationNames))};
   KJIT_RETURN_IF_ERROR(f.status());
@@ -464,10 +470,19 @@ RmsNormBackwardArgs ToCpp(Fields& f, const kjit_rms_norm_backward_args& a) {
   return {KJIT_VIEW(dy), KJIT_VIEW(x),  KJIT_VIEW(weight),    KJIT_VIEW(rstd),
           KJIT_VIEW(dx), KJIT_VIEW(dw), KJIT_VIEW(dresidual), KJIT_WORKSPACE};
 }
+// The per-row extras both fused ops' args have (ABI 3), set on the C++ args.
+template <class Args, class CArgs>
+Args WithExtras(Fields& f, const CArgs& a, Args args) {
+  args.entropy = f.Tensor("entropy", a.entropy);
+  args.target_logprob = f.Tensor("target_logprob", a.target_logprob);
+  return args;
+}
 CrossEntropyArgs ToCpp(Fields& f, const kjit_cross_entropy_args& a) {
-  return {KJIT_VIEW(logits),      KJIT_INDEX(targets),     KJIT_VIEW(loss),
-          KJIT_VIEW(lse),         KJIT_INDEX(argmax),      KJIT_VIEW(grad),
-          KJIT_VIEW(grad_output), KJIT_VIEW(class_weight), KJIT_WORKSPACE};
+  return WithExtras(
+      f, a,
+      CrossEntropyArgs{KJIT_VIEW(logits), KJIT_INDEX(targets), KJIT_VIEW(loss), KJIT_VIEW(lse),
+                       KJIT_INDEX(argmax), KJIT_VIEW(grad), KJIT_VIEW(grad_output),
+                       KJIT_VIEW(class_weight), KJIT_WORKSPACE});
 }
 CrossEntropyBackwardArgs ToCpp(Fields& f, const kjit_cross_entropy_backward_args& a) {
   return {KJIT_VIEW(logits), KJIT_INDEX(targets),     KJIT_VIEW(lse), KJIT_VIEW(grad_output),
@@ -477,19 +492,13 @@ CrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_cross_entropy_rescale_args& 
   return {KJIT_VIEW(grad), KJIT_VIEW(grad_output), KJIT_VIEW(applied)};
 }
 LinearCrossEntropyArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_args& a) {
-  return {KJIT_VIEW(hidden_states),
-          KJIT_VIEW(weight),
-          KJIT_VIEW(bias),
-          KJIT_INDEX(targets),
-          KJIT_VIEW(loss),
-          KJIT_VIEW(lse),
-          KJIT_INDEX(argmax),
-          KJIT_VIEW(grad_output),
-          KJIT_VIEW(d_hidden),
-          KJIT_VIEW(d_weight),
-          KJIT_VIEW(d_bias),
-          .accumulate = f.Flag("accumulate", a.accumulate),
-          KJIT_WORKSPACE};
+  return WithExtras(
+      f, a,
+      LinearCrossEntropyArgs{KJIT_VIEW(hidden_states), KJIT_VIEW(weight), KJIT_VIEW(bias),
+                             KJIT_INDEX(targets), KJIT_VIEW(loss), KJIT_VIEW(lse),
+                             KJIT_INDEX(argmax), KJIT_VIEW(class_weight), KJIT_VIEW(grad_output),
+                             KJIT_VIEW(d_hidden), KJIT_VIEW(d_weight), KJIT_VIEW(d_bias),
+                             .accumulate = f.Flag("accumulate", a.accumulate), KJIT_WORKSPACE});
 }
 LinearCrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_rescale_args& a) {
   return {KJIT_VIEW(d_hidden), KJIT_VIEW(d_weight), KJIT_VIEW(d_bias), KJIT_VIEW(grad_output),
@@ -687,7 +696,8 @@ void kjit_cross_entropy_spec_init(kjit_cross_entropy_spec* spec) {
            .softcap = d.softcap,
            .argmax = d.argmax,
            .config = nullptr,
-           .class_weight_dtype = -1};
+           .class_weight_dtype = -1,
+           .entropy = d.entropy};
 }
 
 void kjit_cross_entropy_args_init(kjit_cross_entropy_args* args) { kjit::InitArgs(args); }
@@ -773,7 +783,9 @@ void kjit_linear_cross_entropy_spec_init(kjit_linear_cross_entropy_spec* spec) {
            .softcap = d.softcap,
            .argmax = d.argmax,
            .weight_grad_accumulation = static_cast<int32_t>(d.weight_grad_accumulation),
-           .config = nullptr};
+           .config = nullptr,
+           .entropy = d.entropy,
+           .class_weight_dtype = -1};
 }
 
 void kjit_linear_cross_entropy_args_init(kjit_linear_cross_entropy_args* args) {

@@ -6,7 +6,8 @@
 #   pip wheel --no-build-isolation --no-deps -w .device-wheel .      (or tests/python/run_wheel_tests.sh)
 # then, through the device tool, with carry [".device-wheel", ".device-cache"]: bash scripts/gpu-python.sh
 # and copy the kernels.tgz it returns into .device-cache/ for the next call (gpu-kernel-cache.sh).
-# PYTEST_ARGS adds pytest arguments (-k ...); SKIP_BENCH=1 skips the benchmark.
+# PYTEST_ARGS adds pytest arguments (-k ...); SKIP_BENCH=1 skips the benchmark; BENCH_ARGS replaces
+# its default cases (e.g. "--case extras:16384x128256 --case hf:4x2048").
 set -uo pipefail
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
@@ -21,7 +22,9 @@ timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -rs -q -p no:cacheprovider te
   tee "$out/pytest.log" || status=1
 kernel_cache_save  # now too: the call's own time limit may end it before the last line
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 -m kjit.bench --json "$out/bench-python.json" 2>&1 |
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m kjit.bench --json "$out/bench-python.json" \
+    ${BENCH_ARGS:-} 2>&1 |
     tee "$out/bench-python.log" || status=1
 fi
 kernel_cache_save

@@ -22,8 +22,8 @@
 // sums the per-row losses in a fixed order.
 //
 //   kjit::cross_entropy_staged<kjit::bf16, long long, 128256, 256, 8, /*cluster=*/4,
-//                              kjit::kCeMean, false, false, false, false,
-//                              kjit::NoClassWeight>  // loss and gradient
+//                              kjit::kCeMean, false, false, false, /*argmax=*/false,
+//                              /*entropy=*/false, kjit::NoClassWeight>  // loss and gradient
 #pragma once
 
 #include "common.cuh"
@@ -197,21 +197,42 @@ struct Zeros {
   }
 };
 
+// The entropy accumulator sy = sum_j 2^y_j y_j (y_j = x_j log2e - m) after the max rises from m to
+// nm: each y_j falls by nm - m, so sy becomes 2^(m - nm) (sy - (nm - m) s). Equal maxima (both -inf
+// too) change nothing, and an empty sum stays 0 (no inf * 0). Rounded step by step (__fmul_rn), so
+// that CeStats::combine stays commutative bit for bit.
+__device__ __forceinline__ float shift_entropy_sum(float sy, float s, float m, float nm) {
+  if (m == nm) return sy;
+  if (s == 0.0f) return 0.0f;
+  return __fmul_rn(exp2f(m - nm), __fsub_rn(sy, __fmul_rn(nm - m, s)));
+}
+
+// 2^y y for one exponent y and its 2^y = e: 0 where e is 0 (a masked class, y = -inf, would give
+// 0 * -inf = NaN).
+__device__ __forceinline__ float entropy_term(float e, float y) { return e != 0.0f ? e * y : 0.0f; }
+
 // Pass 1 state of one thread, or of the whole row once combined. m is in log2 units and never NaN
 // (fmaxf drops NaN); a NaN logit reaches s instead, and so the row's lse. The visitor that adds
-// logits (AddToStats) adds to sum_x itself, as it knows the class weights.
-template <bool kSmoothing, bool kArgmax>
+// logits (AddToStats) adds to sum_x itself, as it knows the class weights. With kEntropy, sy sums
+// 2^y y over the same exponents y = x log2e - m as s sums 2^y, so that the softmax's entropy is
+//   H = -sum_j p_j ln p_j = (log2 s - sy / s) ln2
+// with no cancellation against the size of the logits (entropy_of).
+template <bool kSmoothing, bool kArgmax, bool kEntropy = false>
 struct CeStats {
-  static constexpr bool kWantsArgmax = kArgmax, kWantsSum = kSmoothing;
+  static constexpr bool kWantsArgmax = kArgmax, kWantsSum = kSmoothing, kWantsEntropy = kEntropy;
   float m;         // max of x * log2e seen
   float s;         // sum of 2^(x * log2e - m)
   float sum_x;     // sum of w_j x_j (after the softcap; w_j = 1 without class weights), smoothing
   float best;      // largest raw logit; NaN counts as largest (torch.argmax)
   int best_col;    // its first column
+  float sy;        // sum of 2^y y, y = x * log2e - m (entropy)
 
   static __device__ __forceinline__ CeStats identity() {
-    return {neg_inf(), 0.0f, 0.0f, neg_inf(), 0x7fffffff};
+    return {neg_inf(), 0.0f, 0.0f, neg_inf(), 0x7fffffff, 0.0f};
   }
+
+  // The entropy of the row's softmax (natural units), once combined: NaN for a row all -inf.
+  __device__ __forceinline__ float entropy_of() const { return (log2f(s) - sy / s) * kLn2; }
 
   // Adds n logits (x, already soft-capped) at columns col..; raw holds them before the cap.
   template <int N>
@@ -222,13 +243,19 @@ struct CeStats {
     for (int k = 0; k < N; ++k) xmax = fmaxf(xmax, x.v[k]);
     const float vmax = xmax * kLog2e;
     if (vmax > m) {
+      if constexpr (kEntropy) sy = shift_entropy_sum(sy, s, m, vmax);
       s *= exp2f(m - vmax);  // m = -inf: 2^-inf = 0, and s is 0 anyway
       m = vmax;
     }
     // While the max is -inf (a row masked so far), 2^(x - 0) keeps -inf at 0 instead of NaN.
     const float base = m == neg_inf() ? 0.0f : m;
 #pragma unroll
-    for (int k = 0; k < N; ++k) s += fast_exp2(fmaf(x.v[k], kLog2e, -base));
+    for (int k = 0; k < N; ++k) {
+      const float y = fmaf(x.v[k], kLog2e, -base);
+      const float e = fast_exp2(y);
+      s += e;
+      if constexpr (kEntropy) sy += entropy_term(e, y);
+    }
     add_argmax(col, raw);
   }
 
@@ -237,15 +264,23 @@ struct CeStats {
   template <int N>
   __device__ __forceinline__ void add_below_max(int col, const Floats<N>& x, const Floats<N>& raw) {
     const float base = m == neg_inf() ? 0.0f : m;
-    float e[N];
+    float e[N], ey[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) e[k] = fast_exp2(fmaf(x.v[k], kLog2e, -base));
+    for (int k = 0; k < N; ++k) {
+      const float y = fmaf(x.v[k], kLog2e, -base);
+      e[k] = fast_exp2(y);
+      if constexpr (kEntropy) ey[k] = entropy_term(e[k], y);
+    }
 #pragma unroll
     for (int width = 1; width < N; width *= 2) {
 #pragma unroll
-      for (int k = 0; k + width < N; k += 2 * width) e[k] += e[k + width];
+      for (int k = 0; k + width < N; k += 2 * width) {
+        e[k] += e[k + width];
+        if constexpr (kEntropy) ey[k] += ey[k + width];
+      }
     }
     s += e[0];
+    if constexpr (kEntropy) sy += ey[0];
     add_argmax(col, raw);
   }
 
@@ -272,6 +307,9 @@ struct CeStats {
     const float nm = fmaxf(m, o.m);
     const float a = rescale_factor(m, nm);
     const float b = rescale_factor(o.m, nm);
+    if constexpr (kEntropy) {
+      sy = __fadd_rn(shift_entropy_sum(sy, s, m, nm), shift_entropy_sum(o.sy, o.s, o.m, nm));
+    }
     s = __fmul_rn(s, a) + __fmul_rn(o.s, b);
     m = nm;
     if constexpr (kSmoothing) sum_x += o.sum_x;
@@ -283,6 +321,7 @@ struct CeStats {
     o.m = __shfl_xor_sync(0xffffffffu, m, offset);
     o.s = __shfl_xor_sync(0xffffffffu, s, offset);
     if constexpr (kSmoothing) o.sum_x = __shfl_xor_sync(0xffffffffu, sum_x, offset);
+    if constexpr (kEntropy) o.sy = __shfl_xor_sync(0xffffffffu, sy, offset);
     if constexpr (kArgmax) {
       o.best = __shfl_xor_sync(0xffffffffu, best, offset);
       o.best_col = __shfl_xor_sync(0xffffffffu, best_col, offset);
@@ -506,7 +545,9 @@ __device__ __forceinline__ void write_row_gradient(const CrossEntropyRowParams& 
 }
 
 // Turns a row's combined statistics into its lse (returned, in log2 units) and, from the one
-// `writer` thread, its lse, argmax and loss outputs. x_t is the target logit, read by the writer.
+// `writer` thread, its lse, argmax, entropy, target log-probability and loss outputs. x_t is the
+// target logit, read by the writer. The target's log-probability is x_t - lse (capped) for a valid
+// row and 0 for an ignored one.
 template <typename I, int kVocab, typename Row, typename Stats>
 __device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long long row,
                                             const Row& r, const Stats& st, float x_t, bool writer) {
@@ -518,6 +559,8 @@ __device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long
     const float lse = lse2 * kLn2;
     if (p.lse != nullptr) p.lse[row] = lse;
     if constexpr (Stats::kWantsArgmax) static_cast<I*>(p.argmax)[row] = static_cast<I>(st.best_col);
+    if constexpr (Stats::kWantsEntropy) p.entropy[row] = st.entropy_of();
+    if (p.target_logprob != nullptr) p.target_logprob[row] = r.valid ? r.mt.capped(x_t) - lse : 0.0f;
     p.row_loss[row] = r.valid ? r.loss(p, lse, r.mt.capped(x_t), st.sum_x) : 0.0f;
   }
   return lse2;
@@ -527,11 +570,11 @@ __device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long
 // read twice for the gradient (the second time mostly from L2 when rows are short).
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kArgmax, bool kGradient, typename W>
+          bool kArgmax, bool kEntropy, bool kGradient, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_forward(const CrossEntropyRowParams p) {
   using L = CeLayout<kVocab, kThreads, kVec>;
-  using Stats = CeStats<kSmoothing, kArgmax>;
+  using Stats = CeStats<kSmoothing, kArgmax, kEntropy>;
   __shared__ Stats smem[32];
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
@@ -543,7 +586,7 @@ cross_entropy_forward(const CrossEntropyRowParams p) {
 
   // An ignored row is read only for the statistics of it that were asked for.
   const Stats st =
-      stream_row_stats<L, kUnroll>(r, tid, r.valid || p.lse != nullptr || kArgmax, smem);
+      stream_row_stats<L, kUnroll>(r, tid, r.valid || p.lse != nullptr || kArgmax || kEntropy, smem);
   const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, tid == 0);
   if constexpr (kGradient) write_row_gradient<L, kUnroll, kReduction>(p, row, r, tid, lse2);
 }
@@ -563,7 +606,7 @@ constexpr int kResidentMinBlocks =
 // states in rank order, so all of them get the same lse, bit for bit.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kArgmax, typename W>
+          bool kArgmax, bool kEntropy, typename W>
 __global__ void __launch_bounds__(
     kThreads, (kResidentMinBlocks<kThreads, CeLayout<kVocab, kThreads * kCluster, kVec>::kIters *
                                                 kVec * static_cast<int>(sizeof(T))>))
@@ -573,7 +616,7 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
 #endif
   static_assert(kCluster >= 1 && kCluster <= 8, "a portable cluster has 1 to 8 blocks");
   using L = CeLayout<kVocab, kThreads * kCluster, kVec>;
-  using Stats = CeStats<kSmoothing, kArgmax>;
+  using Stats = CeStats<kSmoothing, kArgmax, kEntropy>;
   __shared__ Stats smem[32];
   __shared__ ClusterMailbox<Stats, kCluster> parts;
   const unsigned rank = kCluster > 1 ? cluster_rank() : 0;
@@ -592,7 +635,7 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
   Vec<T, kVec> v[L::kSlots];
   float tail = 0.0f;
   Stats st = Stats::identity();
-  if (r.valid || p.lse != nullptr || kArgmax) {  // the same in every block of the row
+  if (r.valid || p.lse != nullptr || kArgmax || kEntropy) {  // the same in every block of the row
     load_share<L>(r.x, tid, 0, v);
     float raw_max = neg_inf();
     if (owns_tail<L>(tid)) {
@@ -668,7 +711,7 @@ constexpr int kStagedPrefetchRows = 24;
 // 16-byte aligned.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          bool kArgmax, typename W>
+          bool kArgmax, bool kEntropy, typename W>
 __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntropyRowParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   static_assert(kCluster == 0, "bulk copies and clusters need sm_90 or newer");
@@ -676,7 +719,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   static_assert(kCluster >= 1 && kCluster <= 8, "a portable cluster has 1 to 8 blocks");
   static_assert(kVec * sizeof(T) == 16, "bulk copies move whole 16-byte vectors");
   using S = CeStageLayout<kVocab, kVec, kCluster>;
-  using Stats = CeStats<kSmoothing, kArgmax>;
+  using Stats = CeStats<kSmoothing, kArgmax, kEntropy>;
   using V = Vec<T, kVec>;
   struct BlockPart {
     Stats stats;
@@ -695,7 +738,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   const int tail_col = begin + body * kVec + tid;
   V* buf = reinterpret_cast<V*>(staged_row);
   const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
-  const bool lse_or_argmax = p.lse != nullptr || kArgmax;
+  const bool lse_or_argmax = p.lse != nullptr || kArgmax || kEntropy;  // read for every row
   const bool read = r.valid || lse_or_argmax;  // the same in every block of the row
 
   if (tid == 0) {

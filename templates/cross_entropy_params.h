@@ -59,6 +59,8 @@ struct CrossEntropyRowParams {
   long long grad_stride;
   const void* class_weight;              // [vocab] (the whole vocab) when the op has class weights
   long long class_weight_offset;         // the class of the first column (a vocab shard's start)
+  float* entropy;                        // [rows], when kEntropy: the softmax's entropy
+  float* target_logprob;                 // [rows] or null: x_t - lse, 0 for an ignored row
 };
 
 // CrossEntropy::RescaleGradient: block b rescales tile t = b % tiles of row b / tiles, the

@@ -34,6 +34,7 @@ struct CompileFlags {
   float z_loss = 0;
   float softcap = 0;
   bool argmax = false;
+  bool entropy = false;
   std::string class_weights;  // a dtype; empty: none
   std::string arch = "auto";
   bool json = false;
@@ -62,7 +63,8 @@ const OpFlag kOpFlags[] = {
     {"--z-loss", {"cross_entropy", "linear_cross_entropy"}, "lse_square_scale"},
     {"--softcap", {"cross_entropy", "linear_cross_entropy"}, "softcap"},
     {"--argmax", {"cross_entropy", "linear_cross_entropy"}, ""},
-    {"--class-weights", {"cross_entropy"}, "class_weight_dtype"},
+    {"--entropy", {"cross_entropy", "linear_cross_entropy"}, ""},
+    {"--class-weights", {"cross_entropy", "linear_cross_entropy"}, "class_weight_dtype"},
 };
 
 absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype) {
@@ -86,6 +88,7 @@ absl::StatusOr<ops::OpSpec> CrossEntropyFromFlags(const CompileFlags& f, DType d
   spec.lse_square_scale = f.z_loss;
   spec.softcap = f.softcap;
   spec.argmax = f.argmax;
+  spec.entropy = f.entropy;
   if (!f.class_weights.empty()) {
     KJIT_ASSIGN_OR_RETURN(spec.class_weight_dtype, ParseDType(f.class_weights));
   }
@@ -95,9 +98,7 @@ absl::StatusOr<ops::OpSpec> CrossEntropyFromFlags(const CompileFlags& f, DType d
 
 // The loss's flags as the cross-entropy reads them, with the lm_head's hidden size.
 absl::StatusOr<ops::OpSpec> LinearCrossEntropyFromFlags(const CompileFlags& f, DType dtype) {
-  CompileFlags loss_flags = f;
-  loss_flags.class_weights.clear();
-  KJIT_ASSIGN_OR_RETURN(const ops::OpSpec loss, CrossEntropyFromFlags(loss_flags, dtype));
+  KJIT_ASSIGN_OR_RETURN(const ops::OpSpec loss, CrossEntropyFromFlags(f, dtype));
   const auto& ce = std::get<CrossEntropySpec>(loss);
   LinearCrossEntropySpec spec{.vocab = ce.vocab,
                               .hidden = f.hidden,
@@ -107,7 +108,9 @@ absl::StatusOr<ops::OpSpec> LinearCrossEntropyFromFlags(const CompileFlags& f, D
                               .label_smoothing = ce.label_smoothing,
                               .lse_square_scale = ce.lse_square_scale,
                               .softcap = ce.softcap,
-                              .argmax = ce.argmax};
+                              .argmax = ce.argmax,
+                              .entropy = ce.entropy,
+                              .class_weight_dtype = ce.class_weight_dtype};
   KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(spec));
   return spec;
 }
@@ -251,6 +254,8 @@ Command AddCompileCommand(CLI::App& app) {
                   "lse_square_scale, the z-loss coefficient (cross_entropy)");
   cmd->add_option("--softcap", f->softcap, "Logit soft-cap, 0 = off (cross_entropy)");
   cmd->add_flag("--argmax", f->argmax, "Also write the predicted token per row (cross_entropy)");
+  cmd->add_flag("--entropy", f->entropy,
+                "Also write the softmax's entropy per row (cross_entropy)");
   cmd->add_option("--class-weights", f->class_weights,
                   "Per-class weights of this dtype, fp32 or --dtype's (cross_entropy; the "
                   "weights themselves are a launch argument)")

@@ -27,9 +27,12 @@
 // the start of the workspace (read it with a copy after the op; a non-zero count means bad labels).
 // The mean over no valid rows is NaN with a zero gradient, as PyTorch gives. lse and argmax (the
 // first index of the largest raw logit, a NaN counting as largest, like torch.argmax) are written
-// for every row, ignored ones included. NaN or +Inf in a row makes that row's loss, lse and
-// gradient NaN (so the summed loss too) and leaves other rows alone; -Inf logits (masked classes)
-// get probability 0.
+// for every row, ignored ones included, and so is the entropy when asked (spec.entropy):
+//   entropy = -sum_j p_j ln p_j  (p = softmax(x), the capped logits; NaN for a row all -inf)
+// target_logprob (optional, no spec flag) is x_t - lse for a valid row (-loss without label
+// smoothing, z-loss or class weights) and 0 for an ignored one. NaN or +Inf in a row makes that
+// row's loss, lse and gradient NaN (so the summed loss too) and leaves other rows alone; -Inf
+// logits (masked classes) get probability 0.
 //
 // A launch sequence is a count kernel (targets only), the row kernel and, for sum and mean, a
 // reduce kernel that adds the per-row losses in a fixed order: no host synchronization, no
@@ -88,6 +91,7 @@ struct CrossEntropySpec {
   float lse_square_scale = 0;  // z-loss coefficient, >= 0
   float softcap = 0;           // 0: off; else > 0, logits become cap * tanh(x / cap)
   bool argmax = false;         // forward writes the predicted token per row
+  bool entropy = false;        // forward writes the softmax's entropy per row (args.entropy)
   // Per-class weights: fp32 or the logits' dtype. Launches then take `class_weight`, a [vocab]
   // vector read on the device, so one compiled program serves every weight vector.
   std::optional<DType> class_weight_dtype;
@@ -96,11 +100,16 @@ struct CrossEntropySpec {
 };
 
 struct CrossEntropyArgs {
-  TensorView logits;       // [rows, vocab], any row_stride >= vocab
-  IndexView targets;       // [rows]
-  TensorView loss;         // fp32: [rows] for reduction none, else [1]
-  TensorView lse;          // optional fp32 [rows]
-  IndexView argmax;        // [rows] in target_type; required iff spec.argmax
+  TensorView logits;  // [rows, vocab], any row_stride >= vocab
+  IndexView targets;  // [rows]
+  TensorView loss;    // fp32: [rows] for reduction none, else [1]
+  TensorView lse;     // optional fp32 [rows]
+  IndexView argmax;   // [rows] in target_type; required iff spec.argmax
+
+  // The per-row extras, fp32 [rows] (kjit/cross_entropy.h's header says what they hold):
+  TensorView entropy;         // required iff spec.entropy, else empty
+  TensorView target_logprob;  // optional
+
   TensorView grad;         // ForwardBackward: [rows, vocab], dtype; may be logits itself (in place)
   TensorView grad_output;  // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
   TensorView class_weight;      // [vocab] (1 row) in spec.class_weight_dtype; iff that is set

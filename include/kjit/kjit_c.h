@@ -51,8 +51,10 @@ extern "C" {
 /* Bumped whenever a struct's layout or a function's meaning changes. New fields go at the end of a
  * struct, yet only this version's struct_size is accepted: a binding compares kjit_abi_version().
  *   2: cross-entropy class weights (kjit_cross_entropy_spec.class_weight_dtype, class_weight in
- *      kjit_cross_entropy_args and kjit_cross_entropy_backward_args). */
-#define KJIT_C_ABI_VERSION 2
+ *      kjit_cross_entropy_args and kjit_cross_entropy_backward_args).
+ *   3: the per-row extras (issue 35): entropy in both ops' specs, entropy and target_logprob in
+ *      their args; class weights in the fused linear op (class_weight_dtype, class_weight). */
+#define KJIT_C_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define KJIT_C_EXPORT __attribute__((visibility("default")))
@@ -249,6 +251,7 @@ typedef struct kjit_cross_entropy_spec {
   /* Per-class weights (PyTorch's `weight`): -1 (default) none; else KJIT_F32 or the dtype, and
    * launches take class_weight. */
   int32_t class_weight_dtype;
+  int32_t entropy; /* 1: launches write the softmax's entropy per row (args.entropy) */
 } kjit_cross_entropy_spec;
 
 typedef struct kjit_cross_entropy_args {
@@ -263,8 +266,10 @@ typedef struct kjit_cross_entropy_args {
                               mean) or [rows] (none) */
   void* workspace;         /* device memory of at least kjit_cross_entropy_workspace_bytes */
   int64_t workspace_bytes;
-  kjit_tensor class_weight; /* [vocab] (one row) in spec.class_weight_dtype, read on the device;
-                               iff that is not -1 */
+  kjit_tensor class_weight;   /* [vocab] (one row) in spec.class_weight_dtype, read on the device;
+                                 iff that is not -1 */
+  kjit_tensor entropy;        /* fp32 [rows]; iff spec.entropy: -sum p ln p of the row's softmax */
+  kjit_tensor target_logprob; /* optional fp32 [rows]: x_t - lse, 0 for an ignored row */
 } kjit_cross_entropy_args;
 
 typedef struct kjit_cross_entropy_backward_args {
@@ -346,6 +351,8 @@ typedef struct kjit_linear_cross_entropy_spec {
    * whose logits exist at once; whole: a launch of at most this many rows is one chunk, 0: never;
    * streams 2: each chunk's loss beside the next chunk's logits GEMM). */
   const char* config;
+  int32_t entropy;            /* 1: launches write the softmax's entropy per row */
+  int32_t class_weight_dtype; /* -1 (default) none; else KJIT_F32 or the dtype: class_weight */
 } kjit_linear_cross_entropy_spec;
 
 typedef struct kjit_linear_cross_entropy_args {
@@ -368,6 +375,9 @@ typedef struct kjit_linear_cross_entropy_args {
   void* workspace;      /* 256-byte aligned device memory of at least
                            kjit_linear_cross_entropy_workspace_bytes */
   int64_t workspace_bytes;
+  kjit_tensor entropy;        /* fp32 [rows]; iff spec.entropy */
+  kjit_tensor target_logprob; /* optional fp32 [rows]: x_t - lse, 0 for an ignored row */
+  kjit_tensor class_weight;   /* [vocab] (one row) in spec.class_weight_dtype; iff that is set */
 } kjit_linear_cross_entropy_args;
 
 /* Gradients forward_backward computed for upstream gradient `applied` (NULL: 1) become, in place,

@@ -97,6 +97,10 @@ struct LinearCrossEntropySpec {
   float lse_square_scale = 0;  // z-loss
   float softcap = 0;           // logits become cap * tanh(x / cap) before the softmax
   bool argmax = false;         // writes the predicted token per row
+  bool entropy = false;        // writes the softmax's entropy per row (args.entropy)
+  // Per-class weights (torch's `weight`), fp32 or dtype: launches take `class_weight`, a [vocab]
+  // vector; the mean divides by the valid rows' weights summed over the whole batch.
+  std::optional<DType> class_weight_dtype;
   WeightGradAccumulation weight_grad_accumulation = WeightGradAccumulation::kFloat32;
   // Overrides the tuning database and the heuristic.
   std::optional<LinearCrossEntropyConfig> config;
@@ -114,6 +118,7 @@ struct LinearCrossEntropyArgs {
   TensorView loss;           // fp32: [rows] for reduction none, else [1]
   TensorView lse;            // optional fp32 [rows]
   IndexView argmax;          // [rows] in target_type; required iff spec.argmax
+  TensorView class_weight;   // [vocab] (1 row) in spec.class_weight_dtype; iff that is set
   TensorView grad_output;    // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
   // ForwardBackward's outputs; each may be left empty to skip it (the GEMM is not run).
   TensorView d_hidden;  // [rows, hidden] in dtype
@@ -124,6 +129,9 @@ struct LinearCrossEntropyArgs {
   bool accumulate = false;
   void* workspace = nullptr;    // device memory, 256-byte aligned
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
+  // The per-row extras as kjit::CrossEntropyArgs has them: entropy iff spec.entropy, the
+  // target's log-probability optional; fp32 [rows].
+  TensorView entropy, target_logprob;
 };
 
 // Gradients that ForwardBackward computed for upstream gradient `applied` (empty: 1) become, in

@@ -60,17 +60,17 @@ std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
                      Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
-  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}, {}>", RowArgs(s, c), Bool(s.argmax),
-                     Bool(gradient), ClassWeightType(s));
+  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}, {}, {}>", RowArgs(s, c),
+                     Bool(s.argmax), Bool(s.entropy), Bool(gradient), ClassWeightType(s));
 }
 // The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
-  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
+  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
                      DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
                      c.vec, c.cluster, ReductionDeviceName(s.reduction),
                      Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0), Bool(s.softcap > 0),
-                     Bool(s.argmax), ClassWeightType(s));
+                     Bool(s.argmax), Bool(s.entropy), ClassWeightType(s));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
@@ -209,6 +209,7 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"softcap", fmt::format("{}", spec.softcap)},
       {"argmax", Bool(spec.argmax)},
   };
+  if (spec.entropy) params["entropy"] = "true";  // absent when off: old cache metadata unchanged
   if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);
   return params;
 }
@@ -526,6 +527,15 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   } else if (!a.argmax.empty()) {
     return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
   }
+  if (s.entropy) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("entropy", a.entropy, DType::kF32, 1, rows));
+  } else if (!a.entropy.empty()) {
+    return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
+  }
+  if (!a.target_logprob.empty()) {
+    KJIT_RETURN_IF_ERROR(
+        internal::CheckMatrix("target_logprob", a.target_logprob, DType::kF32, 1, rows));
+  }
   if (gradient) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
     KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
@@ -547,6 +557,8 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
       internal::CheckDisjoint({{"loss", a.loss},
                                {"lse", a.lse},
                                {"argmax", internal::BytesOf(a.argmax)},
+                               {"entropy", a.entropy},
+                               {"target_logprob", a.target_logprob},
                                {"grad", a.grad},
                                {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
                               {{"logits", a.logits},
@@ -570,6 +582,8 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   p.row_loss = row_loss;
   p.lse = static_cast<float*>(a.lse.data);
   p.argmax = a.argmax.data;
+  p.entropy = static_cast<float*>(a.entropy.data);
+  p.target_logprob = static_cast<float*>(a.target_logprob.data);
   // The row kernel starts while the count kernel runs, and the reduce kernel's launch overlaps
   // the row kernel's end; each waits before it reads what the kernel before wrote.
   const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;

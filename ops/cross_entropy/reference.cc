@@ -27,6 +27,10 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
   r.row_loss.assign(rows, 0.0);
   r.lse.resize(rows);
   r.argmax.resize(rows);
+  r.entropy.resize(rows);
+  r.entropy_atol.resize(rows);
+  r.target_logprob.assign(rows, 0.0);
+  r.target_logprob_atol.assign(rows, 0.0);
   r.row_scale.assign(rows, 0.0);
   std::vector<double> row_terms(rows, 0.0);
   if (with_grad) {
@@ -81,6 +85,10 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
       sum_abs_x += std::fabs(weight(j) * c);
     }
     double lse;
+    // The entropy, NaN wherever the lse is not finite: -sum p ln p = lse - sum p x over the
+    // classes with p > 0. The kernel sums 2^y y with y = (x - max) log2e in fp32: its error is
+    // relative to 1 + H + sum p |x - max| (entropy_atol).
+    double entropy = std::numeric_limits<double>::quiet_NaN(), spread = 0;
     if (nan || mx == std::numeric_limits<double>::infinity()) {
       lse = std::numeric_limits<double>::quiet_NaN();
     } else if (mx == -std::numeric_limits<double>::infinity()) {
@@ -89,8 +97,20 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
       double s = 0;
       for (int64_t j = 0; j < V; ++j) s += std::exp(capped(x[j]) - mx);
       lse = mx + std::log(s);
+      double plogp = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        const double c = capped(x[j]), p = std::exp(c - lse);
+        if (p > 0) {
+          plogp += p * (c - lse);
+          spread += p * (mx - c);
+        }
+      }
+      entropy = -plogp;
     }
     r.lse[i] = lse;
+    r.entropy[i] = entropy;
+    r.entropy_atol[i] =
+        std::isnan(entropy) ? 0.0 : 2e-5 * (1 + entropy + spread + std::log(double(V)) / 16);
 
     const int64_t t = targets[i];
     if (!IsValid(m, t)) {
@@ -102,6 +122,8 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     }
     const double xt = capped(x[t]);
     const double wt = weight(t);
+    r.target_logprob[i] = xt - lse;
+    r.target_logprob_atol[i] = 1e-5 * (1 + std::fabs(lse) + std::fabs(xt));
     // The same form as the kernel, so that infinities give the same results; terms that are off
     // are left out rather than multiplied by 0 (0 * Inf).
     double loss;
@@ -231,6 +253,14 @@ std::vector<std::pair<std::string, CompareResult>> CheckCrossEntropy(
   }
   if (out.lse) results.emplace_back("lse", Compare(*out.lse, ref.lse, tol.lse));
   if (out.argmax) results.emplace_back("argmax", Compare(*out.argmax, ref.argmax, {0, 0}));
+  if (out.entropy) {
+    results.emplace_back("entropy",
+                         Compare(*out.entropy, ref.entropy, {1e-5, 0}, ref.entropy_atol));
+  }
+  if (out.target_logprob) {
+    results.emplace_back("target_logprob", Compare(*out.target_logprob, ref.target_logprob,
+                                                   {1e-6, 0}, ref.target_logprob_atol));
+  }
   if (out.counters) results.emplace_back("counters", Compare(*out.counters, ref.counters, {0, 0}));
   if (out.grad) results.emplace_back("grad", CheckCrossEntropyGradRows(m, ref, 0, *out.grad));
   return results;

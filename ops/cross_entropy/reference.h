@@ -41,6 +41,11 @@ struct CrossEntropyResult {
   std::vector<double> row_loss;  // [rows]; 0 for ignored rows
   std::vector<double> lse;       // [rows], every row (ignored ones too)
   std::vector<double> argmax;    // [rows], every row: first maximal raw logit, NaN the largest
+  // [rows], every row: -sum_j p_j ln p_j of the capped logits' softmax (NaN for a row all -inf
+  // or holding NaN/+Inf), and the bound a kernel's fp32 result must keep to.
+  std::vector<double> entropy, entropy_atol;
+  // [rows]: x_t - lse (capped) for valid rows, 0 for ignored ones; and its bound.
+  std::vector<double> target_logprob, target_logprob_atol;
   std::vector<double> counters;  // {valid_rows, out_of_range_rows}
   // [rows]: |upstream gradient / (the mean's divisor)| times |p's factor| (A + 2 z w_t lse).
   std::vector<double> row_scale;
@@ -86,6 +91,8 @@ struct CrossEntropyOutputs {
   const std::vector<double>* loss = nullptr;
   const std::vector<double>* lse = nullptr;
   const std::vector<double>* argmax = nullptr;
+  const std::vector<double>* entropy = nullptr;
+  const std::vector<double>* target_logprob = nullptr;
   const std::vector<double>* counters = nullptr;  // {valid_rows, out_of_range_rows}
   const std::vector<double>* grad = nullptr;
 };

@@ -17,6 +17,7 @@ std::string Trait::TuningShape(const Spec& s) {
   if (s.label_smoothing > 0) shape += " smoothing";
   if (s.lse_square_scale > 0) shape += " z_loss";
   if (s.argmax) shape += " argmax";
+  if (s.entropy) shape += " entropy";
   if (s.class_weight_dtype) shape += " class_weights";
   return shape;
 }
@@ -45,6 +46,7 @@ nlohmann::json Trait::ToJson(const Spec& s) {
                       {"softcap", s.softcap},
                       {"argmax", s.argmax}};
   if (s.class_weight_dtype) j["class_weight_dtype"] = Name(*s.class_weight_dtype);
+  if (s.entropy) j["entropy"] = true;
   return j;
 }
 
@@ -75,6 +77,9 @@ absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
   KJIT_ASSIGN_OR_RETURN(s.argmax, in.Bool("argmax"));
   if (in.Has("class_weight_dtype")) {
     KJIT_ASSIGN_OR_RETURN(s.class_weight_dtype, in.DTypeOf("class_weight_dtype"));
+  }
+  if (in.Has("entropy")) {
+    KJIT_ASSIGN_OR_RETURN(s.entropy, in.Bool("entropy"));
   }
   KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(s));

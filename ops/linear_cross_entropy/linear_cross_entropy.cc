@@ -86,7 +86,9 @@ CrossEntropySpec LinearCrossEntropySpec::ChunkLoss() const {
           .label_smoothing = label_smoothing,
           .lse_square_scale = lse_square_scale,
           .softcap = softcap,
-          .argmax = argmax};
+          .argmax = argmax,
+          .entropy = entropy,
+          .class_weight_dtype = class_weight_dtype};
 }
 
 absl::Status ValidateLinearCrossEntropySpec(const LinearCrossEntropySpec& s) {
@@ -364,6 +366,15 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
   } else if (!a.argmax.empty()) {
     return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
   }
+  if (s.entropy) {
+    KJIT_RETURN_IF_ERROR(CheckMatrix("entropy", a.entropy, DType::kF32, 1, rows));
+  } else if (!a.entropy.empty()) {
+    return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
+  }
+  if (!a.target_logprob.empty()) {
+    KJIT_RETURN_IF_ERROR(CheckMatrix("target_logprob", a.target_logprob, DType::kF32, 1, rows));
+  }
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
   if (gradient) {
     if (!a.grad_output.empty()) {
       KJIT_RETURN_IF_ERROR(
@@ -402,6 +413,8 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
       internal::CheckDisjoint({{"loss", a.loss},
                                {"lse", a.lse},
                                {"argmax", internal::BytesOf(a.argmax)},
+                               {"entropy", a.entropy},
+                               {"target_logprob", a.target_logprob},
                                {"d_hidden", a.d_hidden},
                                {"d_weight", a.d_weight},
                                {"d_bias", a.d_bias},
@@ -410,7 +423,8 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
                                {"weight", a.weight},
                                {"bias", a.bias},
                                {"targets", internal::BytesOf(a.targets)},
-                               {"grad_output", a.grad_output}}));
+                               {"grad_output", a.grad_output},
+                               {"class_weight", a.class_weight}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
   KJIT_RETURN_IF_ERROR(rt_->MakeCurrent());
 
@@ -428,7 +442,8 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
   const bool reduced = s.reduction != Reduction::kNone;
 
   // The whole batch's counters, and for sum and mean the scale every chunk's gradient takes.
-  CrossEntropyCountParams count{a.targets.data, rows, s.ignore_index, nullptr, counters};
+  CrossEntropyCountParams count{a.targets.data, rows, s.ignore_index, a.class_weight.data,
+                                counters};
   KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kCount], 1, kCountThreads, stream, &count));
   if (gradient && reduced) {
     LinearCrossEntropyScaleParams p{counters, static_cast<const float*>(a.grad_output.data), scale};
@@ -492,6 +507,9 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
         .loss = reduced ? TensorView::Vector(parts + c, DType::kF32, 1) : ColsOf(a.loss, first, n),
         .lse = ColsOf(a.lse, first, n),
         .argmax = PartOf(a.argmax, first, n),
+        .entropy = ColsOf(a.entropy, first, n),
+        .target_logprob = ColsOf(a.target_logprob, first, n),
+        .class_weight = a.class_weight,
         .workspace = ws + l.loss_workspace,
         .workspace_bytes = op.loss->WorkspaceBytes(chunk_rows)};
     if (!gradient) return op.loss->Forward(loss_stream, ce);

@@ -54,7 +54,8 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
                            .reduction = s.reduction,
                            .label_smoothing = s.label_smoothing,
                            .lse_square_scale = s.lse_square_scale,
-                           .softcap = s.softcap};
+                           .softcap = s.softcap,
+                           .class_weight = p.class_weight};
   LinearCrossEntropyResult out;
   out.loss = CrossEntropyReference(m, R, logits, p.targets,
                                    p.grad_output.empty() ? nullptr : &p.grad_output, true);
@@ -103,6 +104,24 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
     return a;
   }();
   out.lse_atol = lse_atol;
+  // The entropy moves by at most 2 H max_j dx_j (dH = -sum_j p_j (ln p_j + H) dx_j); the target's
+  // log-probability by its logit's error plus the lse's.
+  out.entropy_atol.resize(R);
+  out.target_logprob_atol.resize(R);
+  for (int64_t r = 0; r < R; ++r) {
+    double worst = 0;
+    for (int64_t v = 0; v < V; ++v) worst = std::max(worst, logit_error[r * V + v]);
+    const double h = std::isnan(ce.entropy[r]) ? 0.0 : ce.entropy[r];
+    out.entropy_atol[r] = ce.entropy_atol[r] + 2 * h * worst + 2 * row_shift[r];
+    const bool ok = p.targets[r] != s.ignore_index && p.targets[r] >= 0 && p.targets[r] < V;
+    out.target_logprob_atol[r] =
+        ok ? ce.target_logprob_atol[r] + 2 * (row_shift[r] + logit_error[r * V + p.targets[r]])
+           : 0.0;
+  }
+  // Class weights scale a row's loss (and its bound) by up to the largest weight.
+  double weight_scale = 1;
+  for (double w : p.class_weight) weight_scale = std::max(weight_scale, std::fabs(w));
+  for (double& b : row_bound) b *= weight_scale;
   if (s.reduction == Reduction::kNone) {
     out.loss_atol.resize(R);
     for (int64_t r = 0; r < R; ++r) {
@@ -184,6 +203,22 @@ std::vector<std::pair<std::string, CompareResult>> CheckLinearCrossEntropy(
   };
   check("loss", out.loss, ref.loss.loss, ref.loss_atol);
   check("lse", out.lse, ref.loss.lse, ref.lse_atol);
+  check("entropy", out.entropy, ref.loss.entropy, ref.entropy_atol);
+  check("target_logprob", out.target_logprob, ref.loss.target_logprob, ref.target_logprob_atol);
+  if (out.argmax != nullptr) {
+    // A row whose top two logits lie within their possible error may pick either.
+    const int64_t R = static_cast<int64_t>(ref.loss.argmax.size());
+    const int64_t V = R > 0 ? static_cast<int64_t>(ref.logits.size()) / R : 0;
+    std::vector<double> want = ref.loss.argmax, atol(R, 0.0);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t best = static_cast<int64_t>(want[r]);
+      const int64_t got = static_cast<int64_t>((*out.argmax)[r]);
+      if (got == best || got < 0 || got >= V) continue;
+      const double gap = ref.logits[r * V + best] - ref.logits[r * V + got];
+      if (gap <= ref.logit_error[r * V + best] + ref.logit_error[r * V + got]) want[r] = got;
+    }
+    results.emplace_back("argmax", Compare(*out.argmax, want, {0, 0}, atol));
+  }
   check("d_hidden", out.d_hidden, ref.d_hidden, ref.d_hidden_atol);
   check("d_weight", out.d_weight, ref.d_weight, ref.d_weight_atol);
   check("d_bias", out.d_bias, ref.d_bias, ref.d_bias_atol);

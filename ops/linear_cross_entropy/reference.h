@@ -31,6 +31,7 @@ struct LinearCrossEntropyProblem {
   std::vector<double> bias;           // [vocab] or empty
   std::vector<int64_t> targets;       // [rows]
   std::vector<double> grad_output;    // empty, [1] (sum, mean) or [rows] (none)
+  std::vector<double> class_weight;   // [vocab], the values the device holds; empty: none
   std::vector<double> d_weight_before, d_bias_before;  // what accumulate adds to; empty: 0
 };
 
@@ -40,7 +41,8 @@ struct LinearCrossEntropyResult {
   std::vector<double> logit_error;  // [rows]: how far the device's logits of the row may be off
   std::vector<double> d_hidden, d_weight, d_bias;
   // Per-element bounds for Compare's atol_per_element (rtol 0).
-  std::vector<double> loss_atol, lse_atol, d_hidden_atol, d_weight_atol, d_bias_atol;
+  std::vector<double> loss_atol, lse_atol, entropy_atol, target_logprob_atol, d_hidden_atol,
+      d_weight_atol, d_bias_atol;
 };
 
 // `chunks`: how many times kOutputDtype accumulation rounds d_weight and d_bias (ignored for fp32).
@@ -52,6 +54,10 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
 struct LinearCrossEntropyOutputs {
   const std::vector<double>* loss = nullptr;
   const std::vector<double>* lse = nullptr;
+  const std::vector<double>* argmax = nullptr;  // checked only where the row's top two logits
+                                                // are further apart than their possible error
+  const std::vector<double>* entropy = nullptr;
+  const std::vector<double>* target_logprob = nullptr;
   const std::vector<double>* d_hidden = nullptr;
   const std::vector<double>* d_weight = nullptr;
   const std::vector<double>* d_bias = nullptr;

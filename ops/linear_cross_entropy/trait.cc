@@ -72,10 +72,6 @@ absl::StatusOr<LinearCrossEntropySpec> Trait::FromJson(const nlohmann::json& j) 
   }
   loss["op"] = OpTrait<CrossEntropySpec>::kName;
   KJIT_ASSIGN_OR_RETURN(const CrossEntropySpec ce, OpTrait<CrossEntropySpec>::FromJson(loss));
-  if (ce.class_weight_dtype) {
-    return absl::InvalidArgumentError(
-        "class_weight_dtype: the fused linear + cross-entropy has no class weights");
-  }
   s.vocab = ce.vocab;
   s.dtype = ce.dtype;
   s.target_type = ce.target_type;
@@ -85,6 +81,8 @@ absl::StatusOr<LinearCrossEntropySpec> Trait::FromJson(const nlohmann::json& j) 
   s.lse_square_scale = ce.lse_square_scale;
   s.softcap = ce.softcap;
   s.argmax = ce.argmax;
+  s.entropy = ce.entropy;
+  s.class_weight_dtype = ce.class_weight_dtype;
   KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(s));
   return s;
 }

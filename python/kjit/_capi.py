@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 2  # KJIT_C_ABI_VERSION this binding was written for
+ABI_VERSION = 3  # KJIT_C_ABI_VERSION this binding was written for
 
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 
@@ -102,14 +102,16 @@ class CrossEntropySpec(ctypes.Structure):
                 ("ignore_index", ctypes.c_int64), ("reduction", ctypes.c_int32),
                 ("label_smoothing", ctypes.c_float), ("lse_square_scale", ctypes.c_float),
                 ("softcap", ctypes.c_float), ("argmax", ctypes.c_int32),
-                ("config", ctypes.c_char_p), ("class_weight_dtype", ctypes.c_int32)]
+                ("config", ctypes.c_char_p), ("class_weight_dtype", ctypes.c_int32),
+                ("entropy", ctypes.c_int32)]
 
 
 class CrossEntropyArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
                 ("loss", Tensor), ("lse", Tensor), ("argmax", Index), ("grad", Tensor),
                 ("grad_output", Tensor), ("workspace", ctypes.c_void_p),
-                ("workspace_bytes", ctypes.c_int64), ("class_weight", Tensor)]
+                ("workspace_bytes", ctypes.c_int64), ("class_weight", Tensor),
+                ("entropy", Tensor), ("target_logprob", Tensor)]
 
 
 class CrossEntropyBackwardArgs(ctypes.Structure):
@@ -132,7 +134,8 @@ class LinearCrossEntropySpec(ctypes.Structure):
                 ("reduction", ctypes.c_int32), ("label_smoothing", ctypes.c_float),
                 ("lse_square_scale", ctypes.c_float), ("softcap", ctypes.c_float),
                 ("argmax", ctypes.c_int32), ("weight_grad_accumulation", ctypes.c_int32),
-                ("config", ctypes.c_char_p)]
+                ("config", ctypes.c_char_p), ("entropy", ctypes.c_int32),
+                ("class_weight_dtype", ctypes.c_int32)]
 
 
 class LinearCrossEntropyArgs(ctypes.Structure):
@@ -140,7 +143,8 @@ class LinearCrossEntropyArgs(ctypes.Structure):
                 ("bias", Tensor), ("targets", Index), ("loss", Tensor), ("lse", Tensor),
                 ("argmax", Index), ("grad_output", Tensor), ("d_hidden", Tensor),
                 ("d_weight", Tensor), ("d_bias", Tensor), ("accumulate", ctypes.c_int32),
-                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64),
+                ("entropy", Tensor), ("target_logprob", Tensor), ("class_weight", Tensor)]
 
 
 class LinearCrossEntropyRescaleArgs(ctypes.Structure):

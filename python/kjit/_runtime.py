@@ -120,8 +120,9 @@ class CrossEntropy(_Handle):
     _destroy = "kjit_cross_entropy_destroy"
 
     def forward(self, stream, **fields) -> None:
-        """fields: logits, targets, loss, lse, argmax, workspace, workspace_bytes, and
-        class_weight (a [vocab] vector) iff the op was made with class_weight_dtype."""
+        """fields: logits, targets, loss, lse, argmax, entropy (iff the op was made with
+        entropy=True), target_logprob (optional), workspace, workspace_bytes, and class_weight (a
+        [vocab] vector) iff the op was made with class_weight_dtype."""
         self._launch("kjit_cross_entropy_forward", _capi.CrossEntropyArgs, stream, fields)
 
     def forward_backward(self, stream, **fields) -> None:
@@ -162,7 +163,8 @@ class LinearCrossEntropy(_Handle):
 
     def forward(self, stream, **fields) -> None:
         """fields: hidden_states, weight, bias (iff the op has one), targets, loss, lse, argmax
-        (iff the op has it), workspace, workspace_bytes (kjit.tensor / kjit.index values)."""
+        (iff the op has it), entropy (iff the op has it), target_logprob (optional), class_weight
+        (iff the op has class_weight_dtype), workspace, workspace_bytes (kjit.tensor / kjit.index values)."""
         self._launch("kjit_linear_cross_entropy_forward", _capi.LinearCrossEntropyArgs, stream,
                      fields)
 
@@ -260,7 +262,8 @@ class Runtime(_Handle):
                       ignore_index: int = -100, reduction: str = "mean",
                       label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
                       argmax: bool = False, config: Optional[str] = None,
-                      class_weight_dtype: Optional[str] = None) -> CrossEntropy:
+                      class_weight_dtype: Optional[str] = None,
+                      entropy: bool = False) -> CrossEntropy:
         """class_weight_dtype: None (no class weights), else "fp32" or dtype: the launches then
         take class_weight, a [vocab] vector of per-class weights (F.cross_entropy's `weight`)."""
         spec = _capi.init(_capi.CrossEntropySpec, "kjit_cross_entropy_spec_init")
@@ -271,7 +274,8 @@ class Runtime(_Handle):
             label_smoothing=label_smoothing, lse_square_scale=z_loss, softcap=softcap,
             argmax=_capi.flag("argmax", argmax), config=_capi.c_string("config", config),
             class_weight_dtype=-1 if class_weight_dtype is None else _choice(
-                "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
+                "class_weight_dtype", class_weight_dtype, _capi.DTYPES),
+            entropy=_capi.flag("entropy", entropy)))
         op = CrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
@@ -283,7 +287,8 @@ class Runtime(_Handle):
                              reduction: str = "mean", label_smoothing: float = 0.0,
                              lse_square_scale: float = 0.0, softcap: float = 0.0,
                              argmax: bool = False, weight_grad_accumulation: str = "fp32",
-                             config: Optional[str] = None) -> LinearCrossEntropy:
+                             config: Optional[str] = None, entropy: bool = False,
+                             class_weight_dtype: Optional[str] = None) -> LinearCrossEntropy:
         """weight_grad_dtype: d_weight's and d_bias's, None (dtype) or "fp32".
         weight_grad_accumulation: "fp32" (an fp32 accumulator in the workspace unless d_weight is
         fp32 itself) or "output_dtype" (straight into d_weight). config: None (tuned or
@@ -299,7 +304,9 @@ class Runtime(_Handle):
             argmax=_capi.flag("argmax", argmax),
             weight_grad_accumulation=_choice("weight_grad_accumulation", weight_grad_accumulation,
                                              _capi.ACCUMULATIONS),
-            config=_capi.c_string("config", config)))
+            config=_capi.c_string("config", config), entropy=_capi.flag("entropy", entropy),
+            class_weight_dtype=-1 if class_weight_dtype is None else _choice(
+                "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
         op = LinearCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))

@@ -46,7 +46,7 @@ from kjit.torch import _kernels
 DEFAULT_CASES = ["ce:16384x128256", "ce:4096x128256", "ce:256x128256", "norm:16384x4096",
                  "norm:256x4096", "lce:8192x4096x128256", "hf:4x2048", "hf:4x8192"]
 CASE_SHAPES = {"ce": "ROWSxVOCAB", "norm": "ROWSxHIDDEN", "lce": "ROWSxHIDDENxVOCAB",
-               "hf": "BATCHxSEQ"}
+               "hf": "BATCHxSEQ", "extras": "ROWSxVOCAB", "lce-extras": "ROWSxHIDDENxVOCAB"}
 CASES_HELP = """cases:
   ce:ROWSxVOCAB         cross-entropy forward + backward on bf16 logits
   norm:ROWSxHIDDEN      RMSNorm forward + backward, bf16
@@ -59,9 +59,18 @@ CASES_HELP = """cases:
                         kjit's loss and gradients checked against eager's first
   hf:BATCHxSEQ          a Hugging Face training step (forward + backward, labels = inputs) of a
                         two-layer LLaMA 3.1 8B (its hidden size, heads, MLP and vocab, bf16,
-                        SDPA attention): as transformers runs it, with kjit.torch.apply_to, and
-                        with apply_to(linear_cross_entropy=True); ms per step, peak extra
-                        memory and the losses (needs transformers)"""
+                        SDPA attention): as transformers runs it, with kjit.torch.apply_to (the
+                        default: the gradient in a buffer of its own, logits intact), with
+                        inplace_backward=True (gradient over the logits, which the output
+                        then omits), with metrics=True, and with linear_cross_entropy=True
+                        (with and without metrics); ms per step, peak extra memory and the
+                        losses (needs transformers). The default's cost is its row against
+                        the inplace_backward=True row.
+  extras:ROWSxVOCAB     cross-entropy forward + backward on bf16 logits, plain against the
+                        extras a trainer logs (lse, token accuracy, mean entropy: the argmax and
+                        entropy kernels), through kjit.torch and as the bare op (C API)
+  lce-extras:ROWSxHIDDENxVOCAB  the same for linear_cross_entropy (issue 35's shapes:
+                        extras:16384x128256 and lce-extras:8192x4096x128256)"""
 
 
 def parse_case(case: str) -> tuple:
@@ -358,6 +367,16 @@ def check_linear_cross_entropy(hidden, weight, target) -> dict:
     return check
 
 
+def _lce_inputs(rows: int, hidden: int, vocab: int) -> tuple:
+    """hidden, weight, targets and the GEMMs' flops of bench_linear_cross_entropy's inputs."""
+    torch.manual_seed(0)
+    h = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    t[::64] = -100
+    return h, w, t, 6.0 * rows * hidden * vocab
+
+
 def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -> dict:
     """lm_head + loss, forward + backward, bf16: kjit.torch.linear_cross_entropy against the eager
     step a training loop runs (F.cross_entropy(h @ w.T, t), bf16 logits, and the common .float()
@@ -371,12 +390,7 @@ def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -
     Inputs as in training: hidden ~ N(0, 1) (the final norm's output), weight ~ N(0, 0.02^2) (the
     usual init), so the logits spread with std 0.02 * sqrt(hidden) (1.3 at 4096) and the softmax
     is neither one-hot nor flat; targets uniform over the vocabulary with every 64th ignored."""
-    torch.manual_seed(0)
-    h = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
-    t = torch.randint(0, vocab, (rows,), device="cuda")
-    t[::64] = -100
-    flops = 6.0 * rows * hidden * vocab
+    h, w, t, flops = _lce_inputs(rows, hidden, vocab)
     check = check_linear_cross_entropy(h, w, t)
     _release()
 
@@ -400,6 +414,99 @@ def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -
             r["ratio_to_gemms"] = round(r["ms"] / floor, 3) if floor else None
     return {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": "bf16", "flops": flops,
             "check": check, "results": results}
+
+
+def _ratios(results: list, key: str) -> None:
+    """Each row's time over the first's (the plain op's)."""
+    floor = results[0].get(key)
+    for r in results:
+        if key in r and floor:
+            r["ratio_to_plain"] = round(r[key] / floor, 4)
+
+
+TRAINER_EXTRAS = ("lse", "token_accuracy", "mean_entropy")
+
+
+def bench_extras(rows: int, vocab: int, iters: int, copy_bw: float) -> dict:
+    """What the extras cost the fused cross-entropy (issue 35 asks at most 2%): forward +
+    backward with the gradient in place, plain and with lse, token accuracy and mean entropy,
+    through autograd and as the bare op; each checked against float64 first."""
+    logits = (torch.randn(rows, vocab, device="cuda") * 4).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[::16] = -100
+    moved = 2 * rows * vocab * logits.element_size()
+    check = _check_extras(kt.cross_entropy(logits.detach(), target, extras=True), logits, target)
+
+    def autograd(extras):
+        def step():
+            out = kt.cross_entropy(logits.view_as(logits), target, extras=extras)
+            torch.autograd.grad(out.loss if extras else out, logits)
+        return step
+
+    def bare(extras):
+        op = _kernels.cross_entropy_op(logits, target, -100, "mean", 0.0, 0.0, 0.0, None,
+                                       bool(extras), bool(extras))
+        out = [torch.empty((), device="cuda")] + [torch.empty(rows, device="cuda")
+                                                  for _ in range(2)]
+        am = torch.empty(rows, dtype=target.dtype, device="cuda")
+        workspace = torch.empty(op.workspace_bytes(rows), dtype=torch.uint8, device="cuda")
+        matrix = _kernels.as_matrix(logits.detach(), "logits")
+        fields = dict(logits=matrix, targets=_kernels.as_index(target, "target"),
+                      loss=_kernels.as_vector(out[0]), grad=matrix,
+                      workspace=workspace.data_ptr(), workspace_bytes=workspace.numel())
+        if extras:
+            fields.update(lse=_kernels.as_vector(out[1]), entropy=_kernels.as_vector(out[2]),
+                          argmax=_kernels.as_index(am, "argmax"))
+        stream = torch.cuda.current_stream().cuda_stream
+        return lambda: op.forward_backward(stream, **fields)
+
+    results = []
+    for name, fn in (("kjit op (C API), plain", bare(False)),
+                     ("kjit op (C API), lse + argmax + entropy", bare(True)),
+                     ("kjit.torch (autograd), plain", autograd(False)),
+                     ("kjit.torch (autograd), " + " + ".join(TRAINER_EXTRAS), autograd(
+                         TRAINER_EXTRAS))):
+        n = iters if rows * vocab < 1 << 30 else max(iters // 4, 5)
+        results.append(_row(name, timed(fn, n), moved, copy_bw, peak_extra_bytes(fn)))
+    _ratios(results[:2], "gpu_us")
+    _ratios(results[2:], "gpu_us")
+    return {"rows": rows, "vocab": vocab, "check": check, "results": results}
+
+
+def _check_extras(out, logits, target) -> dict:
+    """out's lse, entropy, token accuracy against float64 from logits (the same values)."""
+    with torch.no_grad():
+        x = logits.detach().double()
+        lse = torch.logsumexp(x, -1)
+        logp = x - lse[:, None]
+        entropy = -(logp.exp() * logp).sum(-1)
+        valid = target != -100
+        accuracy = ((x.argmax(-1) == target) & valid).sum().item() / valid.sum().item()
+        errs = {"lse_max_abs_err": (out.lse.double() - lse).abs().max().item(),
+                "entropy_max_abs_err": (out.entropy.double() - entropy).abs().max().item(),
+                "token_accuracy": out.token_accuracy.item(), "token_accuracy_expected": accuracy}
+    tol = 1e-4 * (1 + lse.abs().max().item())
+    errs["ok"] = (errs["lse_max_abs_err"] <= tol and errs["entropy_max_abs_err"] <= tol
+                  and abs(errs["token_accuracy"] - accuracy) <= 2 / valid.sum().item())
+    return errs
+
+
+def bench_lce_extras(rows: int, hidden: int, vocab: int, iters: int) -> dict:
+    """linear_cross_entropy forward + backward, plain and with lse, token accuracy and mean
+    entropy (inputs as bench_linear_cross_entropy's)."""
+    h, w, t, flops = _lce_inputs(rows, hidden, vocab)
+
+    def step(extras):
+        def run():
+            out = kt.linear_cross_entropy(h, w, t, extras=extras)
+            torch.autograd.grad(out.loss if extras else out, (h, w))
+        return run
+
+    results = [lce_row("kjit.torch.linear_cross_entropy, plain", step(False), iters, flops),
+               lce_row("same, " + " + ".join(TRAINER_EXTRAS), step(TRAINER_EXTRAS), iters,
+                       flops)]
+    _ratios(results, "ms")
+    return {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": "bf16", "results": results}
 
 
 # LLaMA 3.1 8B's layer and lm_head shapes; two layers keep the step's time mostly the lm_head's and
@@ -427,7 +534,11 @@ def bench_hf_step(batch: int, seq: int, iters: int) -> dict:
                         generator=torch.Generator().manual_seed(1)).cuda()
     results, losses = [], {}
     for name, patch in (("transformers", None), ("kjit.torch.apply_to", {}),
-                        ("kjit.torch.apply_to, lm_head fused", {"linear_cross_entropy": True})):
+                        ("apply_to, inplace_backward=True", {"inplace_backward": True}),
+                        ("apply_to, metrics=True", {"metrics": True}),
+                        ("kjit.torch.apply_to, lm_head fused", {"linear_cross_entropy": True}),
+                        ("apply_to, lm_head fused, metrics",
+                         {"linear_cross_entropy": True, "metrics": True})):
         model = copy.deepcopy(base)
         if patch is not None:
             kt.apply_to(model, **patch)
@@ -521,7 +632,8 @@ def main(argv=None) -> int:
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s on {report['device']}")
     copy_columns = (f"{'case':22} {'impl':34} {'us':>9} {'gpu_us':>9} {'host_us':>8}  "
                     f"{'of copy':>6}  extra")
-    headers = {"ce": copy_columns, "norm": copy_columns,
+    headers = {"ce": copy_columns, "norm": copy_columns, "extras": copy_columns,
+               "lce-extras": f"{'case':22} {'impl':34} {'ms':>9} {'of plain':>8}  extra",
                "lce": f"{'case':22} {'impl':34} {'ms':>9} {'TFLOP/s':>8}  {'of GEMMs':>7}  extra",
                "hf": f"{'case':22} {'impl':34} {'ms/step':>9} {'of HF':>8}  extra"}
     header = None
@@ -535,6 +647,20 @@ def main(argv=None) -> int:
         elif kind == "hf":
             entry = bench_hf_step(*sizes, args.iters)
             _print_hf(case, entry)
+        elif kind == "lce-extras":
+            entry = bench_lce_extras(*sizes, args.iters)
+            for r in entry["results"]:
+                extra = r.get("peak_extra_bytes", 0) / 2**30
+                print(f"{case:22} {r['impl']:34} {r.get('ms', 0):9.2f} "
+                      f"{r.get('ratio_to_plain', '-'):>8}  +{extra:7.2f} GiB")
+        elif kind == "extras":
+            entry = bench_extras(*sizes, args.iters, copy_bw)
+            print(f"{case:22} check: {'ok' if entry['check']['ok'] else 'FAILED'} "
+                  f"{entry['check']}")
+            for r in entry["results"]:
+                print(f"{case:22} {r['impl']:34} {r['us']:9.1f} {r['gpu_us']:9.1f} "
+                      f"{r['host_us']:8.1f}  {100 * r['bandwidth_ratio']:5.1f}%  "
+                      f"x{r.get('ratio_to_plain', 0):.4f}")
         else:
             run = bench_cross_entropy if kind == "ce" else bench_rms_norm
             entry = {"results": run(*sizes, args.iters, copy_bw)}

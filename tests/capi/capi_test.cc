@@ -910,7 +910,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(options, "kjit_runtime_create: options->struct_size is " +
                              std::to_string(sizeof(o) - 8) + ", but kjit_runtime_options is " +
                              std::to_string(sizeof(o)) + " bytes in this library");
-  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 2"));
+  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 3"));
   EXPECT_THAT(options.message, HasSubstr("kjit_runtime_options_init"));
 
   kjit_cross_entropy_spec c = ce_spec_;
@@ -924,7 +924,12 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
                 "kjit_cross_entropy_create: spec->struct_size is " + std::to_string(c.struct_size) +
                     ", but kjit_cross_entropy_spec is " + std::to_string(sizeof(c)) +
-                    " bytes in this library (kjit C ABI version 2)");
+                    " bytes in this library (kjit C ABI version 3)");
+  // A version 2 binding's (version 3 appended entropy): refused too.
+  c.struct_size = offsetof(kjit_cross_entropy_spec, entropy);
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                "kjit_cross_entropy_create: spec->struct_size is " + std::to_string(c.struct_size) +
+                    ", but kjit_cross_entropy_spec is " + std::to_string(sizeof(c)) + " bytes");
   kjit_cross_entropy_args a;
   kjit_cross_entropy_args_init(&a);
   a.struct_size = offsetof(kjit_cross_entropy_args, class_weight);
@@ -945,7 +950,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
                 "kjit_linear_cross_entropy_create: spec->struct_size is " +
                     std::to_string(sizeof(l) - 8) + ", but kjit_linear_cross_entropy_spec is " +
                     std::to_string(sizeof(l)) +
-                    " bytes in this library (kjit C ABI version 2); "
+                    " bytes in this library (kjit C ABI version 3); "
                     "set it with kjit_linear_cross_entropy_spec_init");
   kjit_linear_cross_entropy_args la;
   kjit_linear_cross_entropy_args_init(&la);

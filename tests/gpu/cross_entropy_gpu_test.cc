@@ -69,7 +69,9 @@ struct Case {
   Reduction reduction = Reduction::kMean;
   float smoothing = 0, z = 0, softcap = 0;
   bool argmax = false;
-  bool lse = true;  // ask for lse (Backward always saves it)
+  bool entropy = false;  // spec.entropy, and the entropy output
+  bool logprob = false;  // the target_logprob output
+  bool lse = true;       // ask for lse (Backward always saves it)
   Mode mode = Mode::kForwardBackward;
   bool in_place = false;  // gradient into the logits
   bool upstream = false;  // a grad_output other than the implicit 1
@@ -92,6 +94,7 @@ struct Case {
             .lse_square_scale = z,
             .softcap = softcap,
             .argmax = argmax,
+            .entropy = entropy,
             .class_weight_dtype =
                 weights == Weights::kNone ? std::nullopt : std::optional<DType>(weight_dtype),
             .config = config};
@@ -99,12 +102,14 @@ struct Case {
   std::string Describe() const {
     return fmt::format(
         "vocab={} rows={} dtype={} targets={} ignore={} reduction={} eps={} z={} cap={} argmax={} "
-        "lse={} mode={} in_place={} upstream={} pad={} misalign={} scale={} specials={} "
+        "entropy={} logprob={} lse={} mode={} in_place={} upstream={} pad={} misalign={} scale={} "
+        "specials={} "
         "target_kind={} weights={} ({}) config={}",
         vocab, rows, kjit::Name(dtype), kjit::Name(target_type), ignore_index,
-        kjit::Name(reduction), smoothing, z, softcap, argmax, lse, Name(mode), in_place, upstream,
-        pad, misalign, scale, specials, static_cast<int>(targets), static_cast<int>(weights),
-        kjit::Name(weight_dtype), config ? config->ToString() : "default");
+        kjit::Name(reduction), smoothing, z, softcap, argmax, entropy, logprob, lse, Name(mode),
+        in_place, upstream, pad, misalign, scale, specials, static_cast<int>(targets),
+        static_cast<int>(weights), kjit::Name(weight_dtype),
+        config ? config->ToString() : "default");
   }
 };
 
@@ -265,7 +270,7 @@ std::vector<double> MakeWeights(const Case& c, const std::vector<int64_t>& targe
 
 // Everything one run wrote, as raw bytes (for the determinism check) and decoded.
 struct Outputs {
-  std::vector<unsigned char> loss, lse, argmax, grad, counters;
+  std::vector<unsigned char> loss, lse, argmax, grad, counters, entropy, logprob;
 };
 
 void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
@@ -297,6 +302,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, DeviceBuffer::Create(rt, loss_bytes));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_lse, DeviceBuffer::Create(rt, R * sizeof(float)));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_argmax, DeviceBuffer::Create(rt, R * SizeOf(c.target_type)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_entropy, DeviceBuffer::Create(rt, R * sizeof(float)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logprob, DeviceBuffer::Create(rt, R * sizeof(float)));
   std::optional<DeviceBuffer> d_grad, d_up;
   if (with_grad && !c.in_place) {
     ASSERT_OK_AND_ASSIGN(d_grad, DeviceBuffer::Create(rt, lay.bytes()));
@@ -321,6 +328,9 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       .loss = TensorView::Vector(d_loss.data(), DType::kF32, none ? R : 1),
       .lse = want_lse ? TensorView::Vector(d_lse.data(), DType::kF32, R) : TensorView{},
       .argmax = c.argmax ? IndexView::Of(d_argmax.data(), c.target_type, R) : IndexView{},
+      .entropy = c.entropy ? TensorView::Vector(d_entropy.data(), DType::kF32, R) : TensorView{},
+      .target_logprob =
+          c.logprob ? TensorView::Vector(d_logprob.data(), DType::kF32, R) : TensorView{},
       .class_weight = class_weight,
       .workspace = d_ws.data(),
       .workspace_bytes = ws_bytes};
@@ -342,7 +352,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   // Poisons every output (NaN in every float type, -1 in the integers), runs, and reads back.
   auto run = [&](Outputs* out) -> absl::Status {
-    for (const DeviceBuffer* b : {&d_loss, &d_lse, &d_argmax, &d_ws})
+    for (const DeviceBuffer* b : {&d_loss, &d_lse, &d_argmax, &d_ws, &d_entropy, &d_logprob})
       KJIT_RETURN_IF_ERROR(b->Fill(0xFF));
     if (d_grad) KJIT_RETURN_IF_ERROR(d_grad->Fill(0xFF));
     if (c.mode == Mode::kForward) {
@@ -363,6 +373,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     KJIT_ASSIGN_OR_RETURN(out->lse, Download(d_lse, R * sizeof(float)));
     KJIT_ASSIGN_OR_RETURN(out->argmax, Download(d_argmax, R * SizeOf(c.target_type)));
     KJIT_ASSIGN_OR_RETURN(out->counters, Download(d_ws, sizeof(CrossEntropyCounters)));
+    KJIT_ASSIGN_OR_RETURN(out->entropy, Download(d_entropy, R * sizeof(float)));
+    KJIT_ASSIGN_OR_RETURN(out->logprob, Download(d_logprob, R * sizeof(float)));
     if (with_grad) {
       KJIT_ASSIGN_OR_RETURN(out->grad, Download(*grad_buf, lay.bytes()));
     }
@@ -385,6 +397,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   const std::vector<double> loss = Decode(first.loss, DType::kF32);
   const std::vector<double> lse = Decode(first.lse, DType::kF32);
   const std::vector<double> argmax = IndexValues(first.argmax, c.target_type);
+  const std::vector<double> entropy = Decode(first.entropy, DType::kF32);
+  const std::vector<double> logprob = Decode(first.logprob, DType::kF32);
   CrossEntropyCounters counters;
   std::memcpy(&counters, first.counters.data(), sizeof(counters));
   const std::vector<double> counter_values = {static_cast<double>(counters.valid_rows),
@@ -399,6 +413,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   ops::CrossEntropyOutputs outs{.loss = &loss, .counters = &counter_values};
   if (want_lse) outs.lse = &lse;
   if (c.argmax) outs.argmax = &argmax;
+  if (c.entropy) outs.entropy = &entropy;
+  if (c.logprob) outs.target_logprob = &logprob;
   if (with_grad) outs.grad = &grad;
   bool all_ok = true;
   for (const auto& [name, r] : ops::CheckCrossEntropy(math, outs, ref)) {
@@ -422,6 +438,19 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     }
   }
 
+  // The entropy and log-probability checks must be able to fail too.
+  if (all_ok && (c.entropy || c.logprob)) {
+    for (int64_t i = 0; i < R; ++i) {
+      if (c.entropy && std::isfinite(ref.entropy[i])) {
+        std::vector<double> bad = entropy;
+        bad[i] = ref.entropy[i] + 1.5 * (ref.entropy_atol[i] + 1e-5 * std::fabs(ref.entropy[i]));
+        EXPECT_FALSE(ops::CheckCrossEntropy(math, {.entropy = &bad}, ref)[0].second.ok)
+            << "the entropy check accepts a perturbed row " << i;
+        break;
+      }
+    }
+  }
+
   // Same inputs, same bits. An in-place run overwrote the logits: restore them first.
   if (c.in_place) ASSERT_OK(d_logits.Upload(logits_image.data(), logits_image.size()));
   Outputs second;
@@ -429,6 +458,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   EXPECT_EQ(second.loss, first.loss) << "loss differs between two runs";
   EXPECT_EQ(second.lse, first.lse) << "lse differs between two runs";
   EXPECT_EQ(second.argmax, first.argmax) << "argmax differs between two runs";
+  EXPECT_EQ(second.entropy, first.entropy) << "entropy differs between two runs";
+  EXPECT_EQ(second.logprob, first.logprob) << "target_logprob differs between two runs";
   EXPECT_EQ(second.counters, first.counters) << "counters differ between two runs";
   EXPECT_EQ(second.grad, first.grad) << "the gradient differs between two runs";
 }
@@ -772,8 +803,9 @@ TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
   RunAll(rt, cases, 9600);
 }
 
-TEST(CrossEntropyGpu, OtherLaunchConfigs) {
-  KJIT_REQUIRE_GPU(rt);
+// One case per config (streaming, resident in 1, 2, 3 and 8 blocks, staged in 1 and 3) and
+// vocab (3, 1000, 50264) that fits: argmax on, rows targeting every boundary of the config.
+std::vector<Case> OtherConfigCases(const Runtime& rt) {
   const std::vector<CrossEntropyConfig> configs = {
       {.vec = 1, .threads = 32, .unroll = 8},
       {.vec = 2, .threads = 96, .unroll = 1},
@@ -797,15 +829,76 @@ TEST(CrossEntropyGpu, OtherLaunchConfigs) {
              .targets = Targets::kBoundaries,
              .config = config};
       c.rows = static_cast<int64_t>(BoundaryColumns(vocab, ConfigOf(c)).size());
-      c.in_place = cases.size() % 4 == 0;
-      cases.push_back(c);
-      c.mode = Mode::kBackward;
-      c.smoothing = 0.1f;
-      c.softcap = 20.0f;
       cases.push_back(c);
     }
   }
+  return cases;
+}
+
+TEST(CrossEntropyGpu, OtherLaunchConfigs) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (Case c : OtherConfigCases(rt)) {
+    c.in_place = cases.size() % 4 == 0;
+    cases.push_back(c);
+    c.mode = Mode::kBackward;
+    c.smoothing = 0.1f;
+    c.softcap = 20.0f;
+    cases.push_back(c);
+  }
   RunAll(rt, cases, 9800);
+}
+
+// The per-row extras (issue 35): entropy and the target's log-probability beside lse and argmax,
+// with every option, odd vocabs, every kernel (streaming, resident, staged: OtherLaunchConfigs'
+// configs), peaked and flat rows and NaN/Inf/masked rows; outputs poisoned, two runs bit-equal.
+TEST(CrossEntropyGpu, EntropyAndTargetLogprob) {
+  KJIT_REQUIRE_GPU(rt);
+  std::vector<Case> cases;
+  for (DType t : kDtypes) {
+    for (int64_t vocab : {2, 3, 1000, 50257, 128256}) {
+      for (int bits = 0; bits < 8; ++bits) {
+        const int n = static_cast<int>(cases.size());
+        Case c{.vocab = vocab, .rows = vocab > 50000 ? 37 : 67, .dtype = t};
+        c.smoothing = (bits & 1) ? 0.1f : 0.0f;
+        c.z = (bits & 2) ? 1e-3f : 0.0f;
+        c.softcap = (bits & 4) ? 15.0f : 0.0f;
+        c.entropy = true;
+        c.logprob = n % 3 != 1;
+        c.argmax = n % 2 == 0;
+        c.lse = n % 4 != 3;
+        c.reduction = n % 3 == 0   ? Reduction::kNone
+                      : n % 3 == 1 ? Reduction::kSum
+                                   : Reduction::kMean;
+        c.target_type = n % 2 ? IndexType::kInt32 : IndexType::kInt64;
+        c.upstream = n % 2 == 1;
+        c.scale = n % 4 == 2 ? 30.0 : 1.0;
+        c.weights = n % 5 == 4 ? Weights::kPositive : Weights::kNone;
+        c.mode = n % 3 == 2 ? Mode::kForward : Mode::kForwardBackward;
+        c.in_place = c.mode == Mode::kForwardBackward && n % 2 == 0;
+        cases.push_back(c);
+      }
+      Case s{.vocab = vocab, .rows = 9, .dtype = t, .reduction = Reduction::kNone};
+      s.entropy = s.logprob = s.argmax = true;
+      s.specials = true;
+      cases.push_back(s);
+      s.targets = Targets::kOutOfRange;
+      s.specials = false;
+      s.mode = Mode::kForward;
+      cases.push_back(s);
+    }
+  }
+  // Every kernel and launch shape, targets at every chunk boundary (OtherLaunchConfigs').
+  for (Case c : OtherConfigCases(rt)) {
+    c.entropy = c.logprob = c.in_place = true;
+    c.scale = c.vocab == 1000 ? 30.0 : 1.0;
+    cases.push_back(c);
+    c.softcap = 20.0f;
+    c.reduction = Reduction::kNone;
+    c.specials = c.rows > 3;
+    cases.push_back(c);
+  }
+  RunAll(rt, cases, 9900);
 }
 
 // The op allocates nothing: device memory is the same before and after a launch on a 1 GB

@@ -43,6 +43,9 @@ struct Case {
   Reduction reduction = Reduction::kMean;
   float smoothing = 0, z_loss = 0, softcap = 0;
   bool argmax = false;
+  bool entropy = false;        // spec.entropy and the entropy output
+  bool logprob = false;        // the target_logprob output
+  bool class_weights = false;  // fp32 per-class weights in [0, 2), every 7th class 0
   IndexType target_type = IndexType::kInt64;
   WeightGradAccumulation accumulation = WeightGradAccumulation::kFloat32;
   bool accumulate = false;   // add to existing d_weight, d_bias
@@ -65,6 +68,8 @@ struct Case {
             .lse_square_scale = z_loss,
             .softcap = softcap,
             .argmax = argmax,
+            .entropy = entropy,
+            .class_weight_dtype = class_weights ? std::optional<DType>(DType::kF32) : std::nullopt,
             .weight_grad_accumulation = accumulation,
             .config = LinearCrossEntropyConfig{
                 .chunk_rows = chunk_rows, .whole_rows = whole_rows, .streams = streams}};
@@ -73,16 +78,16 @@ struct Case {
     return fmt::format(
         "rows={} vocab={} hidden={} {} d_weight={} bias={} {} eps={} z={} cap={} argmax={} "
         "targets={} acc={} accumulate={} grad_output={} forward_only={} ignored={} chunk={} "
-        "whole={} streams={}",
+        "whole={} streams={} entropy={} logprob={} class_weights={}",
         rows, vocab, hidden, Name(dtype), Name(Spec().weight_grad()), bias, Name(reduction),
         smoothing, z_loss, softcap, argmax, Name(target_type), Name(accumulation), accumulate,
-        grad_output, forward_only, targets == Targets::kAllIgnored, chunk_rows, whole_rows,
-        streams);
+        grad_output, forward_only, targets == Targets::kAllIgnored, chunk_rows, whole_rows, streams,
+        entropy, logprob, class_weights);
   }
 };
 
 struct Written {
-  std::vector<unsigned char> loss, lse, argmax, d_hidden, d_weight, d_bias;
+  std::vector<unsigned char> loss, lse, argmax, d_hidden, d_weight, d_bias, entropy, logprob;
   bool operator==(const Written&) const = default;
 };
 
@@ -111,6 +116,12 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     if (R > 3) p.targets[R - 2] = V;  // out of range: counted, ignored
   }
   if (c.grad_output) p.grad_output = RandomValues(gen, none ? R : 1, 1.0, 0.5, DType::kF32);
+  if (c.class_weights) {
+    std::uniform_real_distribution<double> u(0.0, 2.0);
+    p.class_weight.resize(V);
+    for (int64_t v = 0; v < V; ++v)
+      p.class_weight[v] = v % 7 == 3 ? 0.0 : RoundTo(u(gen), DType::kF32);
+  }
   if (c.accumulate) {
     p.d_weight_before = RandomValues(gen, V * H, 0.01, 0.0, wg);
     if (c.bias) p.d_bias_before = RandomValues(gen, V, 0.01, 0.0, wg);
@@ -128,6 +139,9 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_loss, Upload(rt, {}, loss_n * 4));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_lse, Upload(rt, {}, R * 4));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_am, Upload(rt, {}, R * SizeOf(c.target_type)));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_ent, Upload(rt, {}, R * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_lp, Upload(rt, {}, R * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_cw, Upload(rt, Encode(p.class_weight, DType::kF32), V * 4));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_dh, Upload(rt, {}, R * H * SizeOf(c.dtype)));
   const std::vector<unsigned char> dw_before = Encode(p.d_weight_before, wg);
   const std::vector<unsigned char> db_before = Encode(p.d_bias_before, wg);
@@ -144,8 +158,12 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       .loss = TensorView::Vector(d_loss.data(), DType::kF32, loss_n),
       .lse = TensorView::Vector(d_lse.data(), DType::kF32, R),
       .argmax = c.argmax ? IndexView::Of(d_am.data(), c.target_type, R) : IndexView{},
+      .class_weight =
+          c.class_weights ? TensorView::Vector(d_cw.data(), DType::kF32, V) : TensorView{},
       .workspace = d_ws.data(),
       .workspace_bytes = ws_bytes};
+  if (c.entropy) args.entropy = TensorView::Vector(d_ent.data(), DType::kF32, R);
+  if (c.logprob) args.target_logprob = TensorView::Vector(d_lp.data(), DType::kF32, R);
   if (!c.forward_only) {
     if (c.grad_output) args.grad_output = TensorView::Vector(d_go.data(), DType::kF32, loss_n);
     args.d_hidden = TensorView::Matrix(d_dh.data(), c.dtype, R, H);
@@ -154,11 +172,19 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     args.accumulate = c.accumulate;
   }
   auto launch = [&](Written* out) {
+    ASSERT_OK(d_ent.Fill(0xFF));  // poisoned: every row must be written
+    ASSERT_OK(d_lp.Fill(0xFF));
     ASSERT_OK(c.forward_only ? op.Forward(nullptr, args) : op.ForwardBackward(nullptr, args));
     ASSERT_OK_AND_ASSIGN(out->loss, Download(d_loss, loss_n * 4));
     ASSERT_OK_AND_ASSIGN(out->lse, Download(d_lse, R * 4));
     if (c.argmax) {
       ASSERT_OK_AND_ASSIGN(out->argmax, Download(d_am, R * SizeOf(c.target_type)));
+    }
+    if (c.entropy) {
+      ASSERT_OK_AND_ASSIGN(out->entropy, Download(d_ent, R * 4));
+    }
+    if (c.logprob) {
+      ASSERT_OK_AND_ASSIGN(out->logprob, Download(d_lp, R * 4));
     }
     if (c.forward_only) return;
     ASSERT_OK_AND_ASSIGN(out->d_hidden, Download(d_dh, R * H * SizeOf(c.dtype)));
@@ -176,7 +202,19 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   const std::vector<double> d_hidden = Decode(first.d_hidden, c.dtype);
   const std::vector<double> d_weight = Decode(first.d_weight, wg),
                             d_bias = Decode(first.d_bias, wg);
+  const std::vector<double> entropy = Decode(first.entropy, DType::kF32),
+                            logprob = Decode(first.logprob, DType::kF32),
+                            argmax_values = IndexValues(first.argmax, c.target_type);
   ops::LinearCrossEntropyOutputs outs{.loss = &loss, .lse = &lse};
+  if (c.entropy) outs.entropy = &entropy;
+  if (c.logprob) outs.target_logprob = &logprob;
+  if (c.argmax) outs.argmax = &argmax_values;
+  if (c.entropy) {
+    // The entropy check can fail: one row off by twice its bound.
+    std::vector<double> off = entropy;
+    off[0] = ref.loss.entropy[0] + 2 * ref.entropy_atol[0] + 1e-6;
+    EXPECT_FALSE(ops::CheckLinearCrossEntropy({.entropy = &off}, ref)[0].second.ok);
+  }
   if (!c.forward_only) {
     outs.d_hidden = &d_hidden;
     outs.d_weight = &d_weight;
@@ -247,19 +285,59 @@ TEST(LinearCrossEntropyGpu, DtypesReductionsAndStreams) {
   RunAll(cases);
 }
 
+// The loss options of bits 0-3 of `options` on a small odd shape: bias, label smoothing, z-loss,
+// soft-cap; index type and streams rotate with it.
+Case WithLossOptions(int options) {
+  Case c{.rows = 50, .vocab = 515, .hidden = 40};
+  c.bias = options & 1;
+  c.smoothing = options & 2 ? 0.1f : 0;
+  c.z_loss = options & 4 ? 1e-3f : 0;
+  c.softcap = options & 8 ? 15.0f : 0;
+  c.target_type = options % 3 == 0 ? IndexType::kInt32 : IndexType::kInt64;
+  c.streams = 1 + options % 2;
+  return c;
+}
+
 TEST(LinearCrossEntropyGpu, EveryOption) {
   std::vector<Case> cases;
   for (int options = 0; options < 32; ++options) {
-    Case c{.rows = 50, .vocab = 515, .hidden = 40};
-    c.bias = options & 1;
-    c.smoothing = options & 2 ? 0.1f : 0;
-    c.z_loss = options & 4 ? 1e-3f : 0;
-    c.softcap = options & 8 ? 15.0f : 0;
+    Case c = WithLossOptions(options);
     c.argmax = options & 16;
-    c.target_type = options % 3 == 0 ? IndexType::kInt32 : IndexType::kInt64;
-    c.streams = 1 + options % 2;
     cases.push_back(c);
   }
+  RunAll(cases);
+}
+
+// The per-row extras (issue 35) and class weights, with every loss option, chunked and whole,
+// every dtype and reduction, odd shapes (vocabs that are no multiple of 8, one row, all rows
+// ignored), and reduction none with per-row upstream gradients.
+TEST(LinearCrossEntropyGpu, EntropyLogprobAndClassWeights) {
+  std::vector<Case> cases;
+  for (int options = 0; options < 32; ++options) {
+    Case c = WithLossOptions(options);
+    c.class_weights = options & 16;
+    c.entropy = options % 4 != 3;
+    c.logprob = options % 3 != 2;
+    c.argmax = options % 2 == 0;
+    c.reduction = static_cast<Reduction>(options % 3);
+    c.grad_output = options % 2 == 1;
+    c.forward_only = options % 5 == 4;
+    c.dtype = options % 7 == 6 ? DType::kF32 : options % 7 == 5 ? DType::kF16 : DType::kBF16;
+    c.whole_rows = options % 4 == 1 ? 64 : 0;
+    cases.push_back(c);
+  }
+  Case odd{.rows = 1, .vocab = 3, .hidden = 5};
+  odd.entropy = odd.logprob = odd.class_weights = true;
+  cases.push_back(odd);
+  odd.rows = 33;
+  odd.vocab = 1001;
+  odd.hidden = 24;
+  odd.targets = Targets::kAllIgnored;
+  cases.push_back(odd);  // mean over no rows, with class weights: NaN
+  odd.class_weights = false;
+  odd.reduction = Reduction::kNone;
+  odd.argmax = odd.grad_output = true;
+  cases.push_back(odd);
   RunAll(cases);
 }
 

@@ -122,6 +122,20 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
     ExpectCompiles({.vocab = 262144, .dtype = DType::kF16, .argmax = true}, c, "sm_100");
     if (::testing::Test::HasFatalFailure()) return;
   }
+  // The entropy accumulator in each of the fused op's kernels and the forward.
+  for (const CrossEntropyConfig& c :
+       {CrossEntropyConfig{.vec = 2, .threads = 96, .unroll = 1},
+        CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 3},
+        CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2, .staged = 1}}) {
+    ExpectCompiles({.vocab = 50257,
+                    .dtype = DType::kBF16,
+                    .label_smoothing = 0.1f,
+                    .softcap = 30.0f,
+                    .argmax = true,
+                    .entropy = true},
+                   c, "sm_90");
+    if (::testing::Test::HasFatalFailure()) return;
+  }
   // Staged with a vocab that is not a multiple of the vector: the last block's scalar tail.
   ExpectCompiles(
       {.vocab = 50257, .dtype = DType::kBF16, .label_smoothing = 0.1f, .softcap = 30.0f},

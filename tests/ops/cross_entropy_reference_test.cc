@@ -38,6 +38,43 @@ TEST(CrossEntropyReferenceTest, HandComputedRow) {
   EXPECT_EQ(r.counters, (std::vector<double>{1, 0}));
 }
 
+// Entropy -sum p ln p of the (capped) softmax for every row, the target's log-probability
+// x_t - lse (= -loss without options) for valid rows and 0 for ignored ones; NaN entropy for
+// rows whose lse is not finite; masked classes count as p = 0.
+TEST(CrossEntropyReferenceTest, EntropyAndTargetLogprob) {
+  const CrossEntropyMath m{.vocab = 3, .dtype = DType::kF32, .reduction = Reduction::kNone};
+  const auto r = CrossEntropyReference(m, 4, {1, 2, 3, 0, 0, 0, 5, -kInf, 5, -kInf, -kInf, -kInf},
+                                       {2, -100, 1, 0}, nullptr, false);
+  const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  double h = 0;
+  for (double x : {1.0, 2.0, 3.0}) h -= std::exp(x - lse) * (x - lse);
+  EXPECT_NEAR(r.entropy[0], h, 1e-15);
+  EXPECT_NEAR(r.entropy[1], std::log(3.0), 1e-15);  // ignored rows too
+  EXPECT_NEAR(r.entropy[2], std::log(2.0), 1e-15);  // a masked class: p = 0 adds nothing
+  EXPECT_TRUE(std::isnan(r.entropy[3]));            // all masked
+  EXPECT_NEAR(r.target_logprob[0], 3 - lse, 1e-15);
+  EXPECT_NEAR(r.target_logprob[0], -r.loss[0], 1e-15);
+  EXPECT_EQ(r.target_logprob[1], 0.0);
+  EXPECT_EQ(r.target_logprob[2], -kInf);  // the target is a masked class
+  // The checks accept the reference and reject a perturbed entropy.
+  std::vector<double> e = r.entropy, lp = r.target_logprob;
+  for (const auto& [name, c] : CheckCrossEntropy(m, {.entropy = &e, .target_logprob = &lp}, r))
+    EXPECT_TRUE(c.ok) << c.Describe(name);
+  e[0] += 1e-3;
+  EXPECT_FALSE(CheckCrossEntropy(m, {.entropy = &e}, r)[0].second.ok);
+  // With soft-capping, the entropy is the capped logits' softmax's.
+  const CrossEntropyMath capped{.vocab = 3, .dtype = DType::kF32, .softcap = 2.0};
+  const auto rc = CrossEntropyReference(capped, 1, {1, 2, 3}, {0}, nullptr, false);
+  double hc = 0, sc = 0;
+  for (double x : {1.0, 2.0, 3.0}) sc += std::exp(2 * std::tanh(x / 2));
+  for (double x : {1.0, 2.0, 3.0}) {
+    const double lp_x = 2 * std::tanh(x / 2) - std::log(sc);
+    hc -= std::exp(lp_x) * lp_x;
+  }
+  EXPECT_NEAR(rc.entropy[0], hc, 1e-14);
+  EXPECT_NEAR(rc.target_logprob[0], 2 * std::tanh(0.5) - std::log(sc), 1e-14);
+}
+
 TEST(CrossEntropyReferenceTest, IgnoredOutOfRangeAndAllIgnoredRowsFollowPyTorch) {
   CrossEntropyMath m{
       .vocab = 4, .dtype = DType::kF32, .ignore_index = -100, .reduction = Reduction::kMean};

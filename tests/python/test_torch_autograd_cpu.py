@@ -19,18 +19,40 @@ except ImportError:
     pass
 
 
-def _loss(h, w, t, b, ignore_index, reduction, label_smoothing, lse_square_scale, softcap):
+def _logits(h, w, b, softcap):
     logits = F.linear(h, w, b)
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    per_row = F.cross_entropy(logits, t.long(), ignore_index=ignore_index, reduction="none",
-                              label_smoothing=label_smoothing)
+    return softcap * torch.tanh(logits / softcap) if softcap else logits
+
+
+def _loss(h, w, t, b, ignore_index, reduction, label_smoothing, z_loss, softcap,
+          accumulation="fp32", class_weight=None):
+    logits = _logits(h, w, b, softcap)
+    cw = None if class_weight is None else class_weight.to(logits.dtype)
+    per_row = F.cross_entropy(logits, t.long(), weight=cw, ignore_index=ignore_index,
+                              reduction="none", label_smoothing=label_smoothing)
     valid = t != ignore_index
-    z = lse_square_scale * torch.logsumexp(logits, dim=-1) ** 2
+    w_t = torch.ones_like(per_row) if cw is None else cw[torch.where(valid, t, 0)]
+    z = z_loss * torch.logsumexp(logits, dim=-1) ** 2 * w_t
     per_row = per_row + torch.where(valid, z, torch.zeros_like(z))
     if reduction == "none":
         return per_row
-    return per_row.sum() if reduction == "sum" else per_row.sum() / valid.sum()
+    return per_row.sum() if reduction == "sum" else per_row.sum() / torch.where(valid, w_t, 0).sum()
+
+
+def _per_row(h, w, t, b, argmax, entropy, logprob, ignore_index, softcap):
+    """lse and the extras the kernels write, in float64 (empty where not asked, and the lse too
+    when nothing is, as the fused op's)."""
+    with torch.no_grad():
+        logits = _logits(h.double(), w.double(), None if b is None else b.double(), softcap)
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits - lse[:, None]
+        valid = t != ignore_index
+        x_t = logits.gather(1, torch.where(valid, t, 0).long()[:, None])[:, 0]
+        empty = torch.empty(0)
+        return (lse.float() if argmax or entropy or logprob else empty,
+                logits.argmax(-1).to(t.dtype) if argmax else empty.to(t.dtype),
+                -(logp.exp() * logp).sum(-1).float() if entropy else empty,
+                torch.where(valid, x_t - lse, 0.0).float() if logprob else empty)
 
 
 @pytest.fixture
@@ -38,25 +60,28 @@ def launches(monkeypatch):
     """The kernels as torch code on the CPU; returns the launches made, in order."""
     made = []
 
-    def forward(h, w, t, b, *options):
+    def forward(h, w, t, b, cw, argmax, entropy, logprob, *options):
         made.append(("forward",))
         with torch.no_grad():
-            return _loss(h.double(), w.double(), t, None if b is None else b.double(),
-                         *options).float()
+            loss = _loss(h.double(), w.double(), t, None if b is None else b.double(), *options,
+                         class_weight=cw).float()
+        return (loss, *_per_row(h, w, t, b, argmax, entropy, logprob, options[0], options[4]))
 
-    def forward_backward(h, w, t, b, grad_output, d_h, d_w, d_b, *options):
+    def forward_backward(h, w, t, b, cw, grad_output, argmax, entropy, logprob, d_h, d_w, d_b,
+                         *options):
         made.append(("forward_backward", d_h, d_w, d_b, grad_output is not None))
         inputs = [x.detach().double().requires_grad_(wanted) if x is not None else None
                   for x, wanted in ((h, d_h), (w, d_w), (b, d_b))]
         with torch.enable_grad():
-            loss = _loss(inputs[0], inputs[1], t, inputs[2], *options)
+            loss = _loss(inputs[0], inputs[1], t, inputs[2], *options, class_weight=cw)
             up = torch.ones_like(loss) if grad_output is None else grad_output.double().reshape(
                 loss.shape)
             wanted = [x for x in inputs if x is not None and x.requires_grad]
             grads = iter(torch.autograd.grad(loss, wanted, up))
         out = [next(grads).to(x.dtype) if x is not None and x.requires_grad else
                torch.empty(0, dtype=h.dtype) for x in inputs]
-        return (loss.detach().float(), *out)
+        return (loss.detach().float(),
+                *_per_row(h, w, t, b, argmax, entropy, logprob, options[0], options[4]), *out)
 
     def rescale(grad, which, grad_output, applied, *spec_and_options):
         g = grad_output.double().reshape(())
@@ -84,24 +109,28 @@ def _inputs(rows=6, vocab=11, hidden=5, bias=True, seed=0):
 
 def _reference(h, w, t, b, up, **options):
     leaves = [x.detach().double().requires_grad_() if x is not None else None for x in (h, w, b)]
-    opts = dict(ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
+    opts = dict(ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
                 softcap=0.0)
+    class_weight = options.pop("class_weight", None)
     opts.update(options)
-    loss = _loss(leaves[0], leaves[1], t, leaves[2], *opts.values())
+    loss = _loss(leaves[0], leaves[1], t, leaves[2], *opts.values(), class_weight=class_weight)
     loss.backward(up.double())
     return loss.detach(), [x.grad if x is not None else None for x in leaves]
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("options", [{}, dict(label_smoothing=0.1, lse_square_scale=1e-3,
-                                              softcap=3.0)])
+@pytest.mark.parametrize("options", [{}, dict(label_smoothing=0.1, z_loss=1e-3, softcap=3.0),
+                                     dict(label_smoothing=0.1, z_loss=1e-3, class_weight="random")])
 def test_gradients_match_torch_for_every_reduction(launches, reduction, options):
     h, w, t, b = _inputs()
     leaves = [x.clone().requires_grad_() for x in (h, w, b)]
+    if options.get("class_weight") == "random":
+        options = dict(options, class_weight=torch.rand(11) + 0.5)
     up = torch.rand(6 if reduction == "none" else ()) + 0.5
     loss = kt.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], reduction=reduction,
                                    **options)
     loss.backward(up)
+    options = dict(options)
     ref_loss, ref_grads = _reference(h, w, t, b, up, reduction=reduction, **options)
     torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-6, atol=1e-6)
     for leaf, ref in zip(leaves, ref_grads):
@@ -192,3 +221,97 @@ def test_a_strided_bias_gets_its_gradient(launches):
     _, (_, _, ref_db) = _reference(h, w, t, wide[:, 0].detach(), torch.ones(()))
     torch.testing.assert_close(wide.grad[:, 0].double(), ref_db, rtol=1e-5, atol=1e-6)
     assert torch.count_nonzero(wide.grad[:, 1]) == 0
+
+
+def test_extras_come_from_the_same_launch_and_reduce_over_the_valid_rows(launches):
+    h, w, t, b = _inputs(rows=9)
+    t[5] = -100
+    leaves = [x.clone().requires_grad_() for x in (h, w, b)]
+    out = kt.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], extras=True, z_loss=1e-2)
+    assert isinstance(out, kt.LossOutput)
+    assert launches == [("forward_backward", True, True, True, False)]  # one pass, all of it
+    ref_loss, _ = _reference(h, w, t, b, torch.ones(()), z_loss=1e-2)
+    torch.testing.assert_close(out.loss.double(), ref_loss, rtol=1e-6, atol=1e-6)
+    logits = F.linear(h.double(), w.double(), b.double())
+    valid = t != -100
+    lse = torch.logsumexp(logits, -1)
+    p = torch.softmax(logits, -1)
+    entropy = -(p * p.log()).sum(-1)
+    predicted = logits.argmax(-1)
+    assert out.predicted.dtype == t.dtype and torch.equal(out.predicted, predicted)
+    torch.testing.assert_close(out.lse.double(), lse, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.entropy.double(), entropy, rtol=1e-6, atol=1e-6)
+    logprob = torch.where(valid, logits.gather(1, torch.where(valid, t, 0)[:, None])[:, 0] - lse,
+                          0.0)
+    torch.testing.assert_close(out.target_logprob.double(), logprob, rtol=1e-6, atol=1e-6)
+    n = valid.sum()
+    assert out.num_tokens.item() == n.item() == 7
+    assert out.token_accuracy.dtype == torch.float32
+    torch.testing.assert_close(out.token_accuracy.double(),
+                               ((predicted == t) & valid).sum().double() / n)
+    torch.testing.assert_close(out.mean_entropy.double(), entropy[valid].mean(), rtol=1e-6,
+                               atol=1e-6)
+    torch.testing.assert_close(out.z_loss.double(), (1e-2 * lse[valid] ** 2).mean(), rtol=1e-5,
+                               atol=1e-7)
+    # The loss alone is differentiable; the extras are not.
+    out.loss.backward()
+    assert all(x.grad is not None for x in leaves)
+    assert not any(getattr(out, f).requires_grad for f in kt.LossOutput._fields[1:])
+
+
+def test_asking_for_some_extras_computes_only_what_they_need(launches, monkeypatch):
+    seen = []
+    real = _kernels.linear_cross_entropy_forward
+
+    def spy(h, w, t, b, cw, argmax, entropy, logprob, *options):
+        seen.append((argmax, entropy, logprob))
+        return real(h, w, t, b, cw, argmax, entropy, logprob, *options)
+
+    monkeypatch.setattr(_kernels, "linear_cross_entropy_forward", spy)
+    h, w, t, b = _inputs()
+    out = kt.linear_cross_entropy(h, w, t, b, extras=("token_accuracy",))
+    assert seen[-1] == (True, False, False)
+    assert out.token_accuracy is not None and out.entropy is None and out.predicted is None
+    kt.linear_cross_entropy(h, w, t, b, extras="mean_entropy")
+    assert seen[-1] == (False, True, False)
+    out = kt.linear_cross_entropy(h, w, t, b, extras=["lse"])
+    assert seen[-1] == (False, False, True) and out.lse.shape == (6,)  # a row output: the lse
+    assert torch.is_tensor(kt.linear_cross_entropy(h, w, t, b))  # the plain call: the loss
+    with pytest.raises(ValueError, match="unknown 'accuracy'"):
+        kt.linear_cross_entropy(h, w, t, b, extras=("accuracy",))
+
+
+def test_reduction_none_keeps_per_row_upstream_gradients_with_extras(launches):
+    h, w, t, b = _inputs()
+    hl = h.clone().requires_grad_()
+    out = kt.linear_cross_entropy(hl, w, t, b, reduction="none", extras=True)
+    up = torch.rand(6) + 0.5
+    out.loss.backward(up)
+    _, (ref_dh, _, _) = _reference(h, w, t, b, up, reduction="none")
+    torch.testing.assert_close(hl.grad.double(), ref_dh, rtol=1e-5, atol=1e-6)
+    # (-loss is the target's log-probability, with its gradient, where no option changes it)
+    valid = t != -100
+    torch.testing.assert_close(-out.loss[valid], out.target_logprob[valid], rtol=1e-6, atol=1e-6)
+
+
+def test_lse_square_scale_still_works_and_warns(launches):
+    h, w, t, b = _inputs()
+    with pytest.warns(DeprecationWarning, match="now z_loss"):
+        old = kt.linear_cross_entropy(h, w, t, b, lse_square_scale=1e-2)
+    torch.testing.assert_close(old, kt.linear_cross_entropy(h, w, t, b, z_loss=1e-2))
+    with pytest.raises(ValueError, match="z_loss alone"), pytest.warns(DeprecationWarning):
+        kt.linear_cross_entropy(h, w, t, b, lse_square_scale=1e-2, z_loss=1e-3)
+    with pytest.warns(DeprecationWarning):
+        assert kt.LinearCrossEntropyLoss(lse_square_scale=0.5).z_loss == 0.5
+
+
+def test_the_weight_gradient_accumulation_is_chosen_and_checked(launches, monkeypatch):
+    specs = []
+    monkeypatch.setattr(_kernels, "_op", lambda kind, device, **spec: specs.append(spec))
+    _kernels.linear_cross_entropy_op(*_inputs()[:3], True, True, None, (False, False, False),
+                                     -100, "mean", 0.0, 0.0, 0.0, "output_dtype")
+    _kernels.linear_cross_entropy_op(*_inputs()[:3], True, True, None, (False, False, False),
+                                     -100, "mean", 0.0, 0.0, 0.0, "fp32")
+    assert [s["weight_grad_accumulation"] for s in specs] == ["output_dtype", "fp32"]
+    with pytest.raises(ValueError, match="weight_grad_accumulation"):
+        kt.linear_cross_entropy(*_inputs(), weight_grad_accumulation="bf16")

@@ -183,7 +183,7 @@ def test_linear_cross_entropy_argument_errors_name_the_argument(change, error, m
     (dict(reduction="avg"), "reduction must be one of"),
     (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
     (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\)"),
-    (dict(lse_square_scale=-1e-4), "lse_square_scale must be >= 0"),
+    (dict(z_loss=-1e-4), "z_loss must be >= 0"),
     (dict(softcap=-1.0), r"softcap must be >= 0 \(0: off\)"),
     (dict(softcap=float("nan")), "softcap must be >= 0"),
 ])
@@ -196,7 +196,7 @@ def test_linear_cross_entropy_option_errors(kwargs, message):
 
 @pytest.mark.parametrize("dtype, bias, kwargs", [
     ("float32", True, {}), ("bfloat16", False, {}), ("float16", True, dict(softcap=None)),
-    ("float32", True, dict(reduction="none", label_smoothing=0.1, lse_square_scale=1e-4,
+    ("float32", True, dict(reduction="none", label_smoothing=0.1, z_loss=1e-4,
                            softcap=30.0)),
 ])
 def test_linear_cross_entropy_good_arguments_pass_the_checks(dtype, bias, kwargs):
@@ -207,9 +207,9 @@ def test_linear_cross_entropy_good_arguments_pass_the_checks(dtype, bias, kwargs
 
 
 def test_linear_cross_entropy_loss_module_owns_no_parameters():
-    loss = kt.LinearCrossEntropyLoss(ignore_index=3, lse_square_scale=1e-4)
+    loss = kt.LinearCrossEntropyLoss(ignore_index=3, z_loss=1e-4)
     assert not list(loss.parameters()) and not loss.state_dict()
-    assert "ignore_index=3" in repr(loss) and "lse_square_scale=0.0001" in repr(loss)
+    assert "ignore_index=3" in repr(loss) and "z_loss=0.0001" in repr(loss)
 
 
 def test_linear_cross_entropy_custom_ops_are_registered():

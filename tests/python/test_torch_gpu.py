@@ -373,8 +373,8 @@ def make_lce_inputs(rows, vocab, hidden, dtype, bias=True, seed=0, target_type=N
     return h, w, b, target.to(target_type or torch.int64)
 
 
-def lce_reference(h, w, b, target, up, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
-                  softcap=0.0):
+def lce_reference(h, w, b, target, up, reduction="mean", label_smoothing=0.0, z_loss=0.0,
+                  softcap=0.0, class_weight=None):
     """float64 loss and gradients (for upstream gradient `up`) of torch's own
     F.cross_entropy(h @ w.T + b), soft-capped and with z-loss as include/kjit/cross_entropy.h
     defines them."""
@@ -385,18 +385,20 @@ def lce_reference(h, w, b, target, up, reduction="mean", label_smoothing=0.0, ls
     if softcap:
         logits = softcap * torch.tanh(logits / softcap)
     target = target.long()
-    per_row = F.cross_entropy(logits, target, ignore_index=-100, reduction="none",
+    cw = None if class_weight is None else class_weight.double()
+    per_row = F.cross_entropy(logits, target, weight=cw, ignore_index=-100, reduction="none",
                               label_smoothing=label_smoothing)
     valid = target != -100
-    if lse_square_scale:
-        z = lse_square_scale * torch.logsumexp(logits, dim=-1) ** 2
+    w_t = torch.ones_like(per_row) if cw is None else cw[torch.where(valid, target, 0)]
+    if z_loss:
+        z = z_loss * torch.logsumexp(logits, dim=-1) ** 2 * w_t
         per_row = per_row + torch.where(valid, z, torch.zeros_like(z))
     if reduction == "none":
         loss = per_row
     elif reduction == "sum":
         loss = per_row.sum()
     else:
-        loss = per_row.sum() / valid.sum()
+        loss = per_row.sum() / torch.where(valid, w_t, 0).sum()
     loss.backward(up.double())
     return loss.detach(), h64.grad, w64.grad, (b64.grad if b is not None else None)
 
@@ -420,6 +422,7 @@ def check_lce(rows, vocab, hidden, dtype, reduction="mean", bias=True, target_ty
     h, w, b, target = make_lce_inputs(rows, vocab, hidden, dtype, bias, target_type=target_type)
     up = upstream(reduction, rows)
     got = run_lce(h, w, b, target, up, reduction=reduction, **options)
+    options.pop("weight_grad_accumulation", None)
     ref = lce_reference(h, w, b, target, up, reduction, **options)
     assert got[0].dtype == torch.float32
     assert_close(got[0], ref[0], 1e-5, 1e-5, "loss")
@@ -441,14 +444,20 @@ def test_linear_cross_entropy_matches_torch_fp64(dtype, reduction):
 
 
 @pytest.mark.parametrize("options", [
-    dict(label_smoothing=0.1), dict(lse_square_scale=1e-3), dict(softcap=5.0),
+    dict(label_smoothing=0.1), dict(z_loss=1e-3), dict(softcap=5.0),
     dict(bias=False, target_type="int32"),
-    dict(label_smoothing=0.05, lse_square_scale=1e-3, softcap=8.0, reduction="none"),
+    dict(label_smoothing=0.05, z_loss=1e-3, softcap=8.0, reduction="none"),
+    dict(class_weight="fp32"), dict(class_weight="bf16", label_smoothing=0.1, z_loss=1e-3),
+    dict(class_weight="fp32", reduction="sum", weight_grad_accumulation="output_dtype"),
 ])
 def test_linear_cross_entropy_options(options):
     options = dict(options)
     if "target_type" in options:
         options["target_type"] = getattr(torch, options["target_type"])
+    if "class_weight" in options:
+        g = torch.Generator(device="cuda").manual_seed(5)
+        options["class_weight"] = (torch.rand(1000, device="cuda", generator=g) * 2).to(
+            dtype_of(options["class_weight"]))
     check_lce(77, 1000, 64, "bf16", **options)
 
 
@@ -802,6 +811,115 @@ def test_cuda_graph_training_step_gives_the_same_bits():
         assert torch.equal(p, q)
 
 
+# ---- The per-row extras and their reductions (issue 35) ---------------------------------------
+
+def extras_reference(logits, target, softcap=0.0, ignore_index=-100):
+    """float64 lse, argmax, entropy and target log-probability of (capped) logits, and the valid
+    rows."""
+    x = logits.detach().double()
+    capped = softcap * torch.tanh(x / softcap) if softcap else x
+    lse = torch.logsumexp(capped, -1)
+    logp = capped - lse[:, None]
+    p = logp.exp()
+    entropy = -(p * torch.where(p > 0, logp, 0.0)).sum(-1)
+    valid = (target != ignore_index) & (target >= 0) & (target < x.shape[-1])
+    x_t = capped.gather(1, torch.where(valid, target, 0).long()[:, None])[:, 0]
+    return lse, x.argmax(-1), entropy, torch.where(valid, x_t - lse, 0.0), valid
+
+
+def check_extras(out, ref, target, logits=None, logit_error=0.0):
+    """out's extras against the reference; logits and logit_error (the fused op's): its logits
+    may each be that far from the reference's, which moves lse and the log-probability by as
+    much, the entropy by up to 2 H times it, and lets the argmax pick any logit that close to
+    the largest."""
+    lse, argmax, entropy, logprob, valid = ref
+    size = 1 + lse.abs().max().item()
+    h_err = 2 * entropy.nan_to_num().max().item() * logit_error
+    assert isinstance(out, kt.LossOutput)
+    assert_close(out.lse, lse, 1e-6, 1e-5 + logit_error, "lse")
+    assert_close(out.entropy, entropy, 1e-5, 2e-5 * size + h_err, "entropy")
+    assert_close(out.target_logprob, logprob, 1e-6, 1e-5 * size + 2 * logit_error,
+                 "target_logprob")
+    assert out.predicted.dtype == target.dtype
+    if logits is None:
+        assert torch.equal(out.predicted.long(), argmax), "predicted tokens"
+    else:
+        x = logits.detach().double()
+        picked = x.gather(1, out.predicted.long()[:, None])[:, 0]
+        assert bool((picked >= x.max(-1).values - 2 * logit_error).all()), "predicted tokens"
+        argmax = out.predicted.long()
+    n = valid.sum()
+    assert out.num_tokens.item() == n.item()
+    hits = ((argmax == target.long()) & valid).sum().double() / n
+    assert_close(out.token_accuracy, hits, 0, 1e-6, "token_accuracy")
+    assert_close(out.mean_entropy, entropy[valid].mean(), 1e-5, 1e-5 + h_err, "mean_entropy")
+    # The check can fail: an entropy off by twice its bound is rejected.
+    with pytest.raises(AssertionError):
+        bound = 2e-5 * size + h_err + 1e-5 * entropy.nan_to_num().abs()
+        assert_close(out.entropy + 2 * bound, entropy, 1e-5, 2e-5 * size + h_err, "entropy")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("vocab", [3, 1000, 50257, 128256])
+@pytest.mark.parametrize("options", [{}, dict(softcap=10.0, label_smoothing=0.1, z_loss=1e-3),
+                                     dict(reduction="none"), dict(inplace_backward=False)])
+def test_cross_entropy_extras_match_fp64(dtype, vocab, options):
+    rows = 65 if vocab > 50000 else 257
+    logits, target = make_ce_inputs(rows, vocab, dtype, scale=8.0 if vocab == 3 else 4.0)
+    leaf = logits.clone().requires_grad_()
+    out = kt.cross_entropy(leaf.view_as(leaf), target, extras=True, **options)
+    ref = extras_reference(logits, target, options.get("softcap") or 0.0)
+    check_extras(out, ref, target)
+    # The loss and its gradient are the plain call's, bit for bit.
+    leaf2 = logits.clone().requires_grad_()
+    plain = kt.cross_entropy(leaf2.view_as(leaf2), target, **options)
+    assert torch.equal(out.loss, plain)
+    up = torch.rand_like(plain) + 0.5
+    (g1,) = torch.autograd.grad(out.loss, leaf, up)
+    (g2,) = torch.autograd.grad(plain, leaf2, up)
+    assert torch.equal(g1, g2)
+    if options.get("reduction") == "none":  # -loss is the target's log-probability
+        valid = ref[4]
+        assert_close(-out.loss[valid], ref[3][valid], 1e-6, 1e-5, "-loss")
+
+
+def test_cross_entropy_extras_with_class_weights_and_the_z_loss_value():
+    logits, target = make_ce_inputs(300, 32000, "bf16")
+    weight = torch.rand(32000, device="cuda") * 2
+    out = kt.cross_entropy(logits.clone().requires_grad_(), target, weight, z_loss=1e-3,
+                           extras=("z_loss", "token_accuracy", "entropy"))
+    assert out.lse is None and out.predicted is None and out.target_logprob is None
+    lse, argmax, entropy, _, valid = extras_reference(logits, target)
+    w_t = weight.double()[torch.where(valid, target, 0)]
+    z = torch.where(valid, 1e-3 * lse ** 2 * w_t, 0.0).sum() / torch.where(valid, w_t, 0.0).sum()
+    assert_close(out.z_loss, z, 1e-5, 1e-7, "z_loss")
+    assert_close(out.entropy, entropy, 1e-5, 1e-4, "entropy")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("options", [{}, dict(softcap=8.0, label_smoothing=0.05, z_loss=1e-3),
+                                     dict(reduction="none"), dict(class_weight=True)])
+def test_linear_cross_entropy_extras_match_fp64(dtype, options):
+    options = dict(options)
+    h, w, b, target = make_lce_inputs(77, 1001, 64, dtype, True)
+    if options.pop("class_weight", False):
+        options["class_weight"] = torch.rand(1001, device="cuda") * 2
+    up = upstream(options.get("reduction", "mean"), 77)
+    hl, wl, bl = (t.clone().requires_grad_() for t in (h, w, b))
+    out = kt.linear_cross_entropy(hl, wl, target, bl, extras=True, **options)
+    out.loss.backward(up)
+    ref_loss, ref_dh, ref_dw, _ = lce_reference(h, w, b, target, up, **options)
+    assert_close(out.loss, ref_loss, 1e-5, 1e-5, "loss")
+    atol = LCE_ATOL[dtype] * ref_dh.abs().max().item() + 1e-30
+    assert_close(hl.grad, ref_dh, 2 * RTOL[dtype], atol, "d_hidden")
+    # The op's logits are rounded to the dtype: the reference takes them as the op rounds them.
+    logits = F.linear(h.double(), w.double(), b.double()).to(dtype_of(dtype))
+    ref = extras_reference(logits, target, options.get("softcap") or 0.0)
+    # One rounding of the largest logit (the GEMM's fp32 sum may round the other way).
+    error = RTOL[dtype] * logits.double().abs().max().item()
+    check_extras(out, ref, target, logits, error)
+
+
 # ---- apply_to on Hugging Face models -----------------------------------------------------------
 
 def hf_model(kind):
@@ -843,3 +961,36 @@ def test_apply_to_tracks_the_unpatched_model(kind, fused):
     # bf16 training: the two runs round differently (fp32 loss here, the fp32 copy of the logits
     # there) and drift apart slowly; 2% over 50 steps, where a wrong gradient diverges at once.
     assert worst < 0.02, f"worst relative loss difference {worst}"
+
+
+def test_apply_to_hands_out_logits_or_none_never_the_gradient():
+    base = hf_model("llama")
+    ids = torch.randint(0, 32000, (2, 64), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(2))
+    labels = ids.clone()
+    labels[:, :5] = -100
+    base.train()
+    expected = base(input_ids=ids, labels=labels)
+    for options, seq in (({}, 64), ({"inplace_backward": True}, 0),
+                         ({"linear_cross_entropy": True}, 0)):
+        patched = copy.deepcopy(base)
+        kt.apply_to(patched, rms_norm=False, metrics=True, **options)
+        patched.train()
+        out = patched(input_ids=ids, labels=labels)
+        assert out.logits.shape == (2, seq, 32000), options
+        if seq:
+            assert torch.equal(out.logits, expected.logits), "the model's logits, untouched"
+        out.loss.backward()
+        assert abs(out.loss.item() - expected.loss.item()) < 1e-2 * expected.loss.item()
+        with torch.no_grad():
+            flat = expected.logits.reshape(-1, 32000).double()
+            target = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+            valid = target != -100
+            logp = torch.log_softmax(flat, -1)
+            entropy = (-(logp.exp() * logp).sum(-1))[valid].mean().item()
+            accuracy = ((flat.argmax(-1) == target) & valid).sum().item() / valid.sum().item()
+        m = out.kjit_metrics
+        assert m["num_tokens"].item() == valid.sum().item()
+        assert abs(m["entropy"].item() - entropy) < 1e-2 * entropy, (options, m, entropy)
+        # (the fused lm_head's logits round differently: a near tie may flip)
+        assert abs(m["token_accuracy"].item() - accuracy) <= 2 / valid.sum().item(), options

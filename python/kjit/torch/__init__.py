@@ -17,10 +17,10 @@ except ImportError as e:  # pragma: no cover - exercised where torch is absent
     raise ImportError("kjit.torch needs PyTorch (pip install torch); the rest of kjit (kjit.Runtime, "
                       "python -m kjit doctor) works without it") from e
 
-from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
+from kjit.torch.functional import LossOutput, cross_entropy, linear_cross_entropy, rms_norm
 from kjit.torch.hf import KjitFallbackError, KjitFallbackWarning, KjitHFRMSNorm, apply_to
 from kjit.torch.modules import CrossEntropyLoss, LinearCrossEntropyLoss, RMSNorm
 
 __all__ = ["CrossEntropyLoss", "KjitFallbackError", "KjitFallbackWarning", "KjitHFRMSNorm",
-           "LinearCrossEntropyLoss", "RMSNorm", "apply_to", "cross_entropy", "linear_cross_entropy",
-           "rms_norm"]
+           "LinearCrossEntropyLoss", "LossOutput", "RMSNorm", "apply_to", "cross_entropy",
+           "linear_cross_entropy", "rms_norm"]

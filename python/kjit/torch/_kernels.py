@@ -154,14 +154,16 @@ def _kernel(name: str, schema: str, mutates_args=()):
 
 def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
                      reduction: str, label_smoothing: float, z_loss: float, softcap: float,
-                     weight: Optional[torch.Tensor] = None):
+                     weight: Optional[torch.Tensor] = None, argmax: bool = False,
+                     entropy: bool = False):
     """The op handle; class weights make another program, keyed by their dtype (the weights
-    themselves are a launch argument)."""
+    themselves are a launch argument), and so do argmax and entropy (per-row outputs compiled in)."""
     return _op("cross_entropy", logits.device, vocab=logits.shape[-1],
                dtype=dtype_name(logits, "logits"), target_type=index_name(target, "target"),
                ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
                z_loss=z_loss, softcap=softcap,
-               class_weight_dtype=None if weight is None else dtype_name(weight, "weight"))
+               class_weight_dtype=None if weight is None else dtype_name(weight, "weight"),
+               argmax=bool(argmax), entropy=bool(entropy))
 
 
 def _loss_like(logits: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -173,91 +175,127 @@ def _lse_like(logits: torch.Tensor) -> torch.Tensor:
     return torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
 
 
-def _ce_launch(method: str, logits, target, weight, grad, grad_scale, ignore_index, reduction,
-               label_smoothing, z_loss, softcap):
+def _extras_like(rows: torch.Tensor, target: torch.Tensor, argmax: bool, entropy: bool,
+                 logprob: bool) -> tuple:
+    """The per-row extras asked for ([rows]: argmax in the target's dtype, entropy and the
+    target's log-probability in fp32), each empty ([0]) when not asked (a custom op returns
+    tensors, not None)."""
+    n, device = rows.shape[0], rows.device
+    return (torch.empty(n if argmax else 0, dtype=target.dtype, device=device),
+            torch.empty(n if entropy else 0, dtype=torch.float32, device=device),
+            torch.empty(n if logprob else 0, dtype=torch.float32, device=device))
+
+
+def _extras_fields(extras: tuple, target: torch.Tensor) -> dict:
+    argmax, entropy, logprob = extras
+    fields = {}
+    if argmax.numel():
+        fields["argmax"] = as_index(argmax, "argmax")
+    if entropy.numel():
+        fields["entropy"] = as_vector(entropy)
+    if logprob.numel():
+        fields["target_logprob"] = as_vector(logprob)
+    return fields
+
+
+def _ce_launch(method: str, logits, target, weight, grad, grad_scale, want, ignore_index,
+               reduction, label_smoothing, z_loss, softcap):
     op = cross_entropy_op(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                          softcap, weight)
+                          softcap, weight, want[0], want[1])
     rows = logits.shape[0]
     loss, lse = _loss_like(logits, reduction), _lse_like(logits)
+    extras = _extras_like(logits, target, *want)
     workspace = _workspace(op, "workspace_bytes", rows, logits.device)
     matrix = as_matrix(logits, "logits")
     fields = dict(logits=matrix, targets=as_index(target, "target"), loss=as_vector(loss),
                   lse=as_vector(lse), workspace=workspace.data_ptr(),
-                  workspace_bytes=workspace.numel())
+                  workspace_bytes=workspace.numel(), **_extras_fields(extras, target))
     if weight is not None:
         fields.update(class_weight=as_vector(weight))
     if grad is not None:
         fields.update(grad=matrix if grad is logits else as_matrix(grad, "grad"),
                       grad_output=as_vector(grad_scale))
     getattr(op, method)(_stream(logits.device), **fields)
-    return loss, lse
+    return (loss, lse, *extras)
 
 
 _SCHEMA_OPTIONS = "int ignore_index, str reduction, float label_smoothing, float z_loss, float softcap"
+# Which per-row extras a launch writes: argmax (the predicted token), entropy, the target's
+# log-probability.
+_SCHEMA_EXTRAS = "bool argmax, bool entropy, bool logprob"
+_CE_RESULTS = "(Tensor, Tensor, Tensor, Tensor, Tensor)"  # loss, lse, argmax, entropy, logprob
 
 
 @_kernel("cross_entropy_forward", mutates_args=(),
-         schema=f"(Tensor logits, Tensor target, Tensor? weight, {_SCHEMA_OPTIONS}) "
-                                "-> (Tensor, Tensor)")
-def cross_entropy_forward(logits, target, weight, ignore_index, reduction, label_smoothing,
-                          z_loss, softcap):
-    """Loss and lse; no gradient. weight: the class weights ([vocab], contiguous) or None."""
-    return _ce_launch("forward", logits, target, weight, None, None, ignore_index, reduction,
-                      label_smoothing, z_loss, softcap)
+         schema=f"(Tensor logits, Tensor target, Tensor? weight, {_SCHEMA_EXTRAS}, "
+                f"{_SCHEMA_OPTIONS}) -> {_CE_RESULTS}")
+def cross_entropy_forward(logits, target, weight, argmax, entropy, logprob, ignore_index,
+                          reduction, label_smoothing, z_loss, softcap):
+    """Loss, lse and the extras asked for; no gradient. weight: the class weights ([vocab],
+    contiguous) or None."""
+    return _ce_launch("forward", logits, target, weight, None, None, (argmax, entropy, logprob),
+                      ignore_index, reduction, label_smoothing, z_loss, softcap)
 
 
 @cross_entropy_forward.register_fake
-def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
-    return _loss_like(logits, reduction), _lse_like(logits)
+def _(logits, target, weight, argmax, entropy, logprob, ignore_index, reduction, label_smoothing,
+      z_loss, softcap):
+    return (_loss_like(logits, reduction), _lse_like(logits),
+            *_extras_like(logits, target, argmax, entropy, logprob))
 
 
 @_kernel("cross_entropy_forward_backward", mutates_args=(),
          schema=f"(Tensor logits, Tensor target, Tensor? weight, Tensor? grad_scale, "
-                                f"{_SCHEMA_OPTIONS}) -> (Tensor, Tensor, Tensor)")
-def cross_entropy_forward_backward(logits, target, weight, grad_scale, ignore_index, reduction,
-                                   label_smoothing, z_loss, softcap):
-    """Loss, lse and the gradient (for upstream gradient grad_scale, 1 when None) in a new
-    tensor: one pass over the logits."""
+                f"{_SCHEMA_EXTRAS}, {_SCHEMA_OPTIONS}) "
+                "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def cross_entropy_forward_backward(logits, target, weight, grad_scale, argmax, entropy, logprob,
+                                   ignore_index, reduction, label_smoothing, z_loss, softcap):
+    """Loss, lse, the extras and the gradient (for upstream gradient grad_scale, 1 when None) in
+    a new tensor: one pass over the logits."""
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    loss, lse = _ce_launch("forward_backward", logits, target, weight, grad, grad_scale,
-                           ignore_index, reduction, label_smoothing, z_loss, softcap)
-    return loss, lse, grad
+    results = _ce_launch("forward_backward", logits, target, weight, grad, grad_scale,
+                         (argmax, entropy, logprob), ignore_index, reduction, label_smoothing,
+                         z_loss, softcap)
+    return (*results, grad)
 
 
 @cross_entropy_forward_backward.register_fake
-def _(logits, target, weight, grad_scale, ignore_index, reduction, label_smoothing, z_loss,
-      softcap):
-    return _loss_like(logits, reduction), _lse_like(logits), torch.empty_like(
-        logits, memory_format=torch.contiguous_format)
+def _(logits, target, weight, grad_scale, argmax, entropy, logprob, ignore_index, reduction,
+      label_smoothing, z_loss, softcap):
+    return (_loss_like(logits, reduction), _lse_like(logits),
+            *_extras_like(logits, target, argmax, entropy, logprob),
+            torch.empty_like(logits, memory_format=torch.contiguous_format))
 
 
 @_kernel("cross_entropy_forward_backward_", mutates_args=("logits",),
          schema=f"(Tensor(a!) logits, Tensor target, Tensor? weight, Tensor? grad_scale, "
-                                f"{_SCHEMA_OPTIONS}) -> (Tensor, Tensor)")
-def cross_entropy_forward_backward_(logits, target, weight, grad_scale, ignore_index, reduction,
-                                    label_smoothing, z_loss, softcap):
+                f"{_SCHEMA_EXTRAS}, {_SCHEMA_OPTIONS}) -> {_CE_RESULTS}")
+def cross_entropy_forward_backward_(logits, target, weight, grad_scale, argmax, entropy, logprob,
+                                    ignore_index, reduction, label_smoothing, z_loss, softcap):
     """As cross_entropy_forward_backward, with the gradient written over the logits."""
     return _ce_launch("forward_backward", logits, target, weight, logits, grad_scale,
-                      ignore_index, reduction, label_smoothing, z_loss, softcap)
+                      (argmax, entropy, logprob), ignore_index, reduction, label_smoothing, z_loss,
+                      softcap)
 
 
 @cross_entropy_forward_backward_.register_fake
-def _(logits, target, weight, grad_scale, ignore_index, reduction, label_smoothing, z_loss,
-      softcap):
-    return _loss_like(logits, reduction), _lse_like(logits)
+def _(logits, target, weight, grad_scale, argmax, entropy, logprob, ignore_index, reduction,
+      label_smoothing, z_loss, softcap):
+    return (_loss_like(logits, reduction), _lse_like(logits),
+            *_extras_like(logits, target, argmax, entropy, logprob))
 
 
 @_kernel("cross_entropy_rescale_", mutates_args=("grad",),
          schema=f"(Tensor(a!) grad, Tensor target, Tensor? weight, Tensor grad_output, "
-                                f"Tensor? applied, {_SCHEMA_OPTIONS}) -> ()")
-def cross_entropy_rescale_(grad, target, weight, grad_output, applied, ignore_index, reduction,
-                           label_smoothing, z_loss, softcap):
+                f"Tensor? applied, {_SCHEMA_EXTRAS}, {_SCHEMA_OPTIONS}) -> ()")
+def cross_entropy_rescale_(grad, target, weight, grad_output, applied, argmax, entropy, logprob,
+                           ignore_index, reduction, label_smoothing, z_loss, softcap):
     """grad (computed for upstream `applied`) becomes the gradient for `grad_output`; rows where
     the two are equal are not touched (checked on the device). The rescale reads no weights (they
-    scale both gradients alike): weight, the forward's, only picks the forward's op handle, so that
-    no unweighted program is built for it."""
+    scale both gradients alike): weight and the extras, the forward's, only pick the forward's op
+    handle, so that no other program is built for it."""
     op = cross_entropy_op(grad, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-                          weight)
+                          weight, argmax, entropy)
     op.rescale_gradient(_stream(grad.device), grad=as_matrix(grad, "grad"),
                         grad_output=as_vector(grad_output), applied=as_vector(applied))
 
@@ -265,24 +303,31 @@ def cross_entropy_rescale_(grad, target, weight, grad_output, applied, ignore_in
 # ---- Linear + cross-entropy --------------------------------------------------------------------
 
 def linear_cross_entropy_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                            has_bias: bool, weight_grad: bool, ignore_index: int, reduction: str,
-                            label_smoothing: float, lse_square_scale: float, softcap: float):
+                            has_bias: bool, weight_grad: bool, class_weight, want, ignore_index,
+                            reduction, label_smoothing, z_loss, softcap, accumulation):
     """The op handle. weight_grad: whether its launches compute d_weight or d_bias, which then add
     up over the chunks in fp32 (the accumulator, vocab x hidden x 4 bytes, lies in the workspace)
-    and are rounded to the weight's dtype once; without, the op has no accumulator, so a frozen
-    lm_head (LoRA) or a forward alone costs no such workspace. Both share one compiled program."""
+    and are rounded to the weight's dtype once, unless accumulation is "output_dtype"; without,
+    the op has no accumulator, so a frozen lm_head (LoRA) or a forward alone costs no such
+    workspace. Both share one compiled program. class_weight (its dtype) and want (argmax,
+    entropy, logprob) pick the program's per-class weights and per-row outputs."""
     return _lce_op(hidden.device, weight.shape[0], weight.shape[1], dtype_name(hidden, "hidden"),
-                   has_bias, index_name(target, "target"), weight_grad, ignore_index, reduction,
-                   label_smoothing, lse_square_scale, softcap)
+                   has_bias, index_name(target, "target"), weight_grad,
+                   None if class_weight is None else dtype_name(class_weight, "class_weight"),
+                   bool(want[0]), bool(want[1]), ignore_index, reduction, label_smoothing, z_loss,
+                   softcap, accumulation)
 
 
-def _lce_op(device, vocab, hidden_size, dtype, has_bias, target_type, weight_grad, ignore_index,
-            reduction, label_smoothing, lse_square_scale, softcap):
+def _lce_op(device, vocab, hidden_size, dtype, has_bias, target_type, weight_grad,
+            class_weight_dtype, argmax, entropy, ignore_index, reduction, label_smoothing, z_loss,
+            softcap, accumulation):
     return _op("linear_cross_entropy", device, vocab=vocab, hidden=hidden_size, dtype=dtype,
                bias=has_bias, target_type=target_type, ignore_index=ignore_index,
-               reduction=reduction, label_smoothing=label_smoothing,
-               lse_square_scale=lse_square_scale, softcap=softcap,
-               weight_grad_accumulation="fp32" if weight_grad else "output_dtype")
+               reduction=reduction, label_smoothing=label_smoothing, lse_square_scale=z_loss,
+               softcap=softcap, argmax=argmax, entropy=entropy,
+               class_weight_dtype=class_weight_dtype,
+               weight_grad_accumulation="fp32" if weight_grad and accumulation == "fp32"
+               else "output_dtype")
 
 
 def _lce_gradients_like(hidden, weight, bias, want_d_hidden, want_d_weight, want_d_bias):
@@ -296,18 +341,28 @@ def _lce_gradients_like(hidden, weight, bias, want_d_hidden, want_d_weight, want
             like(bias, want_d_bias and bias is not None))
 
 
-def _lce_launch(method, hidden, weight, target, bias, grad_output, want, ignore_index, reduction,
-                label_smoothing, lse_square_scale, softcap):
+def _lce_lse_like(hidden: torch.Tensor, extras: tuple) -> torch.Tensor:
+    """The fused op's lse: [rows] with any extra asked for, else empty (not computed: an lse
+    makes the loss kernel read ignored rows too)."""
+    return torch.empty(hidden.shape[0] if any(extras) else 0, dtype=torch.float32,
+                       device=hidden.device)
+
+
+def _lce_launch(method, hidden, weight, target, bias, class_weight, grad_output, extras, want,
+                options):
     gradient = method == "forward_backward"
     op = linear_cross_entropy_op(hidden, weight, target, bias is not None,
-                                 gradient and (want[1] or want[2]), ignore_index, reduction,
-                                 label_smoothing, lse_square_scale, softcap)
+                                 gradient and (want[1] or want[2]), class_weight, extras, *options)
     rows = hidden.shape[0]
-    loss = _loss_like(hidden, reduction)
+    loss, lse = _loss_like(hidden, options[1]), _lce_lse_like(hidden, extras)
+    per_row = _extras_like(hidden, target, *extras)
     workspace = _workspace(op, "workspace_bytes", rows, hidden.device)
     fields = dict(hidden_states=as_matrix(hidden, "hidden"), weight=as_matrix(weight, "weight"),
                   bias=as_vector(bias), targets=as_index(target, "target"), loss=as_vector(loss),
-                  workspace=workspace.data_ptr(), workspace_bytes=workspace.numel())
+                  lse=as_vector(lse if lse.numel() else None),
+                  class_weight=as_vector(class_weight),
+                  workspace=workspace.data_ptr(), workspace_bytes=workspace.numel(),
+                  **_extras_fields(per_row, target))
     grads = ()
     if gradient:
         grads = _lce_gradients_like(hidden, weight, bias, *want)
@@ -317,64 +372,68 @@ def _lce_launch(method, hidden, weight, target, bias, grad_output, want, ignore_
                       d_weight=as_matrix(d_weight, "d_weight") if want[1] else _capi.Tensor(),
                       d_bias=as_vector(d_bias) if want[2] and bias is not None else _capi.Tensor())
     getattr(op, method)(_stream(hidden.device), **fields)
-    return (loss, *grads)
+    return (loss, lse, *per_row, *grads)
 
 
-_LCE_OPTIONS = ("int ignore_index, str reduction, float label_smoothing, float lse_square_scale, "
-                "float softcap")
+_LCE_OPTIONS = ("int ignore_index, str reduction, float label_smoothing, float z_loss, "
+                "float softcap, str accumulation")
 
 
 @_kernel("linear_cross_entropy_forward", mutates_args=(),
-         schema=f"(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, {_LCE_OPTIONS}) "
-                "-> Tensor")
-def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
-                                 label_smoothing, lse_square_scale, softcap):
-    """The loss of the logits hidden @ weight.T + bias; no gradient."""
-    (loss,) = _lce_launch("forward", hidden, weight, target, bias, None, (False,) * 3, ignore_index,
-                          reduction, label_smoothing, lse_square_scale, softcap)
-    return loss
+         schema="(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? class_weight, "
+                f"{_SCHEMA_EXTRAS}, {_LCE_OPTIONS}) -> {_CE_RESULTS}")
+def linear_cross_entropy_forward(hidden, weight, target, bias, class_weight, argmax, entropy,
+                                 logprob, *options):
+    """The loss, lse and the extras asked for of the logits hidden @ weight.T + bias; no
+    gradient."""
+    return _lce_launch("forward", hidden, weight, target, bias, class_weight, None,
+                       (argmax, entropy, logprob), (False,) * 3, options)
 
 
 @linear_cross_entropy_forward.register_fake
-def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,
-      softcap):
-    return _loss_like(hidden, reduction)
+def _(hidden, weight, target, bias, class_weight, argmax, entropy, logprob, *options):
+    return (_loss_like(hidden, options[1]), _lce_lse_like(hidden, (argmax, entropy, logprob)),
+            *_extras_like(hidden, target, argmax, entropy, logprob))
 
 
 @_kernel("linear_cross_entropy_forward_backward", mutates_args=(),
-         schema="(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? grad_output, "
-                f"bool d_hidden, bool d_weight, bool d_bias, {_LCE_OPTIONS}) "
-                "-> (Tensor, Tensor, Tensor, Tensor)")
-def linear_cross_entropy_forward_backward(hidden, weight, target, bias, grad_output, d_hidden,
-                                          d_weight, d_bias, ignore_index, reduction,
-                                          label_smoothing, lse_square_scale, softcap):
-    """The loss and the gradients asked for (each in its input's shape and dtype, else empty),
-    for upstream gradient grad_output (fp32 [1] or [rows]; 1 when None), in one pass."""
-    return _lce_launch("forward_backward", hidden, weight, target, bias, grad_output,
-                       (d_hidden, d_weight, d_bias), ignore_index, reduction, label_smoothing,
-                       lse_square_scale, softcap)
+         schema="(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? class_weight, "
+                f"Tensor? grad_output, {_SCHEMA_EXTRAS}, bool d_hidden, bool d_weight, "
+                f"bool d_bias, {_LCE_OPTIONS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+                "Tensor, Tensor, Tensor)")
+def linear_cross_entropy_forward_backward(hidden, weight, target, bias, class_weight,
+                                          grad_output, argmax, entropy, logprob, d_hidden,
+                                          d_weight, d_bias, *options):
+    """The loss, lse, the extras and the gradients asked for (each in its input's shape and
+    dtype, else empty), for upstream gradient grad_output (fp32 [1] or [rows]; 1 when None), in
+    one pass."""
+    return _lce_launch("forward_backward", hidden, weight, target, bias, class_weight,
+                       grad_output, (argmax, entropy, logprob), (d_hidden, d_weight, d_bias),
+                       options)
 
 
 @linear_cross_entropy_forward_backward.register_fake
-def _(hidden, weight, target, bias, grad_output, d_hidden, d_weight, d_bias, ignore_index,
-      reduction, label_smoothing, lse_square_scale, softcap):
-    return (_loss_like(hidden, reduction),
+def _(hidden, weight, target, bias, class_weight, grad_output, argmax, entropy, logprob, d_hidden,
+      d_weight, d_bias, *options):
+    return (_loss_like(hidden, options[1]), _lce_lse_like(hidden, (argmax, entropy, logprob)),
+            *_extras_like(hidden, target, argmax, entropy, logprob),
             *_lce_gradients_like(hidden, weight, bias, d_hidden, d_weight, d_bias))
 
 
 @_kernel("linear_cross_entropy_rescale_", mutates_args=("grad",),
          schema="(Tensor(a!) grad, str which, Tensor grad_output, Tensor? applied, int vocab, "
                 "int hidden_size, bool bias, str target_type, bool weight_grad, "
+                "str? class_weight_dtype, bool argmax, bool entropy, "
                 f"{_LCE_OPTIONS}) -> ()")
 def linear_cross_entropy_rescale_(grad, which, grad_output, applied, vocab, hidden_size, bias,
-                                  target_type, weight_grad, ignore_index, reduction,
-                                  label_smoothing, lse_square_scale, softcap):
+                                  target_type, weight_grad, class_weight_dtype, argmax, entropy,
+                                  *options):
     """grad, the forward_backward's `which` ("d_hidden", "d_weight" or "d_bias", in the op's
     dtype) computed for upstream gradient `applied` (None: 1), becomes the gradient for
     grad_output (fp32 [1]); untouched when the two are equal (checked on the device). The spec
     names the forward's op handle, whose program is built already."""
     op = _lce_op(grad.device, vocab, hidden_size, dtype_name(grad, which), bias, target_type,
-                 weight_grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+                 weight_grad, class_weight_dtype, argmax, entropy, *options)
     view = as_vector(grad) if which == "d_bias" else as_matrix(grad, which)
     op.rescale_gradients(_stream(grad.device), **{which: view},
                          grad_output=as_vector(grad_output), applied=as_vector(applied))

@@ -2,6 +2,8 @@
 
     loss = kjit.torch.cross_entropy(logits, target)           # like F.cross_entropy, fp32 loss
     loss = kjit.torch.linear_cross_entropy(h, lm_head.weight, target)   # no logits in memory
+    out = kjit.torch.cross_entropy(logits, target, extras=True)   # a LossOutput: loss, lse,
+    out.token_accuracy, out.mean_entropy, out.target_logprob      # predicted tokens, entropy...
     y = kjit.torch.rms_norm(x, weight, eps=1e-6)              # like Hugging Face's LlamaRMSNorm
     y, h = kjit.torch.rms_norm(x, weight, residual=r)         # h = x + r, y = norm(h)
 
@@ -11,7 +13,8 @@ CUDA graphs (build the kernels first: run one step before capturing), and never 
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import warnings
+from typing import Iterable, NamedTuple, Optional, Union
 
 import torch
 
@@ -59,34 +62,117 @@ def _scale_tensor(scale, shape, device) -> Optional[torch.Tensor]:
     return _per_row(scale, shape)
 
 
+class LossOutput(NamedTuple):
+    """What cross_entropy and linear_cross_entropy return when asked for extras (extras=True, or
+    the names wanted): the loss as the plain call returns it, then the extras asked for, None
+    for the others. Per-row fields are [rows], for every row (ignored ones too); the reductions
+    are 0-d fp32 tensors over the valid rows (target not ignore_index and inside the vocab),
+    computed on the device with no host synchronization. Only `loss` has a gradient: for each
+    token's log-probability with its gradient (RL), use reduction="none", whose per-row loss is
+    -log p(target) without label smoothing, z-loss or weights, and takes per-row upstream
+    gradients.
+
+    Peers' names: predicted is Liger-Kernel's predicted tokens (argmax of the logits),
+    token_accuracy its token accuracy and TRL's mean_token_accuracy, mean_entropy TRL's entropy,
+    z_loss Liger-Kernel's return_z_loss value."""
+    loss: torch.Tensor
+    lse: Optional[torch.Tensor] = None             # fp32 [rows]: log-sum-exp of the (capped) logits
+    predicted: Optional[torch.Tensor] = None       # [rows], target's dtype: argmax of the logits
+    entropy: Optional[torch.Tensor] = None         # fp32 [rows]: -sum p ln p of the softmax
+    target_logprob: Optional[torch.Tensor] = None  # fp32 [rows]: x_t - lse; 0 for ignored rows
+    token_accuracy: Optional[torch.Tensor] = None  # predicted == target, over the valid rows
+    mean_entropy: Optional[torch.Tensor] = None    # entropy, averaged over the valid rows
+    z_loss: Optional[torch.Tensor] = None          # the z-loss term's value, reduced as the loss
+    num_tokens: Optional[torch.Tensor] = None      # int64: the valid rows
+
+
+EXTRAS = LossOutput._fields[1:]
+
+
+def _extras_wanted(extras) -> frozenset:
+    """The LossOutput fields asked for: none (False, None), all (True), or those named."""
+    if extras is None or extras is False:
+        return frozenset()
+    if extras is True:
+        return frozenset(EXTRAS)
+    names = frozenset((extras,) if isinstance(extras, str) else extras)
+    unknown = sorted(names - set(EXTRAS))
+    if unknown:
+        raise ValueError(f"kjit: extras: unknown {', '.join(map(repr, unknown))}; the extras are "
+                         f"{', '.join(EXTRAS)} (or True for all)")
+    return names
+
+
+def _kernel_extras(names: frozenset) -> tuple:
+    """(argmax, entropy, logprob): the per-row outputs the kernels write for `names`."""
+    return ("predicted" in names or "token_accuracy" in names,
+            "entropy" in names or "mean_entropy" in names, "target_logprob" in names)
+
+
+def _loss_output(names, loss, target, lse, argmax, entropy, logprob, *, vocab: int,
+                 ignore_index: int, reduction: str, z_loss: float,
+                 weight: Optional[torch.Tensor]) -> LossOutput:
+    """The LossOutput of the kernels' per-row outputs: reductions by torch ops on the device."""
+    valid = (target != ignore_index) & (target >= 0) & (target < vocab)
+    count = valid.sum()
+    out = {}
+    if "lse" in names:
+        out["lse"] = lse
+    if "predicted" in names:
+        out["predicted"] = argmax
+    if "entropy" in names:
+        out["entropy"] = entropy
+    if "target_logprob" in names:
+        out["target_logprob"] = logprob
+    if "token_accuracy" in names:
+        hits = (valid & (argmax == target)).sum()
+        out["token_accuracy"] = hits.to(torch.float32) / count.to(torch.float32)
+    if "mean_entropy" in names:
+        out["mean_entropy"] = torch.where(valid, entropy, 0.0).sum() / count.to(torch.float32)
+    if "z_loss" in names:
+        w_t = 1.0 if weight is None else weight.float()[torch.where(valid, target, 0)]
+        per_row = torch.where(valid, z_loss * lse.square() * w_t, 0.0)
+        if reduction == "none":
+            out["z_loss"] = per_row
+        elif reduction == "sum":
+            out["z_loss"] = per_row.sum()
+        else:
+            divisor = (count.to(torch.float32) if weight is None
+                       else torch.where(valid, w_t, 0.0).sum())
+            out["z_loss"] = per_row.sum() / divisor
+    if "num_tokens" in names:
+        out["num_tokens"] = count
+    return LossOutput(loss, **out)
+
+
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, weight, grad_scale, options, inplace, grad_enabled):
+    def forward(ctx, logits, target, weight, grad_scale, options, inplace, grad_enabled, extras):
         # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
         needs_grad = grad_enabled and ctx.needs_input_grad[0]
         if not needs_grad:
-            loss, lse = _kernels.cross_entropy_forward(logits, target, weight, *options)
+            results = _kernels.cross_entropy_forward(logits, target, weight, *extras, *options)
         elif inplace and not torch.compiler.is_compiling():
             # The gradient overwrites the logits: nothing else is allocated. The version bump makes
             # autograd refuse (rather than silently misuse) logits that another op saved.
-            loss, lse = _kernels.cross_entropy_forward_backward_(logits, target, weight,
-                                                                 grad_scale, *options)
+            results = _kernels.cross_entropy_forward_backward_(logits, target, weight, grad_scale,
+                                                               *extras, *options)
             torch.autograd.graph.increment_version(logits)
             grad = logits
         else:
-            loss, lse, grad = _kernels.cross_entropy_forward_backward(logits, target, weight,
-                                                                      grad_scale, *options)
-        ctx.mark_non_differentiable(lse)
+            *results, grad = _kernels.cross_entropy_forward_backward(
+                logits, target, weight, grad_scale, *extras, *options)
+        ctx.mark_non_differentiable(*results[1:])
         if needs_grad:
             # The weight only picks the backward's op handle: the rescale reads no weights.
             ctx.save_for_backward(grad, target, weight, grad_scale)
-        ctx.options = options
+        ctx.options, ctx.extras = options, extras
         ctx.reduction = options[1]
-        return loss, lse
+        return tuple(results)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss, grad_lse):
+    def backward(ctx, grad_loss, *unused):
         if getattr(ctx, "ran", False):  # (torch.compile's traced backward runs once anyway)
             raise RuntimeError("kjit.torch.cross_entropy: backward ran twice on one forward "
                                "(retain_graph=True?): the fused op computes the gradient in the "
@@ -96,8 +182,8 @@ class _CrossEntropy(torch.autograd.Function):
         grad, target, weight, grad_scale = ctx.saved_tensors
         shape = (grad.shape[0],) if ctx.reduction == "none" else (1,)
         _kernels.cross_entropy_rescale_(grad, target, weight, _per_row(grad_loss, shape),
-                                        grad_scale, *ctx.options)
-        return grad, None, None, None, None, None, None  # no gradient for the class weights
+                                        grad_scale, *ctx.extras, *ctx.options)
+        return grad, None, None, None, None, None, None, None  # no gradient for the weights
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
@@ -105,7 +191,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                   softcap: Optional[float] = None, return_lse: bool = False,
                   grad_scale: Union[None, float, torch.Tensor] = None,
-                  inplace_backward: bool = True):
+                  inplace_backward: bool = True,
+                  extras: Union[bool, str, Iterable[str]] = False):
     """torch.nn.functional.cross_entropy for logits [rows, vocab] and class targets [rows], fused:
     loss and gradient come from one pass over the logits, computed in fp32 whatever their dtype.
 
@@ -121,6 +208,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     - z_loss adds z_loss * lse^2 per row; softcap (Gemma 2's final_logit_softcapping) applies
       softcap * tanh(x / softcap) to the logits first.
     - return_lse: also return the per-row log-sum-exp (fp32 [rows], not differentiable).
+    - extras: True, or the names of LossOutput's fields wanted ("predicted", "entropy",
+      "target_logprob", "token_accuracy", "mean_entropy", "lse", "z_loss", "num_tokens"): returns
+      a LossOutput instead of the loss, from the same pass over the logits (the predicted token
+      and the entropy are compiled into the kernel: another program). Not with return_lse.
     - inplace_backward (default): when the logits are an intermediate (the output of lm_head, not
       a leaf tensor) and need a gradient, it is written over them during the forward, so no
       [rows, vocab] buffer is allocated; their values are gone after this call, and autograd
@@ -157,7 +248,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     _kernels.index_name(target, "target")
     _kernels.matrix_shape(logits, "logits")
     if weight is not None:
-        weight = _class_weight(weight, logits)
+        weight = _class_weight(weight, logits, logits.shape[-1])
     _check_on_one_gpu(("logits", logits), ("target", target))
     target = target if target.is_contiguous() else target.contiguous()
     options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
@@ -166,57 +257,70 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     scale = _scale_tensor(grad_scale, shape, logits.device)
     # Only an intermediate's storage is reused: a leaf's values belong to the caller.
     inplace = inplace_backward and not logits.is_leaf
-    loss, lse = _CrossEntropy.apply(logits, target, weight, scale, options, inplace,
-                                    torch.is_grad_enabled())
+    names = _extras_wanted(extras)
+    if names and return_lse:
+        raise ValueError("kjit: return_lse and extras: ask for extras=(..., 'lse') instead")
+    wanted = _kernel_extras(names)
+    loss, lse, *per_row = _CrossEntropy.apply(logits, target, weight, scale, options, inplace,
+                                              torch.is_grad_enabled(), wanted)
+    if names:
+        return _loss_output(names, loss, target, lse, *per_row, vocab=logits.shape[1],
+                            ignore_index=int(ignore_index), reduction=reduction,
+                            z_loss=float(z_loss), weight=weight)
     return (loss, lse) if return_lse else loss
 
 
-def _class_weight(weight, logits: torch.Tensor) -> torch.Tensor:
-    """cross_entropy's weight checked against the logits, as the contiguous [vocab] vector the
-    kernels read (a copy only when it is strided: it is small)."""
+def _class_weight(weight, logits: torch.Tensor, vocab: int, what: str = "weight") -> torch.Tensor:
+    """The class weights checked against the logits (or hidden states: their dtype and device),
+    as the contiguous [vocab] vector the kernels read (a copy only when it is strided: it is
+    small)."""
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"kjit: weight must be a torch.Tensor or None, got {type(weight).__name__}")
-    vocab = logits.shape[-1]
+        raise TypeError(f"kjit: {what} must be a torch.Tensor or None, got {type(weight).__name__}")
     if weight.dim() != 1 or weight.shape[0] != vocab:
-        raise ValueError(f"kjit: weight must be a 1-D tensor of vocab = {vocab} class weights, "
+        raise ValueError(f"kjit: {what} must be a 1-D tensor of vocab = {vocab} class weights, "
                          f"got shape {tuple(weight.shape)}")
     if weight.dtype not in (torch.float32, logits.dtype):
-        raise TypeError(f"kjit: weight must be float32 or the logits' dtype ({logits.dtype}), "
+        raise TypeError(f"kjit: {what} must be float32 or the logits' dtype ({logits.dtype}), "
                         f"got {weight.dtype}")
-    _same_device("weight", weight, logits)
+    _same_device(what, weight, logits)
     return weight.detach().contiguous()
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, grad_scale, options, grad_enabled):
+    def forward(ctx, hidden, weight, target, bias, class_weight, grad_scale, options, grad_enabled,
+                extras):
         # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
         want = (grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1],
                 grad_enabled and bias is not None and ctx.needs_input_grad[3])
         ctx.want, ctx.options, ctx.reduction = want, options, options[1]
+        ctx.class_weight = class_weight
         # The forward's op handle, which the backward's rescale takes its kernels from.
         ctx.op_spec = (weight.shape[0], weight.shape[1], bias is not None,
-                       _kernels.index_name(target, "target"), want[1] or want[2])
-        if not any(want):
-            loss = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias, *options)
-        elif ctx.reduction == "none":
-            # Each row's loss gets its own upstream gradient and d_weight sums over the rows, so a
-            # gradient computed now could not be rescaled: the backward runs the fused pass with
-            # the upstream gradient instead (the logits GEMM runs twice).
-            loss = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias, *options)
-            ctx.save_for_backward(hidden, weight, target, bias)
+                       _kernels.index_name(target, "target"), want[1] or want[2],
+                       None if class_weight is None else
+                       _kernels.dtype_name(class_weight, "class_weight"), extras[0], extras[1])
+        if not any(want) or ctx.reduction == "none":
+            # With "none", each row's loss gets its own upstream gradient and d_weight sums over
+            # the rows, so a gradient computed now could not be rescaled: the backward runs the
+            # fused pass with the upstream gradient instead (the logits GEMM runs twice).
+            results = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias,
+                                                            class_weight, *extras, *options)
+            if any(want):
+                ctx.save_for_backward(hidden, weight, target, bias)
         else:
             # The gradients for upstream gradient grad_scale (1 when None), computed now (as
             # Liger-Kernel's fused linear cross-entropy does): the backward rescales them to the
             # upstream gradient it gets, on the device, touching nothing when the two are equal.
-            loss, d_hidden, d_weight, d_bias = _kernels.linear_cross_entropy_forward_backward(
-                hidden, weight, target, bias, grad_scale, *want, *options)
+            *results, d_hidden, d_weight, d_bias = _kernels.linear_cross_entropy_forward_backward(
+                hidden, weight, target, bias, class_weight, grad_scale, *extras, *want, *options)
             ctx.save_for_backward(d_hidden, d_weight, d_bias, grad_scale)
-        return loss
+        ctx.mark_non_differentiable(*results[1:])
+        return tuple(results)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, *unused):
         if getattr(ctx, "ran", False):  # (torch.compile's traced backward runs once anyway)
             raise RuntimeError("kjit.torch.linear_cross_entropy: backward ran twice on one forward "
                                "(retain_graph=True?): the fused op computes the gradients in the "
@@ -226,9 +330,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             ctx.ran = True
         if ctx.reduction == "none":
             hidden, weight, target, bias = ctx.saved_tensors
-            _, *grads = _kernels.linear_cross_entropy_forward_backward(
-                hidden, weight, target, bias, _per_row(grad_loss, (hidden.shape[0],)), *ctx.want,
-                *ctx.options)
+            grads = _kernels.linear_cross_entropy_forward_backward(
+                hidden, weight, target, bias, ctx.class_weight,
+                _per_row(grad_loss, (hidden.shape[0],)), False, False, False, *ctx.want,
+                *ctx.options)[-3:]
         else:
             *saved, applied = ctx.saved_tensors
             grad_output = _per_row(grad_loss, (1,))
@@ -245,15 +350,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                                                *ctx.op_spec, *ctx.options)
                 grads = saved
         d_hidden, d_weight, d_bias = (g if wanted else None for g, wanted in zip(grads, ctx.want))
-        return d_hidden, d_weight, None, d_bias, None, None, None
+        return d_hidden, d_weight, None, d_bias, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
-                         lse_square_scale: float = 0.0,
-                         softcap: Optional[float] = 0.0,
-                         grad_scale: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
+                         z_loss: float = 0.0, softcap: Optional[float] = None,
+                         class_weight: Optional[torch.Tensor] = None,
+                         grad_scale: Union[None, float, torch.Tensor] = None,
+                         weight_grad_accumulation: str = "fp32",
+                         extras: Union[bool, str, Iterable[str]] = False,
+                         lse_square_scale: Optional[float] = None):
     """F.cross_entropy(hidden @ weight.T + bias, target, ...) fused: the lm_head GEMM and the loss
     run over chunks of rows (cuBLASLt GEMMs, kjit's cross-entropy), so the [rows, vocab] logits
     never exist in memory (include/kjit/linear_cross_entropy.h).
@@ -264,10 +372,16 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
       reduction "none". The logits are computed in the dtype (rounded as lm_head's output
       would be), the loss from them in fp32.
     - ignore_index, reduction and label_smoothing as F.cross_entropy's ("mean" over the rows
-      whose target is not ignore_index: NaN when there are none); lse_square_scale adds
-      lse_square_scale * lse^2 per row (z-loss); softcap > 0 applies softcap * tanh(x / softcap)
-      to the logits first (Gemma 2; 0 or None: off). A target outside [0, vocab) is treated as
-      ignored.
+      whose target is not ignore_index: NaN when there are none); z_loss adds z_loss * lse^2 per
+      row (cross_entropy's name; lse_square_scale, the old one, still works and warns); softcap
+      > 0 applies softcap * tanh(x / softcap) to the logits first (Gemma 2; None or 0: off, as
+      in cross_entropy). A target outside [0, vocab) is treated as ignored.
+    - class_weight: cross_entropy's `weight` (F.cross_entropy's; Liger-Kernel's ce_weight), a
+      [vocab] tensor in float32 or hidden's dtype: named apart because `weight` is lm_head's.
+    - weight_grad_accumulation: "fp32" (default) sums d_weight and d_bias over the chunks in an
+      fp32 accumulator (vocab x hidden_size x 4 bytes of workspace); "output_dtype" adds each
+      chunk's product straight into them in the weight's dtype: no accumulator, less precise.
+    - extras: as cross_entropy's (a LossOutput instead of the loss), from the same pass.
     - Autograd: only the inputs that require grad get gradients (none: the forward alone runs).
       For "mean" and "sum" the gradients are computed in the forward pass, as Liger-Kernel's
       fused linear cross-entropy does, for the upstream gradient grad_scale (1 when None; a
@@ -313,8 +427,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if not lse_square_scale >= 0:
-        raise ValueError(f"kjit: lse_square_scale must be >= 0, got {lse_square_scale}")
+    if lse_square_scale is not None:
+        warnings.warn("kjit: linear_cross_entropy's lse_square_scale is now z_loss (as in "
+                      "cross_entropy); the old name will go", DeprecationWarning, stacklevel=2)
+        if z_loss:
+            raise ValueError("kjit: give z_loss alone (lse_square_scale is its old name)")
+        z_loss = lse_square_scale
+    if not z_loss >= 0:
+        raise ValueError(f"kjit: z_loss must be >= 0, got {z_loss}")
+    if weight_grad_accumulation not in ("fp32", "output_dtype"):
+        raise ValueError("kjit: weight_grad_accumulation must be 'fp32' or 'output_dtype', got "
+                         f"{weight_grad_accumulation!r}")
     softcap = 0.0 if softcap is None else softcap
     if not softcap >= 0:
         raise ValueError(f"kjit: softcap must be >= 0 (0: off), got {softcap}")
@@ -329,10 +452,22 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         raise ValueError("kjit: grad_scale is for reduction 'sum' and 'mean'; with 'none' each "
                          "row's upstream gradient reaches the backward as it is")
     scale = _scale_tensor(grad_scale, (1,), hidden.device)
-    options = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale),
-               float(softcap))
-    return _LinearCrossEntropy.apply(hidden, weight, target, bias, scale, options,
-                                     torch.is_grad_enabled())
+    if class_weight is not None:
+        class_weight = _class_weight(class_weight, hidden, vocab, "class_weight")
+    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+               float(softcap), weight_grad_accumulation)
+    names = _extras_wanted(extras)
+    wanted = _kernel_extras(names)
+    if names & {"lse", "z_loss"} and not any(wanted):
+        wanted = (False, False, True)  # any per-row output makes the op compute the lse
+    loss, lse, *per_row = _LinearCrossEntropy.apply(hidden, weight, target, bias, class_weight,
+                                                    scale, options, torch.is_grad_enabled(),
+                                                    wanted)
+    if names:
+        return _loss_output(names, loss, target, lse, *per_row, vocab=vocab,
+                            ignore_index=int(ignore_index), reduction=reduction,
+                            z_loss=float(z_loss), weight=class_weight)
+    return loss
 
 
 class _RmsNorm(torch.autograd.Function):

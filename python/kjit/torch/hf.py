@@ -10,6 +10,14 @@ model's loss function becomes kjit's fused cross-entropy over the model's logits
 fp32 copy of the logits Hugging Face's loss makes. Gemma 2's logit soft-cap stays in the model's
 forward.
 
+A training forward never hands out the loss's gradient as its logits: by default the gradient
+has a buffer of its own and the output's logits are the model's (inplace_backward=True writes
+the gradient over them and empties the output's logits, [batch, 0, vocab], so that no caller
+reads it as logits). With metrics=True the output also carries what kjit computed beside the
+loss, on the device: outputs.kjit_metrics = {"token_accuracy", "entropy", "num_tokens"} (0-d
+tensors over the tokens whose label counts), so a trainer can log accuracy and entropy without
+the logits (which the fused lm_head never computes).
+
 Where kjit cannot run a call, the patched module runs the original code and says so: tensors not
 on a CUDA GPU, a dtype kjit's kernels do not take (float64), a LLaMA-style norm whose weight dtype
 differs from its input's (whose output torch would promote), and a float16 forward of the fused
@@ -42,6 +50,7 @@ import threading
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kjit._runtime import KjitWarning
@@ -181,52 +190,114 @@ def _count_and_upstream(num_items_in_batch, device):
     return count, torch.ones((), dtype=torch.float32, device=device) / count
 
 
+# The extras of kjit's loss that become outputs.kjit_metrics, and their names there.
+_METRICS = {"token_accuracy": "token_accuracy", "mean_entropy": "entropy",
+            "num_tokens": "num_tokens"}
+
+
+def _metrics_of(out) -> dict:
+    """outputs.kjit_metrics from a LossOutput."""
+    return {name: getattr(out, field) for field, name in _METRICS.items()}
+
+
+def _metrics_from_logits(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> dict:
+    """outputs.kjit_metrics computed by torch from the logits, where Hugging Face's loss ran
+    (detached; the same definitions as kjit's)."""
+    with torch.no_grad():
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        target = target.to(flat.device)
+        valid = (target != ignore_index) & (target >= 0) & (target < flat.shape[-1])
+        count = valid.sum()
+        logp = torch.log_softmax(flat, dim=-1)
+        entropy = -(logp.exp() * torch.where(logp.isinf(), 0.0, logp)).sum(-1)
+        hits = (valid & (flat.argmax(-1) == target)).sum()
+        n = count.to(torch.float32)
+        return {"token_accuracy": hits.to(torch.float32) / n,
+                "entropy": torch.where(valid, entropy, 0.0).sum() / n, "num_tokens": count}
+
+
+def _report(**what) -> None:
+    """Tells the model's forward (when it is kjit's, _fused_class) what the loss did: the logits
+    it wrote the gradient over, the metrics it computed."""
+    report = getattr(_fusion, "report", None)
+    if report is not None:
+        report.update(what)
+
+
 class _CausalLMLoss:
     """Hugging Face's ForCausalLMLoss (shift, flatten, mean or sum / num_items_in_batch) on kjit's
     fused lm_head + cross-entropy when a fused forward kept lm_head's input, else on kjit's
     cross-entropy over the logits (use_kjit) or the original. An object rather than a closure, so
     that a patched model still pickles (torch.save(model))."""
 
-    def __init__(self, original, use_kjit: bool, inplace_backward: bool, fallbacks: _Fallbacks):
+    def __init__(self, original, use_kjit: bool, inplace_backward: bool, fallbacks: _Fallbacks,
+                 metrics: bool = False):
         self.original, self.use_kjit, self.inplace_backward = original, use_kjit, inplace_backward
-        self.fallbacks = fallbacks
+        self.fallbacks, self.metrics = fallbacks, metrics
         self.__name__ = getattr(original, "__name__", type(original).__name__)
 
     def __call__(self, logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
                  shift_labels=None, **kwargs):
+        extras = tuple(_METRICS) if getattr(self, "metrics", False) else False
         kept = _take_kept_lm_head_input()
         if kept is not None:
-            return _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels)
+            return _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels,
+                               extras)
         cannot = _not_for_kjit(logits) if self.use_kjit else None
         if cannot is not None:
             self.fallbacks.original_runs(cannot[0], f"the loss runs Hugging Face's {self.__name__}",
                                          cannot[1])
         if not self.use_kjit or cannot is not None:
+            if extras:
+                target = _shifted_target(labels, shift_labels, ignore_index, logits.device)
+                _report(metrics=_metrics_from_logits(logits, target, ignore_index))
             return self.original(logits, labels, vocab_size,
                                  num_items_in_batch=num_items_in_batch,
                                  ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
         target = _shifted_target(labels, shift_labels, ignore_index, logits.device)
         flat = logits.reshape(-1, vocab_size)  # a view of lm_head's output, a copy if it must
+        # In place only where the forward can hide the logits from its caller (_fused_class).
+        inplace = self.inplace_backward and getattr(_fusion, "report", None) is not None
+        options = dict(ignore_index=ignore_index, inplace_backward=inplace, extras=extras)
         if num_items_in_batch is None:
-            return cross_entropy(flat, target, ignore_index=ignore_index,
-                                 inplace_backward=self.inplace_backward)
-        # sum / n: the gradient is computed for the upstream 1 / n the division will send back.
-        count, scale = _count_and_upstream(num_items_in_batch, logits.device)
-        summed = cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum",
-                               grad_scale=scale, inplace_backward=self.inplace_backward)
-        return summed / count
+            loss = cross_entropy(flat, target, **options)
+        else:
+            # sum / n: the gradient is computed for the upstream 1 / n the division will send
+            # back.
+            count, scale = _count_and_upstream(num_items_in_batch, logits.device)
+            loss = cross_entropy(flat, target, reduction="sum", grad_scale=scale, **options)
+        if extras:
+            _report(metrics=_metrics_of(loss))
+            loss = loss.loss
+        if inplace and flat.requires_grad and torch.is_grad_enabled():
+            _report(overwritten=logits)
+        return loss if num_items_in_batch is None else loss / count
 
 
 # ---- lm_head and the loss fused ---------------------------------------------------------------
 
 # armed: the lm_head whose input to keep (None: none), with softcap and its model's _Fallbacks;
-# then kept: (hidden, lm_head, softcap).
+# then kept: (hidden, lm_head, softcap). report: a dict while a kjit model's forward runs, which
+# the loss fills (_report).
 _fusion = threading.local()
 _fused_classes: dict = {}
 
 
+def _hide_overwritten_logits(out, logits: torch.Tensor):
+    """The model's output with the logits the loss wrote its gradient over replaced by an empty
+    view ([batch, 0, vocab]), wherever they appear (a ModelOutput's field, a tuple's element)."""
+    empty = logits[..., :0, :]
+    if isinstance(out, tuple):
+        return type(out)(empty if o is logits else o for o in out)
+    for key in [k for k, v in out.items() if v is logits]:
+        out[key] = empty
+    return out
+
+
 def _fused_class(cls: type) -> type:
-    """cls with a forward that arms the fusion around cls.forward; one per class."""
+    """cls with a forward that arms the fusion around cls.forward (for a model whose lm_head is
+    fused) and hands the loss's report to the output: metrics on it, logits the gradient went
+    over hidden; one per class."""
     fused = _fused_classes.get(cls)
     if fused is not None:
         return fused
@@ -235,23 +306,32 @@ def _fused_class(cls: type) -> type:
     # (the arguments the model takes) read.
     @functools.wraps(cls.forward)
     def forward(self, *args, **kwargs):
-        keep = kwargs.get("logits_to_keep", 0)
-        if not (self.training and kwargs.get("labels") is not None and isinstance(keep, int)
-                and keep == 0):
+        if kwargs.get("labels") is None:
             return cls.forward(self, *args, **kwargs)
+        keep = kwargs.get("logits_to_keep", 0)
+        fuse = (getattr(self, "_kjit_fuse_lm_head", False) and self.training
+                and isinstance(keep, int) and keep == 0)
         # Armed for this model's own lm_head only, so that another model's forward inside this one
         # (a teacher's, from a hook) computes its logits; the outer state comes back afterwards.
         outer = (getattr(_fusion, "armed", None), getattr(_fusion, "softcap", 0.0),
-                 getattr(_fusion, "fallbacks", None), getattr(_fusion, "kept", None))
-        _fusion.armed, _fusion.kept = self.get_output_embeddings(), None
+                 getattr(_fusion, "fallbacks", None), getattr(_fusion, "kept", None),
+                 getattr(_fusion, "report", None))
+        _fusion.armed, _fusion.kept = (self.get_output_embeddings() if fuse else None), None
         _fusion.fallbacks = self._kjit_fallbacks
+        _fusion.report = report = {}
         # Only Gemma 2's forward soft-caps the logits (a config may carry the key regardless).
         softcap = getattr(self.config, "final_logit_softcapping", None)
         _fusion.softcap = (softcap or 0.0) if self.config.model_type == "gemma2" else 0.0
         try:
-            return cls.forward(self, *args, **kwargs)
+            out = cls.forward(self, *args, **kwargs)
         finally:
-            _fusion.armed, _fusion.softcap, _fusion.fallbacks, _fusion.kept = outer
+            (_fusion.armed, _fusion.softcap, _fusion.fallbacks, _fusion.kept,
+             _fusion.report) = outer
+        if report.get("overwritten") is not None:
+            out = _hide_overwritten_logits(out, report["overwritten"])
+        if "metrics" in report and not isinstance(out, tuple):
+            out.kjit_metrics = report["metrics"]
+        return out
 
     def __deepcopy__(self, memo):
         # A copy fuses too (what copy.deepcopy would do without __reduce_ex__ below).
@@ -268,7 +348,7 @@ def _fused_class(cls: type) -> type:
 
     fused = type(cls.__name__, (cls,), {"forward": forward, "__deepcopy__": __deepcopy__,
                                         "__reduce_ex__": __reduce_ex__,
-                                        "_kjit_fused_lm_head": True,
+                                        "_kjit_forward": True,
                                         "__qualname__": cls.__qualname__,
                                         "__module__": cls.__module__})
     return _fused_classes.setdefault(cls, fused)
@@ -315,7 +395,7 @@ def _take_kept_lm_head_input():
     return kept
 
 
-def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels):
+def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels, extras=False):
     hidden, head, softcap = kept
     flat = hidden.reshape(-1, hidden.shape[-1])
     target = _shifted_target(labels, shift_labels, ignore_index, hidden.device)
@@ -329,20 +409,35 @@ def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels):
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     flat, weight, bias = (t if t is None or t.dtype == dtype else t.to(dtype)
                           for t in (flat, head.weight, head.bias))
+    options = dict(ignore_index=ignore_index, softcap=softcap)
+    if extras:
+        options["extras"] = extras
     if num_items_in_batch is None:
-        return linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
-                                    softcap=softcap)
-    # sum / n: the gradients are computed for the upstream 1 / n the division will send back, so
-    # the backward's rescale finds nothing to do.
-    count, scale = _count_and_upstream(num_items_in_batch, hidden.device)
-    summed = linear_cross_entropy(flat, weight, target, bias, ignore_index=ignore_index,
-                                  reduction="sum", softcap=softcap, grad_scale=scale)
-    return summed / count
+        loss = linear_cross_entropy(flat, weight, target, bias, **options)
+    else:
+        # sum / n: the gradients are computed for the upstream 1 / n the division will send
+        # back, so the backward's rescale finds nothing to do.
+        count, scale = _count_and_upstream(num_items_in_batch, hidden.device)
+        loss = linear_cross_entropy(flat, weight, target, bias, reduction="sum",
+                                    grad_scale=scale, **options)
+    if extras:
+        _report(metrics=_metrics_of(loss))
+        loss = loss.loss
+    return loss if num_items_in_batch is None else loss / count
+
+
+def _wrap_forward(model: nn.Module) -> None:
+    """The model's class becomes kjit's subclass (_fused_class), once."""
+    if not getattr(type(model), "_kjit_forward", False):
+        model.__class__ = _fused_class(type(model))
 
 
 def _fuse_lm_head_and_loss(model: nn.Module) -> None:
-    model.get_output_embeddings().register_forward_pre_hook(_keep_lm_head_input)
-    model.__class__ = _fused_class(type(model))
+    head = model.get_output_embeddings()
+    if _keep_lm_head_input not in head._forward_pre_hooks.values():
+        head.register_forward_pre_hook(_keep_lm_head_input)
+    model._kjit_fuse_lm_head = True
+    _wrap_forward(model)
 
 
 def _what_runs(model: nn.Module, norms: bool, loss_name, use_kjit: bool, fused: bool) -> dict:
@@ -369,8 +464,8 @@ def _what_runs(model: nn.Module, norms: bool, loss_name, use_kjit: bool, fused: 
 
 
 def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = True,
-             linear_cross_entropy: bool = False, inplace_backward: bool = True,
-             strict: bool = False) -> dict:
+             linear_cross_entropy: bool = False, inplace_backward: bool = False,
+             metrics: bool = False, strict: bool = False) -> dict:
     """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face LLaMA, Mistral,
     Mixtral, Phi-3, Qwen2, Qwen3 (and their MoE variants), Gemma or Gemma 2 model for kjit's;
     returns what it changed ("rms_norm": the norms' names, "loss", "linear_cross_entropy") and
@@ -382,8 +477,18 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     input dtypes differ, a float16 forward of the fused lm_head) runs the original code with a
     KjitFallbackWarning, once per model and cause; strict=True raises KjitFallbackError instead.
 
-    inplace_backward: the loss writes its gradient over the logits (the model's output logits
-    then hold the gradient after a training forward); False allocates it instead.
+    inplace_backward: False (default) gives the loss's gradient a buffer of its own ([tokens,
+    vocab] in the logits' dtype, alive from the forward to the backward): the output's logits
+    are the model's. True writes the gradient over the logits instead (no such buffer) and
+    replaces the output's logits by an empty [batch, 0, vocab] view, so that nothing reads the
+    gradient as logits; code that needs a training forward's logits then breaks loudly.
+
+    metrics: the output of a forward with labels carries kjit_metrics, {"token_accuracy":
+    predicted == label over the counted tokens, "entropy": the mean entropy of the predicted
+    distributions over them, "num_tokens": their number} as 0-d device tensors computed with the
+    loss (the predicted token and entropy from the same pass over the logits; where Hugging
+    Face's loss runs, from its logits by torch). Off by default: kjit's kernels for them have
+    not yet run on a GPU.
 
     linear_cross_entropy: a training forward with labels (model.train(), labels=...) runs
     lm_head and the loss as kjit's fused op and computes no logits: its output's logits are
@@ -405,7 +510,7 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
                          "loss_function; pass cross_entropy=False (and no linear_cross_entropy) "
                          "to patch only the norms")
     casting, offset = _SUPPORTED[model_type]
-    fuse = linear_cross_entropy and not getattr(model, "_kjit_fused_lm_head", False)
+    fuse = linear_cross_entropy and not getattr(model, "_kjit_fuse_lm_head", False)
     if fuse:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if type(head) is not nn.Linear:
@@ -418,7 +523,7 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     fallbacks = getattr(model, "_kjit_fallbacks", None) or _Fallbacks(type(model).__name__, strict)
     fallbacks.strict = strict  # an earlier apply_to's modules share it
     model._kjit_fallbacks = fallbacks
-    fused = fuse or getattr(model, "_kjit_fused_lm_head", False)
+    fused = fuse or getattr(model, "_kjit_fuse_lm_head", False)
     changed = {"model_type": model_type, "rms_norm": [], "loss": None,
                "linear_cross_entropy": fused}
     if rms_norm:
@@ -426,15 +531,21 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     loss_name = None
     if cross_entropy or fuse:
         original = model.loss_function
-        model.loss_function = _CausalLMLoss(original, cross_entropy, inplace_backward, fallbacks)
+        if isinstance(original, _CausalLMLoss):  # apply_to again: the options are the new ones
+            original = original.original
+        model.loss_function = _CausalLMLoss(original, cross_entropy, inplace_backward, fallbacks,
+                                            metrics)
         loss_name = model.loss_function.__name__
         changed["loss"] = f"{loss_name} -> kjit" + (" (lm_head fused)" if fuse else "")
     norms = any(isinstance(m, KjitHFRMSNorm) for m in model.modules())
     changed["runs"] = _what_runs(model, norms, loss_name, cross_entropy, fused)
-    if fuse:
+    if loss_name is not None:
         if "forward" in vars(model):
             warnings.warn("kjit.apply_to: this model's forward was replaced on the instance (by "
-                          "accelerate or a hook library?); the fused lm_head arms in its class's "
-                          "forward and will not run unless that is called", stacklevel=2)
+                          "accelerate or a hook library?); the fused lm_head, the metrics and an "
+                          "in-place gradient's hidden logits need its class's forward, which "
+                          "will not run unless that is called", stacklevel=2)
+        _wrap_forward(model)
+    if fuse:
         _fuse_lm_head_and_loss(model)
     return changed

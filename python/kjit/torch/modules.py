@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -52,26 +53,30 @@ class LinearCrossEntropyLoss(nn.Module):
     optionally lm_head's bias; it owns no parameters (the lm_head keeps its weight)."""
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, lse_square_scale: float = 0.0,
-                 softcap: float = 0.0):
+                 label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 softcap: Optional[float] = None, lse_square_scale: Optional[float] = None):
         super().__init__()
+        if lse_square_scale is not None:
+            warnings.warn("kjit: LinearCrossEntropyLoss's lse_square_scale is now z_loss (as in "
+                          "cross_entropy); the old name will go", DeprecationWarning, stacklevel=2)
+            z_loss = lse_square_scale
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
-        self.lse_square_scale = lse_square_scale
+        self.z_loss = z_loss
         self.softcap = softcap
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         return linear_cross_entropy(hidden, weight, target, bias, ignore_index=self.ignore_index,
                                     reduction=self.reduction,
-                                    label_smoothing=self.label_smoothing,
-                                    lse_square_scale=self.lse_square_scale, softcap=self.softcap)
+                                    label_smoothing=self.label_smoothing, z_loss=self.z_loss,
+                                    softcap=self.softcap)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, "
-                f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}")
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+                f"softcap={self.softcap}")
 
 
 class RMSNorm(nn.Module):
