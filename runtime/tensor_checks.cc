@@ -176,4 +176,19 @@ int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views
   return vec;
 }
 
+int WidestVecAlignedAlike(int max_vec, const TensorView& lead,
+                          std::initializer_list<const TensorView*> alike) {
+  int vec = max_vec;
+  for (const TensorView* t : alike) {
+    if (t == nullptr || t->data == nullptr || lead.data == nullptr) continue;
+    // Element offsets and strides, both views holding elements of lead's size (the ops check).
+    const auto offset =
+        static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data) / SizeOf(t->dtype)) -
+        static_cast<int64_t>(reinterpret_cast<uintptr_t>(lead.data) / SizeOf(lead.dtype));
+    const int64_t stride_gap = t->rows > 1 ? t->row_stride - lead.row_stride : 0;
+    while (vec > 1 && (offset % vec != 0 || stride_gap % vec != 0)) vec /= 2;
+  }
+  return vec;
+}
+
 }  // namespace kjit::internal

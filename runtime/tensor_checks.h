@@ -66,4 +66,12 @@ absl::Status CheckWorkspace(const void* workspace, int64_t workspace_bytes, int6
 // allow aligned access of that many elements.
 int WidestAlignedVec(int max_vec, std::initializer_list<const TensorView*> views);
 
+// The widest vector width <= max_vec (a power of two) at which each row of every view in `alike`
+// is as far past a vector boundary as the same row of `lead`. Kernels that start each row's vectors
+// at its first boundary (the cross-entropy kernels' CeLayout) then move all of them by whole
+// vectors, whatever the row length or the views' offsets; only views that differ in their offset
+// or row stride narrow it. Null views are skipped.
+int WidestVecAlignedAlike(int max_vec, const TensorView& lead,
+                          std::initializer_list<const TensorView*> alike);
+
 }  // namespace kjit::internal

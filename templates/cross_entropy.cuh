@@ -75,16 +75,40 @@ struct KahanSum {
 };
 
 // How a row is split over the kRowThreads threads that share it (one block, or every block of a
-// cluster): kBody vectors of kVec elements dealt round-robin (coalesced), kIters per thread at
-// most, then kTail < kVec scalars, one each for the first threads.
+// cluster). Its vectors of kVec elements start at the row's first kVec-element boundary in memory:
+// `head` scalars (0 to kVec - 1) before them, then `body` whole vectors dealt round-robin
+// (coalesced), kIters per thread at most, then the tail's scalars. So a row of any vocab at any
+// element address streams by whole vectors (GPT-2's 50257 too); an aligned row (the vocab a
+// multiple of kVec) has no head. The head and tail scalars, fewer than 2 kVec, go one to each of
+// the first threads. Every pointer a kernel vectorizes with a layout must share the row's
+// misalignment (the host checks: CrossEntropy's vector width).
 template <int kVocabSize, int kRowThreads, int kVecWidth>
 struct CeLayout {
   static constexpr int kVocab = kVocabSize, kThreads = kRowThreads, kVec = kVecWidth;
-  static constexpr int kBody = kVocab / kVec;
-  static constexpr int kTail = kVocab % kVec;
-  static constexpr int kIters = (kBody + kThreads - 1) / kThreads;
+  static constexpr int kMaxBody = kVocab / kVec;  // the body of an aligned row; others lose one
+  static constexpr int kIters = (kMaxBody + kThreads - 1) / kThreads;
   static constexpr int kSlots = kIters > 0 ? kIters : 1;  // an array size for kIters vectors
-  static_assert(kTail < kThreads, "one tail element per thread");
+  static_assert(2 * (kVec - 1) < kThreads, "one head or tail element per thread");
+  int head;  // scalars before the first vector
+  int body;  // whole vectors
+
+  template <typename T>
+  __device__ __forceinline__ explicit CeLayout(const T* row)
+      : head(min(kVocab, head_of(row))), body((kVocab - head) / kVec) {}
+
+  // Elements before the first kVec-aligned one.
+  template <typename T>
+  static __device__ __forceinline__ int head_of(const T* row) {
+    const int misaligned =
+        static_cast<int>(reinterpret_cast<unsigned long long>(row) / sizeof(T) % kVec);
+    return misaligned == 0 ? 0 : kVec - misaligned;
+  }
+
+  __device__ __forceinline__ int vector_col(int i) const { return head + i * kVec; }
+  __device__ __forceinline__ int scalars() const { return kVocab - body * kVec; }
+  // Scalar k: the head's columns first, then the tail's.
+  __device__ __forceinline__ int scalar_col(int k) const { return k < head ? k : body * kVec + k; }
+  __device__ __forceinline__ bool owns_scalar(int tid) const { return tid < scalars(); }
 };
 
 // Blocks of kThreads that must fit an SM together: 1024 threads' worth, which caps registers at 64.
@@ -108,23 +132,25 @@ __device__ __forceinline__ Floats<N> floats_of(const Vec<T, N>& v) {
 // Vectors it0 .. it0+N-1 of thread tid's share (vector i of the row is (it0 + u) * kThreads + tid);
 // those past the body are left as they are.
 template <typename L, int N, typename T>
-__device__ __forceinline__ void load_share(const T* row, int tid, int it0, Vec<T, L::kVec> (&v)[N]) {
+__device__ __forceinline__ void load_share(const L& l, const T* row, int tid, int it0,
+                                           Vec<T, L::kVec> (&v)[N]) {
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int i = (it0 + u) * L::kThreads + tid;
-    if (i < L::kBody) v[u] = load_vec<T, L::kVec>(row, static_cast<long long>(i) * L::kVec);
+    if (i < l.body) v[u] = load_vec<T, L::kVec>(row, l.vector_col(i));
   }
 }
 
 // Calls f(col, Floats<kVec>) for each loaded vector of the share.
 template <typename L, int N, typename T, typename F>
-__device__ __forceinline__ void visit_share(int tid, int it0, const Vec<T, L::kVec> (&v)[N], F&& f) {
+__device__ __forceinline__ void visit_share(const L& l, int tid, int it0,
+                                            const Vec<T, L::kVec> (&v)[N], F&& f) {
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int i = (it0 + u) * L::kThreads + tid;
-    if (i < L::kBody) {
+    if (i < l.body) {
       Floats<L::kVec> x = floats_of(v[u]);
-      f(i * L::kVec, x);
+      f(l.vector_col(i), x);
     }
   }
 }
@@ -132,56 +158,53 @@ __device__ __forceinline__ void visit_share(int tid, int it0, const Vec<T, L::kV
 // out[col..] = f(col, x[col..]) for each vector of the share, x taken from v: f rewrites a
 // Floats<kVec> of logits into the values to store.
 template <typename L, int N, typename T, typename F>
-__device__ __forceinline__ void store_share(T* out, int tid, int it0, const Vec<T, L::kVec> (&v)[N],
-                                            F&& f) {
+__device__ __forceinline__ void store_share(const L& l, T* out, int tid, int it0,
+                                            const Vec<T, L::kVec> (&v)[N], F&& f) {
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int i = (it0 + u) * L::kThreads + tid;
-    if (i < L::kBody) {
+    if (i < l.body) {
       Floats<L::kVec> x = floats_of(v[u]);
-      f(i * L::kVec, x);
+      f(l.vector_col(i), x);
       Vec<T, L::kVec> o;
       from_floats(x.v, o.v);
-      store_vec<T, L::kVec>(out, static_cast<long long>(i) * L::kVec, o);
+      store_vec<T, L::kVec>(out, l.vector_col(i), o);
     }
   }
 }
-
-// The scalar tail: thread tid < kTail owns column kBody * kVec + tid.
-template <typename L>
-__device__ __forceinline__ bool owns_tail(int tid) { return L::kTail > 0 && tid < L::kTail; }
-template <typename L>
-__device__ __forceinline__ int tail_col(int tid) { return L::kBody * L::kVec + tid; }
 
 // Calls f(col, Floats<n>) for thread tid's share of the row, kUnroll vector loads issued before
 // any is used, so that each thread keeps several 16-byte requests in flight.
 template <typename L, int kUnroll, typename T, typename F>
 __device__ __forceinline__ void visit_row(const T* row, int tid, F&& f) {
+  const L l(row);
 #pragma unroll 1
   for (int it0 = 0; it0 < L::kIters; it0 += kUnroll) {
     Vec<T, L::kVec> v[kUnroll];
-    load_share<L>(row, tid, it0, v);
-    visit_share<L>(tid, it0, v, f);
+    load_share(l, row, tid, it0, v);
+    visit_share(l, tid, it0, v, f);
   }
-  if (owns_tail<L>(tid)) {
-    Floats<1> x{{to_float(row[tail_col<L>(tid)])}};
-    f(tail_col<L>(tid), x);
+  if (l.owns_scalar(tid)) {
+    const int c = l.scalar_col(tid);
+    Floats<1> x{{to_float(row[c])}};
+    f(c, x);
   }
 }
 
 // Writes thread tid's share of an output row: f rewrites the logits in[col..] (zeros without an
-// input) into out[col..]. In place (in == out), each element is read before it is written by the
-// same thread.
+// input) into out[col..]. The layout is in's (out shares its misalignment). In place (in == out),
+// each element is read before it is written by the same thread.
 template <typename L, int kUnroll, bool kRead, typename T, typename F>
 __device__ __forceinline__ void map_row(const T* in, T* out, int tid, F&& f) {
+  const L l(in);
 #pragma unroll 1
   for (int it0 = 0; it0 < L::kIters; it0 += kUnroll) {
     Vec<T, L::kVec> v[kUnroll] = {};  // zero bits are 0.0 in every dtype
-    if constexpr (kRead) load_share<L>(in, tid, it0, v);
-    store_share<L>(out, tid, it0, v, f);
+    if constexpr (kRead) load_share(l, in, tid, it0, v);
+    store_share(l, out, tid, it0, v, f);
   }
-  if (owns_tail<L>(tid)) {
-    const int c = tail_col<L>(tid);
+  if (l.owns_scalar(tid)) {
+    const int c = l.scalar_col(tid);
     Floats<1> x{{kRead ? to_float(in[c]) : 0.0f}};
     f(c, x);
     out[c] = from_float<T>(x.v[0]);
@@ -632,26 +655,27 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
   float x_t = 0.0f;
   if (r.valid && writer) x_t = to_float(r.x[r.target]);
 
+  const L l(r.x);
   Vec<T, kVec> v[L::kSlots];
-  float tail = 0.0f;
+  float scalar = 0.0f;  // the thread's head or tail element, if it has one
   Stats st = Stats::identity();
   if (r.valid || p.lse != nullptr || kArgmax || kEntropy) {  // the same in every block of the row
-    load_share<L>(r.x, tid, 0, v);
+    load_share(l, r.x, tid, 0, v);
     float raw_max = neg_inf();
-    if (owns_tail<L>(tid)) {
-      tail = to_float(r.x[tail_col<L>(tid)]);
-      raw_max = fmaxf(raw_max, tail);  // NaN is dropped: m is never NaN
+    if (l.owns_scalar(tid)) {
+      scalar = to_float(r.x[l.scalar_col(tid)]);
+      raw_max = fmaxf(raw_max, scalar);  // NaN is dropped: m is never NaN
     }
     // The thread's max first, from its registers, so that the sum needs no rescale; the cap is
     // monotonic, so the max of the capped logits is the capped max.
 #pragma unroll
     for (int u = 0; u < L::kSlots; ++u) {
-      if (u * L::kThreads + tid < L::kBody) raw_max = fmaxf(raw_max, vec_max(v[u]));
+      if (u * L::kThreads + tid < l.body) raw_max = fmaxf(raw_max, vec_max(v[u]));
     }
     st.m = r.mt.capped(raw_max) * kLog2e;
     const AddToStats<Stats, decltype(r), true> add{st, r};
-    visit_share<L>(tid, 0, v, add);
-    if (owns_tail<L>(tid)) add(tail_col<L>(tid), Floats<1>{{tail}});
+    visit_share(l, tid, 0, v, add);
+    if (l.owns_scalar(tid)) add(l.scalar_col(tid), Floats<1>{{scalar}});
     st = block_combine<kThreads>(st, smem);
   }
   if constexpr (kCluster > 1) {
@@ -662,29 +686,51 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
   const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, writer);
   if (r.valid) {
     const auto grad = r.gradient(p, lse2, gradient_scale<kReduction>(p, row));
-    store_share<L>(r.g, tid, 0, v, grad);
-    if (owns_tail<L>(tid)) {
-      Floats<1> xt{{tail}};
-      grad(tail_col<L>(tid), xt);
-      r.g[tail_col<L>(tid)] = from_float<T>(xt.v[0]);
+    store_share(l, r.g, tid, 0, v, grad);
+    if (l.owns_scalar(tid)) {
+      Floats<1> xs{{scalar}};
+      grad(l.scalar_col(tid), xs);
+      r.g[l.scalar_col(tid)] = from_float<T>(xs.v[0]);
     }
   } else {
     map_row<L, L::kSlots, false>(r.x, r.g, tid, Zeros{});
   }
 }
 
-// How the staged kernel splits a row over the kCluster blocks of a cluster: block b stages columns
-// [b * kChunk, b * kChunk + Length(b)) of it in shared memory, kChunk a multiple of kVec. Whole
-// vectors move by bulk copy; the last block's Length % kVec columns (a vocab that is not a
-// multiple of kVec) by ordinary loads and stores, one per thread.
+// How the staged kernel splits a row over the kCluster blocks of a cluster. The row's whole
+// vectors (from its first kVec-element boundary in memory, as CeLayout's) are dealt in chunks of
+// kChunk columns: block b stages columns [begin, begin + length) in shared memory by bulk copy,
+// begin = head + b * kChunk. Its scalars move by ordinary loads and stores, one per thread: the
+// head's (block 0) and the last block's length % kVec columns. Every block gets a whole vector
+// whatever the head (the host checks the same: StagedUnfit).
 template <int kVocab, int kVec, int kCluster>
 struct CeStageLayout {
   static constexpr int kChunkVectors = ((kVocab + kVec - 1) / kVec + kCluster - 1) / kCluster;
   static constexpr int kChunk = kChunkVectors * kVec;
-  static_assert(kVocab - (kCluster - 1) * kChunk >= kVec, "every block stages a whole vector");
-  static __device__ __forceinline__ int Begin(unsigned b) { return static_cast<int>(b) * kChunk; }
-  static __device__ __forceinline__ int Length(unsigned b) {
-    return min(kChunk, kVocab - Begin(b));
+  static_assert(kVocab - (kVec - 1) - (kCluster - 1) * kChunk >= kVec,
+                "every block stages a whole vector");
+  int head;        // the row's scalars before its first vector
+  int begin;       // the block's first staged column
+  int length;      // its columns, vectors and tail
+  int body;        // its whole vectors
+  int head_taken;  // the head's scalars that this block takes: all of them in block 0
+
+  template <typename T>
+  __device__ __forceinline__ CeStageLayout(const T* row, unsigned b)
+      : head(CeLayout<kVocab, 2 * kVec, kVec>::head_of(row)),
+        begin(head + static_cast<int>(b) * kChunk),
+        length(min(kChunk, kVocab - begin)),
+        body(length / kVec),
+        head_taken(b == 0 ? head : 0) {}
+
+  __device__ __forceinline__ int scalars() const { return head_taken + length % kVec; }
+  __device__ __forceinline__ bool owns_scalar(int tid) const { return tid < scalars(); }
+  __device__ __forceinline__ int scalar_col(int k) const {
+    return k < head_taken ? k : begin + body * kVec + (k - head_taken);
+  }
+  // The block that holds column c.
+  __device__ __forceinline__ int owner(long long c) const {
+    return c < head ? 0 : static_cast<int>((c - head) / kChunk);
   }
 };
 
@@ -707,8 +753,8 @@ constexpr int kStagedPrefetchRows = 24;
 // than read them: no block then waits at its end for the others' reads. On the H200 (16384 rows of
 // 128256 bf16) that took the kernel from 90.1% to 92.8% of copy bandwidth; giving each warp a
 // contiguous range that it stores as soon as it is done did not help (92.6%). Every block combines
-// the statistics in rank order, so all get the same lse, bit for bit. Logits and grad rows must be
-// 16-byte aligned.
+// the statistics in rank order, so all get the same lse, bit for bit. Each grad row must share its
+// logits row's misalignment (CeStageLayout).
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
           CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
           bool kArgmax, bool kEntropy, typename W>
@@ -733,11 +779,10 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   const long long row = blockIdx.x / kCluster;
   const int tid = threadIdx.x;
   const bool writer = rank == 0 && tid == 0;
-  const int begin = S::Begin(rank), length = S::Length(rank);
-  const int body = length / kVec, tail = length % kVec;
-  const int tail_col = begin + body * kVec + tid;
   V* buf = reinterpret_cast<V*>(staged_row);
   const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
+  const S l(r.x, rank);
+  const int begin = l.begin, body = l.body;
   const bool lse_or_argmax = p.lse != nullptr || kArgmax || kEntropy;  // read for every row
   const bool read = r.valid || lse_or_argmax;  // the same in every block of the row
 
@@ -753,8 +798,9 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
     const long long ahead = row + kStagedPrefetchRows;
     const I t = static_cast<const I*>(p.targets)[ahead];
     if (lse_or_argmax || target_is_valid<kVocab>(t, p.ignore_index)) {
-      bulk_prefetch_l2(static_cast<const T*>(p.logits) + ahead * p.logits_stride + begin,
-                       static_cast<unsigned>(body) * 16u);
+      const T* ahead_row = static_cast<const T*>(p.logits) + ahead * p.logits_stride;
+      const S a(ahead_row, rank);
+      bulk_prefetch_l2(ahead_row + a.begin, static_cast<unsigned>(a.body) * 16u);
     }
   }
   // Loaded while the row is on its way rather than after the cluster has met, but after the copies
@@ -766,11 +812,11 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   Stats st = Stats::identity();
   float x_t = 0.0f;  // the target logit, if this block holds it
   if (read) {
-    const float tail_x = tid < tail ? to_float(r.x[tail_col]) : neg_inf();
+    const float scalar = l.owns_scalar(tid) ? to_float(r.x[l.scalar_col(tid)]) : neg_inf();
     mbarrier_wait(&loaded, 0);
     // The thread's max first (a second read of shared memory is cheap), so that the sum needs no
     // rescale; the cap is monotonic, so the max of the capped logits is the capped max.
-    float raw_max = fmaxf(neg_inf(), tail_x);  // NaN is dropped: m is never NaN
+    float raw_max = fmaxf(neg_inf(), scalar);  // NaN is dropped: m is never NaN
 #pragma unroll 4
     for (int i = tid; i < body; i += kThreads) raw_max = fmaxf(raw_max, vec_max(buf[i]));
     st.m = r.mt.capped(raw_max) * kLog2e;
@@ -780,20 +826,22 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
       Floats<kVec> x = floats_of(buf[i]);
       add(begin + i * kVec, x);
     }
-    if (tid < tail) add(tail_col, Floats<1>{{tail_x}});
+    if (l.owns_scalar(tid)) add(l.scalar_col(tid), Floats<1>{{scalar}});
     st = block_combine<kThreads>(st, smem);
     // Read before the block's gradient overwrites it (in place): the gradient waits for the row's
     // statistics, which wait for this value.
     const long long t = r.target - begin;
-    if (r.valid && t >= 0 && t < length && (kCluster > 1 ? tid < kCluster : tid == 0)) {
-      x_t = t < body * kVec ? to_float(buf[t / kVec].v[t % kVec]) : to_float(r.x[r.target]);
+    if (r.valid && l.owner(r.target) == static_cast<int>(rank) &&
+        (kCluster > 1 ? tid < kCluster : tid == 0)) {
+      x_t = t >= 0 && t < body * kVec ? to_float(buf[t / kVec].v[t % kVec])
+                                      : to_float(r.x[r.target]);
     }
   }
   if constexpr (kCluster > 1) {
     parts.exchange({st, x_t}, rank);
     st = parts.slot[0].stats;
     for (int b = 1; b < kCluster; ++b) st.combine(parts.slot[b].stats);
-    if (writer && r.valid) x_t = parts.slot[r.target / S::kChunk].target_logit;
+    if (writer && r.valid) x_t = parts.slot[l.owner(r.target)].target_logit;
   }
   const float lse2 = finish_row<I, kVocab>(p, row, r, st, x_t, writer);
 
@@ -807,14 +855,15 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
       from_floats(x.v, o.v);
       buf[i] = o;
     }
-    if (tid < tail) {
-      Floats<1> x{{to_float(r.x[tail_col])}};
-      grad(tail_col, x);
-      r.g[tail_col] = from_float<T>(x.v[0]);
+    if (l.owns_scalar(tid)) {
+      const int c = l.scalar_col(tid);
+      Floats<1> x{{to_float(r.x[c])}};
+      grad(c, x);
+      r.g[c] = from_float<T>(x.v[0]);
     }
   } else {
     for (int i = tid; i < body; i += kThreads) buf[i] = V{};  // zero bits: 0.0 in every dtype
-    if (tid < tail) r.g[tail_col] = from_float<T>(0.0f);
+    if (l.owns_scalar(tid)) r.g[l.scalar_col(tid)] = from_float<T>(0.0f);
   }
   async_proxy_fence();  // the bulk store reads what this thread wrote
   __syncthreads();
@@ -848,12 +897,10 @@ cross_entropy_backward(const CrossEntropyRowParams p) {
 // row NaN; a = 0 with g != 0 makes it Inf or NaN (the gradient for a = 0 is lost).
 // CrossEntropyRescaleParams says which part of which row a block takes: whole vectors of kVec
 // elements, kUnroll loads per thread in flight before they are rescaled and stored, then the
-// scalar tail. Each element is read and written by one thread only, so no barrier is needed.
+// scalars (CeLayout). Each element is read and written by one thread only, so no barrier is needed.
 template <typename T, int kVocab, int kThreads, int kVec, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
 cross_entropy_rescale_gradient(const CrossEntropyRescaleParams p) {
-  constexpr int kBody = kVocab / kVec, kTail = kVocab % kVec;
-  static_assert(kTail < kThreads, "one tail element per thread");
   const unsigned tiles = static_cast<unsigned>(p.tiles);
   const long long row = blockIdx.x / tiles;
   const int tile = static_cast<int>(blockIdx.x % tiles);
@@ -863,7 +910,8 @@ cross_entropy_rescale_gradient(const CrossEntropyRescaleParams p) {
   if (g == a) return;  // the whole block: g and a are the same for every thread
   const float factor = __fdiv_rn(g, a);
   T* x = static_cast<T*>(p.grad) + row * p.grad_stride;
-  const int end = min((tile + 1) * p.tile_vectors, kBody);
+  const CeLayout<kVocab, kThreads, kVec> l(x);
+  const int end = min((tile + 1) * p.tile_vectors, l.body);
 #pragma unroll 1
   for (int i0 = tile * p.tile_vectors + static_cast<int>(threadIdx.x); i0 < end;
        i0 += kThreads * kUnroll) {
@@ -871,7 +919,7 @@ cross_entropy_rescale_gradient(const CrossEntropyRescaleParams p) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = i0 + u * kThreads;
-      if (i < end) v[u] = load_vec<T, kVec>(x, static_cast<long long>(i) * kVec);
+      if (i < end) v[u] = load_vec<T, kVec>(x, l.vector_col(i));
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -882,12 +930,12 @@ cross_entropy_rescale_gradient(const CrossEntropyRescaleParams p) {
         for (int k = 0; k < kVec; ++k) y[k] = __fmul_rn(to_float(v[u].v[k]), factor);
         Vec<T, kVec> o;
         from_floats(y, o.v);
-        store_vec<T, kVec>(x, static_cast<long long>(i) * kVec, o);
+        store_vec<T, kVec>(x, l.vector_col(i), o);
       }
     }
   }
-  if (kTail > 0 && tile == p.tiles - 1 && threadIdx.x < kTail) {
-    const int c = kBody * kVec + static_cast<int>(threadIdx.x);
+  if (tile == p.tiles - 1 && l.owns_scalar(static_cast<int>(threadIdx.x))) {
+    const int c = l.scalar_col(static_cast<int>(threadIdx.x));
     x[c] = from_float<T>(__fmul_rn(to_float(x[c]), factor));
   }
 }

@@ -98,11 +98,12 @@ std::string StagedUnfit(const CrossEntropyConfig& c, int64_t vocab, int elem_byt
     return fmt::format("bulk copies move 16-byte vectors; vec={} is {} bytes", vec,
                        vec * elem_bytes);
   }
-  if (vocab - (cluster - 1) * StagedChunk(c, vocab) < vec) {
+  // A row that starts vec - 1 elements short of a vector boundary has that many fewer columns for
+  // its vectors (CeStageLayout).
+  if (vocab - (vec - 1) - (cluster - 1) * StagedChunk(c, vocab) < vec) {
     return fmt::format(
-        "{} blocks of {} columns leave the last less than a vector of the {}-column "
-        "row",
-        cluster, StagedChunk(c, vocab), vocab);
+        "{} blocks of {} columns leave the last less than a vector of the {}-column row", cluster,
+        StagedChunk(c, vocab), vocab);
   }
   const int64_t bytes = StagedSharedBytes(c, vocab, elem_bytes) + kStagedStaticBytes;
   if (bytes > MaxSharedBytesPerBlock(arch)) {

@@ -405,7 +405,7 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
     const internal::RuntimeState& rt, internal::CrossEntropyState& op, CUstream stream,
     const TensorView& logits, const IndexView& targets, const TensorView& grad,
     const TensorView& class_weight, void* workspace, CrossEntropyLaunch launch) {
-  const int vec = internal::WidestAlignedVec(op.config.vec, {&logits, &grad});
+  const int vec = internal::WidestVecAlignedAlike(op.config.vec, logits, {&grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
                         KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), launch));
   CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index, class_weight.data,
@@ -477,7 +477,7 @@ const CrossEntropySpec& CrossEntropy::spec() const { return op_->spec; }
 const CrossEntropyConfig& CrossEntropy::config() const { return op_->config; }
 
 CrossEntropyConfig CrossEntropy::ConfigFor(const TensorView& logits, bool fused) const {
-  const int vec = internal::WidestAlignedVec(op_->config.vec, {&logits});
+  const int vec = op_->config.vec;
   return op_->kernels.Locked(
       [&] { return op_->ConfigFor(logits.rows, vec, /*may_tune=*/false, fused); });
 }
@@ -648,9 +648,9 @@ absl::Status CrossEntropy::RescaleGradient(CUstream stream,
       {{"grad", a.grad}}, {{"grad_output", a.grad_output}, {"applied", a.applied}}));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
-  // The config the fused launch used for these rows, at the widest vector grad allows; never
-  // tunes (a rescale is not worth a tuning run).
-  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.grad});
+  // The config of the fused launch for these rows (any grad row splits into whole vectors after
+  // its head: CeLayout); never tunes (a rescale is not worth a tuning run).
+  const int vec = op_->config.vec;
   KJIT_ASSIGN_OR_RETURN(
       const internal::CrossEntropyKernels* k,
       KernelsFor(*rt_, *op_, rows, vec, /*may_tune=*/false, CrossEntropyLaunch::kRescaleGradient));

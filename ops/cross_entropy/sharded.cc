@@ -286,7 +286,7 @@ ShardedCrossEntropyParams PhaseParams(const ShardedCrossEntropySpec& s,
 absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
                                                const ShardedCrossEntropyArgs& a) const {
   KJIT_RETURN_IF_ERROR(CheckArgs(a));
-  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
+  const int vec = internal::WidestVecAlignedAlike(op_->config.vec, a.logits, {&a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.ignore_index,
                             a.class_weight.data, static_cast<CrossEntropyCounters*>(a.workspace)};
@@ -298,7 +298,7 @@ absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
 absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntropyArgs& a) const {
   KJIT_RETURN_IF_ERROR(CheckArgs(a));
   const ShardedCrossEntropySpec& s = op_->spec;
-  const int vec = internal::WidestAlignedVec(op_->config.vec, {&a.logits, &a.grad});
+  const int vec = internal::WidestVecAlignedAlike(op_->config.vec, a.logits, {&a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   const int64_t rows = a.logits.rows;
   float* row_loss = s.reduction == Reduction::kNone ? static_cast<float*>(a.loss.data)

@@ -77,6 +77,7 @@ struct Case {
   bool upstream = false;  // a grad_output other than the implicit 1
   int64_t pad = 0;        // row_stride = vocab + pad
   int misalign = 0;       // logits and grad start this many elements past an aligned address
+  int grad_shift = 0;     // a separate grad starts this many elements further (narrower vectors)
   double scale = 1;       // logits ~ uniform with standard deviation `scale`
   bool specials = false;  // NaN, +Inf, -Inf rows
   Targets targets = Targets::kRandom;
@@ -102,12 +103,11 @@ struct Case {
   std::string Describe() const {
     return fmt::format(
         "vocab={} rows={} dtype={} targets={} ignore={} reduction={} eps={} z={} cap={} argmax={} "
-        "entropy={} logprob={} lse={} mode={} in_place={} upstream={} pad={} misalign={} scale={} "
-        "specials={} "
-        "target_kind={} weights={} ({}) config={}",
+        "entropy={} logprob={} lse={} mode={} in_place={} upstream={} pad={} misalign={} "
+        "grad_shift={} scale={} specials={} target_kind={} weights={} ({}) config={}",
         vocab, rows, kjit::Name(dtype), kjit::Name(target_type), ignore_index,
         kjit::Name(reduction), smoothing, z, softcap, argmax, entropy, logprob, lse, Name(mode),
-        in_place, upstream, pad, misalign, scale, specials, static_cast<int>(targets),
+        in_place, upstream, pad, misalign, grad_shift, scale, specials, static_cast<int>(targets),
         static_cast<int>(weights), kjit::Name(weight_dtype),
         config ? config->ToString() : "default");
   }
@@ -175,9 +175,20 @@ struct Layout {
 // Columns where a thread's share of the row changes hands: 0 and vocab-1, both sides of the
 // first vectors, of every pass over the row (threads * vec elements, and threads * cluster * vec
 // for the fused op's resident layout), of every unrolled batch, of the blocks' shares of a staged
-// row, and of the scalar tail after the last whole vector.
+// row, and of the scalar tail after the last whole vector. A row that does not start on a vector
+// boundary shifts them by its head (CeLayout): every column of the first and last two vectors, and
+// a staged share's first columns, are listed too.
 std::vector<int64_t> BoundaryColumns(int64_t vocab, const CrossEntropyConfig& c) {
   std::set<int64_t> cols = {0, 1, vocab - 2, vocab - 1, c.vec - 1, c.vec};
+  for (int64_t k = 0; k < 2 * c.vec; ++k) {
+    cols.insert(k);
+    cols.insert(vocab - 1 - k);
+  }
+  if (c.staged) {
+    for (int64_t k = ops::StagedChunk(c, vocab); k < vocab; k += ops::StagedChunk(c, vocab)) {
+      for (int64_t h = 0; h < c.vec; ++h) cols.insert(k + h);
+    }
+  }
   const int64_t body = vocab / c.vec * c.vec;
   cols.insert(body - 1);
   cols.insert(body);
@@ -196,14 +207,15 @@ std::vector<int64_t> BoundaryColumns(int64_t vocab, const CrossEntropyConfig& c)
   return out;
 }
 
-// The config the op launches for a case: its own (or the default) at the widest vector the
-// views' alignment allows (device buffers start 256-byte aligned), as CrossEntropy picks it.
+// The config the op launches for a case: its own (or the default) at the widest vector at which a
+// separate grad's rows are as misaligned as the logits' (CeLayout starts each row's vectors at its
+// first boundary; device buffers start 256-byte aligned), as CrossEntropy picks it.
 CrossEntropyConfig ConfigOf(const Case& c) {
   const int widest =
       c.config ? c.config->vec : ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(c.dtype)));
   int vec = widest;
-  while (vec > 1 && (c.misalign % vec != 0 || (c.rows > 1 && (c.vocab + c.pad) % vec != 0)))
-    vec /= 2;
+  const bool separate_grad = c.mode != Mode::kForward && !c.in_place;
+  while (vec > 1 && separate_grad && c.grad_shift % vec != 0) vec /= 2;
   if (c.config && vec == c.config->vec) return *c.config;
   return ops::DefaultCrossEntropyConfig(c.vocab, vec, testing::GpuRuntime()->arch(),
                                         static_cast<int>(SizeOf(c.dtype)));
@@ -295,6 +307,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   }
 
   const Layout lay{c.dtype, R, V, V + c.pad, c.misalign};
+  const Layout grad_lay{c.dtype, R, V, V + c.pad,
+                        c.in_place ? c.misalign : c.misalign + c.grad_shift};
   const std::vector<unsigned char> logits_image = lay.Image(logits);
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logits, Upload(rt, logits_image));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_targets, Upload(rt, IndexBytes(targets, c.target_type)));
@@ -306,7 +320,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logprob, DeviceBuffer::Create(rt, R * sizeof(float)));
   std::optional<DeviceBuffer> d_grad, d_up;
   if (with_grad && !c.in_place) {
-    ASSERT_OK_AND_ASSIGN(d_grad, DeviceBuffer::Create(rt, lay.bytes()));
+    ASSERT_OK_AND_ASSIGN(d_grad, DeviceBuffer::Create(rt, grad_lay.bytes()));
   }
   if (c.upstream) {
     const std::vector<unsigned char> enc = Encode(upstream, DType::kF32);
@@ -337,7 +351,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   const TensorView up =
       c.upstream ? TensorView::Vector(d_up->data(), DType::kF32, none ? R : 1) : TensorView{};
   if (c.mode == Mode::kForwardBackward) {
-    args.grad = lay.View(grad_buf->data());
+    args.grad = grad_lay.View(grad_buf->data());
     args.grad_output = up;
   }
   CrossEntropyBackwardArgs bargs{.logits = args.logits,
@@ -347,7 +361,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
                                  .class_weight = class_weight,
                                  .workspace = d_ws.data(),
                                  .workspace_bytes = ws_bytes};
-  if (with_grad) bargs.grad = lay.View(grad_buf->data());
+  if (with_grad) bargs.grad = grad_lay.View(grad_buf->data());
 
   const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   // Poisons every output (NaN in every float type, -1 in the integers), runs, and reads back.
@@ -376,7 +390,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     KJIT_ASSIGN_OR_RETURN(out->entropy, Download(d_entropy, R * sizeof(float)));
     KJIT_ASSIGN_OR_RETURN(out->logprob, Download(d_logprob, R * sizeof(float)));
     if (with_grad) {
-      KJIT_ASSIGN_OR_RETURN(out->grad, Download(*grad_buf, lay.bytes()));
+      KJIT_ASSIGN_OR_RETURN(out->grad, Download(*grad_buf, grad_lay.bytes()));
     }
     return absl::OkStatus();
   };
@@ -406,7 +420,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   std::vector<double> grad;
   bool untouched = true;
   if (with_grad) {
-    grad = lay.Values(first.grad, &untouched);
+    grad = grad_lay.Values(first.grad, &untouched);
     EXPECT_TRUE(untouched) << "bytes outside the gradient view were written";
   }
   // In backward mode the loss, lse and argmax are the forward's, the counters the backward's.
@@ -774,7 +788,10 @@ TEST(CrossEntropyGpu, NanRowLeavesOtherRowsFinite) {
   }
 }
 
-TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
+// Rows that start off a vector boundary (a misaligned view, an odd row stride) still move by whole
+// vectors after a scalar head; only a separate grad offset from the logits by a part of a vector
+// narrows them.
+TEST(CrossEntropyGpu, StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail) {
   KJIT_REQUIRE_GPU(rt);
   std::vector<Case> cases;
   for (DType t : {DType::kBF16, DType::kF32}) {
@@ -796,9 +813,13 @@ TEST(CrossEntropyGpu, StridedAndMisalignedViewsUseNarrowerVectors) {
       }
     }
   }
-  // 50257 contiguous has odd row starts (vec 1); padded to 50264 it has 8-aligned rows and a
-  // one-element tail.
+  for (int shift : {1, 2, 4}) {
+    cases.push_back({.vocab = 1000, .rows = 9, .argmax = true, .misalign = 3, .grad_shift = shift});
+  }
+  // 50257 contiguous has a head of 0 to 7 elements per row; padded to 50264 it has 8-aligned rows
+  // and a one-element tail.
   cases.push_back({.vocab = 50257, .rows = 65, .in_place = true});
+  cases.push_back({.vocab = 50257, .rows = 65, .targets = Targets::kBoundaries});
   cases.push_back({.vocab = 50257, .rows = 65, .in_place = true, .pad = 7});
   RunAll(rt, cases, 9600);
 }
@@ -821,7 +842,9 @@ std::vector<Case> OtherConfigCases(const Runtime& rt) {
       {.vec = 8, .threads = 256, .unroll = 4, .cluster = 3, .staged = 1}};
   std::vector<Case> cases;
   for (const auto& config : configs) {
-    for (int64_t vocab : {3, 1000, 50264}) {
+    // 50257: rows with heads of every length before their vectors (CeLayout, CeStageLayout).
+    for (int64_t vocab : {3, 1000, 50257, 50264}) {
+      if (vocab == 50257 && config.vec < 4) continue;
       if (config.staged && !ops::StagedUnfit(config, vocab, 2, rt.arch()).empty()) continue;
       Case c{.vocab = vocab,
              .rows = 2,

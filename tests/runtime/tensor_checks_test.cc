@@ -32,6 +32,28 @@ TEST(TensorChecksTest, WidestAlignedVecFollowsPointersAndStrides) {
   EXPECT_EQ(WidestAlignedVec(8, {&v, &empty}), 8);
 }
 
+TEST(TensorChecksTest, WidestVecAlignedAlikeNarrowsOnlyForViewsThatDifferFromTheLead) {
+  // Odd offsets and strides alone do not narrow: each row has the lead's head before its vectors.
+  const auto lead = TensorView::Matrix(At(0x1002), DType::kBF16, 4, 50257);
+  EXPECT_EQ(WidestVecAlignedAlike(8, lead, {}), 8);
+  EXPECT_EQ(WidestVecAlignedAlike(8, lead, {&lead}), 8);
+  EXPECT_EQ(WidestVecAlignedAlike(8, lead, {nullptr}), 8);
+  // 16 bytes further: the same misalignment.
+  const auto alike = TensorView::Matrix(At(0x1012), DType::kBF16, 4, 50257);
+  EXPECT_EQ(WidestVecAlignedAlike(8, lead, {&alike}), 8);
+  // 4 bytes (2 elements) further: rows split alike only by pairs.
+  const auto two_off = TensorView::Matrix(At(0x1006), DType::kBF16, 4, 50257);
+  EXPECT_EQ(WidestVecAlignedAlike(8, lead, {&two_off}), 2);
+  // The same start but a stride 4 elements longer: row 1 is 4 elements further off.
+  const auto wider = TensorView::Matrix(At(0x1002), DType::kBF16, 4, 50257, 50261);
+  EXPECT_EQ(WidestVecAlignedAlike(8, lead, {&wider}), 4);
+  // A single row's stride does not matter.
+  const auto one_row = TensorView::Matrix(At(0x1002), DType::kBF16, 1, 50257, 50261);
+  EXPECT_EQ(
+      WidestVecAlignedAlike(8, TensorView::Matrix(At(0x1002), DType::kBF16, 1, 50257), {&one_row}),
+      8);
+}
+
 TEST(TensorChecksTest, CheckMatrixAcceptsAGoodView) {
   EXPECT_TRUE(
       CheckMatrix("x", TensorView::Matrix(At(0x1000), DType::kF32, 3, 5, 7), DType::kF32, 3, 5)
