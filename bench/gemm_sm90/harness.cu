@@ -215,9 +215,9 @@ int main(int argc, char** argv) {
     {CFG(bf, bf, 128, 256, 4, 0, 0, 8, false, false), CFG(bf, bf, 128, 256, 4, 0, 0, 16, false, false),
      CFG(bf, bf, 128, 256, 3, 0, 0, 8, false, false), CFG(bf, bf, 128, 128, 6, 0, 0, 8, false, false),
      CFG(bf, bf, 128, 256, 4, 0, 0, 8, true, false)},
-    {},
     {CFG(bf, bf, 128, 256, 4, 0, 1, 8, false, false), CFG(bf, bf, 128, 256, 4, 0, 1, 16, false, false),
      CFG(bf, bf, 128, 128, 6, 0, 1, 8, false, false), CFG(bf, bf, 128, 256, 4, 0, 1, 8, true, false)},
+    {},
     {CFG(bf, bf, 128, 256, 4, 1, 1, 8, false, false), CFG(bf, bf, 128, 256, 4, 1, 1, 16, true, false),
      CFG(bf, bf, 128, 256, 4, 1, 1, 8, true, false), CFG(bf, bf, 128, 128, 6, 1, 1, 8, false, false),
      CFG(bf, float, 128, 256, 4, 1, 1, 8, false, false), CFG(bf, float, 128, 256, 4, 1, 1, 8, false, true)},
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
   // Correctness: small odd shapes and one big one per layout, every config.
   struct Shape { int m, n, k; };
   std::vector<Shape> shapes = {{1, 64, 64}, {200, 328, 136}, {130, 520, 4104}, {1000, 1000, 512}};
-  for (int layout : {0, 2, 3}) {
+  for (int layout : {0, 1, 3}) {
     for (const Config& c : by_layout[layout]) {
       for (Shape sh : shapes) {
         Problem p{sh.m, sh.n, sh.k, c.ta, c.tb};
