@@ -54,14 +54,18 @@ stage setup install_clang
 # Sanitizer run-time options; they reach the test binaries (and the kjit CLI the tests run) both
 # under ctest and during gtest's test discovery at build time. halt_on_error and
 # -fno-sanitize-recover make every finding fatal. No test is excluded; the one suppression is of
-# NVRTC's own (uninstrumented) calls under TSan, scripts/tsan-suppressions.txt says why. Under ASan,
-# the two tests whose NVRTC compile fails on its static_assert (after the exit gate's warm-up
-# compile) pass, and then LeakSanitizer's own tracer dies at exit ("Tracer caught signal 11",
-# 2026-12-05, open: the closing note of that day): they run again without leak detection only.
-lsan_tracer_crashes='CrossEntropyCompileTest\.(ClustersBeforeSm90FailWithTheReason|StagedBeforeSm90FailsWithTheReason)'
-
+# NVRTC's own (uninstrumented) calls under TSan, scripts/tsan-suppressions.txt says why.
+#
+# intercept_tls_get_addr=0: up to LLVM 16 the runtime's __tls_get_addr interceptor takes a dynamic
+# TLS block whose address is 16 bytes past a page boundary for one with a pre-2.25 glibc header and
+# reads a bogus range from the two words before it; LeakSanitizer's tracer then dies scanning that
+# range at exit ("Tracer caught signal 11", no leak reported). NVRTC's LLVM uses dynamic TLS, so
+# any test that compiles could hit it, depending only on where malloc put the block: in CI on
+# 2026-12-05 CompilerTest.PtxTargetGivesPtxText, and CrossEntropyCompileTest's two pre-sm_90 tests
+# every time on this machine. With the interceptor off they pass 5 of 5 and a planted leak is
+# still reported; only pointers held solely in dynamic TLS go unscanned.
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+export ASAN_OPTIONS="detect_leaks=1:intercept_tls_get_addr=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan-suppressions.txt"
 
 build_and_test() {  # build_and_test NAME SANITIZE_FLAGS
@@ -74,15 +78,8 @@ build_and_test() {  # build_and_test NAME SANITIZE_FLAGS
       { cat "$dir/configure.log"; return 1; }
   }
   run_tests() {
-    local skip=() rc=0
-    [ "$name" = asan ] && skip=(-E "$lsan_tracer_crashes")
-    ctest --test-dir "$dir" --output-on-failure -j"$jobs" "${skip[@]}" 2>&1 | tee "$dir/ctest.log"
-    rc=${PIPESTATUS[0]}
-    if [ "$name" = asan ]; then
-      ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}" \
-        ctest --test-dir "$dir" --output-on-failure -R "$lsan_tracer_crashes" || rc=1
-    fi
-    return $rc
+    ctest --test-dir "$dir" --output-on-failure -j"$jobs" 2>&1 | tee "$dir/ctest.log"
+    return "${PIPESTATUS[0]}"
   }
   stage "$name: configure" configure && stage "$name: build" cmake --build "$dir" -j"$jobs" &&
     stage "$name: test" run_tests
