@@ -38,7 +38,7 @@ std::string ProgramLog(const Nvrtc& nvrtc, nvrtcProgram prog) {
 // ExitGate's handler (registered when NVRTC was loaded), so those would run first at exit. The
 // first compile with each loaded NVRTC is therefore preceded by a trivial one (tens of
 // milliseconds, once per process), after which the handler is registered again and runs before
-// them all. Other threads' first compiles wait for it.
+// them all. Other threads' first compiles wait for it, and so does exit() (ExitGate::Startup).
 void WarmUp(const Nvrtc& nvrtc, const std::vector<const char*>& options) {
   static std::mutex mu;
   static auto* warmed = new std::map<const void*, bool>();
@@ -46,6 +46,7 @@ void WarmUp(const Nvrtc& nvrtc, const std::vector<const char*>& options) {
   bool& done = (*warmed)[reinterpret_cast<const void*>(nvrtc.nvrtcCompileProgram)];
   if (done) return;
   done = true;
+  const ExitGate::Startup startup;  // until the handler is registered again, below
   nvrtcProgram prog = nullptr;
   if (nvrtc.nvrtcCreateProgram(&prog, "extern \"C\" __global__ void kjit_warm_up() {}",
                                "kjit_warm_up.cu", 0, nullptr, nullptr) == NVRTC_SUCCESS) {

@@ -19,6 +19,7 @@ struct GateState {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<int> in_flight{0};  // threads holding an outermost pass
+  std::atomic<int> starting{0};   // threads in a Startup
   std::atomic<bool> exiting{false};
   std::thread::id exiting_thread;  // set before `exiting`, read after it
 };
@@ -37,6 +38,7 @@ void AfterForkInParent() { State().mu.unlock(); }
 void AfterForkInChild() {
   GateState& s = State();
   s.in_flight = held_here > 0 ? 1 : 0;  // the forking thread's own, which the child still has
+  s.starting = 0;                       // NVRTC does not fork: no Startup forks with it
   s.mu.unlock();
 }
 
@@ -80,10 +82,32 @@ void OnExit() {
   s.cv.wait_for(lock, ExitGate::kMaxWait, [&] { return s.in_flight.load() <= own; });
 }
 
+// Run by glibc's exit() on the exiting thread before any exit handler (its thread_local
+// destructors come first), and by a thread that ends: waits for the Startups in flight.
+struct StartupWatch {
+  ~StartupWatch() {
+    GateState& s = State();
+    if (s.starting.load() == 0) return;
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait_for(lock, ExitGate::kMaxWait, [&] { return s.starting.load() == 0; });
+  }
+};
+
+// The watch is constructed on first use in each thread.
+void WatchThisThread() {
+  static thread_local StartupWatch watch;
+  (void)&watch;
+}
+
+// The thread that loads kjit (a program's main thread; Python's, at import) may call exit()
+// without ever calling kjit.
+[[maybe_unused]] const bool kLoadingThreadWatched = (WatchThisThread(), true);
+
 }  // namespace
 
 ExitGate::Pass::Pass() {
   if (held_here++ > 0) return;  // nested: the outermost one counts
+  WatchThisThread();
   GateState& s = State();
   s.in_flight.fetch_add(1);
   if (HeldBack(s)) {
@@ -98,6 +122,18 @@ ExitGate::Pass::~Pass() {
   GateState& s = State();
   Leave(s);
   if (HeldBack(s)) WaitForTheEnd();
+}
+
+ExitGate::Startup::Startup() {
+  WatchThisThread();
+  State().starting.fetch_add(1);
+}
+
+ExitGate::Startup::~Startup() {
+  GateState& s = State();
+  s.starting.fetch_sub(1);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.cv.notify_all();
 }
 
 ExitGate::Inherited::Inherited(bool held) : held_(held) {

@@ -12,9 +12,12 @@
 // and passes nested in another (or in a thread started for one: Inherited) never hold a thread,
 // so that a call waiting for its own workers is waited for, not deadlocked.
 //
-// Not covered: an exit while NVRTC itself is being loaded or runs its warm-up compile (the first
-// tens of milliseconds of a process's first compile), when NVRTC registers destructors that run
-// before anything registered after them can.
+// NVRTC's own start (its load, and its first compile, when it registers more destructors) is a
+// window that handler cannot cover: what NVRTC registers then runs before the handler. Those run
+// in a Startup instead, and exit() waits for them before any exit handler runs: glibc's exit()
+// first runs the exiting thread's thread_local destructors, and every thread that loads kjit or
+// calls it holds one whose destructor waits for the Startups in flight (at most tens of
+// milliseconds, once per process; a thread that merely ends during one waits for it too).
 //
 //   {
 //     ExitGate::Pass pass;                       // exit() waits for it
@@ -49,6 +52,16 @@ class ExitGate {
 
    private:
     bool held_;
+  };
+
+  // NVRTC's load and its first compile: exit() on another thread waits for it to end before any
+  // exit handler (NVRTC's destructors among them) runs. Not nested in a Pass.
+  class Startup {
+   public:
+    Startup();
+    ~Startup();
+    Startup(const Startup&) = delete;
+    Startup& operator=(const Startup&) = delete;
   };
 
   // Whether this thread holds a pass.

@@ -64,6 +64,8 @@ std::vector<std::string> DefaultNvrtcCandidates() {
 }
 
 absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
+  // Loading runs NVRTC's static constructors, which register its destructors before the handler.
+  const ExitGate::Startup startup;
   auto lib = DynLib::Open(candidates);
   if (!lib.ok()) {
     return absl::NotFoundError(fmt::format(
