@@ -369,8 +369,10 @@ def _fused_class(cls: type) -> type:
              _fusion.report) = outer
         if report.get("overwritten") is not None:
             out = _hide_overwritten_logits(out, report["overwritten"])
-        if "metrics" in report and not isinstance(out, tuple):
-            out.kjit_metrics = report["metrics"]
+        if "metrics" in report:
+            _fusion.metrics = report["metrics"]  # for take_metrics()
+            if not isinstance(out, tuple):
+                out.kjit_metrics = report["metrics"]
         return out
 
     def __deepcopy__(self, memo):
@@ -392,6 +394,16 @@ def _fused_class(cls: type) -> type:
                                         "__qualname__": cls.__qualname__,
                                         "__module__": cls.__module__})
     return _fused_classes.setdefault(cls, fused)
+
+
+def take_metrics():
+    """The kjit_metrics of this thread's last forward with labels of a model patched with
+    apply_to(metrics=True), or None; the call clears them. For trainers whose wrappers rebuild the
+    model's output without its attributes: accelerate's mixed-precision forward (Trainer with
+    bf16=True, TRL's SFTConfig default) returns a new output, converted to fp32."""
+    metrics = getattr(_fusion, "metrics", None)
+    _fusion.metrics = None
+    return metrics
 
 
 def _keep_lm_head_input(head, args):
