@@ -1,7 +1,8 @@
 """apply_to on the model families added on 2026-12-06 (Gemma 3's text model, Llama 4's text model,
-OLMo 2 and 3, Granite, DeepSeek V3, gpt-oss, Ministral, SmolLM3, Qwen 2.5 VL and Qwen 3 VL on
-text), each a tiny random model of the installed transformers on the CPU, against the same model
-unpatched:
+OLMo 2, 3 and OLMoE, Granite and Granite MoE, DeepSeek V2 and V3, gpt-oss, Ministral, SmolLM3,
+GLM-4, Seed-OSS, Arcee, Apertus, EXAONE 4, ERNIE 4.5, Hunyuan dense, Helium, Qwen 2.5 VL and
+Qwen 3 VL on text), each a tiny random model of the installed transformers on the CPU, against the
+same model unpatched:
 
 - every RMSNorm apply_to swaps computes, in bfloat16, bit for bit what Hugging Face's module does,
   with kjit's rounding (the casting and weight offset its _SUPPORTED entry names) written out in
@@ -53,6 +54,20 @@ FAMILIES = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=8),
     "ministral": dict(head_dim=8, sliding_window=8),
     "smollm3": {},
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, logits_scaling=3.0),
+    "deepseek_v2": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                        v_head_dim=8, head_dim=8, first_k_dense_replace=1, n_group=2,
+                        topk_group=1, n_shared_experts=1, num_key_value_heads=4),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "glm4": dict(head_dim=8),
+    "seed_oss": dict(head_dim=8, attention_dropout=0.0, residual_dropout=0.0),  # (0.1 each)
+    "arcee": {},
+    "apertus": {},
+    "exaone4": dict(sliding_window=8),
+    "ernie4_5": dict(head_dim=8),
+    "hunyuan_v1_dense": dict(head_dim=8),
+    "helium": dict(head_dim=8),
     # vision-language: (text config, vision config)
     "qwen2_5_vl": (dict(head_dim=8, rope_parameters=dict(rope_type="default", rope_theta=1e4,
                                                           mrope_section=[1, 1, 2])),
@@ -64,7 +79,7 @@ FAMILIES = {
                       out_hidden_size=32, deepstack_visual_indexes=[])),
 }
 # Their experts' grouped GEMMs take float32 at most.
-FLOAT32 = ("deepseek_v3", "gpt_oss")
+FLOAT32 = ("deepseek_v2", "deepseek_v3", "gpt_oss", "granitemoe", "olmoe")
 
 
 def family_model(kind, dtype=None):
@@ -220,7 +235,7 @@ def test_the_fused_lm_head_and_loss_is_the_models(kind, fused_on_cpu):
     assert call["weight"] is patched.lm_head.weight
     with torch.no_grad():
         final = base.model(input_ids=inputs["input_ids"]).last_hidden_state.reshape(-1, 32)
-    divisor = 3.0 if kind == "granite" else 1.0
+    divisor = 3.0 if kind in ("granite", "granitemoe") else 1.0
     torch.testing.assert_close(call["hidden"], final / divisor, rtol=1e-12, atol=0)
     assert_same_step(got, want)
 

@@ -59,15 +59,15 @@ from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
 # Each one's RMSNorm is LlamaRMSNorm's code ("llama": normalized x rounded to the input dtype, then
 # times the weight), Gemma's ("gemma", 1.0: fp32 times 1 + w, rounded once) or OLMo 2's ("gemma",
-# 0.0: fp32 times w, rounded once), checked against transformers 5.25's source, and its forward
-# hands lm_head's output to the loss unchanged, soft-capped (_SOFTCAPPED) or divided by a config
-# value (_LOGITS_DIVIDED_BY), which the fused path applies too. QK-norms of other sizes (OLMo 2's
-# over all heads, Gemma 3's and Qwen 3's over one, DeepSeek V3's over its LoRA ranks) and Qwen
-# 2.5 VL's vision norms are the same code. Left out, and why (transformers 5.25): Cohere and
-# Cohere 2 (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms by
-# pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
-# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with
-# gated norms, not checked).
+# 0.0: fp32 times w, rounded once; Helium's too), checked against transformers 5.25's source, and
+# its forward hands lm_head's output to the loss unchanged, soft-capped (_SOFTCAPPED) or divided
+# by a config value (_LOGITS_DIVIDED_BY), which the fused path applies too. QK-norms of other
+# sizes (OLMo 2's over all heads, Gemma 3's and Qwen 3's over one, DeepSeek's over its LoRA ranks)
+# and Qwen 2.5 VL's vision norms are the same code. Left out, and why (transformers 5.25): Cohere
+# and Cohere 2 (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms
+# by pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
+# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with gated
+# norms, not checked), Qwen3-Next (gated norms, not checked).
 _SUPPORTED = {
     "llama": ("llama", 0.0),
     "llama4_text": ("llama", 0.0),
@@ -82,14 +82,25 @@ _SUPPORTED = {
     "qwen2_5_vl": ("llama", 0.0),
     "qwen3_vl": ("llama", 0.0),
     "granite": ("llama", 0.0),
+    "granitemoe": ("llama", 0.0),
+    "deepseek_v2": ("llama", 0.0),
     "deepseek_v3": ("llama", 0.0),
+    "olmoe": ("llama", 0.0),
     "smollm3": ("llama", 0.0),
+    "glm4": ("llama", 0.0),
+    "seed_oss": ("llama", 0.0),
+    "arcee": ("llama", 0.0),
+    "apertus": ("llama", 0.0),
+    "exaone4": ("llama", 0.0),
+    "ernie4_5": ("llama", 0.0),
+    "hunyuan_v1_dense": ("llama", 0.0),
     "gemma": ("gemma", 1.0),
     "gemma2": ("gemma", 1.0),
     "gemma3_text": ("gemma", 1.0),
     "olmo2": ("gemma", 0.0),
     "olmo3": ("gemma", 0.0),
     "gpt_oss": ("gemma", 0.0),
+    "helium": ("gemma", 0.0),
 }
 
 # The model types whose ...ForConditionalGeneration computes the loss as a causal LM's: lm_head's
@@ -103,7 +114,7 @@ _SOFTCAPPED = ("gemma2", "gemma3_text")
 # model_type -> the config value its forward divides lm_head's output by. The fused path divides
 # the hidden states instead: the same logits, bit for bit when the value is a power of two (16 in
 # Granite 3's 8B config), else within one rounding of the hidden states.
-_LOGITS_DIVIDED_BY = {"granite": "logits_scaling"}
+_LOGITS_DIVIDED_BY = {"granite": "logits_scaling", "granitemoe": "logits_scaling"}
 
 # RMSNorm classes apply_to leaves to Hugging Face's code: Llama 4's QK-norm has no weight (x in
 # fp32, normalized, rounded once), and kjit's rms_norm needs one.
@@ -522,8 +533,9 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
              metrics: bool = False, strict: bool = False) -> dict:
     """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face model for kjit's: the
     model types of _SUPPORTED (LLaMA and Llama 4's text model, Mistral, Ministral, Mixtral, Phi-3,
-    Qwen2, Qwen3 (and their MoE variants), Qwen 2.5 VL and Qwen 3 VL, Granite, DeepSeek V3,
-    SmolLM3, Gemma, Gemma 2, Gemma 3's text model, OLMo 2 and 3, gpt-oss);
+    Qwen2, Qwen3 (and their MoE variants), Qwen 2.5 VL and Qwen 3 VL, Granite (and its MoE),
+    DeepSeek V2 and V3, OLMo 2, 3 and OLMoE, Gemma, Gemma 2, Gemma 3's text model, gpt-oss,
+    SmolLM3, GLM-4, Seed-OSS, Arcee, Apertus, EXAONE 4, ERNIE 4.5, Hunyuan dense, Helium);
     returns what it changed ("rms_norm": the norms' names, "loss", "linear_cross_entropy") and
     what runs for the model as it is now ("runs": {"rms_norm": ..., "loss": ...}, e.g. Hugging
     Face's code for a model still on the CPU). Raises ValueError for a model it does not support
