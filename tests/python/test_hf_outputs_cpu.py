@@ -206,12 +206,15 @@ def test_metrics_where_hugging_faces_loss_runs(monkeypatch):
     assert m["entropy"].item() == pytest.approx(entropy, rel=1e-5)
 
 
-def test_metrics_from_the_fused_lm_head(monkeypatch):
+@pytest.fixture
+def fused_with_metrics_on_cpu(monkeypatch):
+    """kjit's fused lm_head + loss on CPU tensors, its extras too, in torch; records each call's
+    options."""
     calls = []
 
     def lce(hidden, weight, target, bias=None, *, ignore_index=-100, reduction="mean",
-            softcap=0.0, extras=False, **unused):
-        calls.append(extras)
+            softcap=0.0, extras=False, **options):
+        calls.append({"reduction": reduction, "extras": extras, **options})
         logits = F.linear(hidden, weight, bias)
         # (fp32, as kjit's loss and Hugging Face's, which upcasts the logits)
         loss = F.cross_entropy(logits.float(), target, ignore_index=ignore_index,
@@ -223,6 +226,10 @@ def test_metrics_from_the_fused_lm_head(monkeypatch):
 
     monkeypatch.setattr(hf, "_runs_on_kjit", lambda hidden: True)
     monkeypatch.setattr(hf, "linear_cross_entropy", lce)
+    return calls
+
+
+def test_metrics_from_the_fused_lm_head(fused_with_metrics_on_cpu):
     base = tiny()
     patched = copy.deepcopy(base)
     kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True,
@@ -230,7 +237,8 @@ def test_metrics_from_the_fused_lm_head(monkeypatch):
     ids, labels = inputs()
     expected, _ = step(base, input_ids=ids, labels=labels)
     out, _ = step(patched, input_ids=ids, labels=labels)
-    assert calls == [("token_accuracy", "mean_entropy", "num_tokens")]
+    assert [c["extras"] for c in fused_with_metrics_on_cpu] == [
+        ("token_accuracy", "mean_entropy", "num_tokens")]
     assert out.logits.shape == (2, 0, VOCAB)
     accuracy, entropy, count = expected_metrics(expected.logits, labels)
     assert out.kjit_metrics["num_tokens"].item() == count

@@ -54,12 +54,12 @@ def dataset(n=8, seq=10):
     return rows
 
 
-def train(model, trainer_class, tmp_path, steps=3, cpu=True):
+def train(model, trainer_class, tmp_path, steps=3, cpu=True, bf16=False):
     logged = logged_callback()
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=steps,
         logging_steps=1, learning_rate=1e-3, report_to=[], use_cpu=cpu, save_strategy="no",
-        remove_unused_columns=False, seed=0, data_seed=0, dataloader_num_workers=0)
+        bf16=bf16, remove_unused_columns=False, seed=0, data_seed=0, dataloader_num_workers=0)
     trainer = trainer_class(model=model, args=args, train_dataset=dataset(), callbacks=[logged])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kt.KjitFallbackWarning)
@@ -116,6 +116,22 @@ def test_trainer_logs_kjits_metrics_and_trains_as_the_unpatched_model(tmp_path, 
     accuracy, entropy, _ = expected_metrics(start.train(), [first])
     assert logs[0]["mean_token_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert logs[0]["entropy"] == pytest.approx(entropy, rel=1e-5)
+
+
+@pytest.mark.parametrize("kjit_loss", [False, True], ids=["hf_loss", "kjit_loss_stand_in"])
+def test_under_bf16_autocast_the_metrics_are_logged_too(tmp_path, kjit_loss, request):
+    """accelerate's mixed-precision forward wrapper returns a new output (converted to fp32)
+    without the kjit_metrics attribute; the mixin still gets them."""
+    if kjit_loss:
+        request.getfixturevalue("kjit_loss_on_cpu")
+    model = small_hf_model("llama", vocab_size=VOCAB, hidden_size=32, max_positions=64,
+                           final_softcap=0.0)
+    kt.apply_to(model, rms_norm=False, metrics=True)
+    logs, _ = train(model, kjit_trainer(), tmp_path, bf16=True)
+    assert "forward" in vars(model), "accelerate wrapped the forward"
+    assert len(logs) == 3
+    for log in logs:
+        assert 0 <= log["mean_token_accuracy"] <= 1 and log["entropy"] > 0, log
 
 
 @needs_gpu

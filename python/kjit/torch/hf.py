@@ -57,21 +57,68 @@ from kjit._runtime import KjitWarning
 from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
-# Each one's RMSNorm is LlamaRMSNorm's code or Gemma's (checked against transformers 5.17's
-# source), and its forward hands lm_head's output to the loss unchanged (Gemma 2 soft-caps it,
-# which the fused path applies; Granite, which scales it, is left out).
+# Each one's RMSNorm is LlamaRMSNorm's code ("llama": normalized x rounded to the input dtype, then
+# times the weight), Gemma's ("gemma", 1.0: fp32 times 1 + w, rounded once) or OLMo 2's ("gemma",
+# 0.0: fp32 times w, rounded once; Helium's too), checked against transformers 5.25's source, and
+# its forward hands lm_head's output to the loss unchanged, soft-capped (_SOFTCAPPED) or divided
+# by a config value (_LOGITS_DIVIDED_BY), which the fused path applies too. QK-norms of other
+# sizes (OLMo 2's over all heads, Gemma 3's and Qwen 3's over one, DeepSeek's over its LoRA ranks)
+# and Qwen 2.5 VL's vision norms are the same code. Left out, and why (transformers 5.25): Cohere
+# and Cohere 2 (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms
+# by pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
+# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with gated
+# norms, not checked), Qwen3-Next (gated norms, not checked).
 _SUPPORTED = {
     "llama": ("llama", 0.0),
+    "llama4_text": ("llama", 0.0),
     "mistral": ("llama", 0.0),
+    "ministral": ("llama", 0.0),
     "mixtral": ("llama", 0.0),
     "phi3": ("llama", 0.0),
     "qwen2": ("llama", 0.0),
     "qwen2_moe": ("llama", 0.0),
     "qwen3": ("llama", 0.0),
     "qwen3_moe": ("llama", 0.0),
+    "qwen2_5_vl": ("llama", 0.0),
+    "qwen3_vl": ("llama", 0.0),
+    "granite": ("llama", 0.0),
+    "granitemoe": ("llama", 0.0),
+    "deepseek_v2": ("llama", 0.0),
+    "deepseek_v3": ("llama", 0.0),
+    "olmoe": ("llama", 0.0),
+    "smollm3": ("llama", 0.0),
+    "glm4": ("llama", 0.0),
+    "seed_oss": ("llama", 0.0),
+    "arcee": ("llama", 0.0),
+    "apertus": ("llama", 0.0),
+    "exaone4": ("llama", 0.0),
+    "ernie4_5": ("llama", 0.0),
+    "hunyuan_v1_dense": ("llama", 0.0),
     "gemma": ("gemma", 1.0),
     "gemma2": ("gemma", 1.0),
+    "gemma3_text": ("gemma", 1.0),
+    "olmo2": ("gemma", 0.0),
+    "olmo3": ("gemma", 0.0),
+    "gpt_oss": ("gemma", 0.0),
+    "helium": ("gemma", 0.0),
 }
+
+# The model types whose ...ForConditionalGeneration computes the loss as a causal LM's: lm_head's
+# output to the loss, unchanged (the Qwen vision-language models on text and images).
+_CONDITIONAL_CAUSAL_LM = ("qwen2_5_vl", "qwen3_vl")
+
+# The model types whose forward soft-caps the logits by config.final_logit_softcapping (when set;
+# a config of another type may carry the key without its forward reading it).
+_SOFTCAPPED = ("gemma2", "gemma3_text")
+
+# model_type -> the config value its forward divides lm_head's output by. The fused path divides
+# the hidden states instead: the same logits, bit for bit when the value is a power of two (16 in
+# Granite 3's 8B config), else within one rounding of the hidden states.
+_LOGITS_DIVIDED_BY = {"granite": "logits_scaling", "granitemoe": "logits_scaling"}
+
+# RMSNorm classes apply_to leaves to Hugging Face's code: Llama 4's QK-norm has no weight (x in
+# fp32, normalized, rounded once), and kjit's rms_norm needs one.
+_NORMS_LEFT_ALONE = ("Llama4TextWeightlessRMSNorm",)
 
 
 class KjitFallbackWarning(KjitWarning):
@@ -160,7 +207,8 @@ def _norm_eps(name: str, module: nn.Module) -> float:
 def _hf_norms(model: nn.Module) -> list:
     """(name, module) of each Hugging Face RMSNorm not yet replaced."""
     return [(name, module) for name, module in model.named_modules()
-            if type(module).__name__.endswith("RMSNorm") and not isinstance(module, KjitHFRMSNorm)]
+            if type(module).__name__.endswith("RMSNorm") and not isinstance(module, KjitHFRMSNorm)
+            and type(module).__name__ not in _NORMS_LEFT_ALONE]
 
 
 def _replace_norms(model: nn.Module, casting: str, offset: float, fallbacks: _Fallbacks) -> list:
@@ -314,23 +362,28 @@ def _fused_class(cls: type) -> type:
         # Armed for this model's own lm_head only, so that another model's forward inside this one
         # (a teacher's, from a hook) computes its logits; the outer state comes back afterwards.
         outer = (getattr(_fusion, "armed", None), getattr(_fusion, "softcap", 0.0),
-                 getattr(_fusion, "fallbacks", None), getattr(_fusion, "kept", None),
-                 getattr(_fusion, "report", None))
+                 getattr(_fusion, "divisor", 1.0), getattr(_fusion, "fallbacks", None),
+                 getattr(_fusion, "kept", None), getattr(_fusion, "report", None))
         _fusion.armed, _fusion.kept = (self.get_output_embeddings() if fuse else None), None
         _fusion.fallbacks = self._kjit_fallbacks
         _fusion.report = report = {}
-        # Only Gemma 2's forward soft-caps the logits (a config may carry the key regardless).
+        # Only _SOFTCAPPED forwards soft-cap the logits (a config may carry the key regardless).
+        model_type = self.config.model_type
         softcap = getattr(self.config, "final_logit_softcapping", None)
-        _fusion.softcap = (softcap or 0.0) if self.config.model_type == "gemma2" else 0.0
+        _fusion.softcap = (softcap or 0.0) if model_type in _SOFTCAPPED else 0.0
+        divided_by = _LOGITS_DIVIDED_BY.get(model_type)
+        _fusion.divisor = float(getattr(self.config, divided_by)) if divided_by else 1.0
         try:
             out = cls.forward(self, *args, **kwargs)
         finally:
-            (_fusion.armed, _fusion.softcap, _fusion.fallbacks, _fusion.kept,
+            (_fusion.armed, _fusion.softcap, _fusion.divisor, _fusion.fallbacks, _fusion.kept,
              _fusion.report) = outer
         if report.get("overwritten") is not None:
             out = _hide_overwritten_logits(out, report["overwritten"])
-        if "metrics" in report and not isinstance(out, tuple):
-            out.kjit_metrics = report["metrics"]
+        if "metrics" in report:
+            _fusion.metrics = report["metrics"]  # for take_metrics()
+            if not isinstance(out, tuple):
+                out.kjit_metrics = report["metrics"]
         return out
 
     def __deepcopy__(self, memo):
@@ -354,6 +407,16 @@ def _fused_class(cls: type) -> type:
     return _fused_classes.setdefault(cls, fused)
 
 
+def take_metrics():
+    """The kjit_metrics of this thread's last forward with labels of a model patched with
+    apply_to(metrics=True), or None; the call clears them. For trainers whose wrappers rebuild the
+    model's output without its attributes: accelerate's mixed-precision forward (Trainer with
+    bf16=True, TRL's SFTConfig default) returns a new output, converted to fp32."""
+    metrics = getattr(_fusion, "metrics", None)
+    _fusion.metrics = None
+    return metrics
+
+
 def _keep_lm_head_input(head, args):
     """lm_head's forward pre-hook: while its model is armed, keeps the hidden states and gives
     lm_head none. fp16 is left to the model: the gradients, computed in the forward for the loss's
@@ -370,7 +433,9 @@ def _keep_lm_head_input(head, args):
                                         cannot[1])
         return None
     _fusion.armed = None  # once a forward
-    _fusion.kept = (hidden, head, _fusion.softcap)
+    # (lm_head(hidden) / d == lm_head(hidden / d): Granite's logits scaling, _LOGITS_DIVIDED_BY)
+    divisor = _fusion.divisor
+    _fusion.kept = (hidden if divisor == 1.0 else hidden / divisor, head, _fusion.softcap)
     return (hidden[..., :0, :],) + tuple(args[1:])
 
 
@@ -466,8 +531,11 @@ def _what_runs(model: nn.Module, norms: bool, loss_name, use_kjit: bool, fused: 
 def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = True,
              linear_cross_entropy: bool = False, inplace_backward: bool = False,
              metrics: bool = False, strict: bool = False) -> dict:
-    """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face LLaMA, Mistral,
-    Mixtral, Phi-3, Qwen2, Qwen3 (and their MoE variants), Gemma or Gemma 2 model for kjit's;
+    """Swaps the RMSNorm modules and the causal-LM loss of a Hugging Face model for kjit's: the
+    model types of _SUPPORTED (LLaMA and Llama 4's text model, Mistral, Ministral, Mixtral, Phi-3,
+    Qwen2, Qwen3 (and their MoE variants), Qwen 2.5 VL and Qwen 3 VL, Granite (and its MoE),
+    DeepSeek V2 and V3, OLMo 2, 3 and OLMoE, Gemma, Gemma 2, Gemma 3's text model, gpt-oss,
+    SmolLM3, GLM-4, Seed-OSS, Arcee, Apertus, EXAONE 4, ERNIE 4.5, Hunyuan dense, Helium);
     returns what it changed ("rms_norm": the norms' names, "loss", "linear_cross_entropy") and
     what runs for the model as it is now ("runs": {"rms_norm": ..., "loss": ...}, e.g. Hugging
     Face's code for a model still on the CPU). Raises ValueError for a model it does not support
@@ -505,7 +573,8 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
         raise ValueError(f"kjit.apply_to: model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(_SUPPORTED))}")
     if (cross_entropy or linear_cross_entropy) and not (
-            type(model).__name__.endswith("ForCausalLM") and hasattr(model, "loss_function")):
+            (type(model).__name__.endswith("ForCausalLM") or model_type in _CONDITIONAL_CAUSAL_LM)
+            and hasattr(model, "loss_function")):
         raise ValueError(f"kjit.apply_to: {type(model).__name__} is not a causal LM with a "
                          "loss_function; pass cross_entropy=False (and no linear_cross_entropy) "
                          "to patch only the norms")

@@ -1,4 +1,5 @@
-"""Hugging Face Trainer (and Trainer subclasses such as TRL's SFTTrainer) logging kjit's metrics.
+"""Hugging Face Trainer (and its subclasses) logging kjit's metrics; for TRL's SFTTrainer, which
+computes its own loss, see kjit.torch.trl.
 
     import kjit.torch
     from kjit.torch.trainer import KjitMetricsMixin
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from kjit.torch.hf import take_metrics
+
 # outputs.kjit_metrics' keys -> the names the logs get (TRL's).
 LOGGED = {"token_accuracy": "mean_token_accuracy", "entropy": "entropy"}
 
@@ -29,9 +32,12 @@ class KjitMetricsMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None,
                      **kwargs):
+        # (take_metrics, not outputs.kjit_metrics: under mixed precision accelerate's forward
+        # wrapper returns a new output, converted to fp32, without the attribute)
+        take_metrics()
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch, **kwargs)
-        metrics = getattr(outputs, "kjit_metrics", None)
+        metrics = take_metrics()
         if metrics is not None:
             self._kjit_add("train" if model.training else "eval", metrics)
         return (loss, outputs) if return_outputs else loss

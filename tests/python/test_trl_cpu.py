@@ -1,0 +1,133 @@
+"""TRL's SFTTrainer on kjit's loss (kjit.torch.trl.KjitSFTTrainer), a few steps of a tiny random
+LLaMA on the CPU against TRL's own SFTTrainer on the unpatched model: the same losses, trained
+weights and logged entropy, mean_token_accuracy and num_tokens, with the loss computed by kjit's
+path (its kernels replaced by float64 stand-ins on the CPU, as in test_hf_outputs_cpu.py): the
+cross-entropy over the logits, and the fused lm_head + loss. Skips without torch, transformers and
+trl."""
+
+import copy
+import importlib.util
+import warnings
+
+import pytest
+
+from conftest import needs_torch, small_hf_model
+
+pytestmark = [needs_torch, pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("transformers", "trl", "datasets")),
+    reason="transformers, trl or datasets is not installed")]
+
+try:
+    import torch
+    import datasets
+    import transformers
+    import trl
+    import kjit
+    import kjit.torch as kt
+    from kjit.torch.trl import KjitSFTTrainer
+    from test_hf_outputs_cpu import (fused_with_metrics_on_cpu,  # noqa: F401 (fixtures)
+                                     kjit_loss_on_cpu)
+except ImportError:
+    pass
+
+VOCAB = 97
+
+
+def tokenizer():
+    """A word-level tokenizer over VOCAB tokens ("<pad>", "<s>", "</s>", "t3", ...), made here:
+    SFTTrainer needs one for its padding token."""
+    from tokenizers import Tokenizer, models
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+        pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def dataset(model):
+    """Tokenized rows of different lengths (so batches pad), no special tokens: half of them
+    random, half the model's own greedy continuations of a random token (so that its token
+    accuracy is about a half, not 0)."""
+    g = torch.Generator().manual_seed(7)
+    rows = []
+    for i, n in enumerate([10, 7, 12, 9, 11, 8, 10, 6]):
+        ids = torch.randint(3, VOCAB, (n,), generator=g)
+        with torch.no_grad():
+            for t in range(1, n if i % 2 else 1):
+                logits = model(input_ids=ids[None, :t]).logits[0, -1, 3:]
+                ids[t] = 3 + logits.argmax()
+        rows.append({"input_ids": ids.tolist()})
+    return datasets.Dataset.from_list(rows)
+
+
+def train(model, trainer_class, tmp_path, steps=3, **config):
+    logged = []
+
+    class Logged(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logged.append(dict(logs or {}))
+
+    # (SGD: each weight moves by its gradient, so the weights compare as tightly as the
+    # gradients; Adam's first steps move tiny gradients by the learning rate, sign and all.)
+    args = trl.SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2,
+                         max_steps=steps, logging_steps=1, learning_rate=1e-1, optim="sgd",
+                         report_to=[], use_cpu=True, save_strategy="no", seed=0, data_seed=0,
+                         dataloader_num_workers=0, **config)
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset(model),
+                            processing_class=tokenizer(), callbacks=[Logged()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kt.KjitFallbackWarning)
+        trainer.train()
+    return [log for log in logged if "loss" in log]
+
+
+def tiny():
+    return small_hf_model("llama", vocab_size=VOCAB, hidden_size=32, max_positions=64,
+                          final_softcap=0.0)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "lm_head_fused"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16_autocast"])
+def test_kjits_loss_and_metrics_match_trls_own(tmp_path, fused, bf16, request):
+    """fp32: to fp32's rounding. bf16 (SFTConfig's default, accelerate's autocast, whose forward
+    wrapper rebuilds the model's output without kjit_metrics): to bf16's, TRL's lm_head running in
+    chunks of its own."""
+    calls = request.getfixturevalue("fused_with_metrics_on_cpu" if fused else "kjit_loss_on_cpu")
+    base = tiny()
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, metrics=True, linear_cross_entropy=fused)
+    expected = train(base, trl.SFTTrainer, tmp_path / "trl", bf16=bf16)
+    logs = train(patched, KjitSFTTrainer, tmp_path / "kjit", bf16=bf16)
+    assert len(logs) == len(expected) == 3
+    assert len(calls) == 3, "kjit's loss ran each step"
+    assert all(c["extras"] == ("token_accuracy", "mean_entropy", "num_tokens") for c in calls)
+    assert all(c["reduction"] == "sum" for c in calls), "summed over num_items_in_batch"
+    rel = 1e-2 if bf16 else 1e-5
+    for got, want in zip(logs, expected):
+        assert got["loss"] == pytest.approx(want["loss"], rel=rel)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=10 * rel)
+        assert got["num_tokens"] == want["num_tokens"]
+        assert got["mean_token_accuracy"] == pytest.approx(want["mean_token_accuracy"],
+                                                           abs=1e-6)
+        assert got["entropy"] == pytest.approx(want["entropy"], rel=rel)
+    assert any(0.1 < log["mean_token_accuracy"] < 0.95 for log in logs), "a measure that can fail"
+    for (name, p), q in zip(patched.named_parameters(), base.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6 if not bf16 else 1e-4, msg=name)
+
+
+def test_without_kjits_metrics_it_says_what_to_do(tmp_path, kjit_loss_on_cpu):
+    model = tiny()
+    kt.apply_to(model, rms_norm=False)  # metrics=False
+    with pytest.raises(RuntimeError, match=r"apply_to\(model, metrics=True\) before creating"):
+        train(model, KjitSFTTrainer, tmp_path, steps=1)
+
+
+def test_a_loss_kjit_does_not_compute_is_trls_and_says_so(tmp_path, kjit_loss_on_cpu):
+    base = tiny()
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, metrics=True)
+    expected = train(base, trl.SFTTrainer, tmp_path / "trl", steps=2, loss_type="dft")
+    with pytest.warns(kjit.KjitWarning, match="loss_type='dft'.*kjit's loss does not run"):
+        logs = train(patched, KjitSFTTrainer, tmp_path / "kjit", steps=2, loss_type="dft")
+    assert not kjit_loss_on_cpu
+    for got, want in zip(logs, expected):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
