@@ -13,7 +13,6 @@
 //
 //   kjit-bench-sharded [--vocab 128256] [--rows 16384] [--ways 2,4] [--repeats 30] [--output F]
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "jit/file_io.h"
 #include "kjit/host_convert.h"
 #include "ops/cross_entropy/reference.h"
 #include "tools/bench.h"
@@ -241,6 +241,11 @@ int main(int argc, char** argv) {
   }
   const std::string text = report->dump(2);
   fmt::print("{}\n", text);
-  if (!output.empty()) std::ofstream(output) << text << "\n";
+  if (absl::Status s =
+          output.empty() ? absl::OkStatus() : kjit::jit::WriteFileInPlace(output, text + "\n");
+      !s.ok()) {
+    fmt::print(stderr, "kjit-bench-sharded: --output: {}\n", kjit::ToStd(s.message()));
+    return 1;
+  }
   return 0;
 }
