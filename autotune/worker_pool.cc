@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/file_io.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::autotune {
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
+
 namespace kjit::jit {
 
 // Two levels so that cuda.h's aliases (cuMemAlloc -> cuMemAlloc_v2) reach the symbol name.

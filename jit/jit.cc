@@ -10,6 +10,7 @@
 #include "jit/cache_key.h"
 #include "jit/compiler.h"
 #include "jit/exit_gate.h"
+#include "jit/status_helpers.h"
 #include "jit/trace.h"
 #include "jit/warnings.h"
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "jit/exit_gate.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::jit {
 

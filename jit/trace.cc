@@ -21,6 +21,7 @@
 
 #include "jit/file_io.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 #include "jit/warnings.h"
 
 namespace kjit::jit {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "jit/nvrtc.h"
+#include "jit/status_helpers.h"
 #include "jit/trace.h"
 #include "jit/warnings.h"
 #include "runtime/op_kernels.h"

@@ -16,6 +16,7 @@
 #include "jit/disk_cache.h"
 #include "jit/file_io.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::internal {
 

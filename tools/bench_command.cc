@@ -12,6 +12,7 @@
 
 #include "jit/file_io.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/registry.h"
 #include "ops/rms_norm/config.h"

@@ -21,7 +21,9 @@
 #include <CLI/CLI.hpp>
 
 #include "jit/file_io.h"
+#include "jit/status_helpers.h"
 #include "kjit/host_convert.h"
+#include "ops/common/random_values.h"
 #include "ops/cross_entropy/reference.h"
 #include "tools/bench.h"
 
@@ -88,7 +90,7 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
   KJIT_ASSIGN_OR_RETURN(auto timer, autotune::GpuTimer::Create(rt));
   Problem p{vocab, rows, {}, {}};
   std::mt19937_64 gen(0x5eed);
-  p.logits = RandomValues(gen, kDistinctRows * vocab, 3.0, 0, kDtype);
+  p.logits = ops::RandomValues(gen, kDistinctRows * vocab, 3.0, 0, kDtype);
   for (int64_t r = 0; r < rows; ++r) p.targets.push_back(static_cast<int64_t>(gen() % vocab));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_targets, DeviceBuffer::Create(rt, rows * 8));
   KJIT_RETURN_IF_ERROR(d_targets.Upload(p.targets.data(), rows * 8));

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
+
 // Where the toolkit ships nccl.h, hold the declarations in nccl.h of this file to it.
 #if __has_include(<nccl.h>)
 #include <nccl.h>

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
+
 namespace kjit::ops {
 
 namespace {

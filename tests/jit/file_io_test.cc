@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 
