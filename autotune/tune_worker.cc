@@ -15,6 +15,7 @@
 
 #include "autotune/tune_task.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 #include "runtime/runtime_state.h"
 
 namespace kjit::autotune {

@@ -10,6 +10,7 @@
 
 #include "autotune/worker_pool.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 #include "ops/registry.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tuning_db.h"

@@ -1,7 +1,5 @@
 #include "autotune/worker_pool.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/file_io.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::autotune {
 
@@ -54,14 +53,13 @@ void RemoveStaleDirs(const std::string& tmp) {
     if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
       continue;
     }
-    // Held while removing, so that two new pools do not both work on it.
-    jit::UniqueFd lock(::open((path + "/" + kOwnerLock).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-    if (lock.get() >= 0) {
-      if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // its pool is alive
-    } else if (errno != ENOENT ||
-               std::chrono::system_clock::now() -
-                       std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec) <
-                   kUnlockedStaleAge) {
+    // Held while removing, so that two new pools do not both work on it. Unavailable: its pool
+    // is alive.
+    const absl::StatusOr<jit::FileLock> lock = jit::TryLockExistingFile(path + "/" + kOwnerLock);
+    if (!lock.ok() && (!absl::IsNotFound(lock.status()) ||
+                       std::chrono::system_clock::now() -
+                               std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec) <
+                           kUnlockedStaleAge)) {
       continue;
     }
     (void)jit::RemoveTree(path);  // best effort: a leftover must not stop this run
@@ -153,7 +151,14 @@ class Pool {
       request["tasks"].push_back(
           nlohmann::json::parse(tasks_[i], nullptr, /*allow_exceptions=*/false));
     }
-    std::ofstream(in_path) << request.dump() << "\n";
+    if (absl::Status written = jit::WriteFileAtomically(in_path, request.dump() + "\n", 0600);
+        !written.ok()) {
+      for (size_t i : w->batch) {
+        Finish(i, {.failure = fmt::format("could not write the worker's request: {}",
+                                          ToStd(written.message()))});
+      }
+      return;
+    }
     w->last_heard = Clock::now();
     try {
       std::vector<std::string> args(o_.command.begin() + 1, o_.command.end());
@@ -175,11 +180,9 @@ class Pool {
   // Locked before it gets its name, so that no RemoveStaleDirs of another pool ever finds the
   // lock file free while this pool lives. Best effort: without it the age rule applies.
   void TakeOwnerLock() {
-    const std::string unnamed = (dir_ / ".owner.lock.new").string();
-    jit::UniqueFd fd(::open(unnamed.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 &&
-        ::rename(unnamed.c_str(), (dir_ / kOwnerLock).c_str()) == 0) {
-      owner_lock_ = std::move(fd);
+    if (absl::StatusOr<jit::FileLock> lock = jit::CreateLockedFile((dir_ / kOwnerLock).string());
+        lock.ok()) {
+      owner_lock_ = std::move(*lock);
     }
   }
 
@@ -273,7 +276,7 @@ class Pool {
   std::deque<size_t> pending_;
   std::vector<std::unique_ptr<Worker>> workers_;
   fs::path dir_;
-  jit::UniqueFd owner_lock_;  // dir_/owner.lock, flocked while the pool lives
+  std::optional<jit::FileLock> owner_lock_;  // dir_/owner.lock, flocked while the pool lives
   int started_ = 0;
 };
 

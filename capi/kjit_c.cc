@@ -24,6 +24,7 @@
 #include "jit/exit_gate.h"
 #include "jit/json_text.h"
 #include "jit/nvrtc.h"
+#include "jit/status_helpers.h"
 #include "kjit/kjit.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/linear_cross_entropy/config.h"

@@ -11,12 +11,12 @@ int main() {
   constexpr int64_t kRows = 8, kHidden = 4096;
   auto rt = kjit::Runtime::Create();
   if (!rt.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(kjit::ToStd(rt.status().message())).c_str());
+    std::fprintf(stderr, "%s\n", std::string(rt.status().message()).c_str());
     return 1;
   }
   auto norm = rt->RmsNorm({.hidden = kHidden, .dtype = kjit::DType::kBF16, .eps = 1e-5f});
   if (!norm.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(kjit::ToStd(norm.status().message())).c_str());
+    std::fprintf(stderr, "%s\n", std::string(norm.status().message()).c_str());
     return 1;
   }
   std::vector<double> x(kRows * kHidden), w(kHidden, 1.0);
@@ -39,7 +39,7 @@ int main() {
        .y = kjit::TensorView::Matrix(dy->data(), kjit::DType::kBF16, kRows, kHidden)});
   std::vector<unsigned char> y_bytes(x_bytes.size());
   if (!s.ok() || !dy->Download(y_bytes.data(), y_bytes.size()).ok()) {
-    std::fprintf(stderr, "%s\n", std::string(kjit::ToStd(s.message())).c_str());
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 1;
   }
   const auto y = kjit::Decode(y_bytes, kjit::DType::kBF16);

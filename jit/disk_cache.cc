@@ -24,6 +24,7 @@
 
 #include "jit/cache_entry.h"
 #include "jit/file_io.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::jit {
 

@@ -10,27 +10,22 @@ namespace kjit::jit {
 #define KJIT_STR_INNER(x) #x
 #define KJIT_STR(x) KJIT_STR_INNER(x)
 
+// What the loader says when no candidate loads.
+constexpr DynLib::Missing kNoDriver{
+    absl::StatusCode::kFailedPrecondition,
+    "no CUDA driver: libcuda.so.1 could not be loaded ({})\nfix: install the NVIDIA driver; in a "
+    "container, run it with the NVIDIA Container Toolkit (docker run --gpus all ...). Compiling "
+    "for an explicit --arch works without a driver."};
+
 std::vector<std::string> DefaultDriverCandidates() {
-  if (const char* env = std::getenv("KJIT_LIBCUDA_PATH"); env != nullptr && *env != '\0') {
-    return {env};
-  }
-  return {"libcuda.so.1", "libcuda.so"};
+  return CandidatesFor("KJIT_LIBCUDA_PATH", {"libcuda.so.1", "libcuda.so"});
 }
 
 absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) {
-  auto lib = DynLib::Open(candidates);
-  if (!lib.ok()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "no CUDA driver: libcuda.so.1 could not be loaded ({})\nfix: install the NVIDIA driver; "
-        "in a container, run it with the NVIDIA Container Toolkit (docker run --gpus all ...). "
-        "Compiling for an explicit --arch works without a driver.",
-        ToStd(lib.status().message())));
-  }
-  Driver d(std::move(*lib));
-  std::string missing;
-#define KJIT_CU_LOAD(name)                                                    \
-  d.name = reinterpret_cast<decltype(d.name)>(d.lib_.Symbol(KJIT_STR(name))); \
-  if (d.name == nullptr) missing += " " KJIT_STR(name)
+  KJIT_ASSIGN_OR_RETURN(DynLib lib, DynLib::Open(candidates, kNoDriver));
+  Driver d(std::move(lib));
+  SymbolResolver symbols(d.lib_);
+#define KJIT_CU_LOAD(name) symbols.Resolve(d.name, KJIT_STR(name))
   KJIT_CU_LOAD(cuGetErrorName);
   KJIT_CU_LOAD(cuGetErrorString);
   KJIT_CU_LOAD(cuInit);
@@ -81,12 +76,8 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
   KJIT_CU_LOAD(cuEventElapsedTime);
   KJIT_CU_LOAD(cuTensorMapEncodeTiled);
 #undef KJIT_CU_LOAD
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(
-        fmt::format("{} lacks{}: the driver is too old for kjit; fix: install a driver for CUDA "
-                    "12.0 or newer",
-                    d.path(), missing));
-  }
+  KJIT_RETURN_IF_ERROR(symbols.Check(
+      "the driver is too old for kjit; fix: install a driver for CUDA 12.0 or newer"));
   CUresult init = d.cuInit(0);
   if (init == CUDA_ERROR_STUB_LIBRARY) {
     return absl::FailedPreconditionError(fmt::format(
@@ -108,10 +99,7 @@ absl::StatusOr<Driver> Driver::Load(const std::vector<std::string>& candidates) 
 }
 
 absl::StatusOr<const Driver*> Driver::Get() {
-  static const absl::StatusOr<Driver>* instance =
-      new absl::StatusOr<Driver>(Load(DefaultDriverCandidates()));
-  if (!instance->ok()) return instance->status();
-  return &**instance;
+  return LoadedOnce<Driver>(+[] { return Load(DefaultDriverCandidates()); });
 }
 
 absl::Status Driver::Check(CUresult result, const char* call) const {

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 namespace kjit::jit {
@@ -25,6 +27,26 @@ absl::StatusOr<DynLib> DynLib::Open(const std::vector<std::string>& candidates) 
     return DynLib(handle, std::move(path));
   }
   return absl::NotFoundError(fmt::format("could not load {}", tried));
+}
+
+absl::StatusOr<DynLib> DynLib::Open(const std::vector<std::string>& candidates,
+                                    const Missing& missing) {
+  absl::StatusOr<DynLib> lib = Open(candidates);
+  if (lib.ok()) return lib;
+  const absl::string_view why = lib.status().message();
+  return absl::Status(missing.code, fmt::format(fmt::runtime(missing.message),
+                                                std::string_view(why.data(), why.size())));
+}
+
+std::vector<std::string> CandidatesFor(const char* env_var, std::vector<std::string> defaults) {
+  if (const char* env = std::getenv(env_var); env != nullptr && *env != '\0') return {env};
+  return defaults;
+}
+
+absl::Status SymbolResolver::Check(std::string_view requirement) const {
+  if (missing_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      fmt::format("{} lacks{}: {}", lib_.path(), missing_, requirement));
 }
 
 DynLib::DynLib(DynLib&& other) noexcept : handle_(other.handle_), path_(std::move(other.path_)) {

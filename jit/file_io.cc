@@ -190,6 +190,56 @@ absl::Status RemoveTree(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status RenamePath(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) == 0) return absl::OkStatus();
+  return ErrnoStatus(errno, fmt::format("cannot rename {} to {}", from, to));
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, size_t limit) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot open {}", path));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, fmt::format("cannot stat {}", path));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(fmt::format("{} is not a regular file", path));
+  }
+  std::string text;
+  if (int err = ReadAll(fd.get(), text, limit)) {
+    return ErrnoStatus(err, fmt::format("cannot read {}", path));
+  }
+  return text;
+}
+
+absl::StatusOr<FileLock> TryLockExistingFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot open lock {}", path));
+  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      return absl::UnavailableError(fmt::format("another process holds the lock on {}", path));
+    }
+    return ErrnoStatus(errno, fmt::format("cannot lock {}", path));
+  }
+  return FileLock(std::move(fd));
+}
+
+absl::StatusOr<FileLock> CreateLockedFile(const std::string& path) {
+  KJIT_ASSIGN_OR_RETURN(std::string tmp, TempPathFor(path));
+  UniqueFd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot create lock {}", tmp));
+  absl::Status status;
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    status = ErrnoStatus(errno, fmt::format("cannot lock {}", tmp));
+  } else {
+    status = RenamePath(tmp, path);
+  }
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  return FileLock(std::move(fd));
+}
+
 absl::StatusOr<FileLock> LockFile(const std::string& path, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -257,6 +307,16 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes
       dir.get() >= 0) {
     ::fsync(dir.get());
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileInPlace(const std::string& path, std::string_view bytes) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return ErrnoStatus(errno, fmt::format("cannot write {} (open)", path));
+  if (int err = WriteAll(fd.get(), bytes)) {
+    return ErrnoStatus(err, fmt::format("cannot write {} (write)", path));
+  }
+  if (fd.Close() != 0) return ErrnoStatus(errno, fmt::format("cannot write {} (close)", path));
   return absl::OkStatus();
 }
 

@@ -10,7 +10,9 @@
 #include "jit/cache_key.h"
 #include "jit/compiler.h"
 #include "jit/exit_gate.h"
+#include "jit/status_helpers.h"
 #include "jit/trace.h"
+#include "jit/warnings.h"
 
 // The one symbol of kjit's that needs a libstdc++ newer than GCC 11's: GCC 12's headers bind
 // condition_variable::wait(unique_lock&) to GLIBCXX_3.4.30, which alone would lift the Python
@@ -54,7 +56,7 @@ void Jit::Warn(std::string_view message) const {
   if (options_.warn) {
     options_.warn(message);
   } else {
-    fmt::print(stderr, "kjit: warning: {}\n", message);
+    WarnOnceToStderr(message);
   }
 }
 

@@ -40,7 +40,8 @@ class Jit {
     bool use_disk_cache = true;
     std::optional<DiskCache::Options> cache;  // nullopt: DiskCache::Options::FromEnvironment()
     std::chrono::milliseconds lock_timeout{std::chrono::seconds(120)};
-    // Where warnings go (a cache that cannot be written, a lock not got in time); null: stderr.
+    // Where warnings go (a cache that cannot be written, a lock not got in time); null:
+    // jit/warnings.h's default sink.
     std::function<void(std::string_view)> warn;
   };
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "jit/exit_gate.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::jit {
 
@@ -15,6 +16,12 @@ namespace {
 
 // How Load's error starts when no candidate loads; DynLib's "could not load ..." follows.
 constexpr std::string_view kNotLoaded = "NVRTC (libnvrtc) is not available: ";
+// What Load says when no candidate loads: kNotLoaded, the reason, the fix.
+constexpr DynLib::Missing kNoNvrtc{
+    absl::StatusCode::kNotFound,
+    "NVRTC (libnvrtc) is not available: {}\nfix: install the CUDA toolkit's NVRTC (e.g. the "
+    "cuda-nvrtc-13-0 package, or pip's nvidia-cuda-nvrtc) or point KJIT_NVRTC_PATH at libnvrtc.so"};
+static_assert(kNoNvrtc.message.starts_with(kNotLoaded));
 
 // KJIT_NVRTC_PATH, or nullptr when unset or empty.
 const char* NvrtcPathVariable() {
@@ -66,21 +73,12 @@ std::vector<std::string> DefaultNvrtcCandidates() {
 absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
   // Loading runs NVRTC's static constructors, which register its destructors before the handler.
   const ExitGate::Startup startup;
-  auto lib = DynLib::Open(candidates);
-  if (!lib.ok()) {
-    return absl::NotFoundError(fmt::format(
-        "{}{}\nfix: install the CUDA toolkit's NVRTC (e.g. the "
-        "cuda-nvrtc-13-0 package, or pip's nvidia-cuda-nvrtc) or point KJIT_NVRTC_PATH at "
-        "libnvrtc.so",
-        kNotLoaded, ToStd(lib.status().message())));
-  }
+  KJIT_ASSIGN_OR_RETURN(DynLib lib, DynLib::Open(candidates, kNoNvrtc));
   // Its static destructors are registered now: exit must wait for a compile before they run.
   ExitGate::Arm();
-  Nvrtc n(std::move(*lib));
-  std::string missing;
-#define KJIT_NVRTC_LOAD(name)                                        \
-  n.name = reinterpret_cast<decltype(n.name)>(n.lib_.Symbol(#name)); \
-  if (n.name == nullptr) missing += " " #name
+  Nvrtc n(std::move(lib));
+  SymbolResolver symbols(n.lib_);
+#define KJIT_NVRTC_LOAD(name) symbols.Resolve(n.name, #name)
   KJIT_NVRTC_LOAD(nvrtcGetErrorString);
   KJIT_NVRTC_LOAD(nvrtcVersion);
   KJIT_NVRTC_LOAD(nvrtcGetNumSupportedArchs);
@@ -97,12 +95,9 @@ absl::StatusOr<Nvrtc> Nvrtc::Load(const std::vector<std::string>& candidates) {
   KJIT_NVRTC_LOAD(nvrtcAddNameExpression);
   KJIT_NVRTC_LOAD(nvrtcGetLoweredName);
 #undef KJIT_NVRTC_LOAD
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "{} lacks{}: kjit needs NVRTC 11.2 or newer (CUDA 12.8+ for Blackwell); fix: install a "
-        "newer CUDA toolkit or set KJIT_NVRTC_PATH",
-        n.path(), missing));
-  }
+  KJIT_RETURN_IF_ERROR(
+      symbols.Check("kjit needs NVRTC 11.2 or newer (CUDA 12.8+ for Blackwell); fix: install a "
+                    "newer CUDA toolkit or set KJIT_NVRTC_PATH"));
   KJIT_RETURN_IF_ERROR(
       n.Check(n.nvrtcVersion(&n.version_.major, &n.version_.minor), "nvrtcVersion"));
   int count = 0;
@@ -134,11 +129,7 @@ absl::StatusOr<Nvrtc> Nvrtc::LoadDefault() {
                   env, why));
 }
 
-absl::StatusOr<const Nvrtc*> Nvrtc::Get() {
-  static const absl::StatusOr<Nvrtc>* instance = new absl::StatusOr<Nvrtc>(LoadDefault());
-  if (!instance->ok()) return instance->status();
-  return &**instance;
-}
+absl::StatusOr<const Nvrtc*> Nvrtc::Get() { return LoadedOnce<Nvrtc>(&Nvrtc::LoadDefault); }
 
 absl::Status Nvrtc::Check(nvrtcResult result, const char* call) const {
   if (result == NVRTC_SUCCESS) return absl::OkStatus();

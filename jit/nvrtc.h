@@ -47,23 +47,21 @@ class Nvrtc {
   // Converts an nvrtcResult into a Status naming the call.
   absl::Status Check(nvrtcResult result, const char* call) const;
 
-#define KJIT_NVRTC_FN(name) decltype(&::name) name = nullptr
-  KJIT_NVRTC_FN(nvrtcGetErrorString);
-  KJIT_NVRTC_FN(nvrtcVersion);
-  KJIT_NVRTC_FN(nvrtcGetNumSupportedArchs);
-  KJIT_NVRTC_FN(nvrtcGetSupportedArchs);
-  KJIT_NVRTC_FN(nvrtcCreateProgram);
-  KJIT_NVRTC_FN(nvrtcDestroyProgram);
-  KJIT_NVRTC_FN(nvrtcCompileProgram);
-  KJIT_NVRTC_FN(nvrtcGetProgramLogSize);
-  KJIT_NVRTC_FN(nvrtcGetProgramLog);
-  KJIT_NVRTC_FN(nvrtcGetPTXSize);
-  KJIT_NVRTC_FN(nvrtcGetPTX);
-  KJIT_NVRTC_FN(nvrtcGetCUBINSize);
-  KJIT_NVRTC_FN(nvrtcGetCUBIN);
-  KJIT_NVRTC_FN(nvrtcAddNameExpression);
-  KJIT_NVRTC_FN(nvrtcGetLoweredName);
-#undef KJIT_NVRTC_FN
+  KJIT_DYNLIB_FN(nvrtcGetErrorString);
+  KJIT_DYNLIB_FN(nvrtcVersion);
+  KJIT_DYNLIB_FN(nvrtcGetNumSupportedArchs);
+  KJIT_DYNLIB_FN(nvrtcGetSupportedArchs);
+  KJIT_DYNLIB_FN(nvrtcCreateProgram);
+  KJIT_DYNLIB_FN(nvrtcDestroyProgram);
+  KJIT_DYNLIB_FN(nvrtcCompileProgram);
+  KJIT_DYNLIB_FN(nvrtcGetProgramLogSize);
+  KJIT_DYNLIB_FN(nvrtcGetProgramLog);
+  KJIT_DYNLIB_FN(nvrtcGetPTXSize);
+  KJIT_DYNLIB_FN(nvrtcGetPTX);
+  KJIT_DYNLIB_FN(nvrtcGetCUBINSize);
+  KJIT_DYNLIB_FN(nvrtcGetCUBIN);
+  KJIT_DYNLIB_FN(nvrtcAddNameExpression);
+  KJIT_DYNLIB_FN(nvrtcGetLoweredName);
 
  private:
   explicit Nvrtc(DynLib lib) : lib_(std::move(lib)) {}

@@ -21,6 +21,8 @@
 
 #include "jit/file_io.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
+#include "jit/warnings.h"
 
 namespace kjit::jit {
 
@@ -38,9 +40,8 @@ size_t MaxEventsFromEnv() {
   size_t n = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
   if (ec != std::errc() || end != text.data() + text.size() || n == 0) {
-    fmt::print(stderr,
-               "kjit: warning: KJIT_TRACE_MAX_EVENTS={} is not a positive integer; using {}\n", v,
-               kDefaultMaxEvents);
+    WarnOnceToStderr(fmt::format("KJIT_TRACE_MAX_EVENTS={} is not a positive integer; using {}", v,
+                                 kDefaultMaxEvents));
     return kDefaultMaxEvents;
   }
   return n;
@@ -174,7 +175,7 @@ Tracer& Tracer::Global() {
     if (t->enabled()) {
       std::atexit([] {
         absl::Status s = Global().Flush();
-        if (!s.ok()) fmt::print(stderr, "kjit: warning: {}\n", ToStd(s.message()));
+        if (!s.ok()) WarnOnceToStderr(ToStd(s.message()));
       });
     }
     return t;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
 #include "ops/common/json_fields.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tuned_configs.h"

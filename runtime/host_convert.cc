@@ -98,12 +98,4 @@ std::vector<double> Decode(const std::vector<unsigned char>& bytes, DType dtype)
   return out;
 }
 
-std::vector<double> RandomValues(std::mt19937_64& rng, int64_t n, double scale, double offset,
-                                 DType dtype) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> v(n);
-  for (double& e : v) e = RoundTo(offset + scale * normal(rng), dtype);
-  return v;
-}
-
 }  // namespace kjit

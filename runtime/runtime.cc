@@ -9,14 +9,15 @@
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
-#include <set>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "jit/nvrtc.h"
+#include "jit/status_helpers.h"
 #include "jit/trace.h"
+#include "jit/warnings.h"
 #include "runtime/op_kernels.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tuned_configs.h"
@@ -164,7 +165,8 @@ void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows)
         "untuned");
     return;
   }
-  fmt::print(stderr, "kjit: tuning {} at {} rows with {} (KJIT_AUTOTUNE)\n", spec_json, rows, bin);
+  Warn(fmt::format("tuning {} at {} rows with {} (KJIT_AUTOTUNE); the launch waits for it",
+                   spec_json, rows, bin));
   const int status = RunChild({bin, "--spec", spec_json, "--tokens", std::to_string(rows), "--db",
                                tuning_path, "--device", std::to_string(device.ordinal)});
   if (status != 0) Warn(fmt::format("{} exited with status {}; launching untuned", bin, status));
@@ -175,7 +177,7 @@ void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows)
 
 absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   auto state = std::make_shared<internal::RuntimeState>();
-  state->warnings = options.warnings ? options.warnings : internal::WarnOnceToStderr;
+  state->warnings = options.warnings ? options.warnings : jit::WarnOnceToStderr;
   jit::Jit::Options jit_options{.use_disk_cache = options.disk_cache, .warn = state->warnings};
   if (!options.cache_dir.empty())
     jit_options.cache = jit::DiskCache::Options{.dir = options.cache_dir};
@@ -221,13 +223,6 @@ std::string Runtime::target() const { return state_->target.ToString(); }
 int Runtime::arch() const { return state_->target.arch; }
 bool Runtime::compile_only() const { return state_->compile_only; }
 const DeviceInfo& Runtime::device() const { return state_->device; }
-
-void internal::WarnOnceToStderr(std::string_view message) {
-  static std::mutex mu;
-  static auto* said = new std::set<std::string, std::less<>>();  // never destroyed: used at exit
-  std::lock_guard<std::mutex> lock(mu);
-  if (said->insert(std::string(message)).second) fmt::print(stderr, "kjit: warning: {}\n", message);
-}
 
 absl::StatusOr<internal::LoadedProgram> internal::LoadProgram(const RuntimeState& rt,
                                                               const jit::Source& source) {

@@ -65,9 +65,6 @@ struct RuntimeAccess {
 };
 inline const RuntimeState& StateOf(const Runtime& rt) { return RuntimeAccess::State(rt); }
 
-// The default warning sink: each distinct message once per process, on stderr.
-void WarnOnceToStderr(std::string_view message);
-
 // What the public API reports of a build: of one program, or of an op's programs (the first
 // describes the op; BuildInfo says how the rest are summed up).
 BuildInfo ToBuildInfo(const jit::Jit::Built& built);

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/dtype.h"
 #include "runtime/runtime_state.h"
 

@@ -1,14 +1,9 @@
 #include "runtime/tuning_db.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <concepts>
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <limits>
@@ -21,6 +16,7 @@
 #include "jit/disk_cache.h"
 #include "jit/file_io.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 
 namespace kjit::internal {
 
@@ -247,28 +243,15 @@ absl::StatusOr<TuningDb> ParseText(std::string_view text, std::string_view sourc
 // The database at path: empty when there is no file, DataLoss when its bytes are not one, another
 // error when it cannot be read.
 absl::StatusOr<TuningDb> ReadDb(const std::string& path) {
-  // O_NONBLOCK: a FIFO at the path must not hang a training run; regular files ignore it.
-  jit::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return TuningDb();
-    return jit::ErrnoStatus(errno, fmt::format("tuning db: cannot open {}", path));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    return jit::ErrnoStatus(errno, fmt::format("tuning db: cannot stat {}", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(fmt::format("tuning db: {} is not a regular file", path));
-  }
-  std::string text;
-  if (int err = jit::ReadAll(fd.get(), text, kMaxFileBytes)) {
-    return jit::ErrnoStatus(err, fmt::format("tuning db: cannot read {}", path));
-  }
-  if (text.size() > kMaxFileBytes) {
+  // ReadRegularFile opens non-blocking: a FIFO at the path must not hang a training run.
+  absl::StatusOr<std::string> text = jit::ReadRegularFile(path, kMaxFileBytes);
+  if (absl::IsNotFound(text.status())) return TuningDb();
+  KJIT_RETURN_IF_ERROR(Annotate(text.status(), "tuning db"));
+  if (text->size() > kMaxFileBytes) {
     return absl::DataLossError(fmt::format(
         "tuning db {}: over {} bytes, more than a tuning database holds", path, kMaxFileBytes));
   }
-  return ParseText(text, fmt::format("tuning db {}", path));
+  return ParseText(*text, fmt::format("tuning db {}", path));
 }
 
 }  // namespace
@@ -374,9 +357,8 @@ absl::StatusOr<TuningDb::UpsertResult> TuningDb::Upsert(const std::string& path,
   std::string aside;
   if (db.status().code() == absl::StatusCode::kDataLoss) {
     aside = fmt::format("{}.corrupt-{}", path, static_cast<int64_t>(std::time(nullptr)));
-    if (::rename(path.c_str(), aside.c_str()) != 0) {
-      return jit::ErrnoStatus(errno, fmt::format("tuning db: cannot move corrupt {} aside", path));
-    }
+    KJIT_RETURN_IF_ERROR(Annotate(jit::RenamePath(path, aside),
+                                  fmt::format("tuning db: cannot move corrupt {} aside", path)));
     result.warning = fmt::format("{}; moved it to {} and started {} afresh",
                                  ToStd(db.status().message()), aside, path);
     db = TuningDb();
@@ -385,7 +367,7 @@ absl::StatusOr<TuningDb::UpsertResult> TuningDb::Upsert(const std::string& path,
   for (const TuningRecord& r : records) db->Put(r);
   // 0600: the database tells which GPUs and models a user runs.
   if (absl::Status s = jit::WriteFileAtomically(path, db->Serialize(), 0600); !s.ok()) {
-    if (!aside.empty()) ::rename(aside.c_str(), path.c_str());  // as it was, corrupt or not
+    if (!aside.empty()) (void)jit::RenamePath(aside, path);  // as it was, corrupt or not
     return s;
   }
   result.written = static_cast<int>(db->records().size());

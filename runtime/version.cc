@@ -4,6 +4,7 @@
 
 #include "jit/driver.h"
 #include "jit/nvrtc.h"
+#include "jit/status_helpers.h"
 
 namespace kjit {
 

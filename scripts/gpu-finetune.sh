@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (see ../shared/design/GPU.md): bench/finetune_step, the baseline
+# Runs on the lent GPU machine (README.md, "GPU"): bench/finetune_step, the baseline
 # against kjit, everything written under $OUT:
 #   1. a smoke run at a small shape (llama-3.2-1b, batch 1 x seq 256);
 #   2. the default shape (llama-3.1-8b, batch 4 x seq 2048, bf16) with --json and --trace: the
@@ -8,7 +8,7 @@
 #      at least 163 GiB, measured): it must say so and exit 3 while the kjit paths still run.
 # Build here first and bundle (cuBLASLt is not bundled: the GPU machine has its own CUDA 13):
 #   cmake --build build --target finetune_step
-#   ../shared/tools/device-bundle build/bench/finetune_step/finetune_step
+#   scripts/device-bundle build/bench/finetune_step/finetune_step
 # then, through the device tool, with carry [".device-bundle"]:
 #   bash scripts/gpu-finetune.sh
 # The three runs fit the device tool's 10 minutes per command (about 2 minutes in all, mostly

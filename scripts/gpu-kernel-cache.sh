@@ -8,7 +8,7 @@
 #   ...                  # the tests and benchmarks
 #   kernel_cache_save    # its entries as $OUT/kernels.tgz (when at most 15 MiB: what comes back)
 #
-# On this side, copy the returned kernels.tgz into .device-cache/ (ignored by git, see GPU.md) and
+# On this side, copy the returned kernels.tgz into .device-cache/ (ignored by git) and
 # name .device-cache in the next call's carry. Only entries travel, never a tuning database, so the
 # tests still run the heuristics; an entry is checksummed and keyed by its program, NVRTC version
 # and target, so a stale or foreign one is a miss, never a wrong kernel. KJIT_COLD_CACHE=1 starts

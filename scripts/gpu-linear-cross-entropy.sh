@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (../shared/design/GPU.md): the fused linear + cross-entropy's GPU
+# Runs on the lent GPU machine (README.md, "GPU"): the fused linear + cross-entropy's GPU
 # tests (C++ and C API), compute-sanitizer on its small cases, `kjit bench --op
 # linear_cross_entropy` (the standard set beside the GEMMs alone, the unfused path and the loss
 # kernel; then, with SWEEP=1, the configs around the heuristic's at 8192 rows), a tuning run of the
 # op at 8192 rows, and the fine-tuning harness whose kjit path is the op. Everything under $OUT.
 # Build here first and bundle (cuBLASLt is the GPU machine's own CUDA 13's):
 #   cmake --build build --target kjit_gpu_tests kjit_cli kjit_tune finetune_step
-#   ../shared/tools/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune \
+#   scripts/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune \
 #     build/bench/finetune_step/finetune_step
 # then, through the device tool, with carry [".device-bundle", ".device-cache"]:
 #   bash scripts/gpu-linear-cross-entropy.sh

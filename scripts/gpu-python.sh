@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (../shared/design/GPU.md): installs the kjit wheel carried in
+# Runs on the lent GPU machine (README.md, "GPU"): installs the kjit wheel carried in
 # .device-wheel/ into a private folder (the machine reaches no registry; torch, transformers and
 # pytest are there), runs the Python suite with its GPU tests, then `python -m kjit.bench`, writing
 # the logs and the JSON under $OUT. Build the wheel here first:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (see ../shared/design/GPU.md): the autotuner end to end. Build here
+# Runs on the lent GPU machine (README.md, "GPU"): the autotuner end to end. Build here
 # and bundle kjit-tune and kjit:
-#   ../shared/tools/device-bundle build/tools/kjit-tune build/tools/kjit
+#   scripts/device-bundle build/tools/kjit-tune build/tools/kjit
 # then, through the device tool, with carry [".device-bundle"]:
 #   bash scripts/gpu-tune.sh
 # Writes under $OUT: the first and second `kjit-tune --model llama-3.1-8b` reports with their wall

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/status.h"
 
 namespace kjit::testing {

@@ -3,7 +3,6 @@
 //
 // Timing is autotune::GpuTimer's: a cold L2 before each repeat, CUDA events, the median and the
 // 10th/90th percentiles.
-#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -11,7 +10,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/file_io.h"
 #include "jit/json_text.h"
+#include "jit/status_helpers.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/registry.h"
 #include "ops/rms_norm/config.h"
@@ -213,10 +214,9 @@ int RunBench(const BenchFlags& f) {
       {"l2_flushed", true},
       {"results", results}};
   if (!f.output.empty()) {
-    std::ofstream out(f.output);
-    out << jit::JsonText(report, 2) << "\n" << std::flush;
-    if (!out) {
-      return Fail(absl::UnavailableError(fmt::format("--output {}: cannot write it", f.output)));
+    if (absl::Status s = jit::WriteFileInPlace(f.output, jit::JsonText(report, 2) + "\n");
+        !s.ok()) {
+      return Fail(Annotate(s, "--output"));
     }
   }
   if (f.json) {

@@ -13,7 +13,6 @@
 //
 //   kjit-bench-sharded [--vocab 128256] [--rows 16384] [--ways 2,4] [--repeats 30] [--output F]
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,7 +20,10 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "jit/file_io.h"
+#include "jit/status_helpers.h"
 #include "kjit/host_convert.h"
+#include "ops/common/random_values.h"
 #include "ops/cross_entropy/reference.h"
 #include "tools/bench.h"
 
@@ -88,7 +90,7 @@ absl::StatusOr<nlohmann::json> Run(int64_t vocab, int64_t rows, const std::vecto
   KJIT_ASSIGN_OR_RETURN(auto timer, autotune::GpuTimer::Create(rt));
   Problem p{vocab, rows, {}, {}};
   std::mt19937_64 gen(0x5eed);
-  p.logits = RandomValues(gen, kDistinctRows * vocab, 3.0, 0, kDtype);
+  p.logits = ops::RandomValues(gen, kDistinctRows * vocab, 3.0, 0, kDtype);
   for (int64_t r = 0; r < rows; ++r) p.targets.push_back(static_cast<int64_t>(gen() % vocab));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_targets, DeviceBuffer::Create(rt, rows * 8));
   KJIT_RETURN_IF_ERROR(d_targets.Upload(p.targets.data(), rows * 8));
@@ -241,6 +243,11 @@ int main(int argc, char** argv) {
   }
   const std::string text = report->dump(2);
   fmt::print("{}\n", text);
-  if (!output.empty()) std::ofstream(output) << text << "\n";
+  if (absl::Status s =
+          output.empty() ? absl::OkStatus() : kjit::jit::WriteFileInPlace(output, text + "\n");
+      !s.ok()) {
+    fmt::print(stderr, "kjit-bench-sharded: --output: {}\n", kjit::ToStd(s.message()));
+    return 1;
+  }
   return 0;
 }

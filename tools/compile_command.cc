@@ -9,6 +9,7 @@
 
 #include "jit/json_text.h"
 #include "jit/source.h"
+#include "jit/status_helpers.h"
 #include "kjit/kjit.h"
 #include "ops/common/json_fields.h"
 #include "ops/registry.h"

@@ -7,6 +7,7 @@
 #include <absl/strings/str_split.h>
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
 #include "jit/target.h"
 #include "tools/commands.h"
 #include "tools/doctor.h"

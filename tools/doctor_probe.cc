@@ -28,12 +28,14 @@
 #include "jit/dynlib.h"
 #include "jit/file_io.h"
 #include "jit/nvrtc.h"
+#include "jit/status_helpers.h"
 #include "jit/target.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/version.h"
+#include "ops/common/random_values.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/registry.h"
 #include "ops/rms_norm/config.h"
@@ -132,8 +134,9 @@ absl::StatusOr<std::pair<std::string, std::string>> LaunchOnce(int ordinal) {
   KJIT_ASSIGN_OR_RETURN(RmsNorm norm, rt.RmsNorm({.hidden = kTestHidden, .dtype = kTestDType}));
 
   std::mt19937_64 rng(12345 + ordinal);
-  const std::vector<double> x = RandomValues(rng, kTestRows * kTestHidden, 1.0, 0.0, kTestDType);
-  const std::vector<double> w = RandomValues(rng, kTestHidden, 0.1, 1.0, kTestDType);
+  const std::vector<double> x =
+      ops::RandomValues(rng, kTestRows * kTestHidden, 1.0, 0.0, kTestDType);
+  const std::vector<double> w = ops::RandomValues(rng, kTestHidden, 0.1, 1.0, kTestDType);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer x_buf, UploadValues(rt, x, kTestDType));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer w_buf, UploadValues(rt, w, kTestDType));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer y_buf,

@@ -30,6 +30,7 @@
 #include "autotune/model_config.h"
 #include "autotune/tune_worker.h"
 #include "autotune/tuner.h"
+#include "jit/status_helpers.h"
 #include "jit/trace.h"
 #include "kjit/kjit.h"
 #include "kjit/version.h"

@@ -14,6 +14,7 @@
 
 #include "jit/dtype.h"
 #include "jit/nvrtc.h"
+#include "jit/status_helpers.h"
 #include "jit/target.h"
 #include "ops/common/json_fields.h"
 #include "tools/commands.h"

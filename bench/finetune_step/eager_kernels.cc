@@ -8,6 +8,7 @@
 #include "jit/dtype.h"
 #include "jit/embedded_templates.h"
 #include "jit/source.h"
+#include "jit/status_helpers.h"
 #include "runtime/runtime_state.h"
 
 namespace finetune {

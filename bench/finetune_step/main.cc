@@ -28,6 +28,7 @@
 #include "autotune/gpu_timer.h"
 #include "autotune/model_config.h"
 #include "bench/finetune_step/step.h"
+#include "jit/status_helpers.h"
 #include "jit/trace.h"
 #include "ops/common/compare.h"
 

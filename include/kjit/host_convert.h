@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "kjit/dtype.h"
@@ -26,10 +25,5 @@ double RoundTo(double v, DType dtype);
 // Packs values (rounded to dtype) into the bytes a device buffer of that dtype holds, and back.
 std::vector<unsigned char> Encode(const std::vector<double>& values, DType dtype);
 std::vector<double> Decode(const std::vector<unsigned char>& bytes, DType dtype);
-
-// n normal values of mean `offset` and deviation `scale`, each rounded to `dtype`: test inputs the
-// device holds exactly.
-std::vector<double> RandomValues(std::mt19937_64& rng, int64_t n, double scale, double offset,
-                                 DType dtype);
 
 }  // namespace kjit

@@ -1,7 +1,5 @@
-// Status helpers for kjit's boundaries.
-//
-// Debian's Abseil (20220623) has no RETURN_IF_ERROR-style macros and is built with its own
-// absl::string_view, so this header supplies both once:
+// Status macros for code that calls kjit: Debian's Abseil (20220623) has no RETURN_IF_ERROR-style
+// macros, so this header supplies them once.
 //
 //   absl::StatusOr<Binary> Compile(const Source& src) {
 //     KJIT_RETURN_IF_ERROR(CheckSource(src));
@@ -10,28 +8,14 @@
 //   }
 #pragma once
 
-#include <string>
-#include <string_view>
+#include <utility>
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
-#include <absl/strings/string_view.h>
 
-namespace kjit {
-
-inline std::string_view ToStd(absl::string_view s) { return {s.data(), s.size()}; }
-inline absl::string_view ToAbsl(std::string_view s) { return {s.data(), s.size()}; }
-
-// Prefixes a status's message with context, keeping its code.
-inline absl::Status Annotate(const absl::Status& s, std::string_view context) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), std::string(context) + ": " + std::string(ToStd(s.message())));
-}
-
-}  // namespace kjit
-
-#define KJIT_CONCAT_INNER(a, b) a##b
-#define KJIT_CONCAT(a, b) KJIT_CONCAT_INNER(a, b)
+// The temporary's name for KJIT_ASSIGN_OR_RETURN: one per line.
+#define KJIT_ASSIGN_OR_RETURN_NAME_INNER_(line) kjit_statusor_##line
+#define KJIT_ASSIGN_OR_RETURN_NAME_(line) KJIT_ASSIGN_OR_RETURN_NAME_INNER_(line)
 
 #define KJIT_RETURN_IF_ERROR(expr)               \
   do {                                           \
@@ -45,4 +29,4 @@ inline absl::Status Annotate(const absl::Status& s, std::string_view context) {
   lhs = std::move(*tmp)
 
 #define KJIT_ASSIGN_OR_RETURN(lhs, expr) \
-  KJIT_ASSIGN_OR_RETURN_IMPL(KJIT_CONCAT(kjit_statusor_, __LINE__), lhs, expr)
+  KJIT_ASSIGN_OR_RETURN_IMPL(KJIT_ASSIGN_OR_RETURN_NAME_(__LINE__), lhs, expr)

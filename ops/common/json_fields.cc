@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
+
 namespace kjit::ops {
 
 namespace {

@@ -1,6 +1,5 @@
 #include "ops/cross_entropy/nccl.h"
 
-#include <cstdlib>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -19,46 +18,33 @@ namespace kjit {
 
 namespace {
 constexpr int kNcclFloat32 = 7;  // ncclDataType_t
+
+// What the loader says when no candidate loads.
+constexpr jit::DynLib::Missing kNoNccl{
+    absl::StatusCode::kFailedPrecondition,
+    "no NCCL: {}\nfix: install NCCL (e.g. the nvidia-nccl-cu13 wheel PyTorch uses) and put its lib "
+    "directory on LD_LIBRARY_PATH, or set KJIT_NCCL_LIBRARY to libnccl.so.2's path"};
 }  // namespace
 
 absl::StatusOr<Nccl> Nccl::Load() {
-  std::vector<std::string> candidates = {"libnccl.so.2", "libnccl.so"};
-  if (const char* env = std::getenv("KJIT_NCCL_LIBRARY"); env != nullptr && *env != '\0') {
-    candidates = {env};
-  }
-  auto lib = jit::DynLib::Open(candidates);
-  if (!lib.ok()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "no NCCL: {}\nfix: install NCCL (e.g. the nvidia-nccl-cu13 wheel PyTorch uses) and put its "
-        "lib directory on LD_LIBRARY_PATH, or set KJIT_NCCL_LIBRARY to libnccl.so.2's path",
-        ToStd(lib.status().message())));
-  }
-  Nccl n(std::move(*lib));
-  std::string missing;
-  auto load = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(n.lib_.Symbol(name));
-    if (fn == nullptr) missing += fmt::format(" {}", name);
-  };
-  load(n.get_version_, "ncclGetVersion");
-  load(n.get_unique_id_, "ncclGetUniqueId");
-  load(n.comm_init_rank_, "ncclCommInitRank");
-  load(n.comm_destroy_, "ncclCommDestroy");
-  load(n.all_reduce_, "ncclAllReduce");
-  load(n.get_error_string_, "ncclGetErrorString");
-  load(n.get_last_error_, "ncclGetLastError");
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(
-        fmt::format("{} lacks{}: NCCL 2.13 or newer is needed", n.path(), missing));
-  }
+  const std::vector<std::string> candidates =
+      jit::CandidatesFor("KJIT_NCCL_LIBRARY", {"libnccl.so.2", "libnccl.so"});
+  KJIT_ASSIGN_OR_RETURN(jit::DynLib lib, jit::DynLib::Open(candidates, kNoNccl));
+  Nccl n(std::move(lib));
+  jit::SymbolResolver symbols(n.lib_);
+  symbols.Resolve(n.get_version_, "ncclGetVersion");
+  symbols.Resolve(n.get_unique_id_, "ncclGetUniqueId");
+  symbols.Resolve(n.comm_init_rank_, "ncclCommInitRank");
+  symbols.Resolve(n.comm_destroy_, "ncclCommDestroy");
+  symbols.Resolve(n.all_reduce_, "ncclAllReduce");
+  symbols.Resolve(n.get_error_string_, "ncclGetErrorString");
+  symbols.Resolve(n.get_last_error_, "ncclGetLastError");
+  KJIT_RETURN_IF_ERROR(symbols.Check("NCCL 2.13 or newer is needed"));
   KJIT_RETURN_IF_ERROR(n.Check(n.get_version_(&n.version_), "ncclGetVersion"));
   return n;
 }
 
-absl::StatusOr<const Nccl*> Nccl::Get() {
-  static const absl::StatusOr<Nccl>* loaded = new absl::StatusOr<Nccl>(Load());
-  if (!loaded->ok()) return loaded->status();
-  return &**loaded;
-}
+absl::StatusOr<const Nccl*> Nccl::Get() { return jit::LoadedOnce<Nccl>(&Nccl::Load); }
 
 absl::Status Nccl::Check(Result r, const char* call, NcclComm comm) const {
   if (r == 0) return absl::OkStatus();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
 #include "ops/common/config_text.h"
 #include "templates/gemm_sm90_params.h"
 

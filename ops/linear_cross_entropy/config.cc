@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
 #include "ops/common/config_text.h"
 #include "ops/gemm/gemm_args.h"
 

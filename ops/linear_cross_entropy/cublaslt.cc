@@ -1,12 +1,17 @@
 #include "ops/linear_cross_entropy/cublaslt.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <type_traits>
 
 #include <fmt/format.h>
 
 namespace kjit::ops {
+
+// What the loader says when no candidate loads.
+constexpr jit::DynLib::Missing kNoCublasLt{
+    absl::StatusCode::kFailedPrecondition,
+    "no cuBLASLt (the fused linear + cross-entropy op's GEMMs): {}\nfix: install the CUDA "
+    "toolkit's cuBLAS or the nvidia-cublas wheel PyTorch uses and put its lib directory on "
+    "LD_LIBRARY_PATH, or set KJIT_CUBLASLT_PATH to libcublasLt.so's path"};
 
 namespace {
 
@@ -32,29 +37,16 @@ int CommonAlignment(std::initializer_list<const void*> pointers) {
 }  // namespace
 
 std::vector<std::string> CublasLt::DefaultCandidates() {
-  if (const char* env = std::getenv("KJIT_CUBLASLT_PATH"); env != nullptr && *env != '\0') {
-    return {env};
-  }
-  return {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
-          "/usr/local/cuda/lib64/libcublasLt.so"};
+  return jit::CandidatesFor("KJIT_CUBLASLT_PATH",
+                            {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
+                             "/usr/local/cuda/lib64/libcublasLt.so"});
 }
 
 absl::StatusOr<CublasLt> CublasLt::Load(const std::vector<std::string>& candidates) {
-  auto lib = jit::DynLib::Open(candidates);
-  if (!lib.ok()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "no cuBLASLt (the fused linear + cross-entropy op's GEMMs): {}\nfix: install the CUDA "
-        "toolkit's cuBLAS or the nvidia-cublas wheel PyTorch uses and put its lib directory on "
-        "LD_LIBRARY_PATH, or set KJIT_CUBLASLT_PATH to libcublasLt.so's path",
-        ToStd(lib.status().message())));
-  }
-  CublasLt lt(std::move(*lib));
-  std::string missing;
-  auto load = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(lt.lib_.Symbol(name));
-    if (fn == nullptr) missing += fmt::format(" {}", name);
-  };
-#define KJIT_LT_LOAD(name) load(lt.name, #name)
+  KJIT_ASSIGN_OR_RETURN(jit::DynLib lib, jit::DynLib::Open(candidates, kNoCublasLt));
+  CublasLt lt(std::move(lib));
+  jit::SymbolResolver symbols(lt.lib_);
+#define KJIT_LT_LOAD(name) symbols.Resolve(lt.name, #name)
   KJIT_LT_LOAD(cublasLtCreate);
   KJIT_LT_LOAD(cublasLtDestroy);
   KJIT_LT_LOAD(cublasLtGetVersion);
@@ -72,20 +64,14 @@ absl::StatusOr<CublasLt> CublasLt::Load(const std::vector<std::string>& candidat
   KJIT_LT_LOAD(cublasLtMatmulAlgoGetHeuristic);
   KJIT_LT_LOAD(cublasLtMatmul);
 #undef KJIT_LT_LOAD
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(
-        fmt::format("{} lacks{}: cuBLASLt 12 or newer is needed", lt.path(), missing));
-  }
+  KJIT_RETURN_IF_ERROR(symbols.Check("cuBLASLt 12 or newer is needed"));
   lt.version_ = lt.cublasLtGetVersion();
   lt.cudart_version_ = lt.cublasLtGetCudartVersion();
   return lt;
 }
 
 absl::StatusOr<const CublasLt*> CublasLt::Get() {
-  static const absl::StatusOr<CublasLt>* loaded =
-      new absl::StatusOr<CublasLt>(Load(DefaultCandidates()));
-  if (!loaded->ok()) return loaded->status();
-  return &**loaded;
+  return jit::LoadedOnce<CublasLt>(+[] { return Load(DefaultCandidates()); });
 }
 
 absl::Status CublasLt::Check(cublasStatus_t s, const char* call) const {

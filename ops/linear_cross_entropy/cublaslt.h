@@ -50,24 +50,22 @@ class CublasLt {
   size_t cudart_version() const { return cudart_version_; }
   absl::Status Check(cublasStatus_t s, const char* call) const;
 
-#define KJIT_LT_FN(name) decltype(&::name) name = nullptr
-  KJIT_LT_FN(cublasLtCreate);
-  KJIT_LT_FN(cublasLtDestroy);
-  KJIT_LT_FN(cublasLtGetVersion);
-  KJIT_LT_FN(cublasLtGetCudartVersion);
-  KJIT_LT_FN(cublasLtGetStatusName);
-  KJIT_LT_FN(cublasLtGetStatusString);
-  KJIT_LT_FN(cublasLtMatmulDescCreate);
-  KJIT_LT_FN(cublasLtMatmulDescDestroy);
-  KJIT_LT_FN(cublasLtMatmulDescSetAttribute);
-  KJIT_LT_FN(cublasLtMatrixLayoutCreate);
-  KJIT_LT_FN(cublasLtMatrixLayoutDestroy);
-  KJIT_LT_FN(cublasLtMatmulPreferenceCreate);
-  KJIT_LT_FN(cublasLtMatmulPreferenceDestroy);
-  KJIT_LT_FN(cublasLtMatmulPreferenceSetAttribute);
-  KJIT_LT_FN(cublasLtMatmulAlgoGetHeuristic);
-  KJIT_LT_FN(cublasLtMatmul);
-#undef KJIT_LT_FN
+  KJIT_DYNLIB_FN(cublasLtCreate);
+  KJIT_DYNLIB_FN(cublasLtDestroy);
+  KJIT_DYNLIB_FN(cublasLtGetVersion);
+  KJIT_DYNLIB_FN(cublasLtGetCudartVersion);
+  KJIT_DYNLIB_FN(cublasLtGetStatusName);
+  KJIT_DYNLIB_FN(cublasLtGetStatusString);
+  KJIT_DYNLIB_FN(cublasLtMatmulDescCreate);
+  KJIT_DYNLIB_FN(cublasLtMatmulDescDestroy);
+  KJIT_DYNLIB_FN(cublasLtMatmulDescSetAttribute);
+  KJIT_DYNLIB_FN(cublasLtMatrixLayoutCreate);
+  KJIT_DYNLIB_FN(cublasLtMatrixLayoutDestroy);
+  KJIT_DYNLIB_FN(cublasLtMatmulPreferenceCreate);
+  KJIT_DYNLIB_FN(cublasLtMatmulPreferenceDestroy);
+  KJIT_DYNLIB_FN(cublasLtMatmulPreferenceSetAttribute);
+  KJIT_DYNLIB_FN(cublasLtMatmulAlgoGetHeuristic);
+  KJIT_DYNLIB_FN(cublasLtMatmul);
 
  private:
   explicit CublasLt(jit::DynLib lib) : lib_(std::move(lib)) {}

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/status_helpers.h"
 #include "ops/cross_entropy/program.h"
 #include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"

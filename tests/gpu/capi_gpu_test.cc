@@ -21,9 +21,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "kjit/kjit_c.h"
+#include "ops/common/random_values.h"
 #include "tests/gpu/gpu_test_env.h"
 #include "tests/temp_dir.h"
 
@@ -56,7 +58,7 @@ class Memory {
   explicit Memory(const Runtime& rt) : rt_(rt) {}
   // Random values of `dtype` (unit deviation) in a [rows, cols] matrix.
   TensorView Random(DType dtype, int64_t rows, int64_t cols) {
-    Keep(Must(UploadValues(rt_, RandomValues(rng_, rows * cols, 1.0, 0.0, dtype), dtype)));
+    Keep(Must(UploadValues(rt_, ops::RandomValues(rng_, rows * cols, 1.0, 0.0, dtype), dtype)));
     return TensorView::Matrix(buffers_.back().data(), dtype, rows, cols);
   }
   TensorView Values(const std::vector<double>& values, DType dtype) {

@@ -23,9 +23,11 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "ops/common/compare.h"
+#include "ops/common/random_values.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/reference.h"
 #include "runtime/runtime_state.h"
@@ -1095,7 +1097,7 @@ void RunCase(const Runtime& rt, const RescaleCase& c, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(CrossEntropy ce, rt.CrossEntropy(c.Spec()));
   const int64_t V = c.vocab, R = c.rows;
   std::mt19937_64 gen(seed);
-  std::vector<double> values = RandomValues(gen, R * V, 0.01, 0, c.dtype);
+  std::vector<double> values = ops::RandomValues(gen, R * V, 0.01, 0, c.dtype);
   const bool f16 = c.dtype == DType::kF16;
   for (int64_t r = 0; r < R; ++r) {
     double* row = &values[r * V];
@@ -1340,7 +1342,8 @@ TEST(CrossEntropyGpu, RescaleGradientInAGraphReadsItsFactorsWhenItRuns) {
   const jit::Driver& cu = *kjit::internal::StateOf(rt).driver;
   std::mt19937_64 gen(24000);
   const Layout lay{DType::kBF16, R, V, V, 0};
-  const std::vector<unsigned char> image = lay.Image(RandomValues(gen, R * V, 0.01, 0, lay.dtype));
+  const std::vector<unsigned char> image =
+      lay.Image(ops::RandomValues(gen, R * V, 0.01, 0, lay.dtype));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_grad, Upload(rt, image));
   const std::vector<float> applied = {0.5f}, g = {1.5f};
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_g, Upload(rt, Encode({0.5}, DType::kF32)));

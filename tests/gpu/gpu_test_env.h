@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "jit/status_helpers.h"
 #include "kjit/kjit.h"
 
 namespace kjit::testing {

@@ -18,6 +18,7 @@
 #include "jit/driver.h"
 #include "kjit/kjit.h"
 #include "ops/common/compare.h"
+#include "ops/common/random_values.h"
 #include "ops/common/trial.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/reference.h"
@@ -102,9 +103,9 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   std::mt19937_64 gen(seed);
   ops::LinearCrossEntropyProblem p{.rows = R, .vocab = V, .hidden = H};
   // Logits of deviation about 3: softmaxes from flat to peaked.
-  p.hidden_states = RandomValues(gen, R * H, 1.0, 0.0, c.dtype);
-  p.weight = RandomValues(gen, V * H, 3.0 / std::sqrt(static_cast<double>(H)), 0.0, c.dtype);
-  if (c.bias) p.bias = RandomValues(gen, V, 0.5, 0.0, c.dtype);
+  p.hidden_states = ops::RandomValues(gen, R * H, 1.0, 0.0, c.dtype);
+  p.weight = ops::RandomValues(gen, V * H, 3.0 / std::sqrt(static_cast<double>(H)), 0.0, c.dtype);
+  if (c.bias) p.bias = ops::RandomValues(gen, V, 0.5, 0.0, c.dtype);
   std::uniform_int_distribution<int64_t> token(0, V - 1);
   p.targets.resize(R);
   for (int64_t r = 0; r < R; ++r) {
@@ -115,7 +116,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
     if (R > 2) p.targets[R - 1] = V - 1;
     if (R > 3) p.targets[R - 2] = V;  // out of range: counted, ignored
   }
-  if (c.grad_output) p.grad_output = RandomValues(gen, none ? R : 1, 1.0, 0.5, DType::kF32);
+  if (c.grad_output) p.grad_output = ops::RandomValues(gen, none ? R : 1, 1.0, 0.5, DType::kF32);
   if (c.class_weights) {
     std::uniform_real_distribution<double> u(0.0, 2.0);
     p.class_weight.resize(V);
@@ -123,8 +124,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
       p.class_weight[v] = v % 7 == 3 ? 0.0 : RoundTo(u(gen), DType::kF32);
   }
   if (c.accumulate) {
-    p.d_weight_before = RandomValues(gen, V * H, 0.01, 0.0, wg);
-    if (c.bias) p.d_bias_before = RandomValues(gen, V, 0.01, 0.0, wg);
+    p.d_weight_before = ops::RandomValues(gen, V * H, 0.01, 0.0, wg);
+    if (c.bias) p.d_bias_before = ops::RandomValues(gen, V, 0.01, 0.0, wg);
   }
   const int64_t chunk = R <= c.whole_rows ? R : std::min(c.chunk_rows, R);
   const int64_t chunks = (R + chunk - 1) / chunk;
@@ -414,7 +415,7 @@ TEST(LinearCrossEntropyGpu, RescaleGradientsFollowTheFormulaBitForBit) {
       };
       Gradient grads[] = {{dt, R, H}, {DType::kF32, V, H}, {DType::kF32, 1, V}};
       for (Gradient& g : grads) {
-        g.bytes = Encode(RandomValues(gen, g.rows * g.cols, 1e-3, 0.0, g.dtype), g.dtype);
+        g.bytes = Encode(ops::RandomValues(gen, g.rows * g.cols, 1e-3, 0.0, g.dtype), g.dtype);
         ASSERT_OK_AND_ASSIGN(DeviceBuffer b, Upload(rt, g.bytes));
         g.buffer.emplace(std::move(b));
       }
@@ -475,13 +476,13 @@ TEST(LinearCrossEntropyGpu, CapturedInAGraphGivesTheBitsOfADirectLaunch) {
     std::mt19937_64 gen(11);
     ASSERT_OK_AND_ASSIGN(
         DeviceBuffer d_h,
-        Upload(rt, Encode(RandomValues(gen, R * H, 1, 0, DType::kBF16), DType::kBF16)));
+        Upload(rt, Encode(ops::RandomValues(gen, R * H, 1, 0, DType::kBF16), DType::kBF16)));
     ASSERT_OK_AND_ASSIGN(
         DeviceBuffer d_w,
-        Upload(rt, Encode(RandomValues(gen, V * H, 0.2, 0, DType::kBF16), DType::kBF16)));
+        Upload(rt, Encode(ops::RandomValues(gen, V * H, 0.2, 0, DType::kBF16), DType::kBF16)));
     ASSERT_OK_AND_ASSIGN(
         DeviceBuffer d_b,
-        Upload(rt, Encode(RandomValues(gen, V, 0.2, 0, DType::kBF16), DType::kBF16)));
+        Upload(rt, Encode(ops::RandomValues(gen, V, 0.2, 0, DType::kBF16), DType::kBF16)));
     std::vector<int64_t> t(R);
     for (int64_t i = 0; i < R; ++i) t[i] = i % 5 == 4 ? -100 : (i * 7919) % V;
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes(t, IndexType::kInt64)));

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "ops/common/compare.h"

@@ -22,9 +22,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "ops/common/compare.h"
+#include "ops/common/random_values.h"
 #include "ops/cross_entropy/nccl.h"
 #include "ops/cross_entropy/reference.h"
 #include "runtime/runtime_state.h"
@@ -116,7 +118,7 @@ struct Inputs {
 Inputs MakeInputs(const Case& c, uint64_t seed) {
   std::mt19937_64 gen(seed);
   Inputs in;
-  in.logits = RandomValues(gen, c.rows * c.vocab, c.scale, 0, c.dtype);
+  in.logits = ops::RandomValues(gen, c.rows * c.vocab, c.scale, 0, c.dtype);
   std::vector<int64_t> special = {0, c.vocab - 1};
   for (int64_t cut : c.cuts) special.insert(special.end(), {cut - 1, cut});
   for (int64_t r = 0; r < c.rows; ++r) {

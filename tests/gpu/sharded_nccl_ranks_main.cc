@@ -23,9 +23,11 @@
 
 #include <fmt/format.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "kjit/kjit.h"
+#include "ops/common/random_values.h"
 #include "ops/cross_entropy/nccl.h"
 #include "ops/cross_entropy/reference.h"
 #include "runtime/runtime_state.h"
@@ -64,7 +66,7 @@ absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks, i
       rt.ShardedCrossEntropy(
           {.vocab = vocab, .shard_start = start, .shard_end = end, .label_smoothing = smoothing}));
   std::mt19937_64 gen(vocab);  // every rank draws the same problem
-  const std::vector<double> logits = RandomValues(gen, kRows * vocab, 2.0, 0, DType::kBF16);
+  const std::vector<double> logits = ops::RandomValues(gen, kRows * vocab, 2.0, 0, DType::kBF16);
   std::vector<int64_t> targets(kRows);
   for (int64_t r = 0; r < kRows; ++r) {
     targets[r] = r % 5 == 4 ? -100

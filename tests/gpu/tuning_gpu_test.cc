@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune/gpu_timer.h"
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "ops/common/trial.h"
 #include "ops/cross_entropy/config.h"

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "jit/embedded_templates.h"
+#include "jit/status_helpers.h"
 #include "kjit/rms_norm.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"

@@ -2,6 +2,7 @@
 // toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34) and a missing NVRTC are errors with a fix,
 // never a crash; a compile-only runtime builds kernels without touching a driver.
 #include "jit/driver.h"
+#include "jit/status_helpers.h"
 #include "tests/test_support.h"
 
 #include <unistd.h>

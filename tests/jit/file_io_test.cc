@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 
@@ -191,6 +192,50 @@ TEST_F(FileIoTest, LockRefusesASymlink) {
   EXPECT_FALSE(lock.ok());
   EXPECT_NE(lock.status().message().find(lock_path), absl::string_view::npos) << lock.status();
   EXPECT_EQ(ReadFile(target), "precious");
+}
+
+TEST_F(FileIoTest, ReadRegularFileReadsAFileAndRefusesTheRest) {
+  ASSERT_TRUE(WriteFileAtomically(path_, "0123456789", 0600).ok());
+  EXPECT_EQ(ReadRegularFile(path_, 100).value_or("?"), "0123456789");
+  EXPECT_GT(ReadRegularFile(path_, 4).value_or("").size(), 4u) << "longer than the limit: too big";
+  const absl::StatusOr<std::string> missing = ReadRegularFile(dir_ + "/none", 100);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const absl::StatusOr<std::string> not_regular = ReadRegularFile(fifo, 100);  // does not hang
+  EXPECT_EQ(not_regular.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(ToStd(not_regular.status().message())), fifo + " is not a regular file");
+}
+
+TEST_F(FileIoTest, RenamePathNamesBothPaths) {
+  const absl::Status s = RenamePath(dir_ + "/none", path_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(ToStd(s.message())),
+            "cannot rename " + dir_ + "/none to " + path_ + ": " + ErrnoText(ENOENT));
+}
+
+TEST_F(FileIoTest, ACreatedLockedFileIsHeldUntilItsLockGoes) {
+  const std::string lock_path = dir_ + "/owner.lock";
+  EXPECT_EQ(TryLockExistingFile(lock_path).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(NamesWithPrefix(dir_, ""), std::vector<std::string>{}) << "trying creates nothing";
+  absl::StatusOr<FileLock> owner = CreateLockedFile(lock_path);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(NamesWithPrefix(dir_, ""), std::vector<std::string>{"owner.lock"});
+  const absl::StatusOr<FileLock> while_held = TryLockExistingFile(lock_path);
+  EXPECT_EQ(while_held.status().code(), absl::StatusCode::kUnavailable) << while_held.status();
+  EXPECT_NE(while_held.status().message().find(lock_path), absl::string_view::npos);
+  { FileLock released = *std::move(owner); }
+  EXPECT_TRUE(TryLockExistingFile(lock_path).ok());
+}
+
+TEST_F(FileIoTest, WriteFileInPlaceWritesAndNamesThePathItCannotWrite) {
+  ASSERT_TRUE(WriteFileInPlace(path_, "a longer first text").ok());
+  ASSERT_TRUE(WriteFileInPlace(path_, "second").ok());
+  EXPECT_EQ(ReadFile(path_), "second");
+  const absl::Status s = WriteFileInPlace(dir_ + "/none/out.json", "x");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(ToStd(s.message())),
+            "cannot write " + dir_ + "/none/out.json (open): " + ErrnoText(ENOENT));
 }
 
 }  // namespace

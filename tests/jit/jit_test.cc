@@ -30,6 +30,7 @@
 #include "jit/compiler.h"
 #include "jit/disk_cache.h"
 #include "jit/source.h"
+#include "jit/status_helpers.h"
 #include "jit/target.h"
 #include "kjit/rms_norm.h"
 #include "ops/rms_norm/config.h"

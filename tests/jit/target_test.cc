@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
+
 namespace kjit::jit {
 namespace {
 

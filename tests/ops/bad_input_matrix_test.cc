@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/cross_entropy.h"
 #include "kjit/device_buffer.h"
 #include "kjit/rms_norm.h"

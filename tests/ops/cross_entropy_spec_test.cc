@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "jit/status_helpers.h"
 #include "kjit/runtime.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/program.h"

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "jit/jit.h"
+#include "jit/status_helpers.h"
 #include "ops/gemm/config.h"
 #include "ops/gemm/hopper_gemm.h"
 

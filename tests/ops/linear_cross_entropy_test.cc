@@ -19,6 +19,7 @@
 #include "jit/compiler.h"
 #include "jit/dtype.h"
 #include "jit/embedded_templates.h"
+#include "jit/status_helpers.h"
 #include "kjit/runtime.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"

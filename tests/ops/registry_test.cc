@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/status_helpers.h"
 #include "tests/expect_status.h"
 
 namespace kjit::ops {

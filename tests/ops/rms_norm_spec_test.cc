@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "jit/compiler.h"
+#include "jit/status_helpers.h"
 #include "kjit/runtime.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"

@@ -3,6 +3,7 @@
 // field, lookups that must not cross keys, processes merging at once, a held lock, a corrupt file,
 // and writes that fail. CPU only; each test gets a fresh TempDir root.
 #include "runtime/tuning_db.h"
+#include "jit/status_helpers.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 

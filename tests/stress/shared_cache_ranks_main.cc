@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/kjit.h"
 #include "runtime/runtime_state.h"

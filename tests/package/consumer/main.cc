@@ -8,19 +8,17 @@
 int main() {
   auto rt = kjit::Runtime::Create({.target = "sm_90", .compile_only = true});
   if (!rt.ok()) {
-    std::fprintf(stderr, "consumer: %s\n", std::string(kjit::ToStd(rt.status().message())).c_str());
+    std::fprintf(stderr, "consumer: %s\n", std::string(rt.status().message()).c_str());
     return 1;
   }
   auto norm = rt->RmsNorm({.hidden = 4096, .dtype = kjit::DType::kBF16, .eps = 1e-5f});
   if (!norm.ok()) {
-    std::fprintf(stderr, "consumer: %s\n",
-                 std::string(kjit::ToStd(norm.status().message())).c_str());
+    std::fprintf(stderr, "consumer: %s\n", std::string(norm.status().message()).c_str());
     return 1;
   }
   auto built = norm->Build();
   if (!built.ok()) {
-    std::fprintf(stderr, "consumer: %s\n",
-                 std::string(kjit::ToStd(built.status().message())).c_str());
+    std::fprintf(stderr, "consumer: %s\n", std::string(built.status().message()).c_str());
     return 1;
   }
   std::printf("%s built %zu bytes for %s (%s)\n", kjit::VersionString().c_str(), built->bytes,
