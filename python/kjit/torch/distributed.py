@@ -79,18 +79,9 @@ def _dtensor_types():
     return DTensor, Replicate, Shard
 
 
-def is_dtensor(t) -> bool:
-    """Whether t is a torch.distributed.tensor.DTensor (False where torch has none)."""
-    try:
-        DTensor = _dtensor_types()[0]
-    except ImportError:  # pragma: no cover - a torch without DTensor
-        return False
-    return isinstance(t, DTensor)
-
-
 def _replicated_local(t, what: str):
     """A DTensor that is replicated as its local tensor; a plain tensor as it is."""
-    if t is None or not is_dtensor(t):
+    if t is None or not functional._is_dtensor(t):
         return t
     _, Replicate, _ = _dtensor_types()
     if not all(isinstance(p, Replicate) for p in t.placements):
@@ -139,7 +130,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     if logits.dim() < 1:
         raise ValueError("kjit: logits must have a vocab dimension, got a 0-d tensor")
     mesh = None
-    if is_dtensor(logits):
+    if functional._is_dtensor(logits):
         if group is not None or vocab_start is not None or vocab is not None:
             raise ValueError("kjit: logits is a DTensor: its mesh gives the group and its shape "
                              "the vocab; pass group, vocab_start and vocab only with local "
