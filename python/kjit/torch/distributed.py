@@ -120,7 +120,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
       vocab), z_loss and softcap as kjit.torch.cross_entropy's. Every rank must pass the same
       options: they meet in the all-reduces.
     - Autograd: the backward computes each rank's slice of the gradient from the saved statistics
-      with the upstream gradient read on the device; no collective runs in the backward.
+      and logits (kept from the forward to the backward, as a torch op's would be) with the
+      upstream gradient read on the device; no collective runs in the backward. The gradient
+      has a buffer of its own (no in-place variant yet).
     - The forward runs two all-reduces (max: rows floats; sums: 3 * rows floats) through
       torch.distributed._functional_collectives, so torch.compile(fullgraph=True) traces them.
     """
@@ -198,7 +200,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     loss, _ = _VocabParallelCrossEntropy.apply(flat, flat_target, weight, spec, group)
     loss = loss.reshape(target.shape) if reduction == "none" else loss.reshape(())
     if mesh is not None:
-        _, Replicate, _ = _dtensor_types()
-        from torch.distributed.tensor import DTensor
+        DTensor, Replicate, _ = _dtensor_types()
         return DTensor.from_local(loss, mesh, [Replicate()], run_check=False)
     return loss
