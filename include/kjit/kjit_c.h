@@ -464,7 +464,7 @@ typedef struct kjit_sharded_cross_entropy_spec {
   float label_smoothing;  /* [0, 1), over the whole vocab */
   float lse_square_scale; /* z-loss coefficient, >= 0 */
   float softcap;          /* 0: off */
-  /* NULL or "": the heuristic; else "vec=8 threads=256 unroll=4" (cluster must be 0) */
+  /* NULL or "": the heuristic; else "vec=8 threads=256 unroll=4 cluster=0 staged=0" */
   const char* config;
   int32_t class_weight_dtype; /* -1 (default) none; else KJIT_F32 or the dtype: class_weight */
 } kjit_sharded_cross_entropy_spec;

@@ -417,7 +417,7 @@ class Runtime(_Handle):
         """The vocab-parallel cross-entropy of classes [shard_start, shard_end) of `vocab`;
         options as cross_entropy's (label smoothing over the whole vocab; class_weight_dtype
         makes the launches take the whole [vocab] weight vector). config: None (the heuristic)
-        or "vec=8 threads=256 unroll=4" with cluster=0."""
+        or "vec=8 threads=256 unroll=4 cluster=0 staged=0" (cluster must be 0)."""
         spec = _capi.init(_capi.ShardedCrossEntropySpec, "kjit_sharded_cross_entropy_spec_init")
         _capi.fill(spec, "sharded_cross_entropy()", dict(
             vocab=vocab, shard_start=shard_start, shard_end=shard_end,
