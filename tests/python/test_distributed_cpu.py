@@ -180,6 +180,7 @@ def _worker(rank, world, store_dir, out_dir):
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump({"failures": failures, "checked": checked, "errors": errors,
                        "error_cases": error_cases}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
     finally:
         dist.destroy_process_group()
 
@@ -223,6 +224,7 @@ def _wrong_combine_worker(rank, world, store_dir, out_dir):
                                        {"plain": {}, "everything": OPTIONS["everything"]})
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump({"failures": failures, "checked": checked}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
     finally:
         dist.destroy_process_group()
 
@@ -261,6 +263,7 @@ def _compile_worker(rank, world, store_dir, out_dir):
             failures.append("gradient differs from eager's")
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump({"failures": failures, "checked": 1}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
     finally:
         dist.destroy_process_group()
 
@@ -331,6 +334,7 @@ def _gpu_worker(rank, world, store_dir, out_dir, backend):
         failures, checked = _run_cases(rank, world, "cuda", distributed)
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump({"failures": failures, "checked": checked}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
     finally:
         dist.destroy_process_group()
 

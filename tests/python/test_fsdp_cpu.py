@@ -142,6 +142,7 @@ def _worker(rank, world, store_dir, out_dir):
             failures.append(f"the model did not train: losses {plain}")
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump({"failures": failures, "losses": fused}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
     finally:
         dist.destroy_process_group()
 
