@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -39,6 +40,7 @@ enum class kjit_handle_kind : uint32_t {
   kRmsNorm,
   kCrossEntropy,
   kLinearCrossEntropy,
+  kShardedCrossEntropy,
 };
 struct kjit_runtime {
   kjit_handle_kind kind = kjit_handle_kind::kRuntime;
@@ -55,6 +57,10 @@ struct kjit_cross_entropy {
 struct kjit_linear_cross_entropy {
   kjit_handle_kind kind = kjit_handle_kind::kLinearCrossEntropy;
   kjit::LinearCrossEntropy op;
+};
+struct kjit_sharded_cross_entropy {
+  kjit_handle_kind kind = kjit_handle_kind::kShardedCrossEntropy;
+  kjit::ShardedCrossEntropy op;
 };
 
 namespace kjit {
@@ -170,6 +176,9 @@ constexpr kjit_handle_kind kKindOf<kjit_cross_entropy> = kjit_handle_kind::kCros
 template <>
 constexpr kjit_handle_kind kKindOf<kjit_linear_cross_entropy> =
     kjit_handle_kind::kLinearCrossEntropy;
+template <>
+constexpr kjit_handle_kind kKindOf<kjit_sharded_cross_entropy> =
+    kjit_handle_kind::kShardedCrossEntropy;
 
 const char* KindName(kjit_handle_kind kind) {
   switch (kind) {
@@ -177,6 +186,7 @@ const char* KindName(kjit_handle_kind kind) {
     case kjit_handle_kind::kRmsNorm: return "kjit_rms_norm";
     case kjit_handle_kind::kCrossEntropy: return "kjit_cross_entropy";
     case kjit_handle_kind::kLinearCrossEntropy: return "kjit_linear_cross_entropy";
+    case kjit_handle_kind::kShardedCrossEntropy: return "kjit_sharded_cross_entropy";
     case kjit_handle_kind::kDestroyed: break;
   }
   return nullptr;
@@ -252,6 +262,12 @@ constexpr const char* kStructName<kjit_linear_cross_entropy_args> =
 template <>
 constexpr const char* kStructName<kjit_linear_cross_entropy_rescale_args> =
     "kjit_linear_cross_entropy_rescale_args";
+template <>
+constexpr const char* kStructName<kjit_sharded_cross_entropy_spec> =
+    "kjit_sharded_cross_entropy_spec";
+template <>
+constexpr const char* kStructName<kjit_sharded_cross_entropy_args> =
+    "kjit_sharded_cross_entropy_args";
 
 // The struct `name` points to was made for this library's layout of T.
 template <class T>
@@ -430,6 +446,28 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
   return spec;
 }
 
+absl::StatusOr<ShardedCrossEntropySpec> ToSpec(const kjit_sharded_cross_entropy_spec& c) {
+  Fields f;
+  const int class_weight_dtype =
+      f.Choice({"class_weight_dtype"}, c.class_weight_dtype, kClassWeightDTypeNames, -1);
+  ShardedCrossEntropySpec spec{
+      .vocab = c.vocab,
+      .shard_start = c.shard_start,
+      .shard_end = c.shard_end,
+      .dtype = f.Dtype({"dtype"}, c.dtype),
+      .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
+      .ignore_index = c.ignore_index,
+      .reduction = Reduction(f.Choice({"reduction"}, c.reduction, kReductionNames)),
+      .label_smoothing = c.label_smoothing,
+      .lse_square_scale = c.lse_square_scale,
+      .softcap = c.softcap,
+      .class_weight_dtype =
+          class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype))};
+  KJIT_RETURN_IF_ERROR(f.status());
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
+  return spec;
+}
+
 absl::StatusOr<kjit::RmsNorm> MakeOp(const Runtime& rt, const kjit_rms_norm_spec& c) {
   KJIT_ASSIGN_OR_RETURN(const RmsNormSpec spec, ToSpec(c));
   return rt.RmsNorm(spec);
@@ -442,6 +480,12 @@ absl::StatusOr<kjit::LinearCrossEntropy> MakeOp(const Runtime& rt,
                                                 const kjit_linear_cross_entropy_spec& c) {
   KJIT_ASSIGN_OR_RETURN(const LinearCrossEntropySpec spec, ToSpec(c));
   return rt.LinearCrossEntropy(spec);
+}
+
+absl::StatusOr<kjit::ShardedCrossEntropy> MakeOp(const Runtime& rt,
+                                                 const kjit_sharded_cross_entropy_spec& c) {
+  KJIT_ASSIGN_OR_RETURN(const ShardedCrossEntropySpec spec, ToSpec(c));
+  return rt.ShardedCrossEntropy(spec);
 }
 
 // kjit_*_create: the op of `spec` on `runtime`, as a new handle in *out.
@@ -504,6 +548,10 @@ LinearCrossEntropyArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_args& a)
 LinearCrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_rescale_args& a) {
   return {KJIT_VIEW(d_hidden), KJIT_VIEW(d_weight), KJIT_VIEW(d_bias), KJIT_VIEW(grad_output),
           KJIT_VIEW(applied)};
+}
+ShardedCrossEntropyArgs ToCpp(Fields& f, const kjit_sharded_cross_entropy_args& a) {
+  return {KJIT_VIEW(logits), KJIT_INDEX(targets),    KJIT_VIEW(loss),         KJIT_VIEW(lse),
+          KJIT_VIEW(grad),   KJIT_VIEW(grad_output), KJIT_VIEW(class_weight), KJIT_WORKSPACE};
 }
 #undef KJIT_VIEW
 #undef KJIT_INDEX
@@ -856,4 +904,145 @@ kjit_status kjit_linear_cross_entropy_build(const kjit_linear_cross_entropy* op,
                        [&](const kjit::LinearCrossEntropy& lce) {
                          return kjit::ReturnBuild(lce.Build(), json_out);
                        });
+}
+
+// ---- Vocab-parallel cross-entropy -------------------------------------------------------------
+
+void kjit_sharded_cross_entropy_spec_init(kjit_sharded_cross_entropy_spec* spec) {
+  if (spec == nullptr) return;
+  const kjit::ShardedCrossEntropySpec d;
+  *spec = {.struct_size = sizeof(*spec),
+           .vocab = d.vocab,
+           .shard_start = d.shard_start,
+           .shard_end = d.shard_end,
+           .dtype = static_cast<int32_t>(d.dtype),
+           .target_type = static_cast<int32_t>(d.target_type),
+           .ignore_index = d.ignore_index,
+           .reduction = static_cast<int32_t>(d.reduction),
+           .label_smoothing = d.label_smoothing,
+           .lse_square_scale = d.lse_square_scale,
+           .softcap = d.softcap,
+           .config = nullptr,
+           .class_weight_dtype = -1};
+}
+
+void kjit_sharded_cross_entropy_args_init(kjit_sharded_cross_entropy_args* args) {
+  kjit::InitArgs(args);
+}
+
+kjit_status kjit_sharded_cross_entropy_create(const kjit_runtime* runtime,
+                                              const kjit_sharded_cross_entropy_spec* spec,
+                                              kjit_sharded_cross_entropy** out) {
+  return kjit::CreateOp(__func__, runtime, spec, out);
+}
+
+void kjit_sharded_cross_entropy_destroy(kjit_sharded_cross_entropy* op) {
+  kjit::DestroyHandle(__func__, op);
+}
+
+kjit_status kjit_sharded_cross_entropy_compute_stats(const kjit_sharded_cross_entropy* op,
+                                                     CUstream stream,
+                                                     const kjit_sharded_cross_entropy_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::ShardedCrossEntropy::ComputeStats);
+}
+
+kjit_status kjit_sharded_cross_entropy_all_reduce_stats(const kjit_sharded_cross_entropy* op,
+                                                        CUstream stream, void* workspace,
+                                                        int64_t rows, void* nccl_comm) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::CheckHandle(fn, "op", op));
+    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"workspace", workspace}, {"nccl_comm", nccl_comm}}));
+    return op->op.AllReduceStats(stream, workspace, rows, static_cast<kjit::NcclComm>(nccl_comm));
+  });
+}
+
+kjit_status kjit_sharded_cross_entropy_stats_of(const kjit_sharded_cross_entropy* op,
+                                                void* workspace, int64_t rows, float** max_out,
+                                                float** sums_out) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::Output(fn, "max_out", max_out));
+    KJIT_RETURN_IF_ERROR(kjit::Output(fn, "sums_out", sums_out));
+    KJIT_RETURN_IF_ERROR(kjit::CheckHandle(fn, "op", op));
+    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"workspace", workspace}}));
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    const kjit::ShardStatsView v = op->op.StatsOf(workspace, rows);
+    *max_out = v.max;
+    *sums_out = v.sums;
+    return absl::OkStatus();
+  });
+}
+
+kjit_status kjit_sharded_cross_entropy_rescale_stats(const kjit_sharded_cross_entropy* op,
+                                                     CUstream stream, void* workspace,
+                                                     int64_t rows) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::CheckHandle(fn, "op", op));
+    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"workspace", workspace}}));
+    return op->op.RescaleStats(stream, workspace, rows);
+  });
+}
+
+kjit_status kjit_sharded_cross_entropy_combine_stats(CUstream stream,
+                                                     const kjit_sharded_cross_entropy* const* ops,
+                                                     void* const* workspaces, int32_t count,
+                                                     int64_t rows) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"ops", ops}, {"workspaces", workspaces}}));
+    if (count < 1) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: count: {} shards, expected 1 to 32", fn, count));
+    }
+    std::vector<kjit::ShardedCrossEntropy::Shard> shards;
+    for (int32_t i = 0; i < count; ++i) {
+      const std::string name = fmt::format("ops[{}]", i);
+      KJIT_RETURN_IF_ERROR(kjit::CheckHandle(fn, name.c_str(), ops[i]));
+      const std::string ws = fmt::format("workspaces[{}]", i);
+      KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{ws.c_str(), workspaces[i]}}));
+      shards.push_back({.op = &ops[i]->op, .workspace = workspaces[i]});
+    }
+    return kjit::ShardedCrossEntropy::CombineStats(stream, shards, rows);
+  });
+}
+
+kjit_status kjit_sharded_cross_entropy_finish(const kjit_sharded_cross_entropy* op, CUstream stream,
+                                              const kjit_sharded_cross_entropy_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::ShardedCrossEntropy::Finish);
+}
+
+kjit_status kjit_sharded_cross_entropy_run(const kjit_sharded_cross_entropy* op, CUstream stream,
+                                           const kjit_sharded_cross_entropy_args* args,
+                                           void* nccl_comm) {
+  return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
+    KJIT_RETURN_IF_ERROR(kjit::CheckHandle(fn, "op", op));
+    KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"args", args}, {"nccl_comm", nccl_comm}}));
+    KJIT_RETURN_IF_ERROR(kjit::CheckSize(fn, "args", *args));
+    kjit::Fields f;
+    const kjit::ShardedCrossEntropyArgs cpp = kjit::ToCpp(f, *args);
+    KJIT_RETURN_IF_ERROR(f.status());
+    return op->op.Run(stream, cpp, static_cast<kjit::NcclComm>(nccl_comm));
+  });
+}
+
+kjit_status kjit_sharded_cross_entropy_workspace_bytes(const kjit_sharded_cross_entropy* op,
+                                                       int64_t rows, int64_t* bytes) {
+  return kjit::QueryOp(__func__, op, "bytes", bytes, [&](const kjit::ShardedCrossEntropy& ce) {
+    KJIT_RETURN_IF_ERROR(kjit::CheckRows(rows));
+    *bytes = ce.WorkspaceBytes(rows);
+    return absl::OkStatus();
+  });
+}
+
+kjit_status kjit_sharded_cross_entropy_config(const kjit_sharded_cross_entropy* op,
+                                              char** config_out) {
+  return kjit::QueryOp(__func__, op, "config_out", config_out,
+                       [&](const kjit::ShardedCrossEntropy& ce) {
+                         return kjit::Return(ce.config().ToString(), config_out);
+                       });
+}
+
+kjit_status kjit_sharded_cross_entropy_build(const kjit_sharded_cross_entropy* op,
+                                             char** json_out) {
+  return kjit::QueryOp(
+      __func__, op, "json_out", json_out,
+      [&](const kjit::ShardedCrossEntropy& ce) { return kjit::ReturnBuild(ce.Build(), json_out); });
 }

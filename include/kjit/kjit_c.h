@@ -426,6 +426,114 @@ KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_config_for(const kjit_linear
 KJIT_C_EXPORT kjit_status kjit_linear_cross_entropy_build(const kjit_linear_cross_entropy* op,
                                                           char** json_out);
 
+/* ---- Vocab-parallel cross-entropy (kjit/sharded_cross_entropy.h says what it computes) -----
+ * For tensor-parallel training, where each rank holds the logits of its classes [shard_start,
+ * shard_end) only: the loss and each shard's gradient equal kjit_cross_entropy's on the whole
+ * row. Three steps on one stream, none synchronizing with the host:
+ *   1. kjit_sharded_cross_entropy_compute_stats: the shard's per-row statistics, in the workspace;
+ *   2. the reduction across the shards, one of
+ *        kjit_sharded_cross_entropy_all_reduce_stats  NCCL over a communicator the caller made
+ *            (an ncclComm_t: NCCL's own, or the one under torch.distributed's NCCL group);
+ *        your own collectives: all-reduce the `max` floats of kjit_sharded_cross_entropy_stats_of
+ *            with max, kjit_sharded_cross_entropy_rescale_stats, then all-reduce its `sums`
+ *            (3 * rows floats) with sum;
+ *        kjit_sharded_cross_entropy_combine_stats  the shards of one process (one GPU);
+ *   3. kjit_sharded_cross_entropy_finish: the loss (the same on every rank) and, when args.grad
+ *      is given, the shard's gradient.
+ * kjit_sharded_cross_entropy_run does 1 to 3 with NCCL. Every rank passes the same targets (classes
+ * of the whole vocab) and, with class weights, the whole [vocab] weight vector. No argmax or
+ * entropy in sharded mode.
+ *
+ *   kjit_sharded_cross_entropy_spec spec;
+ *   kjit_sharded_cross_entropy_spec_init(&spec);
+ *   spec.vocab = 128256; spec.shard_start = rank * 32064; spec.shard_end = spec.shard_start +
+ * 32064; kjit_sharded_cross_entropy_create(rt, &spec, &ce);
+ *   ... args.logits = the shard's [rows, 32064] logits, targets, loss, grad, workspace ...
+ *   kjit_sharded_cross_entropy_run(ce, stream, &args, (void*)nccl_comm);
+ */
+
+typedef struct kjit_sharded_cross_entropy_spec {
+  uint32_t struct_size;
+  int64_t vocab;       /* the whole vocabulary, 2 .. 1,048,576 */
+  int64_t shard_start; /* this rank's classes: [shard_start, shard_end), not empty */
+  int64_t shard_end;
+  int32_t dtype;          /* logits and gradient; default KJIT_BF16 */
+  int32_t target_type;    /* default KJIT_INT64 */
+  int64_t ignore_index;   /* default -100 */
+  int32_t reduction;      /* kjit_reduction; default KJIT_REDUCTION_MEAN */
+  float label_smoothing;  /* [0, 1), over the whole vocab */
+  float lse_square_scale; /* z-loss coefficient, >= 0 */
+  float softcap;          /* 0: off */
+  /* NULL or "": the heuristic; else "vec=8 threads=256 unroll=4 cluster=0 staged=0" */
+  const char* config;
+  int32_t class_weight_dtype; /* -1 (default) none; else KJIT_F32 or the dtype: class_weight */
+} kjit_sharded_cross_entropy_spec;
+
+typedef struct kjit_sharded_cross_entropy_args {
+  uint32_t struct_size;
+  kjit_tensor logits;      /* [rows, shard_end - shard_start]: the shard's columns */
+  kjit_index targets;      /* [rows], classes of the whole vocab */
+  kjit_tensor loss;        /* fp32: [rows] for reduction none, else [1]; the whole row's loss */
+  kjit_tensor lse;         /* optional fp32 [rows]: the whole row's lse */
+  kjit_tensor grad;        /* finish: optional [rows, width], the shard's gradient; may be logits */
+  kjit_tensor grad_output; /* optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none) */
+  kjit_tensor class_weight; /* [vocab] (the whole vocab's) iff spec.class_weight_dtype is set */
+  void* workspace;          /* 16-byte aligned device memory of at least
+                               kjit_sharded_cross_entropy_workspace_bytes; one per shard, holding
+                               the statistics from compute_stats to finish */
+  int64_t workspace_bytes;
+} kjit_sharded_cross_entropy_args;
+
+typedef struct kjit_sharded_cross_entropy kjit_sharded_cross_entropy;
+
+KJIT_C_EXPORT void kjit_sharded_cross_entropy_spec_init(kjit_sharded_cross_entropy_spec* spec);
+KJIT_C_EXPORT void kjit_sharded_cross_entropy_args_init(kjit_sharded_cross_entropy_args* args);
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_create(
+    const kjit_runtime* runtime, const kjit_sharded_cross_entropy_spec* spec,
+    kjit_sharded_cross_entropy** out);
+KJIT_C_EXPORT void kjit_sharded_cross_entropy_destroy(kjit_sharded_cross_entropy* op);
+/* Step 1: the shard's statistics (and the valid-row count) into args->workspace. */
+KJIT_C_EXPORT kjit_status
+kjit_sharded_cross_entropy_compute_stats(const kjit_sharded_cross_entropy* op, CUstream stream,
+                                         const kjit_sharded_cross_entropy_args* args);
+/* Step 2 over NCCL: `nccl_comm` is an ncclComm_t of the ranks that hold the shards (libnccl is
+ * opened on first use: $KJIT_NCCL_LIBRARY, else libnccl.so.2, then libnccl.so). */
+KJIT_C_EXPORT kjit_status
+kjit_sharded_cross_entropy_all_reduce_stats(const kjit_sharded_cross_entropy* op, CUstream stream,
+                                            void* workspace, int64_t rows, void* nccl_comm);
+/* Step 2 with your own all-reduces: where the statistics lie in `workspace` (pointer arithmetic
+ * only, nothing is read): *max_out, `rows` floats to all-reduce with max, then (after
+ * kjit_sharded_cross_entropy_rescale_stats) *sums_out, 3 * rows floats to all-reduce with sum. */
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_stats_of(const kjit_sharded_cross_entropy* op,
+                                                              void* workspace, int64_t rows,
+                                                              float** max_out, float** sums_out);
+/* Rescales the shard's sums from its own max to the all-reduced one (between the two all-reduces).
+ */
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_rescale_stats(
+    const kjit_sharded_cross_entropy* op, CUstream stream, void* workspace, int64_t rows);
+/* Step 2 for `count` shards held by this process (1 .. 32), which tile [0, vocab) in order, each
+ * after its compute_stats on `stream`: afterwards each shard's finish gives what it would after
+ * the all-reduces. */
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_combine_stats(
+    CUstream stream, const kjit_sharded_cross_entropy* const* ops, void* const* workspaces,
+    int32_t count, int64_t rows);
+/* Step 3: the loss (and lse) of the whole rows, and the shard's gradient when args->grad is given.
+ */
+KJIT_C_EXPORT kjit_status
+kjit_sharded_cross_entropy_finish(const kjit_sharded_cross_entropy* op, CUstream stream,
+                                  const kjit_sharded_cross_entropy_args* args);
+/* compute_stats, all_reduce_stats and finish. */
+KJIT_C_EXPORT kjit_status
+kjit_sharded_cross_entropy_run(const kjit_sharded_cross_entropy* op, CUstream stream,
+                               const kjit_sharded_cross_entropy_args* args, void* nccl_comm);
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_workspace_bytes(
+    const kjit_sharded_cross_entropy* op, int64_t rows, int64_t* bytes);
+/* The config every launch of the op uses (text form; fixed when the op is made). */
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_config(const kjit_sharded_cross_entropy* op,
+                                                            char** config_out);
+KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_build(const kjit_sharded_cross_entropy* op,
+                                                           char** json_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -152,6 +152,23 @@ class LinearCrossEntropyRescaleArgs(ctypes.Structure):
                 ("d_bias", Tensor), ("grad_output", Tensor), ("applied", Tensor)]
 
 
+class ShardedCrossEntropySpec(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
+                ("shard_start", ctypes.c_int64), ("shard_end", ctypes.c_int64),
+                ("dtype", ctypes.c_int32), ("target_type", ctypes.c_int32),
+                ("ignore_index", ctypes.c_int64), ("reduction", ctypes.c_int32),
+                ("label_smoothing", ctypes.c_float), ("lse_square_scale", ctypes.c_float),
+                ("softcap", ctypes.c_float), ("config", ctypes.c_char_p),
+                ("class_weight_dtype", ctypes.c_int32)]
+
+
+class ShardedCrossEntropyArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
+                ("loss", Tensor), ("lse", Tensor), ("grad", Tensor), ("grad_output", Tensor),
+                ("class_weight", Tensor), ("workspace", ctypes.c_void_p),
+                ("workspace_bytes", ctypes.c_int64)]
+
+
 # ---- Prototypes ---------------------------------------------------------------------------------
 
 _H = ctypes.c_void_p  # every handle
@@ -212,6 +229,30 @@ _PROTOTYPES = {
     "kjit_linear_cross_entropy_accumulator_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
     "kjit_linear_cross_entropy_config_for": (_S, [_H, ctypes.c_int64, _OUT_STR]),
     "kjit_linear_cross_entropy_build": (_S, [_H, _OUT_STR]),
+    "kjit_sharded_cross_entropy_spec_init": (None, [ctypes.POINTER(ShardedCrossEntropySpec)]),
+    "kjit_sharded_cross_entropy_args_init": (None, [ctypes.POINTER(ShardedCrossEntropyArgs)]),
+    "kjit_sharded_cross_entropy_create":
+        (_S, [_H, ctypes.POINTER(ShardedCrossEntropySpec), ctypes.POINTER(_H)]),
+    "kjit_sharded_cross_entropy_destroy": (None, [_H]),
+    "kjit_sharded_cross_entropy_compute_stats":
+        (_S, [_H, _STREAM, ctypes.POINTER(ShardedCrossEntropyArgs)]),
+    "kjit_sharded_cross_entropy_all_reduce_stats":
+        (_S, [_H, _STREAM, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
+    "kjit_sharded_cross_entropy_stats_of":
+        (_S, [_H, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
+              ctypes.POINTER(ctypes.c_void_p)]),
+    "kjit_sharded_cross_entropy_rescale_stats":
+        (_S, [_H, _STREAM, ctypes.c_void_p, ctypes.c_int64]),
+    "kjit_sharded_cross_entropy_combine_stats":
+        (_S, [_STREAM, ctypes.POINTER(_H), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32,
+              ctypes.c_int64]),
+    "kjit_sharded_cross_entropy_finish":
+        (_S, [_H, _STREAM, ctypes.POINTER(ShardedCrossEntropyArgs)]),
+    "kjit_sharded_cross_entropy_run":
+        (_S, [_H, _STREAM, ctypes.POINTER(ShardedCrossEntropyArgs), ctypes.c_void_p]),
+    "kjit_sharded_cross_entropy_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
+    "kjit_sharded_cross_entropy_config": (_S, [_H, _OUT_STR]),
+    "kjit_sharded_cross_entropy_build": (_S, [_H, _OUT_STR]),
 }
 
 _lib = None
@@ -424,6 +465,15 @@ def c_string(name: str, value, *, path: bool = False) -> Optional[bytes]:
     if b"\0" in data:
         raise ValueError(f"{name}: {value!r} contains a NUL character")
     return data
+
+
+def pointer(name: str, value) -> int:
+    """A device address or an opaque handle (a workspace, an ncclComm_t) as an int: None and 0
+    are refused here, naming the argument, as the library would; anything else ctypes would
+    pass (a str's bytes, a wrapped -1) is a TypeError or OverflowError naming it."""
+    if value is None:
+        raise TypeError(f"{name}: expected an address (an int), got None")
+    return integer(name, value, ctypes.c_void_p)
 
 
 def stream(value) -> Optional[int]:

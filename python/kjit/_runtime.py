@@ -200,6 +200,102 @@ class LinearCrossEntropy(_Handle):
         return json.loads(self._call_string("kjit_linear_cross_entropy_build", self._handle))
 
 
+class ShardedCrossEntropy(_Handle):
+    """The vocab-parallel cross-entropy of one shard [shard_start, shard_end) of the vocab
+    (kjit/sharded_cross_entropy.h): each rank runs compute_stats, a reduction of the statistics
+    across the ranks, then finish, all on one stream.
+
+        op = rt.sharded_cross_entropy(vocab=128256, shard_start=r * 32064,
+                                      shard_end=(r + 1) * 32064)
+        op.compute_stats(stream, logits=..., targets=..., loss=..., workspace=ws,
+                         workspace_bytes=op.workspace_bytes(rows))
+        max_ptr, sums_ptr = op.stats_of(ws, rows)   # all-reduce max_ptr's rows floats (max),
+        op.rescale_stats(stream, ws, rows)           # then sums_ptr's 3 * rows floats (sum)
+        op.finish(stream, logits=..., grad=..., ...)  # the same fields as compute_stats
+    """
+
+    _destroy = "kjit_sharded_cross_entropy_destroy"
+
+    def compute_stats(self, stream, **fields) -> None:
+        """fields: logits ([rows, width], the shard's columns), targets (classes of the whole
+        vocab), loss, lse, class_weight (the whole [vocab], iff the op has class_weight_dtype),
+        workspace, workspace_bytes; grad and grad_output are finish's, and may be given here too
+        (the same fields for every step)."""
+        self._launch("kjit_sharded_cross_entropy_compute_stats", _capi.ShardedCrossEntropyArgs,
+                     stream, fields)
+
+    def finish(self, stream, **fields) -> None:
+        """compute_stats's fields, plus grad (the shard's gradient, may be logits) and
+        grad_output: the whole row's loss and lse, the shard's gradient."""
+        self._launch("kjit_sharded_cross_entropy_finish", _capi.ShardedCrossEntropyArgs, stream,
+                     fields)
+
+    def run(self, stream, nccl_comm: int, **fields) -> None:
+        """compute_stats, the all-reduces over `nccl_comm` (an ncclComm_t's address) and
+        finish."""
+        args = _capi.fill(_capi.ShardedCrossEntropyArgs(
+            ctypes.sizeof(_capi.ShardedCrossEntropyArgs)), "ShardedCrossEntropy.run()", fields)
+        self._call("kjit_sharded_cross_entropy_run", self._handle, _capi.stream(stream),
+                   ctypes.byref(args), _capi.pointer("nccl_comm", nccl_comm))
+
+    def all_reduce_stats(self, stream, workspace: int, rows: int, nccl_comm: int) -> None:
+        """The reduction over NCCL: `nccl_comm` is an ncclComm_t's address."""
+        self._call("kjit_sharded_cross_entropy_all_reduce_stats", self._handle,
+                   _capi.stream(stream), _capi.pointer("workspace", workspace),
+                   _capi.integer("rows", rows), _capi.pointer("nccl_comm", nccl_comm))
+
+    def stats_of(self, workspace: int, rows: int) -> tuple:
+        """(max, sums): the addresses of the statistics in `workspace` (arithmetic, nothing is
+        read): `rows` floats to all-reduce with max, then 3 * rows floats with sum."""
+        max_out, sums_out = ctypes.c_void_p(), ctypes.c_void_p()
+        self._call("kjit_sharded_cross_entropy_stats_of", self._handle,
+                   _capi.pointer("workspace", workspace), _capi.integer("rows", rows),
+                   ctypes.byref(max_out), ctypes.byref(sums_out))
+        return max_out.value, sums_out.value
+
+    def rescale_stats(self, stream, workspace: int, rows: int) -> None:
+        """Between the two all-reduces: the shard's sums rescaled to the all-reduced max."""
+        self._call("kjit_sharded_cross_entropy_rescale_stats", self._handle,
+                   _capi.stream(stream), _capi.pointer("workspace", workspace),
+                   _capi.integer("rows", rows))
+
+    def workspace_bytes(self, rows: int) -> int:
+        return self._call_int64("kjit_sharded_cross_entropy_workspace_bytes", self._handle,
+                                _capi.integer("rows", rows))
+
+    def config(self) -> str:
+        """The config every launch uses ("vec=8 threads=256 unroll=4 cluster=0 staged=0")."""
+        return self._call_string("kjit_sharded_cross_entropy_config", self._handle)
+
+    def build(self) -> dict:
+        return json.loads(self._call_string("kjit_sharded_cross_entropy_build", self._handle))
+
+
+def combine_stats(stream, shards, rows: int) -> None:
+    """The reduction for shards held by this process: `shards` is a sequence of (op, workspace)
+    pairs, ShardedCrossEntropy ops that tile [0, vocab) in order, each after its compute_stats on
+    `stream`."""
+    shards = list(shards)
+    handles = (ctypes.c_void_p * max(len(shards), 1))()
+    workspaces = (ctypes.c_void_p * max(len(shards), 1))()
+    sink = None
+    for i, pair in enumerate(shards):
+        try:
+            op, workspace = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"shards[{i}]: expected an (op, workspace) pair, got "
+                            f"{type(pair).__name__}") from None
+        if not isinstance(op, ShardedCrossEntropy):
+            raise TypeError(f"shards[{i}]: expected a ShardedCrossEntropy op, got "
+                            f"{type(op).__name__}")
+        handles[i] = op._handle.value
+        workspaces[i] = _capi.pointer(f"shards[{i}] workspace", workspace)
+        sink = op._sink
+    _capi.call("kjit_sharded_cross_entropy_combine_stats", _capi.stream(stream), handles,
+               workspaces, _capi.integer("len(shards)", len(shards), ctypes.c_int32),
+               _capi.integer("rows", rows), sink=sink)
+
+
 class Runtime(_Handle):
     """kjit's entry point: one GPU (or a compile-only target), its kernel caches, its ops.
 
@@ -309,5 +405,30 @@ class Runtime(_Handle):
                 "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
         op = LinearCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(op._handle))
+        return op
+
+    def sharded_cross_entropy(self, vocab: int, shard_start: int, shard_end: int,
+                              dtype: str = "bf16", *, target_type: str = "int64",
+                              ignore_index: int = -100, reduction: str = "mean",
+                              label_smoothing: float = 0.0, z_loss: float = 0.0,
+                              softcap: float = 0.0, config: Optional[str] = None,
+                              class_weight_dtype: Optional[str] = None) -> ShardedCrossEntropy:
+        """The vocab-parallel cross-entropy of classes [shard_start, shard_end) of `vocab`;
+        options as cross_entropy's (label smoothing over the whole vocab; class_weight_dtype
+        makes the launches take the whole [vocab] weight vector). config: None (the heuristic)
+        or "vec=8 threads=256 unroll=4 cluster=0 staged=0" (cluster must be 0)."""
+        spec = _capi.init(_capi.ShardedCrossEntropySpec, "kjit_sharded_cross_entropy_spec_init")
+        _capi.fill(spec, "sharded_cross_entropy()", dict(
+            vocab=vocab, shard_start=shard_start, shard_end=shard_end,
+            dtype=_choice("dtype", dtype, _capi.DTYPES),
+            target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
+            ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
+            label_smoothing=label_smoothing, lse_square_scale=z_loss, softcap=softcap,
+            config=_capi.c_string("config", config),
+            class_weight_dtype=-1 if class_weight_dtype is None else _choice(
+                "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
+        op = ShardedCrossEntropy(ctypes.c_void_p(), keep=self)
+        self._call("kjit_sharded_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
         return op

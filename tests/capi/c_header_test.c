@@ -37,6 +37,11 @@ int main(int argc, char** argv) {
   kjit_linear_cross_entropy_args lce_args;
   kjit_linear_cross_entropy* lce_op = NULL;
   kjit_rms_norm* op = NULL;
+  kjit_sharded_cross_entropy_spec sharded;
+  kjit_sharded_cross_entropy_args sharded_args;
+  kjit_sharded_cross_entropy* sharded_op = NULL;
+  float* stats_max = NULL;
+  float* stats_sums = NULL;
 
   if (argc == 2 && strcmp(argv[1], "runtime_create") == 0) return runtime_create();
 
@@ -94,6 +99,25 @@ int main(int argc, char** argv) {
         "kjit_linear_cross_entropy_create without a runtime is KJIT_INVALID_ARGUMENT");
   check(strcmp(kjit_last_error(), "kjit_linear_cross_entropy_create: runtime is NULL") == 0,
         "the message names the NULL runtime");
+
+  kjit_sharded_cross_entropy_spec_init(&sharded);
+  check(sharded.struct_size == sizeof sharded && sharded.dtype == KJIT_BF16 &&
+            sharded.reduction == KJIT_REDUCTION_MEAN && sharded.class_weight_dtype == -1 &&
+            sharded.config == NULL,
+        "kjit_sharded_cross_entropy_spec_init's defaults");
+  kjit_sharded_cross_entropy_args_init(&sharded_args);
+  check(sharded_args.struct_size == sizeof sharded_args && sharded_args.workspace == NULL,
+        "sharded cross-entropy args init");
+  sharded.vocab = 128256;
+  sharded.shard_start = 64128;
+  sharded.shard_end = 128256;
+  check(kjit_sharded_cross_entropy_create(NULL, &sharded, &sharded_op) == KJIT_INVALID_ARGUMENT &&
+            sharded_op == NULL,
+        "kjit_sharded_cross_entropy_create without a runtime is KJIT_INVALID_ARGUMENT");
+  check(kjit_sharded_cross_entropy_stats_of(NULL, &sharded_args, 1, &stats_max, &stats_sums) ==
+                KJIT_INVALID_ARGUMENT &&
+            strcmp(kjit_last_error(), "kjit_sharded_cross_entropy_stats_of: op is NULL") == 0,
+        "kjit_sharded_cross_entropy_stats_of names the NULL op");
 
   check(kjit_rms_norm_create(NULL, &norm, &op) == KJIT_INVALID_ARGUMENT && op == NULL,
         "kjit_rms_norm_create without a runtime is KJIT_INVALID_ARGUMENT");

@@ -30,6 +30,7 @@
 #include "kjit/linear_cross_entropy.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
+#include "kjit/sharded_cross_entropy.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 
@@ -1090,6 +1091,271 @@ TEST(CapiErrors, TheLastErrorIsPerThreadAndClearedBySuccess) {
   ASSERT_EQ(kjit_full_version(&full), KJIT_OK);
   kjit_free(full);
   EXPECT_STREQ(kjit_last_error(), "");
+}
+
+// ---- the vocab-parallel cross-entropy (issue 37) ----------------------------------------------
+
+TEST(CapiInit, ShardedCrossEntropyDefaultsAreTheCppDefaults) {
+  const kjit_sharded_cross_entropy_spec s = Initialized(kjit_sharded_cross_entropy_spec_init);
+  const ShardedCrossEntropySpec r;
+  EXPECT_EQ(s.vocab, r.vocab);
+  EXPECT_EQ(s.shard_start, r.shard_start);
+  EXPECT_EQ(s.shard_end, r.shard_end);
+  EXPECT_EQ(s.dtype, static_cast<int32_t>(r.dtype));
+  EXPECT_EQ(s.target_type, static_cast<int32_t>(r.target_type));
+  EXPECT_EQ(s.ignore_index, r.ignore_index);
+  EXPECT_EQ(s.reduction, static_cast<int32_t>(r.reduction));
+  EXPECT_EQ(s.label_smoothing, r.label_smoothing);
+  EXPECT_EQ(s.lse_square_scale, r.lse_square_scale);
+  EXPECT_EQ(s.softcap, r.softcap);
+  EXPECT_EQ(s.config, nullptr);
+  EXPECT_FALSE(r.config.has_value());
+  EXPECT_EQ(s.class_weight_dtype, -1);
+  EXPECT_FALSE(r.class_weight_dtype.has_value());
+  const auto a = Initialized(kjit_sharded_cross_entropy_args_init);
+  ExpectEmpty({&a.logits, &a.loss, &a.lse, &a.grad, &a.grad_output, &a.class_weight}, {&a.targets});
+  EXPECT_TRUE(a.workspace == nullptr && a.workspace_bytes == 0);
+}
+
+// A compile-only runtime with the second of two shards of a 1000-class vocab.
+class CapiSharded : public CapiCompileOnly {
+ protected:
+  void SetUp() override {
+    CapiCompileOnly::SetUp();
+    kjit_sharded_cross_entropy_spec_init(&spec_);
+    spec_.vocab = 1000;
+    spec_.shard_start = 500;
+    spec_.shard_end = 1000;
+  }
+  kjit_sharded_cross_entropy* Sharded(const kjit_sharded_cross_entropy_spec& spec) {
+    kjit_sharded_cross_entropy* op = nullptr;
+    EXPECT_EQ(kjit_sharded_cross_entropy_create(rt_, &spec, &op), KJIT_OK) << kjit_last_error();
+    sharded_.emplace_back(op, kjit_sharded_cross_entropy_destroy);
+    return op;
+  }
+  // Arguments on host blocks for `rows` rows of the shard, gradient in place.
+  kjit_sharded_cross_entropy_args Args(kjit_sharded_cross_entropy* op, int64_t rows) {
+    const int64_t width = spec_.shard_end - spec_.shard_start;
+    kjit_sharded_cross_entropy_args a;
+    kjit_sharded_cross_entropy_args_init(&a);
+    a.logits = View(Host(mem_, rows * width * 2), KJIT_BF16, rows, width);
+    a.targets = {Host(mem_, rows * 8), KJIT_INT64, rows};
+    a.loss = View(Host(mem_, 4), KJIT_F32, 1, 1);
+    a.grad = a.logits;
+    EXPECT_EQ(kjit_sharded_cross_entropy_workspace_bytes(op, rows, &a.workspace_bytes), KJIT_OK)
+        << kjit_last_error();
+    a.workspace = Host(mem_, a.workspace_bytes);
+    return a;
+  }
+
+  kjit_sharded_cross_entropy_spec spec_;
+  std::vector<std::vector<Block>> mem_;
+  std::vector<
+      std::unique_ptr<kjit_sharded_cross_entropy, decltype(&kjit_sharded_cross_entropy_destroy)>>
+      sharded_;
+};
+
+TEST_F(CapiSharded, BuildsAndAnswersItsQueries) {
+  kjit_sharded_cross_entropy* op = Sharded(spec_);
+  ExpectBuilds(op, kjit_sharded_cross_entropy_build, cache_);
+  char* text = nullptr;
+  ASSERT_EQ(kjit_sharded_cross_entropy_config(op, &text), KJIT_OK) << kjit_last_error();
+  const std::string config = Take(text);
+  EXPECT_THAT(config, HasSubstr("cluster=0"));
+  // The config text makes an op with that same config.
+  kjit_sharded_cross_entropy_spec again = spec_;
+  again.config = config.c_str();
+  ASSERT_EQ(kjit_sharded_cross_entropy_config(Sharded(again), &text), KJIT_OK);
+  EXPECT_EQ(Take(text), config);
+
+  // As the C++ op's: the counters, 5 floats a row and, for the mean, one loss a row.
+  int64_t bytes = 0;
+  ASSERT_EQ(kjit_sharded_cross_entropy_workspace_bytes(op, 100, &bytes), KJIT_OK);
+  EXPECT_GE(bytes, 100 * 6 * 4);
+  EXPECT_EQ(bytes % 16, 0);
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_workspace_bytes(op, -1, &bytes)), "rows: -1");
+  EXPECT_EQ(bytes, 0);
+
+  // stats_of: rows floats of max, then 3 * rows floats of sums right after, in the workspace.
+  const int64_t rows = 100;
+  ASSERT_EQ(kjit_sharded_cross_entropy_workspace_bytes(op, rows, &bytes), KJIT_OK);
+  auto* ws = static_cast<unsigned char*>(Host(mem_, bytes));
+  float* max = nullptr;
+  float* sums = nullptr;
+  ASSERT_EQ(kjit_sharded_cross_entropy_stats_of(op, ws, rows, &max, &sums), KJIT_OK)
+      << kjit_last_error();
+  const auto at = [&](const float* p) { return reinterpret_cast<const unsigned char*>(p) - ws; };
+  EXPECT_EQ(sums - max, rows);
+  EXPECT_GE(at(max), 0);
+  EXPECT_LE(at(sums + 3 * rows), bytes);
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_stats_of(op, ws, -2, &max, &sums)), "rows: -2");
+  EXPECT_EQ(max, nullptr);
+  EXPECT_EQ(sums, nullptr);
+}
+
+TEST_F(CapiSharded, InvalidSpecsNameTheField) {
+  kjit_sharded_cross_entropy* op = reinterpret_cast<kjit_sharded_cross_entropy*>(this);
+  const std::vector<std::pair<std::function<void(kjit_sharded_cross_entropy_spec&)>, std::string>>
+      cases = {
+          {[](auto& x) { x.vocab = 1; }, "vocab:"},
+          {[](auto& x) { x.shard_start = -1; }, "shard_start: -1 is outside the vocab"},
+          {[](auto& x) { x.shard_end = 500; }, "shard_end: 500 must be above shard_start 500"},
+          {[](auto& x) { x.shard_end = 1001; }, "shard_end: 1001 must be above"},
+          {[](auto& x) { x.dtype = 7; }, "dtype: 7 is out of range"},
+          {[](auto& x) { x.reduction = 3; }, "reduction: 3 is out of range"},
+          {[](auto& x) { x.target_type = -1; }, "target_type: -1 is out of range"},
+          {[](auto& x) { x.class_weight_dtype = -2; }, "class_weight_dtype: -2 is out of range"},
+          {[](auto& x) { x.label_smoothing = 1; }, "label_smoothing:"},
+          {[](auto& x) { x.config = "banana"; }, "config: "},
+          {[](auto& x) { x.config = "vec=8 threads=256 unroll=4 cluster=2 staged=0"; },
+           "config.cluster: 2"},
+      };
+  for (const auto& [change, message] : cases) {
+    kjit_sharded_cross_entropy_spec s = spec_;
+    change(s);
+    ExpectInvalid(Last(kjit_sharded_cross_entropy_create(rt_, &s, &op)), message);
+    EXPECT_EQ(op, nullptr) << "a failed create leaves NULL in *out";
+  }
+  kjit_sharded_cross_entropy_spec s = spec_;
+  s.struct_size = 8;
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_create(rt_, &s, &op)),
+                "kjit_sharded_cross_entropy_create: spec->struct_size is 8, but "
+                "kjit_sharded_cross_entropy_spec is");
+}
+
+// Each step checks its arguments (the C++ layer's messages name the C field) before the
+// compile-only runtime refuses the launch.
+TEST_F(CapiSharded, StepsCheckTheirArguments) {
+  const int64_t rows = 3;
+  kjit_sharded_cross_entropy* op = Sharded(spec_);
+  const kjit_sharded_cross_entropy_args good = Args(op, rows);
+  for (const Result& r :
+       {Last(kjit_sharded_cross_entropy_compute_stats(op, nullptr, &good)),
+        Last(kjit_sharded_cross_entropy_finish(op, nullptr, &good)),
+        Last(kjit_sharded_cross_entropy_rescale_stats(op, nullptr, good.workspace, rows))}) {
+    EXPECT_EQ(r.status, KJIT_FAILED_PRECONDITION) << r.message;
+    EXPECT_THAT(r.message, HasSubstr("compile-only"));
+  }
+  const std::vector<std::pair<std::function<void(kjit_sharded_cross_entropy_args&)>, std::string>>
+      cases = {
+          {[](auto& a) { a.logits.cols = 1000; }, "logits:"},
+          {[](auto& a) { a.logits.dtype = 9; }, "logits.dtype: 9 is out of range"},
+          {[](auto& a) { a.targets.size = 2; }, "targets:"},
+          {[](auto& a) { a.targets.type = 5; }, "targets.type: 5 is out of range"},
+          {[](auto& a) { a.loss.cols = 3; }, "loss:"},
+          {[](auto& a) { a.workspace_bytes -= 16; }, "workspace"},
+          {[](auto& a) { a.class_weight = a.loss; },
+           "class_weight: given, but the op was created without class weights"},
+          {[](auto& a) {
+             a.grad = {};
+             a.grad_output = a.loss;
+           },
+           "grad_output: given without grad"},
+      };
+  for (const auto& [change, message] : cases) {
+    kjit_sharded_cross_entropy_args bad = good;
+    change(bad);
+    ExpectInvalid(Last(kjit_sharded_cross_entropy_compute_stats(op, nullptr, &bad)), message);
+    ExpectInvalid(Last(kjit_sharded_cross_entropy_finish(op, nullptr, &bad)), message);
+  }
+  kjit_sharded_cross_entropy_args small = good;
+  small.struct_size -= 8;
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_finish(op, nullptr, &small)),
+                "kjit_sharded_cross_entropy_finish: args->struct_size is");
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_rescale_stats(op, nullptr, good.workspace, 0)),
+                "rows: 0 must be from 1");
+  // The communicator is checked before NCCL is looked for: this machine may have none.
+  void* comm = &mem_;  // never used: the compile-only runtime refuses first
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_run(op, nullptr, &good, nullptr)),
+                "kjit_sharded_cross_entropy_run: nccl_comm is NULL");
+  ExpectInvalid(
+      Last(kjit_sharded_cross_entropy_all_reduce_stats(op, nullptr, good.workspace, rows, nullptr)),
+      "kjit_sharded_cross_entropy_all_reduce_stats: nccl_comm is NULL");
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_all_reduce_stats(op, nullptr, nullptr, rows, comm)),
+                "kjit_sharded_cross_entropy_all_reduce_stats: workspace is NULL");
+  kjit_sharded_cross_entropy_args bad = good;
+  bad.loss.cols = 3;
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_run(op, nullptr, &bad, comm)), "loss:");
+}
+
+TEST_F(CapiSharded, CombineStatsChecksTheShards) {
+  const int64_t rows = 4;
+  kjit_sharded_cross_entropy_spec first = spec_;
+  first.shard_start = 0;
+  first.shard_end = 500;
+  kjit_sharded_cross_entropy* ops[2] = {Sharded(first), Sharded(spec_)};
+  void* workspaces[2] = {Args(ops[0], rows).workspace, Args(ops[1], rows).workspace};
+  const Result ok =
+      Last(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, workspaces, 2, rows));
+  EXPECT_EQ(ok.status, KJIT_FAILED_PRECONDITION) << ok.message;
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, workspaces, 1, rows)),
+                "shards: cover classes [0, 500) of 1000");
+  kjit_sharded_cross_entropy* swapped[2] = {ops[1], ops[0]};
+  ExpectInvalid(
+      Last(kjit_sharded_cross_entropy_combine_stats(nullptr, swapped, workspaces, 2, rows)),
+      "shards[0]: classes [500, 1000) of vocab 1000, expected the next shard");
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, workspaces, 0, rows)),
+                "kjit_sharded_cross_entropy_combine_stats: count: 0 shards, expected 1 to 32");
+  ExpectInvalid(
+      Last(kjit_sharded_cross_entropy_combine_stats(nullptr, nullptr, workspaces, 2, rows)),
+      "kjit_sharded_cross_entropy_combine_stats: ops is NULL");
+  void* missing[2] = {workspaces[0], nullptr};
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, missing, 2, rows)),
+                "kjit_sharded_cross_entropy_combine_stats: workspaces[1] is NULL");
+  kjit_sharded_cross_entropy* wrong[2] = {ops[0],
+                                          reinterpret_cast<kjit_sharded_cross_entropy*>(rt_)};
+  ExpectInvalid(Last(kjit_sharded_cross_entropy_combine_stats(nullptr, wrong, workspaces, 2, rows)),
+                "kjit_sharded_cross_entropy_combine_stats: ops[1] is a kjit_runtime handle; "
+                "expected a kjit_sharded_cross_entropy");
+}
+
+TEST_F(CapiSharded, NullArgumentsAndOtherKindsAreNamed) {
+  kjit_sharded_cross_entropy* op = Sharded(spec_);
+  kjit_sharded_cross_entropy* created = op;
+  kjit_sharded_cross_entropy_args a;
+  kjit_sharded_cross_entropy_args_init(&a);
+  char* text = reinterpret_cast<char*>(&a);
+  int64_t bytes = 1;
+  float* max = nullptr;
+  const std::vector<std::pair<Result, std::string>> cases = {
+      {Last(kjit_sharded_cross_entropy_create(nullptr, &spec_, &created)),
+       "kjit_sharded_cross_entropy_create: runtime is NULL"},
+      {Last(kjit_sharded_cross_entropy_create(rt_, nullptr, &created)),
+       "kjit_sharded_cross_entropy_create: spec is NULL"},
+      {Last(kjit_sharded_cross_entropy_compute_stats(nullptr, nullptr, &a)),
+       "kjit_sharded_cross_entropy_compute_stats: op is NULL"},
+      {Last(kjit_sharded_cross_entropy_finish(op, nullptr, nullptr)),
+       "kjit_sharded_cross_entropy_finish: args is NULL"},
+      {Last(kjit_sharded_cross_entropy_run(op, nullptr, nullptr, op)),
+       "kjit_sharded_cross_entropy_run: args is NULL"},
+      {Last(kjit_sharded_cross_entropy_rescale_stats(op, nullptr, nullptr, 1)),
+       "kjit_sharded_cross_entropy_rescale_stats: workspace is NULL"},
+      {Last(kjit_sharded_cross_entropy_stats_of(op, &a, 1, &max, nullptr)),
+       "kjit_sharded_cross_entropy_stats_of: sums_out is NULL"},
+      {Last(kjit_sharded_cross_entropy_workspace_bytes(nullptr, 1, &bytes)),
+       "kjit_sharded_cross_entropy_workspace_bytes: op is NULL"},
+      {Last(kjit_sharded_cross_entropy_config(op, nullptr)),
+       "kjit_sharded_cross_entropy_config: config_out is NULL"},
+      {Last(kjit_sharded_cross_entropy_build(nullptr, &text)),
+       "kjit_sharded_cross_entropy_build: op is NULL"},
+      {Last(kjit_sharded_cross_entropy_build(reinterpret_cast<kjit_sharded_cross_entropy*>(rt_),
+                                             &text)),
+       "kjit_sharded_cross_entropy_build: op is a kjit_runtime handle; expected a "
+       "kjit_sharded_cross_entropy"},
+      {Last(kjit_cross_entropy_workspace_bytes(reinterpret_cast<kjit_cross_entropy*>(op), 1,
+                                               &bytes)),
+       "kjit_cross_entropy_workspace_bytes: op is a kjit_sharded_cross_entropy handle; expected a "
+       "kjit_cross_entropy"},
+  };
+  for (const auto& [result, message] : cases) {
+    EXPECT_EQ(result.status, KJIT_INVALID_ARGUMENT) << message;
+    EXPECT_EQ(result.message, message);
+  }
+  EXPECT_EQ(created, nullptr);
+  EXPECT_EQ(text, nullptr);
+  EXPECT_EQ(bytes, 0);
+  EXPECT_EQ(max, nullptr);
+  kjit_sharded_cross_entropy_destroy(nullptr);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "kjit/kjit_c.h"
+#include "kjit/sharded_cross_entropy.h"
 #include "ops/common/random_values.h"
 #include "tests/gpu/gpu_test_env.h"
 #include "tests/temp_dir.h"
@@ -91,6 +92,18 @@ class Memory {
     Must(b.Download(out.data(), out.size()));
     return out;
   }
+  std::vector<double> ReadValues(const TensorView& v) {
+    return Must(DownloadValues(Find(v.data), v.dtype));
+  }
+  // `count` floats at `at`, inside one of the test's buffers (synchronous copies).
+  std::vector<float> ReadFloats(const void* buffer, const float* at, int64_t count) {
+    std::vector<float> out(count);
+    Must(Find(buffer).Download(out.data(), count * sizeof(float), Offset(buffer, at)));
+    return out;
+  }
+  void WriteFloats(const void* buffer, float* at, const std::vector<float>& values) {
+    Must(Find(buffer).Upload(values.data(), values.size() * sizeof(float), Offset(buffer, at)));
+  }
 
  private:
   TensorView Bytes(size_t bytes, TensorView view) {
@@ -100,6 +113,10 @@ class Memory {
     return view;
   }
   void Keep(DeviceBuffer b) { buffers_.push_back(std::move(b)); }
+  static size_t Offset(const void* buffer, const float* at) {
+    return static_cast<size_t>(reinterpret_cast<const unsigned char*>(at) -
+                               static_cast<const unsigned char*>(buffer));
+  }
   const DeviceBuffer& Find(const void* data) const {
     for (const DeviceBuffer& b : buffers_) {
       if (b.data() == data) return b;
@@ -626,6 +643,136 @@ TEST_P(CapiLinearCrossEntropyGpu, SameBitsAsTheCppApi) {
 
 INSTANTIATE_TEST_SUITE_P(Streams, CapiLinearCrossEntropyGpu, ::testing::Values(1, 2),
                          [](const auto& info) { return info.param == 1 ? "One" : "Two"; });
+
+}  // namespace
+}  // namespace kjit
+
+namespace kjit {
+namespace {
+
+// The vocab-parallel cross-entropy: two shards of an odd vocab (label smoothing, z-loss and the
+// mean, so that every statistic counts), through the C++ API and the C API on the same logits.
+// compute_stats, combine_stats and finish give the C++ op's bits; the per-step path a framework
+// takes with its own collectives (stats_of, an all-reduce with max done here on the host,
+// rescale_stats, an all-reduce with sum) gives the combine's loss and gradients to within fp32
+// rounding of the sums' order (relative 1e-6 on the loss, 2 bf16 ulps on the gradients).
+TEST(CapiShardedCrossEntropyGpu, SameBitsAsTheCppApiAndOwnAllReduces) {
+  KJIT_REQUIRE_GPU(rt);
+  constexpr int64_t kRows = 7, kVocab = 50257, kSplit = 25000;
+  Memory mem(rt);
+  const TensorView logits[2] = {mem.Random(DType::kBF16, kRows, kSplit),
+                                mem.Random(DType::kBF16, kRows, kVocab - kSplit)};
+  const IndexView targets = mem.Targets(kRows, kVocab, /*ignored_row=*/3);
+  auto crt = CRuntime();
+  std::vector<ShardedCrossEntropy> cpp;
+  std::vector<
+      std::unique_ptr<kjit_sharded_cross_entropy, decltype(&kjit_sharded_cross_entropy_destroy)>>
+      c;
+  for (int i = 0; i < 2; ++i) {
+    const ShardedCrossEntropySpec spec{.vocab = kVocab,
+                                       .shard_start = i == 0 ? 0 : kSplit,
+                                       .shard_end = i == 0 ? kSplit : kVocab,
+                                       .label_smoothing = 0.1f,
+                                       .lse_square_scale = 1e-4f};
+    cpp.push_back(Must(rt.ShardedCrossEntropy(spec)));
+    const std::string config = cpp.back().config().ToString();
+    kjit_sharded_cross_entropy_spec cs;
+    kjit_sharded_cross_entropy_spec_init(&cs);
+    cs.vocab = spec.vocab;
+    cs.shard_start = spec.shard_start;
+    cs.shard_end = spec.shard_end;
+    cs.label_smoothing = spec.label_smoothing;
+    cs.lse_square_scale = spec.lse_square_scale;
+    cs.config = config.c_str();
+    kjit_sharded_cross_entropy* raw = nullptr;
+    MustC(kjit_sharded_cross_entropy_create(crt.get(), &cs, &raw));
+    c.emplace_back(raw, kjit_sharded_cross_entropy_destroy);
+  }
+  int64_t ws_bytes = 0;
+  MustC(kjit_sharded_cross_entropy_workspace_bytes(c[0].get(), kRows, &ws_bytes));
+  ASSERT_EQ(ws_bytes, cpp[0].WorkspaceBytes(kRows));
+  const TensorView loss_like = TensorView::Vector(nullptr, DType::kF32, 1);
+  // Three runs, each with its own outputs: C++ with CombineStats, C with combine_stats, C with
+  // stats_of and host all-reduces.
+  struct Run {
+    ShardedCrossEntropyArgs a[2];
+    kjit_sharded_cross_entropy_args ca[2];
+  };
+  std::vector<Run> runs(3);
+  for (Run& r : runs) {
+    for (int i = 0; i < 2; ++i) {
+      r.a[i] = {.logits = logits[i],
+                .targets = targets,
+                .loss = mem.Output(loss_like),
+                .grad = mem.Output(logits[i]),
+                .workspace = mem.Workspace(ws_bytes),
+                .workspace_bytes = ws_bytes};
+      kjit_sharded_cross_entropy_args_init(&r.ca[i]);
+      r.ca[i].logits = C(r.a[i].logits);
+      r.ca[i].targets = C(targets);
+      r.ca[i].loss = C(r.a[i].loss);
+      r.ca[i].grad = C(r.a[i].grad);
+      r.ca[i].workspace = r.a[i].workspace;
+      r.ca[i].workspace_bytes = ws_bytes;
+    }
+  }
+  for (int i = 0; i < 2; ++i) Must(cpp[i].ComputeStats(nullptr, runs[0].a[i]));
+  Must(ShardedCrossEntropy::CombineStats(
+      nullptr, {{&cpp[0], runs[0].a[0].workspace}, {&cpp[1], runs[0].a[1].workspace}}, kRows));
+  for (int i = 0; i < 2; ++i) Must(cpp[i].Finish(nullptr, runs[0].a[i]));
+
+  const kjit_sharded_cross_entropy* ops[2] = {c[0].get(), c[1].get()};
+  void* workspaces[2] = {runs[1].ca[0].workspace, runs[1].ca[1].workspace};
+  for (int i = 0; i < 2; ++i)
+    MustC(kjit_sharded_cross_entropy_compute_stats(ops[i], nullptr, &runs[1].ca[i]));
+  MustC(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, workspaces, 2, kRows));
+  for (int i = 0; i < 2; ++i)
+    MustC(kjit_sharded_cross_entropy_finish(ops[i], nullptr, &runs[1].ca[i]));
+  for (int i = 0; i < 2; ++i) {
+    ExpectSameBits(mem, runs[0].a[i].loss, runs[1].a[i].loss, "loss");
+    ExpectSameBits(mem, runs[0].a[i].grad, runs[1].a[i].grad, "grad");
+  }
+
+  // The per-step path: all-reduces by hand (max, then the sums in shard order).
+  Run& own = runs[2];
+  float* max[2] = {};
+  float* sums[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    MustC(kjit_sharded_cross_entropy_compute_stats(ops[i], nullptr, &own.ca[i]));
+    MustC(
+        kjit_sharded_cross_entropy_stats_of(ops[i], own.ca[i].workspace, kRows, &max[i], &sums[i]));
+    const ShardStatsView v = cpp[i].StatsOf(own.a[i].workspace, kRows);
+    ASSERT_EQ(v.max, max[i]);
+    ASSERT_EQ(v.sums, sums[i]);
+  }
+  std::vector<float> row_max = mem.ReadFloats(own.ca[0].workspace, max[0], kRows);
+  const std::vector<float> other = mem.ReadFloats(own.ca[1].workspace, max[1], kRows);
+  for (int64_t r = 0; r < kRows; ++r) row_max[r] = std::max(row_max[r], other[r]);
+  for (int i = 0; i < 2; ++i) {
+    mem.WriteFloats(own.ca[i].workspace, max[i], row_max);
+    MustC(kjit_sharded_cross_entropy_rescale_stats(ops[i], nullptr, own.ca[i].workspace, kRows));
+  }
+  std::vector<float> total = mem.ReadFloats(own.ca[0].workspace, sums[0], 3 * kRows);
+  const std::vector<float> more = mem.ReadFloats(own.ca[1].workspace, sums[1], 3 * kRows);
+  for (int64_t k = 0; k < 3 * kRows; ++k) total[k] += more[k];
+  for (int i = 0; i < 2; ++i) {
+    mem.WriteFloats(own.ca[i].workspace, sums[i], total);
+    MustC(kjit_sharded_cross_entropy_finish(ops[i], nullptr, &own.ca[i]));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const float expected = mem.ReadFloats(runs[0].a[i].loss.data,
+                                          static_cast<const float*>(runs[0].a[i].loss.data), 1)[0];
+    const float got =
+        mem.ReadFloats(own.a[i].loss.data, static_cast<const float*>(own.a[i].loss.data), 1)[0];
+    EXPECT_NEAR(got, expected, 1e-6 * std::fabs(expected)) << "shard " << i;
+    const std::vector<double> g0 = mem.ReadValues(runs[0].a[i].grad);
+    const std::vector<double> g1 = mem.ReadValues(own.a[i].grad);
+    for (size_t k = 0; k < g0.size(); ++k) {
+      ASSERT_NEAR(g1[k], g0[k], 2 * 0.0078125 * std::fabs(g0[k]) + 1e-12)
+          << "shard " << i << " gradient element " << k;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kjit

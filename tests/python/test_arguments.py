@@ -179,3 +179,83 @@ def test_numpy_bools_are_flags(rt):
     assert kjit._capi.flag("argmax", _NumpyBool(True)) == 1
     assert kjit._capi.flag("argmax", _NumpyBool(False)) == 0
     rt.cross_entropy(vocab=64, argmax=_NumpyBool(True))
+
+
+# ---- The vocab-parallel cross-entropy (issue 37) ----------------------------------------------
+
+@pytest.fixture
+def sharded(rt):
+    """The second of two shards of a 64-class vocab, compile-only."""
+    return rt.sharded_cross_entropy(vocab=64, shard_start=32, shard_end=64)
+
+
+def test_sharded_launches_refuse_unknown_keyword_arguments(sharded):
+    for name, launch in (("compute_stats", sharded.compute_stats),
+                         ("finish", sharded.finish),
+                         ("run", lambda stream, **f: sharded.run(stream, 0x1000, **f))):
+        with pytest.raises(TypeError, match=rf"^ShardedCrossEntropy\.{name}\(\): unexpected "
+                                            r"keyword argument 'grad_ouput'; it takes logits, "):
+            launch(None, grad_ouput=None)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda rt, op: rt.sharded_cross_entropy(vocab=2**64 + 5, shard_start=0, shard_end=5),
+     "vocab"),
+    (lambda rt, op: rt.sharded_cross_entropy(vocab=64, shard_start=2**63, shard_end=64),
+     "shard_start"),
+    (lambda rt, op: op.workspace_bytes(2**64 + 3), "rows"),
+    (lambda rt, op: op.stats_of(2**64 + 0x1000, 4), "workspace"),
+    (lambda rt, op: op.stats_of(0x1000, 2**63), "rows"),
+    (lambda rt, op: op.rescale_stats(None, 0x1000, -2**63 - 1), "rows"),
+    (lambda rt, op: op.all_reduce_stats(None, 0x1000, 4, 2**64), "nccl_comm"),
+    (lambda rt, op: op.run(None, -1), "nccl_comm"),
+    (lambda rt, op: kjit.combine_stats(None, [(op, 2**64)], 4), r"shards\[0\] workspace"),
+])
+def test_sharded_integers_their_c_types_cannot_hold_are_overflow_errors(rt, sharded, call, name):
+    with pytest.raises(OverflowError, match=f"^{name}: -?[0-9]+ is out of range: expected "):
+        call(rt, sharded)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda op: op.run(None, None), TypeError, "nccl_comm: expected an address"),
+    (lambda op: op.all_reduce_stats(None, None, 4, 0x1000), TypeError,
+     "workspace: expected an address"),
+    (lambda op: op.all_reduce_stats(None, 0x1000, 4, "comm"), TypeError,
+     "nccl_comm: expected an int, got str"),
+    (lambda op: kjit.combine_stats(None, [op], 4), TypeError,
+     r"shards\[0\]: expected an \(op, workspace\) pair"),
+    (lambda op: kjit.combine_stats(None, [("op", 0x1000)], 4), TypeError,
+     r"shards\[0\]: expected a ShardedCrossEntropy op, got str"),
+    (lambda op: op.stats_of(0, 4), kjit.KjitInvalidArgument,
+     "kjit_sharded_cross_entropy_stats_of: workspace is NULL"),
+    (lambda op: kjit.combine_stats(None, [(op, 0x1000)], 4), kjit.KjitInvalidArgument,
+     r"shards: cover classes \[32, 64\)|shards\[0\]: classes \[32, 64\)"),
+    (lambda op: kjit.combine_stats(None, [], 4), kjit.KjitInvalidArgument, "count: 0 shards"),
+])
+def test_sharded_bad_values_name_the_argument(sharded, call, error, message):
+    with pytest.raises(error, match=message):
+        call(sharded)
+
+
+def test_sharded_specs_are_checked_by_the_library(rt):
+    with pytest.raises(kjit.KjitInvalidArgument, match="^shard_end: 65 must be above"):
+        rt.sharded_cross_entropy(vocab=64, shard_start=0, shard_end=65)
+    with pytest.raises(ValueError, match="^reduction: expected one of"):
+        rt.sharded_cross_entropy(vocab=64, shard_start=0, shard_end=32, reduction="avg")
+    with pytest.raises(TypeError, match="^vocab: expected an int, got float"):
+        rt.sharded_cross_entropy(vocab=64.0, shard_start=0, shard_end=32)
+
+
+def test_sharded_queries_and_compile_only_launches(sharded):
+    rows = 4
+    nbytes = sharded.workspace_bytes(rows)
+    assert nbytes >= rows * 5 * 4 and nbytes % 16 == 0
+    base = 0x10000
+    max_at, sums_at = sharded.stats_of(base, rows)
+    assert sums_at - max_at == rows * 4  # rows floats of max, then the 3 * rows sums
+    assert base <= max_at and sums_at + 3 * rows * 4 <= base + nbytes
+    assert "cluster=0" in sharded.config()
+    assert sharded.build()["params"]["width"] == "32"
+    with pytest.raises(kjit.KjitError, match="compile-only") as e:
+        sharded.rescale_stats(None, base, rows)
+    assert e.value.status == "FAILED_PRECONDITION"

@@ -6,6 +6,7 @@ CUDA tensors, and apply_to(model) for Hugging Face causal LMs.
     loss = kjit.torch.cross_entropy(logits, target, ignore_index=-100)
     loss = kjit.torch.linear_cross_entropy(hidden, lm_head.weight, target)   # no logits in memory
     y = kjit.torch.rms_norm(x, weight, eps=1e-6)
+    from kjit.torch.distributed import vocab_parallel_cross_entropy   # tensor-parallel lm_heads
 
 The ops are torch.library custom ops (torch.ops.kjit.*) with fake implementations, so
 torch.compile(fullgraph=True) traces through them and CUDA graphs capture them.

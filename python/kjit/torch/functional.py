@@ -13,6 +13,7 @@ CUDA graphs (build the kernels first: run one step before capturing), and never 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Iterable, NamedTuple, Optional, Union
 
@@ -28,6 +29,39 @@ def _check_cuda(what: str, t: torch.Tensor) -> None:
     if t.device.type != "cuda":
         raise ValueError(f"kjit: {what} must be a CUDA tensor, got one on {t.device}; kjit's "
                          "kernels run on NVIDIA GPUs only")
+
+
+def _is_dtensor(t) -> bool:
+    """Whether t is a torch.distributed.tensor.DTensor (none exists unless its module was
+    imported, so plain tensors cost a dict lookup)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+# What to do instead, by op, when a DTensor reaches it.
+_DTENSOR_HINTS = {
+    "cross_entropy": "for logits sharded on the vocab (Shard(-1), a column-parallel lm_head's "
+                     "output) use kjit.torch.distributed.vocab_parallel_cross_entropy; otherwise "
+                     "pass .full_tensor() (or .to_local() of a replicated DTensor)",
+    "linear_cross_entropy": "under FSDP2 (fully_shard) call it where lm_head's weight is "
+                            "unsharded (inside the forward of the fully_shard unit that holds "
+                            "lm_head: kjit.torch.apply_to(model, linear_cross_entropy=True) does "
+                            "when lm_head is not a unit of its own), or pass "
+                            "weight.full_tensor(); a vocab-parallel lm_head (weight Shard(0) "
+                            "under tensor parallelism) has no fused kjit op yet: compute its "
+                            "logits and use kjit.torch.distributed.vocab_parallel_cross_entropy",
+    "rms_norm": "pass .full_tensor() (or .to_local() of a replicated DTensor)",
+}
+
+
+def _refuse_dtensors(op: str, *named) -> None:
+    """TypeError naming the first (name, tensor) pair that is a DTensor: kjit's kernels take
+    plain tensors, and a DTensor's local shard is not the tensor it stands for."""
+    for what, t in named:
+        if t is not None and _is_dtensor(t):
+            raise TypeError(f"kjit.torch.{op}: {what} is a DTensor (placements "
+                            f"{tuple(t.placements)} on a mesh of {t.device_mesh.size()} ranks); "
+                            f"kjit's kernels take plain tensors: {_DTENSOR_HINTS[op]}")
 
 
 def _check_on_one_gpu(*named) -> None:
@@ -229,6 +263,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     for what, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
+    _refuse_dtensors("cross_entropy", ("logits", logits), ("target", target), ("weight", weight))
     if logits.dim() != 2:
         raise ValueError(f"kjit: logits must be [rows, vocab], got shape {tuple(logits.shape)}; "
                          "flatten the leading dimensions (logits.view(-1, vocab))")
@@ -398,6 +433,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"kjit: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    _refuse_dtensors("linear_cross_entropy", ("weight", weight), ("hidden", hidden),
+                     ("target", target), ("bias", bias), ("class_weight", class_weight))
     if hidden.dim() != 2:
         raise ValueError(f"kjit: hidden must be [rows, hidden_size], got shape "
                          f"{tuple(hidden.shape)}; flatten the leading dimensions "
@@ -518,6 +555,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     for what, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
+    _refuse_dtensors("rms_norm", ("x", x), ("weight", weight), ("residual", residual))
     if casting not in _CASTINGS:
         raise ValueError(f"kjit: casting must be one of {_CASTINGS}, got {casting!r}")
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:

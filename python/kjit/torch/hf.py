@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 import threading
 import warnings
 
@@ -54,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kjit._runtime import KjitWarning
-from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
+from kjit.torch.functional import _is_dtensor, cross_entropy, linear_cross_entropy, rms_norm
 
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
 # Each one's RMSNorm is LlamaRMSNorm's code ("llama": normalized x rounded to the input dtype, then
@@ -460,8 +461,39 @@ def _take_kept_lm_head_input():
     return kept
 
 
+# Why the fused lm_head cannot take a lm_head that FSDP2 shards as a unit of its own, and what to
+# do instead.
+_OWN_FSDP_UNIT = (
+    "lm_head is a fully_shard unit of its own: FSDP2 reshards its weight as soon as lm_head's "
+    "forward returns, before the fused loss runs, and the fused loss would get the weight's local "
+    "shard. Keep lm_head in its parent's unit (fully_shard the decoder layers and then the whole "
+    "model, not model.lm_head), whose weights stay unsharded for the model's forward, the loss "
+    "included; or pass linear_cross_entropy=False")
+
+
+def _fsdp_unit(module: nn.Module) -> bool:
+    """Whether fully_shard made `module` a unit of its own (FSDP2)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, getattr(fsdp, "FSDPModule", ()))
+
+
+def _zero3_partitioned(weight: torch.Tensor) -> bool:
+    """Whether DeepSpeed ZeRO-3 holds `weight` partitioned (its data an empty placeholder)."""
+    return getattr(weight, "ds_id", None) is not None and weight.numel() == 0
+
+
 def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels, extras=False):
     hidden, head, softcap = kept
+    if _is_dtensor(head.weight):
+        raise ValueError(f"kjit.apply_to(linear_cross_entropy=True): lm_head's weight is a "
+                         f"DTensor (placements {tuple(head.weight.placements)}) when the loss "
+                         f"runs. {_OWN_FSDP_UNIT}")
+    if _zero3_partitioned(head.weight):
+        raise ValueError("kjit.apply_to(linear_cross_entropy=True): lm_head's weight is "
+                         "partitioned by DeepSpeed ZeRO-3 when the loss runs (released after "
+                         "lm_head's forward); gather it around the step "
+                         "(with deepspeed.zero.GatheredParameters(model.lm_head.weight, "
+                         "modifier_rank=None): ...) or pass linear_cross_entropy=False")
     flat = hidden.reshape(-1, hidden.shape[-1])
     target = _shifted_target(labels, shift_labels, ignore_index, hidden.device)
     if target.shape[0] != flat.shape[0]:
@@ -563,7 +595,11 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     empty ([batch, 0, vocab]); evaluation, generation and forwards without labels compute them
     as before. The op runs in the dtype lm_head would (autocast's, under autocast). lm_head must
     be a plain nn.Linear (not LoRA-wrapped or quantized) whose weight is whole in memory when
-    the loss runs: not a separate FSDP unit, not ZeRO-3 partitioned.
+    the loss runs. Under FSDP2 that holds when lm_head belongs to its parent's fully_shard unit
+    (fully_shard the layers, then the model); a lm_head that is a unit of its own is refused
+    with ValueError (here when fully_shard came first, else at the loss), as is a weight that is
+    a DTensor when the loss runs, rather than computing on its local shard. Under DeepSpeed
+    ZeRO-3 the weight must be gathered around the forward (deepspeed.zero.GatheredParameters).
     """
     if callable(getattr(model, "get_base_model", None)):
         model = model.get_base_model()  # a PEFT wrapper: the transformers model is underneath
@@ -582,6 +618,8 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     fuse = linear_cross_entropy and not getattr(model, "_kjit_fuse_lm_head", False)
     if fuse:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if _fsdp_unit(head):
+            raise ValueError(f"kjit.apply_to: {_OWN_FSDP_UNIT}")
         if type(head) is not nn.Linear:
             raise ValueError(f"kjit.apply_to: linear_cross_entropy needs lm_head to be a plain "
                              f"nn.Linear, got {type(head).__name__}; pass "
