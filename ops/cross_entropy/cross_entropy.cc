@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/program.h"
 #include "ops/cross_entropy/trait.h"
@@ -38,53 +39,63 @@ constexpr int kThreadsPerSm = 2048;
 constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
 static_assert(sizeof(CrossEntropyCounters) <= kCountersBytes);
 
-const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
-const char* ReductionDeviceName(Reduction r) {
-  switch (r) {
-    case Reduction::kNone: return "kjit::kCeNone";
-    case Reduction::kSum: return "kjit::kCeSum";
-    case Reduction::kMean: return "kjit::kCeMean";
-  }
-  return "?";
-}
-const char* Bool(bool b) { return b ? "true" : "false"; }
-const char* ClassWeightType(const CrossEntropySpec& s) {
-  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
-}
-
 // The template arguments the forward and backward kernels share, in their order.
-std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
-                     IndexDeviceType(s.target_type), s.vocab, c.threads, c.vec, c.unroll,
-                     ReductionDeviceName(s.reduction), Bool(s.label_smoothing > 0),
-                     Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
+jit::TemplateArgs RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return {s.dtype,
+          s.target_type,
+          s.vocab,
+          c.threads,
+          c.vec,
+          c.unroll,
+          ops::ReductionArg(s.reduction),
+          s.label_smoothing > 0,
+          s.lse_square_scale > 0,
+          s.softcap > 0};
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
-  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}, {}, {}>", RowArgs(s, c),
-                     Bool(s.argmax), Bool(s.entropy), Bool(gradient), ClassWeightType(s));
+  return jit::Instantiate("kjit::cross_entropy_forward", RowArgs(s, c), s.argmax, s.entropy,
+                          gradient, ops::ClassWeightArg(s.class_weight_dtype));
 }
 // The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
-  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
-                     DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
-                     c.vec, c.cluster, ReductionDeviceName(s.reduction),
-                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0), Bool(s.softcap > 0),
-                     Bool(s.argmax), Bool(s.entropy), ClassWeightType(s));
+  return jit::Instantiate(kernel, s.dtype, s.target_type, s.vocab, c.threads, c.vec, c.cluster,
+                          ops::ReductionArg(s.reduction), s.label_smoothing > 0,
+                          s.lse_square_scale > 0, s.softcap > 0, s.argmax, s.entropy,
+                          ops::ClassWeightArg(s.class_weight_dtype));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
-  return c.cluster > 0 ? ClusterExpr("cross_entropy_resident", s, c) : ForwardExpr(s, c, true);
+  if (c.staged) return ClusterExpr("kjit::cross_entropy_staged", s, c);
+  return c.cluster > 0 ? ClusterExpr("kjit::cross_entropy_resident", s, c)
+                       : ForwardExpr(s, c, true);
 }
 std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("kjit::cross_entropy_backward<{}, {}>", RowArgs(s, c), ClassWeightType(s));
+  return jit::Instantiate("kjit::cross_entropy_backward", RowArgs(s, c),
+                          ops::ClassWeightArg(s.class_weight_dtype));
 }
 }  // namespace
 
+jit::TemplateArg ops::ReductionArg(Reduction r) {
+  switch (r) {
+    case Reduction::kNone: return jit::TemplateArg::Name("kjit::kCeNone");
+    case Reduction::kSum: return jit::TemplateArg::Name("kjit::kCeSum");
+    case Reduction::kMean: return jit::TemplateArg::Name("kjit::kCeMean");
+  }
+  return jit::TemplateArg::Name("?");
+}
+
+jit::TemplateArg ops::ClassWeightArg(const std::optional<DType>& class_weight_dtype) {
+  if (class_weight_dtype) return *class_weight_dtype;
+  return jit::TemplateArg::Name("kjit::NoClassWeight");
+}
+
 std::string ops::CrossEntropyCountExpr(const CrossEntropySpec& s, int threads) {
-  return fmt::format("kjit::cross_entropy_count<{}, {}, {}, {}, {}>",
-                     IndexDeviceType(s.target_type), s.vocab, threads, ClassWeightType(s),
-                     Bool(s.label_smoothing > 0));
+  return jit::Instantiate("kjit::cross_entropy_count", s.target_type, s.vocab, threads,
+                          ClassWeightArg(s.class_weight_dtype), s.label_smoothing > 0);
+}
+
+std::string ops::CrossEntropyReduceExpr(Reduction reduction, int threads) {
+  return jit::Instantiate("kjit::cross_entropy_loss_reduce", threads, ReductionArg(reduction));
 }
 
 namespace {
@@ -93,12 +104,11 @@ std::string CountExpr(const CrossEntropySpec& s) {
 }
 // The rescale's vectors are the program's (no wider than the views the config was picked for).
 std::string RescaleExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("kjit::cross_entropy_rescale_gradient<{}, {}, {}, {}, {}>",
-                     DeviceTypeName(s.dtype), s.vocab, kRescaleThreads, c.vec, kRescaleUnroll);
+  return jit::Instantiate("kjit::cross_entropy_rescale_gradient", s.dtype, s.vocab, kRescaleThreads,
+                          c.vec, kRescaleUnroll);
 }
 std::string ReduceExpr(const CrossEntropySpec& s) {
-  return fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
-                     ReductionDeviceName(s.reduction));
+  return ops::CrossEntropyReduceExpr(s.reduction, kReduceThreads);
 }
 
 }  // namespace
@@ -207,7 +217,7 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"label_smoothing", fmt::format("{}", spec.label_smoothing)},
       {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
       {"softcap", fmt::format("{}", spec.softcap)},
-      {"argmax", Bool(spec.argmax)},
+      {"argmax", spec.argmax ? "true" : "false"},
   };
   if (spec.entropy) params["entropy"] = "true";  // absent when off: old cache metadata unchanged
   if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);

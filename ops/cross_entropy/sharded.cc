@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/nccl.h"
 #include "ops/cross_entropy/program.h"
@@ -30,24 +31,12 @@ constexpr int64_t kStatsOffset = kCountersBytes;
 // The program's kernels, in the order RenderShardedCrossEntropy names them.
 enum Kernel { kCount, kStats, kRescale, kCombine, kFinishForward, kFinishGradient, kReduce };
 
-const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
-const char* Bool(bool b) { return b ? "true" : "false"; }
-// By Reduction's value: none, sum, mean.
-constexpr const char* kReductionDeviceNames[] = {"kjit::kCeNone", "kjit::kCeSum", "kjit::kCeMean"};
-static_assert(static_cast<int>(Reduction::kMean) == 2);
-
 // The template arguments both phases start with: types, vocab, shard width and launch shape.
-std::string ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
-                     IndexDeviceType(s.target_type), s.vocab, s.width(), c.threads, c.vec,
-                     c.unroll);
+jit::TemplateArgs ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return {s.dtype, s.target_type, s.vocab, s.width(), c.threads, c.vec, c.unroll};
 }
-std::string OptionArgs(const ShardedCrossEntropySpec& s) {
-  return fmt::format("{}, {}, {}", Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
-                     Bool(s.softcap > 0));
-}
-const char* ClassWeightType(const ShardedCrossEntropySpec& s) {
-  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
+jit::TemplateArgs OptionArgs(const ShardedCrossEntropySpec& s) {
+  return {s.label_smoothing > 0, s.lse_square_scale > 0, s.softcap > 0};
 }
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
@@ -116,24 +105,22 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   params["op"] = "sharded_cross_entropy";
   params["width"] = std::to_string(spec.width());
   params.erase("argmax");
-  const std::string shape = ShapeArgs(spec, config), options = OptionArgs(spec);
-  const char* reduction = kReductionDeviceNames[static_cast<int>(spec.reduction)];
+  const jit::TemplateArgs shape = ShapeArgs(spec, config), options = OptionArgs(spec);
+  const jit::TemplateArg class_weight = ClassWeightArg(spec.class_weight_dtype);
   auto finish = [&](bool gradient) {
-    return fmt::format("kjit::sharded_cross_entropy_finish<{}, {}, {}, {}, {}>", shape, reduction,
-                       options, Bool(gradient), ClassWeightType(spec));
+    return jit::Instantiate("kjit::sharded_cross_entropy_finish", shape,
+                            ReductionArg(spec.reduction), options, gradient, class_weight);
   };
   // Order matters: the Kernel enum reads them back by position.
   std::vector<std::string> kernels = {
       CrossEntropyCountExpr(UnshardedSpec(checked), kCountThreads),
-      fmt::format("kjit::sharded_cross_entropy_stats<{}, {}, {}>", shape, options,
-                  ClassWeightType(spec)),
-      fmt::format("kjit::sharded_cross_entropy_rescale<{}>", kStatsThreads),
-      fmt::format("kjit::sharded_cross_entropy_combine<{}>", kStatsThreads),
+      jit::Instantiate("kjit::sharded_cross_entropy_stats", shape, options, class_weight),
+      jit::Instantiate("kjit::sharded_cross_entropy_rescale", kStatsThreads),
+      jit::Instantiate("kjit::sharded_cross_entropy_combine", kStatsThreads),
       finish(false),
       finish(true)};
   if (spec.reduction != Reduction::kNone) {
-    kernels.push_back(
-        fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads, reduction));
+    kernels.push_back(CrossEntropyReduceExpr(spec.reduction, kReduceThreads));
   }
   // The shard's start is a kernel argument, not a template one (nor a param): the ranks of an even
   // split share one program and one cache entry.

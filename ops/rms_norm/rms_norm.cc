@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
 #include "ops/rms_norm/trait.h"
@@ -38,26 +39,23 @@ int ReduceColumns(int64_t hidden) {
 DType WeightDType(const RmsNormSpec& spec) { return spec.weight_dtype.value_or(spec.dtype); }
 
 std::string ForwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
-  return fmt::format("kjit::rms_norm_forward<{}, {}, {}, {}, {}, {}, {}, {}>",
-                     DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
-                     c.forward.threads_per_row, c.forward.rows_per_block, c.vec,
-                     static_cast<int>(s.casting), s.fused_residual ? "true" : "false");
+  return jit::Instantiate("kjit::rms_norm_forward", s.dtype, WeightDType(s), s.hidden,
+                          c.forward.threads_per_row, c.forward.rows_per_block, c.vec, s.casting,
+                          s.fused_residual);
 }
 std::string BackwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
+  const jit::TemplateArgs shape = {
+      s.dtype, WeightDType(s), s.hidden, c.backward.threads_per_row, c.backward.rows_per_block,
+      c.vec};
   if (c.backward.ring > 0) {
-    return fmt::format("kjit::rms_norm_backward_ring<{}, {}, {}, {}, {}, {}, {}>",
-                       DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
-                       c.backward.threads_per_row, c.backward.rows_per_block, c.vec,
-                       c.backward.ring);
+    return jit::Instantiate("kjit::rms_norm_backward_ring", shape, c.backward.ring);
   }
-  return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
-                     DeviceTypeName(WeightDType(s)), s.hidden, c.backward.threads_per_row,
-                     c.backward.rows_per_block, c.vec);
+  return jit::Instantiate("kjit::rms_norm_backward", shape);
 }
 std::string ReduceExpr(const RmsNormSpec& s) {
   const int columns = ReduceColumns(s.hidden);
-  return fmt::format("kjit::rms_norm_dw_reduce<{}, {}, {}, {}>", DeviceTypeName(WeightDType(s)),
-                     s.hidden, columns, kReduceThreads / columns);
+  return jit::Instantiate("kjit::rms_norm_dw_reduce", WeightDType(s), s.hidden, columns,
+                          kReduceThreads / columns);
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
