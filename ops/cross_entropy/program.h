@@ -77,11 +77,6 @@ std::string CrossEntropyReduceExpr(Reduction reduction, int threads);
 jit::TemplateArg ReductionArg(Reduction reduction);
 jit::TemplateArg ClassWeightArg(const std::optional<DType>& class_weight_dtype);
 
-// A launch's class_weight against the op's class_weight_dtype: a [vocab] vector of it when that
-// is set, else absent.
-absl::Status CheckClassWeight(const TensorView& class_weight, const std::optional<DType>& dtype,
-                              int64_t vocab);
-
 absl::StatusOr<jit::Source> RenderShardedCrossEntropy(const ShardedCrossEntropySpec& spec,
                                                       const CrossEntropyConfig& config);
 // The config the sharded op uses without spec.config: the streaming heuristic for the shard's

@@ -11,6 +11,7 @@
 #include "jit/dtype.h"
 #include "jit/instantiation.h"
 #include "jit/status_helpers.h"
+#include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
 #include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"
