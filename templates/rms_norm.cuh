@@ -128,6 +128,53 @@ __device__ __forceinline__ void store_dw_partial(float* dw_row, int c, const flo
   }
 }
 
+// A thread's sums of dy * xhat over its row group's rows, for its own columns, as both backward
+// kernels keep them: in registers (Sums) when they fit, else in the group's partial row itself (its
+// own columns only, so no other thread touches them). The kernel owns the Sums array (a local, so
+// it stays in registers): zero before the first row, add each element, flush after the last row.
+template <int kHidden, int kThreads, int kVec>
+struct DwPartial {
+  using L = RowLayout<kHidden, kThreads, kVec>;
+  static constexpr bool kInRegisters = L::kIters * kVec <= 32;
+  using Sums = float[kInRegisters ? L::kIters * kVec : 1];
+
+  static __device__ __forceinline__ void zero(Sums& sums, float* dw_row, int lane) {
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int i = 0; i < L::kIters * kVec; ++i) sums[i] = 0.0f;
+    } else {
+#pragma unroll
+      for (int it = 0; it < L::kIters; ++it) {
+        const int c = L::col(lane, it);
+        if (c < kHidden) {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) dw_row[c + k] = 0.0f;
+        }
+      }
+    }
+  }
+  // Adds v to element k of the thread's it-th vector, column c + k.
+  static __device__ __forceinline__ void add(Sums& sums, float* dw_row, int it, int c, int k,
+                                             float v) {
+    if constexpr (kInRegisters) {
+      sums[it * kVec + k] += v;
+    } else {
+      dw_row[c + k] += v;
+    }
+  }
+  static __device__ __forceinline__ void flush(const Sums& sums, float* dw_row, int lane) {
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int it = 0; it < L::kIters; ++it) {
+        const int c = L::col(lane, it);
+        if (c < kHidden) {
+          store_dw_partial<kHidden, kVec>(dw_row, c, &sums[it * kVec]);
+        }
+      }
+    }
+  }
+};
+
 // dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * (offset + w), xhat = x * rstd, plus the
 // residual gradient when given; dw_partial[group] = sum over the group's rows of dy * xhat.
 // The grid strides over rows so that each row group accumulates many rows.
@@ -135,9 +182,7 @@ template <typename T, typename W, int kHidden, int kThreads, int kRowsPerBlock, 
 __global__ void __launch_bounds__(kThreads * kRowsPerBlock)
 rms_norm_backward(const RmsNormBackwardParams p) {
   using L = RowLayout<kHidden, kThreads, kVec>;
-  // The weight gradient stays in registers when it fits, else accumulates in the group's own
-  // partial row (its own columns only, so no other thread touches them).
-  constexpr bool kDwInRegisters = L::kIters * kVec <= 32;
+  using Dw = DwPartial<kHidden, kThreads, kVec>;
   constexpr bool kKeep = kKeepRowInRegisters<T, 2 * L::kIters, kVec>;
   static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
   __shared__ float smem[32];
@@ -148,20 +193,8 @@ rms_norm_backward(const RmsNormBackwardParams p) {
   const W* w = static_cast<const W*>(p.weight);
   float* dw_row = p.dw_partial + group * kHidden;
 
-  float dw_acc[kDwInRegisters ? L::kIters * kVec : 1];
-  if constexpr (kDwInRegisters) {
-#pragma unroll
-    for (int i = 0; i < L::kIters * kVec; ++i) dw_acc[i] = 0.0f;
-  } else {
-#pragma unroll
-    for (int it = 0; it < L::kIters; ++it) {
-      const int c = L::col(lane, it);
-      if (c < kHidden) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) dw_row[c + k] = 0.0f;
-      }
-    }
-  }
+  typename Dw::Sums dw_acc;
+  Dw::zero(dw_acc, dw_row, lane);
 
   using V = Vec<T, kVec>;
   // Rows that fit in registers are double-buffered: the next row's loads are issued before this
@@ -233,11 +266,7 @@ rms_norm_backward(const RmsNormBackwardParams p) {
           float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
           if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
           out.v[k] = from_float<T>(g);
-          if constexpr (kDwInRegisters) {
-            dw_acc[it * kVec + k] += d * xhat;
-          } else {
-            dw_row[c + k] += d * xhat;
-          }
+          Dw::add(dw_acc, dw_row, it, c, k, d * xhat);
         }
         store_vec<T, kVec>(dx, c, out);
       }
@@ -252,15 +281,7 @@ rms_norm_backward(const RmsNormBackwardParams p) {
     }
   }
   let_next_kernel_start();
-  if constexpr (kDwInRegisters) {
-#pragma unroll
-    for (int it = 0; it < L::kIters; ++it) {
-      const int c = L::col(lane, it);
-      if (c < kHidden) {
-        store_dw_partial<kHidden, kVec>(dw_row, c, &dw_acc[it * kVec]);
-      }
-    }
-  }
+  Dw::flush(dw_acc, dw_row, lane);
 }
 
 // A vector of kVec elements of T held as 32-bit words where it fills them (bf16/fp16 pairs), so
@@ -328,7 +349,7 @@ rms_norm_backward_ring(const RmsNormBackwardParams p) {
   static_assert(kKeepRowInRegisters<T, 2 * L::kIters, kVec>, "the ring holds whole rows");
   static_assert(kSlots >= 2 && kSlots <= 4, "a ring of 2 to 4 rows");
   static_assert(kThreads <= 32 || kRowsPerBlock == 1, "block-wide rows need one row per block");
-  constexpr bool kDwInRegisters = L::kIters * kVec <= 32;
+  using Dw = DwPartial<kHidden, kThreads, kVec>;
   constexpr bool kWeightInRegisters = L::kIters * kVec * sizeof(W) <= 32;
   __shared__ float smem[2][32];
 
@@ -354,20 +375,8 @@ rms_norm_backward_ring(const RmsNormBackwardParams p) {
     }
   };
 
-  float dw_acc[kDwInRegisters ? L::kIters * kVec : 1];
-  if constexpr (kDwInRegisters) {
-#pragma unroll
-    for (int i = 0; i < L::kIters * kVec; ++i) dw_acc[i] = 0.0f;
-  } else {
-#pragma unroll
-    for (int it = 0; it < L::kIters; ++it) {
-      const int c = L::col(lane, it);
-      if (c < kHidden) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) dw_row[c + k] = 0.0f;
-      }
-    }
-  }
+  typename Dw::Sums dw_acc;
+  Dw::zero(dw_acc, dw_row, lane);
 
   using P = PackedVec<T, kVec>;
   P dy_ring[kSlots][L::kIters], x_ring[kSlots][L::kIters];
@@ -423,11 +432,7 @@ rms_norm_backward_ring(const RmsNormBackwardParams p) {
         float g = rstd * (d * (p.weight_offset + to_float(wv.v[k])) - xhat * mean_dot);
         if (p.dresidual != nullptr) g += to_float(dres_v.v[k]);
         out.v[k] = from_float<T>(g);
-        if constexpr (kDwInRegisters) {
-          dw_acc[it * kVec + k] += d * xhat;
-        } else {
-          dw_row[c + k] += d * xhat;
-        }
+        Dw::add(dw_acc, dw_row, it, c, k, d * xhat);
       }
       store_vec<T, kVec>(dx, c, out);
     }
@@ -448,15 +453,7 @@ rms_norm_backward_ring(const RmsNormBackwardParams p) {
     }
   }
   let_next_kernel_start();
-  if constexpr (kDwInRegisters) {
-#pragma unroll
-    for (int it = 0; it < L::kIters; ++it) {
-      const int c = L::col(lane, it);
-      if (c < kHidden) {
-        store_dw_partial<kHidden, kVec>(dw_row, c, &dw_acc[it * kVec]);
-      }
-    }
-  }
+  Dw::flush(dw_acc, dw_row, lane);
 }
 
 // dw[c] = sum over partial rows of dw_partial[r][c], in a fixed order: each of the kSlices

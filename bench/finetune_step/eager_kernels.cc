@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <string>
 
-#include "jit/dtype.h"
 #include "jit/embedded_templates.h"
+#include "jit/instantiation.h"
 #include "jit/source.h"
 #include "jit/status_helpers.h"
 #include "runtime/runtime_state.h"
@@ -251,24 +251,22 @@ enum RowStat { kRstd = 0, kRstdBackward = 1 };
 constexpr int kThreads = 256;      // elementwise kernels
 constexpr int kRowThreads = 1024;  // kSource's kRowThreads
 
-std::string T(DType t) { return kjit::DeviceTypeName(t); }
-
 std::string UnaryName(DType a, DType out, int op, int vec) {
-  return fmt::format("eager::unary<{}, {}, {}, {}>", T(a), T(out), op, vec);
+  return kjit::jit::Instantiate("eager::unary", a, out, op, vec);
 }
 std::string BinaryName(DType a, DType b, DType out, int op, int broadcast, int vec) {
-  return fmt::format("eager::binary<{}, {}, {}, {}, {}, {}>", T(a), T(b), T(out), op, broadcast,
-                     vec);
+  return kjit::jit::Instantiate("eager::binary", a, b, out, op, broadcast, vec);
 }
-std::string FillName(DType t) { return fmt::format("eager::fill_normal<{}>", T(t)); }
+std::string FillName(DType t) { return kjit::jit::Instantiate("eager::fill_normal", t); }
 std::string RowStatName(int stat, int vec) {
-  return fmt::format("eager::row_stat<{}, {}>", stat, vec);
+  return kjit::jit::Instantiate("eager::row_stat", stat, vec);
 }
 std::string ColumnSumName(DType a, DType out) {
-  return fmt::format("eager::column_sum<{}, {}>", T(a), T(out));
+  return kjit::jit::Instantiate("eager::column_sum", a, out);
 }
 std::string LogSoftmaxName(bool backward, int vec) {
-  return fmt::format("eager::log_softmax_{}<{}>", backward ? "backward" : "forward", vec);
+  return kjit::jit::Instantiate(
+      backward ? "eager::log_softmax_backward" : "eager::log_softmax_forward", vec);
 }
 constexpr char kNllLoss[] = "eager::nll_loss";
 constexpr char kNllLossBackward[] = "eager::nll_loss_backward";

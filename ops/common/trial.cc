@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "jit/source.h"
 #include "runtime/runtime_state.h"
 
@@ -48,8 +48,8 @@ absl::Status RandomFill(const Runtime& runtime, void* data, DType dtype, int64_t
                         int64_t row_stride, uint64_t seed, float lo, float hi) {
   const internal::RuntimeState& rt = internal::StateOf(runtime);
   KJIT_RETURN_IF_ERROR(rt.NeedsDevice());
-  KJIT_ASSIGN_OR_RETURN(
-      CUfunction fn, FillKernel(rt, fmt::format("kjit::random_fill<{}>", DeviceTypeName(dtype))));
+  KJIT_ASSIGN_OR_RETURN(CUfunction fn,
+                        FillKernel(rt, jit::Instantiate("kjit::random_fill", dtype)));
   long long r = rows, c = cols, stride = row_stride;
   unsigned long long s = seed;
   void* args[] = {&data, &r, &c, &stride, &s, &lo, &hi};
@@ -60,9 +60,8 @@ absl::Status RandomTargets(const Runtime& runtime, void* data, IndexType type, i
                            uint64_t seed, int64_t modulus) {
   const internal::RuntimeState& rt = internal::StateOf(runtime);
   KJIT_RETURN_IF_ERROR(rt.NeedsDevice());
-  KJIT_ASSIGN_OR_RETURN(
-      CUfunction fn, FillKernel(rt, fmt::format("kjit::random_targets<{}>",
-                                                type == IndexType::kInt32 ? "int" : "long long")));
+  KJIT_ASSIGN_OR_RETURN(CUfunction fn,
+                        FillKernel(rt, jit::Instantiate("kjit::random_targets", type)));
   long long n = rows, m = modulus;
   unsigned long long s = seed;
   void* args[] = {&data, &n, &s, &m};

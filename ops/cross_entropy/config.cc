@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/common/ceil_div.h"
 #include "ops/common/config_text.h"
 
 namespace kjit {
@@ -47,8 +48,7 @@ absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text
 }
 
 namespace {
-int64_t Vectors(int64_t vocab, int vec) { return (vocab + vec - 1) / vec; }
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t Vectors(int64_t vocab, int vec) { return ops::CeilDiv(vocab, vec); }
 int64_t PowerOfTwoAtLeast(int64_t n) {
   int64_t p = 1;
   while (p < n) p *= 2;

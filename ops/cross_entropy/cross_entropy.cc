@@ -11,7 +11,9 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
 #include "ops/cross_entropy/trait.h"
 #include "runtime/op_kernels.h"
@@ -38,53 +40,63 @@ constexpr int kThreadsPerSm = 2048;
 constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
 static_assert(sizeof(CrossEntropyCounters) <= kCountersBytes);
 
-const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
-const char* ReductionDeviceName(Reduction r) {
-  switch (r) {
-    case Reduction::kNone: return "kjit::kCeNone";
-    case Reduction::kSum: return "kjit::kCeSum";
-    case Reduction::kMean: return "kjit::kCeMean";
-  }
-  return "?";
-}
-const char* Bool(bool b) { return b ? "true" : "false"; }
-const char* ClassWeightType(const CrossEntropySpec& s) {
-  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
-}
-
 // The template arguments the forward and backward kernels share, in their order.
-std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
-                     IndexDeviceType(s.target_type), s.vocab, c.threads, c.vec, c.unroll,
-                     ReductionDeviceName(s.reduction), Bool(s.label_smoothing > 0),
-                     Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
+jit::TemplateArgs RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return {s.dtype,
+          s.target_type,
+          s.vocab,
+          c.threads,
+          c.vec,
+          c.unroll,
+          ops::ReductionArg(s.reduction),
+          s.label_smoothing > 0,
+          s.lse_square_scale > 0,
+          s.softcap > 0};
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
-  return fmt::format("kjit::cross_entropy_forward<{}, {}, {}, {}, {}>", RowArgs(s, c),
-                     Bool(s.argmax), Bool(s.entropy), Bool(gradient), ClassWeightType(s));
+  return jit::Instantiate("kjit::cross_entropy_forward", RowArgs(s, c), s.argmax, s.entropy,
+                          gradient, ops::ClassWeightArg(s.class_weight_dtype));
 }
 // The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
-  return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
-                     DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
-                     c.vec, c.cluster, ReductionDeviceName(s.reduction),
-                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0), Bool(s.softcap > 0),
-                     Bool(s.argmax), Bool(s.entropy), ClassWeightType(s));
+  return jit::Instantiate(kernel, s.dtype, s.target_type, s.vocab, c.threads, c.vec, c.cluster,
+                          ops::ReductionArg(s.reduction), s.label_smoothing > 0,
+                          s.lse_square_scale > 0, s.softcap > 0, s.argmax, s.entropy,
+                          ops::ClassWeightArg(s.class_weight_dtype));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
-  return c.cluster > 0 ? ClusterExpr("cross_entropy_resident", s, c) : ForwardExpr(s, c, true);
+  if (c.staged) return ClusterExpr("kjit::cross_entropy_staged", s, c);
+  return c.cluster > 0 ? ClusterExpr("kjit::cross_entropy_resident", s, c)
+                       : ForwardExpr(s, c, true);
 }
 std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("kjit::cross_entropy_backward<{}, {}>", RowArgs(s, c), ClassWeightType(s));
+  return jit::Instantiate("kjit::cross_entropy_backward", RowArgs(s, c),
+                          ops::ClassWeightArg(s.class_weight_dtype));
 }
 }  // namespace
 
+jit::TemplateArg ops::ReductionArg(Reduction r) {
+  switch (r) {
+    case Reduction::kNone: return jit::TemplateArg::Name("kjit::kCeNone");
+    case Reduction::kSum: return jit::TemplateArg::Name("kjit::kCeSum");
+    case Reduction::kMean: return jit::TemplateArg::Name("kjit::kCeMean");
+  }
+  return jit::TemplateArg::Name("?");
+}
+
+jit::TemplateArg ops::ClassWeightArg(const std::optional<DType>& class_weight_dtype) {
+  if (class_weight_dtype) return *class_weight_dtype;
+  return jit::TemplateArg::Name("kjit::NoClassWeight");
+}
+
 std::string ops::CrossEntropyCountExpr(const CrossEntropySpec& s, int threads) {
-  return fmt::format("kjit::cross_entropy_count<{}, {}, {}, {}, {}>",
-                     IndexDeviceType(s.target_type), s.vocab, threads, ClassWeightType(s),
-                     Bool(s.label_smoothing > 0));
+  return jit::Instantiate("kjit::cross_entropy_count", s.target_type, s.vocab, threads,
+                          ClassWeightArg(s.class_weight_dtype), s.label_smoothing > 0);
+}
+
+std::string ops::CrossEntropyReduceExpr(Reduction reduction, int threads) {
+  return jit::Instantiate("kjit::cross_entropy_loss_reduce", threads, ReductionArg(reduction));
 }
 
 namespace {
@@ -93,12 +105,11 @@ std::string CountExpr(const CrossEntropySpec& s) {
 }
 // The rescale's vectors are the program's (no wider than the views the config was picked for).
 std::string RescaleExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("kjit::cross_entropy_rescale_gradient<{}, {}, {}, {}, {}>",
-                     DeviceTypeName(s.dtype), s.vocab, kRescaleThreads, c.vec, kRescaleUnroll);
+  return jit::Instantiate("kjit::cross_entropy_rescale_gradient", s.dtype, s.vocab, kRescaleThreads,
+                          c.vec, kRescaleUnroll);
 }
 std::string ReduceExpr(const CrossEntropySpec& s) {
-  return fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
-                     ReductionDeviceName(s.reduction));
+  return ops::CrossEntropyReduceExpr(s.reduction, kReduceThreads);
 }
 
 }  // namespace
@@ -207,7 +218,7 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"label_smoothing", fmt::format("{}", spec.label_smoothing)},
       {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
       {"softcap", fmt::format("{}", spec.softcap)},
-      {"argmax", Bool(spec.argmax)},
+      {"argmax", spec.argmax ? "true" : "false"},
   };
   if (spec.entropy) params["entropy"] = "true";  // absent when off: old cache metadata unchanged
   if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);
@@ -369,35 +380,9 @@ absl::Status CheckRows(int64_t rows) {
   return absl::OkStatus();
 }
 
-// The loss, grad_output and lse shapes depend on the reduction: per row for none, else one value.
-int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
-  return s.reduction == Reduction::kNone ? rows : 1;
-}
-
 }  // namespace
 
-absl::Status ops::CheckClassWeight(const TensorView& class_weight,
-                                   const std::optional<DType>& dtype, int64_t vocab) {
-  if (dtype) return internal::CheckMatrix("class_weight", class_weight, *dtype, 1, vocab);
-  if (!class_weight.empty()) {
-    return absl::InvalidArgumentError(
-        "class_weight: given, but the op was created without class weights (set the spec's "
-        "class_weight_dtype)");
-  }
-  return absl::OkStatus();
-}
-
 namespace {
-
-// The gradient is the logits themselves (same data and stride: in place) or shares no element.
-absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& logits) {
-  if (grad.data == logits.data && grad.row_stride != logits.row_stride) {
-    return absl::InvalidArgumentError(fmt::format(
-        "grad: aliases logits with row_stride {} instead of {} (in place needs the same view)",
-        grad.row_stride, logits.row_stride));
-  }
-  return internal::CheckNoPartialOverlap("grad", grad, "logits", logits);
-}
 
 // What every mode does once its arguments are checked: picks the kernels for the widest vector
 // the views allow and launches the count kernel, which fills the workspace's counters.
@@ -412,28 +397,6 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
   return k;
-}
-
-// The row kernels' parameters every mode sets; the outputs are left null.
-CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& logits,
-                                const IndexView& targets, const TensorView& grad,
-                                const TensorView& grad_output, const TensorView& class_weight,
-                                void* workspace) {
-  CrossEntropyRowParams p{};
-  p.logits = logits.data;
-  p.logits_stride = logits.row_stride;
-  p.targets = targets.data;
-  p.rows = logits.rows;
-  p.ignore_index = s.ignore_index;
-  p.label_smoothing = s.label_smoothing;
-  p.lse_square_scale = s.lse_square_scale;
-  p.softcap = s.softcap;
-  p.grad_output = static_cast<const float*>(grad_output.data);
-  p.counters = static_cast<const CrossEntropyCounters*>(workspace);
-  p.grad = grad.data;
-  p.grad_stride = grad.row_stride;
-  p.class_weight = class_weight.data;
-  return p;
 }
 
 // RescaleGradient's grad_output: fp32, one value for every row or one per row.
@@ -514,58 +477,19 @@ absl::Status CrossEntropy::ForwardBackward(CUstream stream, const CrossEntropyAr
 
 absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool gradient) const {
   const CrossEntropySpec& s = op_->spec;
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
-  KJIT_RETURN_IF_ERROR(CheckRows(rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
-  if (!a.lse.empty())
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (s.argmax) {
-    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.target_type, rows));
-  } else if (!a.argmax.empty()) {
-    return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
-  }
-  if (s.entropy) {
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("entropy", a.entropy, DType::kF32, 1, rows));
-  } else if (!a.entropy.empty()) {
-    return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
-  }
-  if (!a.target_logprob.empty()) {
-    KJIT_RETURN_IF_ERROR(
-        internal::CheckMatrix("target_logprob", a.target_logprob, DType::kF32, 1, rows));
-  }
-  if (gradient) {
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
-    KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
-    if (!a.grad_output.empty()) {
-      KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
-                                                 PerRowOrOne(s, rows)));
-    }
-  } else if (!a.grad.empty() || !a.grad_output.empty()) {
+  if (!gradient && (!a.grad.empty() || !a.grad_output.empty())) {
     return absl::InvalidArgumentError(
         fmt::format("{}: given to Forward, which computes no gradient; use ForwardBackward",
                     a.grad.empty() ? "grad_output" : "grad"));
   }
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
-  const int64_t ws_bytes = WorkspaceBytes(rows);
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
-  // grad against logits was checked above: in place is allowed, and strided views may interleave.
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckDisjoint({{"loss", a.loss},
-                               {"lse", a.lse},
-                               {"argmax", internal::BytesOf(a.argmax)},
-                               {"entropy", a.entropy},
-                               {"target_logprob", a.target_logprob},
-                               {"grad", a.grad},
-                               {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
-                              {{"logits", a.logits},
-                               {"targets", internal::BytesOf(a.targets)},
-                               {"grad_output", a.grad_output},
-                               {"class_weight", a.class_weight}},
-                              /*in_place=*/{{"grad", "logits"}}));
+  // ForwardBackward writes the gradient, so grad is not optional there (CheckMatrix words a
+  // missing one as every op does).
+  if (gradient && a.grad.empty()) {
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
+  }
+  KJIT_RETURN_IF_ERROR(ops::CheckLossArgs(s, s.vocab, a, WorkspaceBytes(rows)));
+  KJIT_RETURN_IF_ERROR(CheckRows(rows));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
 
   KJIT_ASSIGN_OR_RETURN(
@@ -578,7 +502,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
           ? static_cast<float*>(a.loss.data)
           : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
   CrossEntropyRowParams p =
-      RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
+      ops::RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
   p.row_loss = row_loss;
   p.lse = static_cast<float*>(a.lse.data);
   p.argmax = a.argmax.data;
@@ -603,11 +527,11 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad_output.empty()) {
-    KJIT_RETURN_IF_ERROR(
-        internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, PerRowOrOne(s, rows)));
+    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
+                                               ops::PerRowOrOne(s, rows)));
   }
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
-  KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
+  KJIT_RETURN_IF_ERROR(ops::CheckGradAgainstLogits(a.grad, a.logits));
   KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
@@ -626,7 +550,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
                         StartLaunches(*rt_, *op_, stream, a.logits, a.targets, a.grad,
                                       a.class_weight, a.workspace, CrossEntropyLaunch::kBackward));
   CrossEntropyRowParams p =
-      RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
+      ops::RowParams(s, a.logits, a.targets, a.grad, a.grad_output, a.class_weight, a.workspace);
   p.lse_in = static_cast<const float*>(a.lse.data);
   return rt_->Launch(k->row, rows, k->config.threads, stream, &p);
 }

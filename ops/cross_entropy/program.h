@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "jit/instantiation.h"
 #include "jit/source.h"
 #include "kjit/cross_entropy.h"
 #include "kjit/sharded_cross_entropy.h"
@@ -68,11 +69,13 @@ absl::StatusOr<std::vector<jit::Source>> RenderCrossEntropyPrograms(
 // The count kernel of a spec's program, with `threads` threads (the sharded op's counts over the
 // whole vocab with the same kernel).
 std::string CrossEntropyCountExpr(const CrossEntropySpec& spec, int threads);
+// The kernel that reduces the per-row losses into one (sum or mean), one block of `threads`.
+std::string CrossEntropyReduceExpr(Reduction reduction, int threads);
 
-// A launch's class_weight against the op's class_weight_dtype: a [vocab] vector of it when that
-// is set, else absent.
-absl::Status CheckClassWeight(const TensorView& class_weight, const std::optional<DType>& dtype,
-                              int64_t vocab);
+// The loss kernels' template arguments for a reduction ("kjit::kCeMean") and for the class
+// weights' type (their device type, or "kjit::NoClassWeight" without them).
+jit::TemplateArg ReductionArg(Reduction reduction);
+jit::TemplateArg ClassWeightArg(const std::optional<DType>& class_weight_dtype);
 
 absl::StatusOr<jit::Source> RenderShardedCrossEntropy(const ShardedCrossEntropySpec& spec,
                                                       const CrossEntropyConfig& config);

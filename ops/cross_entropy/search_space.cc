@@ -4,11 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "ops/common/ceil_div.h"
+
 namespace kjit::ops {
 
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // A streaming thread walks its share of the row `unroll` vectors at a time.
 constexpr int64_t kMaxVectorsPerThread = 256;

@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "ops/cross_entropy/config.h"
+#include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/nccl.h"
 #include "ops/cross_entropy/program.h"
 #include "runtime/op_kernels.h"
@@ -30,24 +32,12 @@ constexpr int64_t kStatsOffset = kCountersBytes;
 // The program's kernels, in the order RenderShardedCrossEntropy names them.
 enum Kernel { kCount, kStats, kRescale, kCombine, kFinishForward, kFinishGradient, kReduce };
 
-const char* IndexDeviceType(IndexType t) { return t == IndexType::kInt32 ? "int" : "long long"; }
-const char* Bool(bool b) { return b ? "true" : "false"; }
-// By Reduction's value: none, sum, mean.
-constexpr const char* kReductionDeviceNames[] = {"kjit::kCeNone", "kjit::kCeSum", "kjit::kCeMean"};
-static_assert(static_cast<int>(Reduction::kMean) == 2);
-
 // The template arguments both phases start with: types, vocab, shard width and launch shape.
-std::string ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
-                     IndexDeviceType(s.target_type), s.vocab, s.width(), c.threads, c.vec,
-                     c.unroll);
+jit::TemplateArgs ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
+  return {s.dtype, s.target_type, s.vocab, s.width(), c.threads, c.vec, c.unroll};
 }
-std::string OptionArgs(const ShardedCrossEntropySpec& s) {
-  return fmt::format("{}, {}, {}", Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
-                     Bool(s.softcap > 0));
-}
-const char* ClassWeightType(const ShardedCrossEntropySpec& s) {
-  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
+jit::TemplateArgs OptionArgs(const ShardedCrossEntropySpec& s) {
+  return {s.label_smoothing > 0, s.lse_square_scale > 0, s.softcap > 0};
 }
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
@@ -116,24 +106,22 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   params["op"] = "sharded_cross_entropy";
   params["width"] = std::to_string(spec.width());
   params.erase("argmax");
-  const std::string shape = ShapeArgs(spec, config), options = OptionArgs(spec);
-  const char* reduction = kReductionDeviceNames[static_cast<int>(spec.reduction)];
+  const jit::TemplateArgs shape = ShapeArgs(spec, config), options = OptionArgs(spec);
+  const jit::TemplateArg class_weight = ClassWeightArg(spec.class_weight_dtype);
   auto finish = [&](bool gradient) {
-    return fmt::format("kjit::sharded_cross_entropy_finish<{}, {}, {}, {}, {}>", shape, reduction,
-                       options, Bool(gradient), ClassWeightType(spec));
+    return jit::Instantiate("kjit::sharded_cross_entropy_finish", shape,
+                            ReductionArg(spec.reduction), options, gradient, class_weight);
   };
   // Order matters: the Kernel enum reads them back by position.
   std::vector<std::string> kernels = {
       CrossEntropyCountExpr(UnshardedSpec(checked), kCountThreads),
-      fmt::format("kjit::sharded_cross_entropy_stats<{}, {}, {}>", shape, options,
-                  ClassWeightType(spec)),
-      fmt::format("kjit::sharded_cross_entropy_rescale<{}>", kStatsThreads),
-      fmt::format("kjit::sharded_cross_entropy_combine<{}>", kStatsThreads),
+      jit::Instantiate("kjit::sharded_cross_entropy_stats", shape, options, class_weight),
+      jit::Instantiate("kjit::sharded_cross_entropy_rescale", kStatsThreads),
+      jit::Instantiate("kjit::sharded_cross_entropy_combine", kStatsThreads),
       finish(false),
       finish(true)};
   if (spec.reduction != Reduction::kNone) {
-    kernels.push_back(
-        fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads, reduction));
+    kernels.push_back(CrossEntropyReduceExpr(spec.reduction, kReduceThreads));
   }
   // The shard's start is a kernel argument, not a template one (nor a param): the ranks of an even
   // split share one program and one cache entry.
@@ -220,62 +208,22 @@ absl::StatusOr<BuildInfo> ShardedCrossEntropy::Build() const {
 absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) const {
   const ShardedCrossEntropySpec& s = op_->spec;
   KJIT_RETURN_IF_ERROR(
-      internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.width()));
-  const int64_t rows = a.logits.rows;
-  const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
-  if (!a.lse.empty())
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (!a.grad.empty()) {
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.width()));
-    if (a.grad.data == a.logits.data && a.grad.row_stride != a.logits.row_stride) {
-      return absl::InvalidArgumentError("grad: aliases logits with another row_stride");
-    }
-    KJIT_RETURN_IF_ERROR(internal::CheckNoPartialOverlap("grad", a.grad, "logits", a.logits));
-  }
-  if (!a.grad_output.empty()) {
-    if (a.grad.empty()) return absl::InvalidArgumentError("grad_output: given without grad");
-    KJIT_RETURN_IF_ERROR(
-        internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
-  }
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
-  const int64_t ws_bytes = WorkspaceBytes(rows);
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
-  // grad against logits was checked above: in place is allowed, and strided views may interleave.
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckDisjoint({{"loss", a.loss},
-                               {"lse", a.lse},
-                               {"grad", a.grad},
-                               {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
-                              {{"logits", a.logits},
-                               {"targets", internal::BytesOf(a.targets)},
-                               {"grad_output", a.grad_output},
-                               {"class_weight", a.class_weight}},
-                              /*in_place=*/{{"grad", "logits"}}));
+      ops::CheckLossArgs(UnshardedSpec(s), s.width(), a, WorkspaceBytes(a.logits.rows)));
   return rt_->NeedsDevice();
 }
 
 namespace {
 
-// The params both phases take; the outputs are left null.
+// The params both phases take (the statistics phase without grad and grad_output); the outputs
+// are left null.
 ShardedCrossEntropyParams PhaseParams(const ShardedCrossEntropySpec& s,
-                                      const ShardedCrossEntropyArgs& a) {
+                                      const ShardedCrossEntropyArgs& a, const TensorView& grad,
+                                      const TensorView& grad_output) {
   ShardedCrossEntropyParams p{};
-  CrossEntropyRowParams& r = p.row;
-  r.logits = a.logits.data;
-  r.logits_stride = a.logits.row_stride;
-  r.targets = a.targets.data;
-  r.rows = a.logits.rows;
-  r.ignore_index = s.ignore_index;
-  r.label_smoothing = s.label_smoothing;
-  r.lse_square_scale = s.lse_square_scale;
-  r.softcap = s.softcap;
-  r.lse = static_cast<float*>(a.lse.data);
-  r.counters = static_cast<const CrossEntropyCounters*>(a.workspace);
-  r.class_weight = a.class_weight.data;
-  r.class_weight_offset = s.shard_start;
+  p.row = ops::RowParams(UnshardedSpec(s), a.logits, a.targets, grad, grad_output, a.class_weight,
+                         a.workspace);
+  p.row.lse = static_cast<float*>(a.lse.data);
+  p.row.class_weight_offset = s.shard_start;
   p.shard_start = s.shard_start;
   p.stats = StatsIn(a.workspace);
   return p;
@@ -291,7 +239,7 @@ absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
   CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.ignore_index,
                             a.class_weight.data, static_cast<CrossEntropyCounters*>(a.workspace)};
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[kCount], 1, kCountThreads, stream, &c));
-  ShardedCrossEntropyParams p = PhaseParams(op_->spec, a);
+  ShardedCrossEntropyParams p = PhaseParams(op_->spec, a, {}, {});
   return rt_->Launch((*k)[kStats], a.logits.rows, k->config.threads, stream, &p);
 }
 
@@ -303,11 +251,8 @@ absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntr
   const int64_t rows = a.logits.rows;
   float* row_loss = s.reduction == Reduction::kNone ? static_cast<float*>(a.loss.data)
                                                     : StatsIn(a.workspace) + kShardStatCount * rows;
-  ShardedCrossEntropyParams p = PhaseParams(s, a);
+  ShardedCrossEntropyParams p = PhaseParams(s, a, a.grad, a.grad_output);
   p.row.row_loss = row_loss;
-  p.row.grad_output = static_cast<const float*>(a.grad_output.data);
-  p.row.grad = a.grad.data;
-  p.row.grad_stride = a.grad.row_stride;
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[a.grad.empty() ? kFinishForward : kFinishGradient], rows,
                                    k->config.threads, stream, &p));
   if (s.reduction == Reduction::kNone) return absl::OkStatus();

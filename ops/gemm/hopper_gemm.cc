@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "templates/gemm_sm90_params.h"
 
 namespace kjit::ops {
@@ -44,10 +44,10 @@ absl::Status EncodeTensorMap(const jit::Driver& cu, const TensorView& v, int box
 }  // namespace
 
 std::string GemmKernelSpec::NameExpression() const {
-  return fmt::format("kjit::gemm_sm90<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
-                     DeviceTypeName(dtype), DeviceTypeName(out), config.tile_m, config.tile_n,
-                     config.stages, a_major_mn ? 1 : 0, b_major_mn ? 1 : 0, config.group,
-                     config.along_n ? "true" : "false", accumulate ? "true" : "false");
+  // The majors are ints in the template (kAMajorMN, kBMajorMN).
+  return jit::Instantiate("kjit::gemm_sm90", dtype, out, config.tile_m, config.tile_n,
+                          config.stages, int{a_major_mn}, int{b_major_mn}, config.group,
+                          config.along_n, accumulate);
 }
 
 GemmKernelSpec KernelSpecOf(const GemmArgs& args, const GemmConfig& config) {

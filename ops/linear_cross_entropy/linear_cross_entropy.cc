@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
 #include "jit/status_helpers.h"
+#include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
 #include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"
@@ -34,7 +36,6 @@ constexpr int kStoreVec = 4;
 constexpr int64_t kAlign = 256;
 
 int64_t AlignUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-const char* Bool(bool b) { return b ? "true" : "false"; }
 
 // One chunk's product goes straight into d_weight, rounded once as the accumulator's would be.
 bool NeedsWeightAccumulator(const LinearCrossEntropySpec& s, int64_t chunks) {
@@ -51,8 +52,8 @@ int64_t Chunks(const LinearCrossEntropyConfig& c, int64_t rows) {
 }
 
 std::string StoreExpr(const LinearCrossEntropySpec& s, int vec, bool accumulate) {
-  return fmt::format("kjit::linear_cross_entropy_store<{}, {}, {}, {}>",
-                     DeviceTypeName(s.weight_grad()), kStoreThreads, vec, Bool(accumulate));
+  return jit::Instantiate("kjit::linear_cross_entropy_store", s.weight_grad(), kStoreThreads, vec,
+                          accumulate);
 }
 
 // The dtypes RescaleGradients scales, in the rescale program's order.
@@ -121,9 +122,9 @@ absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropy(const LinearCrossEntro
   // Order matters: LinearCrossEntropyKernels reads them back by position.
   std::vector<std::string> kernels = {
       CrossEntropyCountExpr(loss, kCountThreads),
-      fmt::format("kjit::linear_cross_entropy_scale<{}>", Bool(s.reduction == Reduction::kMean)),
-      fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
-                  s.reduction == Reduction::kMean ? "kjit::kCeMean" : "kjit::kCeSum")};
+      jit::Instantiate("kjit::linear_cross_entropy_scale", s.reduction == Reduction::kMean),
+      CrossEntropyReduceExpr(s.reduction == Reduction::kMean ? Reduction::kMean : Reduction::kSum,
+                             kReduceThreads)};
   if (s.weight_grad() != DType::kF32) {
     for (int vec : {1, kStoreVec}) {
       for (bool accumulate : {false, true}) kernels.push_back(StoreExpr(s, vec, accumulate));
@@ -140,8 +141,8 @@ absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropyRescale(const LinearCro
   std::vector<std::string> kernels;
   for (DType t : RescaleDTypes(s)) {
     for (int vec : {1, kStoreVec}) {
-      kernels.push_back(fmt::format("kjit::linear_cross_entropy_rescale<{}, {}, {}>",
-                                    DeviceTypeName(t), kStoreThreads, vec));
+      kernels.push_back(
+          jit::Instantiate("kjit::linear_cross_entropy_rescale", t, kStoreThreads, vec));
     }
   }
   return jit::RenderSource("linear_cross_entropy.rescale",

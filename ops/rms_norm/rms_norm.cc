@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "jit/dtype.h"
+#include "jit/instantiation.h"
+#include "ops/common/ceil_div.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
 #include "ops/rms_norm/trait.h"
@@ -38,29 +40,24 @@ int ReduceColumns(int64_t hidden) {
 DType WeightDType(const RmsNormSpec& spec) { return spec.weight_dtype.value_or(spec.dtype); }
 
 std::string ForwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
-  return fmt::format("kjit::rms_norm_forward<{}, {}, {}, {}, {}, {}, {}, {}>",
-                     DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
-                     c.forward.threads_per_row, c.forward.rows_per_block, c.vec,
-                     static_cast<int>(s.casting), s.fused_residual ? "true" : "false");
+  return jit::Instantiate("kjit::rms_norm_forward", s.dtype, WeightDType(s), s.hidden,
+                          c.forward.threads_per_row, c.forward.rows_per_block, c.vec, s.casting,
+                          s.fused_residual);
 }
 std::string BackwardExpr(const RmsNormSpec& s, const RmsNormConfig& c) {
+  const jit::TemplateArgs shape = {
+      s.dtype, WeightDType(s), s.hidden, c.backward.threads_per_row, c.backward.rows_per_block,
+      c.vec};
   if (c.backward.ring > 0) {
-    return fmt::format("kjit::rms_norm_backward_ring<{}, {}, {}, {}, {}, {}, {}>",
-                       DeviceTypeName(s.dtype), DeviceTypeName(WeightDType(s)), s.hidden,
-                       c.backward.threads_per_row, c.backward.rows_per_block, c.vec,
-                       c.backward.ring);
+    return jit::Instantiate("kjit::rms_norm_backward_ring", shape, c.backward.ring);
   }
-  return fmt::format("kjit::rms_norm_backward<{}, {}, {}, {}, {}, {}>", DeviceTypeName(s.dtype),
-                     DeviceTypeName(WeightDType(s)), s.hidden, c.backward.threads_per_row,
-                     c.backward.rows_per_block, c.vec);
+  return jit::Instantiate("kjit::rms_norm_backward", shape);
 }
 std::string ReduceExpr(const RmsNormSpec& s) {
   const int columns = ReduceColumns(s.hidden);
-  return fmt::format("kjit::rms_norm_dw_reduce<{}, {}, {}, {}>", DeviceTypeName(WeightDType(s)),
-                     s.hidden, columns, kReduceThreads / columns);
+  return jit::Instantiate("kjit::rms_norm_dw_reduce", WeightDType(s), s.hidden, columns,
+                          kReduceThreads / columns);
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The most threads an SM holds on any GPU kjit targets: the bound on resident blocks that
 // BackwardWorkspaceBytes uses without loading the kernel to ask the occupancy calculator.
@@ -69,7 +66,7 @@ constexpr int kMaxThreadsPerSm = 2048;
 // Row groups the backward runs with: as many blocks as are resident at once, so the GPU is filled
 // exactly once and each block walks its rows without a tail wave.
 int64_t BackwardGroups(const RmsNormConfig& c, int64_t rows, int sm_count, int blocks_per_sm) {
-  const int64_t blocks = std::min<int64_t>(CeilDiv(rows, c.backward.rows_per_block),
+  const int64_t blocks = std::min<int64_t>(ops::CeilDiv(rows, c.backward.rows_per_block),
                                            int64_t{sm_count} * std::max(1, blocks_per_sm));
   return blocks * c.backward.rows_per_block;
 }
@@ -287,7 +284,7 @@ absl::Status RmsNorm::Forward(CUstream stream, const RmsNormForwardArgs& a) cons
   p.rows = rows;
   p.eps = s.eps;
   p.weight_offset = s.weight_offset;
-  return rt_->Launch(k->forward(), CeilDiv(rows, k->config.forward.rows_per_block),
+  return rt_->Launch(k->forward(), ops::CeilDiv(rows, k->config.forward.rows_per_block),
                      k->config.forward.block_threads(), stream, &p);
 }
 
@@ -357,7 +354,7 @@ absl::Status RmsNorm::Backward(CUstream stream, const RmsNormBackwardArgs& a) co
   r.partial_rows = blocks * rpb;
   r.dw = a.dw.data;
   // Overlapping the backward's end (sm_90+): the reduce waits for its partials on the device.
-  return rt_->Launch(k->reduce(), CeilDiv(s.hidden, ReduceColumns(s.hidden)), kReduceThreads,
+  return rt_->Launch(k->reduce(), ops::CeilDiv(s.hidden, ReduceColumns(s.hidden)), kReduceThreads,
                      stream, &r, /*cluster=*/1, /*shared_bytes=*/0, /*overlap_previous=*/true);
 }
 

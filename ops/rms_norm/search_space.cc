@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 
+#include "ops/common/ceil_div.h"
+
 namespace kjit::ops {
 
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 constexpr int kMaxRowShapeVectors = 16;
 
