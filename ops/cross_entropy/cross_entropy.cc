@@ -49,28 +49,30 @@ const char* ReductionDeviceName(Reduction r) {
 }
 const char* Bool(bool b) { return b ? "true" : "false"; }
 const char* ClassWeightType(const CrossEntropySpec& s) {
-  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
+  return s.loss.class_weight_dtype ? DeviceTypeName(*s.loss.class_weight_dtype)
+                                   : "kjit::NoClassWeight";
 }
 
 // The template arguments the forward and backward kernels share, in their order.
 std::string RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
-                     IndexDeviceType(s.target_type), s.vocab, c.threads, c.vec, c.unroll,
-                     ReductionDeviceName(s.reduction), Bool(s.label_smoothing > 0),
-                     Bool(s.lse_square_scale > 0), Bool(s.softcap > 0));
+                     IndexDeviceType(s.loss.target_type), s.vocab, c.threads, c.vec, c.unroll,
+                     ReductionDeviceName(s.loss.reduction), Bool(s.loss.label_smoothing > 0),
+                     Bool(s.loss.z_loss > 0), Bool(s.loss.softcap > 0));
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
   return fmt::format("kjit::cross_entropy_forward<{}, {}, {}, {}, {}>", RowArgs(s, c),
-                     Bool(s.argmax), Bool(s.entropy), Bool(gradient), ClassWeightType(s));
+                     Bool(s.loss.argmax), Bool(s.loss.entropy), Bool(gradient), ClassWeightType(s));
 }
 // The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
   return fmt::format("kjit::{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", kernel,
-                     DeviceTypeName(s.dtype), IndexDeviceType(s.target_type), s.vocab, c.threads,
-                     c.vec, c.cluster, ReductionDeviceName(s.reduction),
-                     Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0), Bool(s.softcap > 0),
-                     Bool(s.argmax), Bool(s.entropy), ClassWeightType(s));
+                     DeviceTypeName(s.dtype), IndexDeviceType(s.loss.target_type), s.vocab,
+                     c.threads, c.vec, c.cluster, ReductionDeviceName(s.loss.reduction),
+                     Bool(s.loss.label_smoothing > 0), Bool(s.loss.z_loss > 0),
+                     Bool(s.loss.softcap > 0), Bool(s.loss.argmax), Bool(s.loss.entropy),
+                     ClassWeightType(s));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   if (c.staged) return ClusterExpr("cross_entropy_staged", s, c);
@@ -83,8 +85,8 @@ std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c)
 
 std::string ops::CrossEntropyCountExpr(const CrossEntropySpec& s, int threads) {
   return fmt::format("kjit::cross_entropy_count<{}, {}, {}, {}, {}>",
-                     IndexDeviceType(s.target_type), s.vocab, threads, ClassWeightType(s),
-                     Bool(s.label_smoothing > 0));
+                     IndexDeviceType(s.loss.target_type), s.vocab, threads, ClassWeightType(s),
+                     Bool(s.loss.label_smoothing > 0));
 }
 
 namespace {
@@ -98,7 +100,7 @@ std::string RescaleExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) 
 }
 std::string ReduceExpr(const CrossEntropySpec& s) {
   return fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads,
-                     ReductionDeviceName(s.reduction));
+                     ReductionDeviceName(s.loss.reduction));
 }
 
 }  // namespace
@@ -147,30 +149,7 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
     return absl::InvalidArgumentError(fmt::format("vocab: {} is out of range, expected {} to {}",
                                                   spec.vocab, kMinVocab, kMaxVocab));
   }
-  if (spec.target_type == IndexType::kInt32 &&
-      (spec.ignore_index < INT32_MIN || spec.ignore_index > INT32_MAX)) {
-    return absl::InvalidArgumentError(
-        fmt::format("ignore_index: {} does not fit the int32 targets", spec.ignore_index));
-  }
-  if (!std::isfinite(spec.label_smoothing) || spec.label_smoothing < 0 ||
-      spec.label_smoothing >= 1) {
-    return absl::InvalidArgumentError(
-        fmt::format("label_smoothing: {} must be in [0, 1)", spec.label_smoothing));
-  }
-  if (!std::isfinite(spec.lse_square_scale) || spec.lse_square_scale < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("lse_square_scale: {} must be finite and not negative", spec.lse_square_scale));
-  }
-  if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("softcap: {} must be 0 (off) or a finite positive cap", spec.softcap));
-  }
-  if (spec.class_weight_dtype && *spec.class_weight_dtype != DType::kF32 &&
-      *spec.class_weight_dtype != spec.dtype) {
-    return absl::InvalidArgumentError(
-        fmt::format("class_weight_dtype: {} must be fp32 or the logits' dtype ({})",
-                    Name(*spec.class_weight_dtype), Name(spec.dtype)));
-  }
+  KJIT_RETURN_IF_ERROR(ValidateLossOptions(spec.loss, spec.dtype));
   if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, 0));
   return absl::OkStatus();
 }
@@ -202,15 +181,18 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"op", "cross_entropy"},
       {"vocab", std::to_string(spec.vocab)},
       {"dtype", Name(spec.dtype)},
-      {"target_type", Name(spec.target_type)},
-      {"reduction", Name(spec.reduction)},
-      {"label_smoothing", fmt::format("{}", spec.label_smoothing)},
-      {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
-      {"softcap", fmt::format("{}", spec.softcap)},
-      {"argmax", Bool(spec.argmax)},
+      {"target_type", Name(spec.loss.target_type)},
+      {"reduction", Name(spec.loss.reduction)},
+      {"label_smoothing", fmt::format("{}", spec.loss.label_smoothing)},
+      // The params are part of the rendered text, so of the cache key: z_loss keeps its old name.
+      {"lse_square_scale", fmt::format("{}", spec.loss.z_loss)},
+      {"softcap", fmt::format("{}", spec.loss.softcap)},
+      {"argmax", Bool(spec.loss.argmax)},
   };
-  if (spec.entropy) params["entropy"] = "true";  // absent when off: old cache metadata unchanged
-  if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);
+  if (spec.loss.entropy)
+    params["entropy"] = "true";  // absent when off: old cache metadata unchanged
+  if (spec.loss.class_weight_dtype)
+    params["class_weight_dtype"] = Name(*spec.loss.class_weight_dtype);
   return params;
 }
 
@@ -228,7 +210,7 @@ absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec
   switch (program) {
     case CrossEntropyProgram::kCountReduce:
       kernels.push_back(CountExpr(spec));
-      if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
+      if (spec.loss.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
       break;
     case CrossEntropyProgram::kForward:
     case CrossEntropyProgram::kBackward:
@@ -330,7 +312,7 @@ absl::StatusOr<internal::CrossEntropyKernels> Load(const internal::RuntimeState&
     const std::vector<CUfunction>& f = k.programs[i].functions;
     if (programs[i] == CrossEntropyProgram::kCountReduce) {
       k.count = f.at(0);
-      if (spec.reduction != Reduction::kNone) k.reduce = f.at(1);
+      if (spec.loss.reduction != Reduction::kNone) k.reduce = f.at(1);
     } else {
       k.row = f.at(0);
     }
@@ -371,7 +353,7 @@ absl::Status CheckRows(int64_t rows) {
 
 // The loss, grad_output and lse shapes depend on the reduction: per row for none, else one value.
 int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
-  return s.reduction == Reduction::kNone ? rows : 1;
+  return s.loss.reduction == Reduction::kNone ? rows : 1;
 }
 
 }  // namespace
@@ -408,7 +390,7 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
   const int vec = internal::WidestVecAlignedAlike(op.config.vec, logits, {&grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
                         KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), launch));
-  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index, class_weight.data,
+  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.loss.ignore_index, class_weight.data,
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
   return k;
@@ -424,10 +406,10 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
   p.logits_stride = logits.row_stride;
   p.targets = targets.data;
   p.rows = logits.rows;
-  p.ignore_index = s.ignore_index;
-  p.label_smoothing = s.label_smoothing;
-  p.lse_square_scale = s.lse_square_scale;
-  p.softcap = s.softcap;
+  p.ignore_index = s.loss.ignore_index;
+  p.label_smoothing = s.loss.label_smoothing;
+  p.lse_square_scale = s.loss.z_loss;
+  p.softcap = s.loss.softcap;
   p.grad_output = static_cast<const float*>(grad_output.data);
   p.counters = static_cast<const CrossEntropyCounters*>(workspace);
   p.grad = grad.data;
@@ -500,7 +482,8 @@ absl::StatusOr<BuildInfo> CrossEntropy::Build() const {
 }
 
 int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
-  const int64_t losses = op_->spec.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
+  const int64_t losses =
+      op_->spec.loss.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
   return (kCountersBytes + losses * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
 }
 
@@ -518,16 +501,16 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
   if (!a.lse.empty())
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (s.argmax) {
-    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.target_type, rows));
+  if (s.loss.argmax) {
+    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.loss.target_type, rows));
   } else if (!a.argmax.empty()) {
     return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
   }
-  if (s.entropy) {
+  if (s.loss.entropy) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("entropy", a.entropy, DType::kF32, 1, rows));
   } else if (!a.entropy.empty()) {
     return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
@@ -548,7 +531,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
         fmt::format("{}: given to Forward, which computes no gradient; use ForwardBackward",
                     a.grad.empty() ? "grad_output" : "grad"));
   }
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -574,7 +557,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
           *rt_, *op_, stream, a.logits, a.targets, a.grad, a.class_weight, a.workspace,
           gradient ? CrossEntropyLaunch::kForwardBackward : CrossEntropyLaunch::kForward));
   float* row_loss =
-      s.reduction == Reduction::kNone
+      s.loss.reduction == Reduction::kNone
           ? static_cast<float*>(a.loss.data)
           : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
   CrossEntropyRowParams p =
@@ -589,7 +572,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
   KJIT_RETURN_IF_ERROR(rt_->Launch(k->row, rows * blocks_per_row, k->config.threads, stream, &p,
                                    blocks_per_row, k->shared_bytes, /*overlap_previous=*/true));
-  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  if (s.loss.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
   return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r, 1, 0, /*overlap_previous=*/true);
 }
@@ -600,7 +583,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad_output.empty()) {
     KJIT_RETURN_IF_ERROR(
@@ -608,7 +591,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   }
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
   KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -661,7 +644,8 @@ absl::Status CrossEntropy::RescaleGradient(CUstream stream,
 absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
   KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
-      state_->target, {{"dtype", spec.dtype}, {"class_weight_dtype", spec.class_weight_dtype}}));
+      state_->target,
+      {{"dtype", spec.dtype}, {"class_weight_dtype", spec.loss.class_weight_dtype}}));
   auto op = std::make_shared<internal::CrossEntropyState>();
   op->spec = spec;
   op->arch = state_->target.arch;

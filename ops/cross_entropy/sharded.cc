@@ -39,32 +39,24 @@ static_assert(static_cast<int>(Reduction::kMean) == 2);
 // The template arguments both phases start with: types, vocab, shard width and launch shape.
 std::string ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
   return fmt::format("{}, {}, {}, {}, {}, {}, {}", DeviceTypeName(s.dtype),
-                     IndexDeviceType(s.target_type), s.vocab, s.width(), c.threads, c.vec,
+                     IndexDeviceType(s.loss.target_type), s.vocab, s.width(), c.threads, c.vec,
                      c.unroll);
 }
 std::string OptionArgs(const ShardedCrossEntropySpec& s) {
-  return fmt::format("{}, {}, {}", Bool(s.label_smoothing > 0), Bool(s.lse_square_scale > 0),
-                     Bool(s.softcap > 0));
+  return fmt::format("{}, {}, {}", Bool(s.loss.label_smoothing > 0), Bool(s.loss.z_loss > 0),
+                     Bool(s.loss.softcap > 0));
 }
 const char* ClassWeightType(const ShardedCrossEntropySpec& s) {
-  return s.class_weight_dtype ? DeviceTypeName(*s.class_weight_dtype) : "kjit::NoClassWeight";
+  return s.loss.class_weight_dtype ? DeviceTypeName(*s.loss.class_weight_dtype)
+                                   : "kjit::NoClassWeight";
 }
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
-  return {.vocab = s.vocab,
-          .dtype = s.dtype,
-          .target_type = s.target_type,
-          .ignore_index = s.ignore_index,
-          .reduction = s.reduction,
-          .label_smoothing = s.label_smoothing,
-          .lse_square_scale = s.lse_square_scale,
-          .softcap = s.softcap,
-          .class_weight_dtype = s.class_weight_dtype,
-          .config = s.config};
+  return {.vocab = s.vocab, .dtype = s.dtype, .loss = s.loss, .config = s.config};
 }
 
 int64_t RowLossBytes(const ShardedCrossEntropySpec& s, int64_t rows) {
-  return s.reduction == Reduction::kNone ? 0 : rows * static_cast<int64_t>(sizeof(float));
+  return s.loss.reduction == Reduction::kNone ? 0 : rows * static_cast<int64_t>(sizeof(float));
 }
 int64_t StatsBytes(int64_t rows) {
   return kShardStatCount * rows * static_cast<int64_t>(sizeof(float));
@@ -86,6 +78,11 @@ CrossEntropyConfig ops::DefaultShardedCrossEntropyConfig(int64_t width, int vec)
 
 absl::Status ValidateShardedCrossEntropySpec(const ShardedCrossEntropySpec& spec) {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(UnshardedSpec(spec)));
+  // Each needs a cross-rank reduction of its own (ShardedCrossEntropy's header says what to do).
+  if (spec.loss.argmax || spec.loss.entropy) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: not supported in sharded mode", spec.loss.argmax ? "argmax" : "entropy"));
+  }
   if (spec.shard_start < 0 || spec.shard_start >= spec.vocab) {
     return absl::InvalidArgumentError(
         fmt::format("shard_start: {} is outside the vocab, expected 0 to {}", spec.shard_start,
@@ -117,7 +114,7 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   params["width"] = std::to_string(spec.width());
   params.erase("argmax");
   const std::string shape = ShapeArgs(spec, config), options = OptionArgs(spec);
-  const char* reduction = kReductionDeviceNames[static_cast<int>(spec.reduction)];
+  const char* reduction = kReductionDeviceNames[static_cast<int>(spec.loss.reduction)];
   auto finish = [&](bool gradient) {
     return fmt::format("kjit::sharded_cross_entropy_finish<{}, {}, {}, {}, {}>", shape, reduction,
                        options, Bool(gradient), ClassWeightType(spec));
@@ -131,7 +128,7 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
       fmt::format("kjit::sharded_cross_entropy_combine<{}>", kStatsThreads),
       finish(false),
       finish(true)};
-  if (spec.reduction != Reduction::kNone) {
+  if (spec.loss.reduction != Reduction::kNone) {
     kernels.push_back(
         fmt::format("kjit::cross_entropy_loss_reduce<{}, {}>", kReduceThreads, reduction));
   }
@@ -222,8 +219,8 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
   KJIT_RETURN_IF_ERROR(
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.width()));
   const int64_t rows = a.logits.rows;
-  const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
+  const int64_t per_row_or_one = s.loss.reduction == Reduction::kNone ? rows : 1;
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
   if (!a.lse.empty())
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
@@ -239,7 +236,7 @@ absl::Status ShardedCrossEntropy::CheckArgs(const ShardedCrossEntropyArgs& a) co
     KJIT_RETURN_IF_ERROR(
         internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
   }
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -268,10 +265,10 @@ ShardedCrossEntropyParams PhaseParams(const ShardedCrossEntropySpec& s,
   r.logits_stride = a.logits.row_stride;
   r.targets = a.targets.data;
   r.rows = a.logits.rows;
-  r.ignore_index = s.ignore_index;
-  r.label_smoothing = s.label_smoothing;
-  r.lse_square_scale = s.lse_square_scale;
-  r.softcap = s.softcap;
+  r.ignore_index = s.loss.ignore_index;
+  r.label_smoothing = s.loss.label_smoothing;
+  r.lse_square_scale = s.loss.z_loss;
+  r.softcap = s.loss.softcap;
   r.lse = static_cast<float*>(a.lse.data);
   r.counters = static_cast<const CrossEntropyCounters*>(a.workspace);
   r.class_weight = a.class_weight.data;
@@ -288,7 +285,7 @@ absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
   KJIT_RETURN_IF_ERROR(CheckArgs(a));
   const int vec = internal::WidestVecAlignedAlike(op_->config.vec, a.logits, {&a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
-  CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.ignore_index,
+  CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.loss.ignore_index,
                             a.class_weight.data, static_cast<CrossEntropyCounters*>(a.workspace)};
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[kCount], 1, kCountThreads, stream, &c));
   ShardedCrossEntropyParams p = PhaseParams(op_->spec, a);
@@ -301,8 +298,9 @@ absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntr
   const int vec = internal::WidestVecAlignedAlike(op_->config.vec, a.logits, {&a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   const int64_t rows = a.logits.rows;
-  float* row_loss = s.reduction == Reduction::kNone ? static_cast<float*>(a.loss.data)
-                                                    : StatsIn(a.workspace) + kShardStatCount * rows;
+  float* row_loss = s.loss.reduction == Reduction::kNone
+                        ? static_cast<float*>(a.loss.data)
+                        : StatsIn(a.workspace) + kShardStatCount * rows;
   ShardedCrossEntropyParams p = PhaseParams(s, a);
   p.row.row_loss = row_loss;
   p.row.grad_output = static_cast<const float*>(a.grad_output.data);
@@ -310,7 +308,7 @@ absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntr
   p.row.grad_stride = a.grad.row_stride;
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[a.grad.empty() ? kFinishForward : kFinishGradient], rows,
                                    k->config.threads, stream, &p));
-  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  if (s.loss.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.row.counters, static_cast<float*>(a.loss.data)};
   return rt_->Launch((*k)[kReduce], 1, kReduceThreads, stream, &r);
 }
@@ -370,7 +368,8 @@ absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vecto
     }
     const ShardedCrossEntropySpec& s = shards[i].op->spec();
     const ShardedCrossEntropySpec& first = shards[0].op->spec();
-    if (s.shard_start != next || s.vocab != first.vocab || s.reduction != first.reduction) {
+    if (s.shard_start != next || s.vocab != first.vocab ||
+        s.loss.reduction != first.loss.reduction) {
       return absl::InvalidArgumentError(fmt::format(
           "shards[{}]: classes [{}, {}) of vocab {}, expected the next shard of vocab {} from {} "
           "with the same reduction (the shards must tile the vocab in order)",
@@ -391,7 +390,8 @@ absl::StatusOr<kjit::ShardedCrossEntropy> Runtime::ShardedCrossEntropy(
     const ShardedCrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(spec));
   KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
-      state_->target, {{"dtype", spec.dtype}, {"class_weight_dtype", spec.class_weight_dtype}}));
+      state_->target,
+      {{"dtype", spec.dtype}, {"class_weight_dtype", spec.loss.class_weight_dtype}}));
   auto op = std::make_shared<internal::ShardedCrossEntropyState>();
   op->spec = spec;
   const int max_vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));

@@ -6,7 +6,8 @@
 // so a refactor of the rendering that changes no kernel changes no line, and one that does shows
 // which instantiation moved.
 //
-// After a deliberate change to a template or an instantiation, rewrite the file and review its diff:
+// After a deliberate change to a template or an instantiation, rewrite the file and review its
+// diff:
 //   KJIT_UPDATE_GOLDEN=1 build/tests/kjit_tests --gtest_filter='RenderedSources.*'
 #include <cstdlib>
 #include <fstream>
@@ -39,8 +40,8 @@ std::string Line(const std::string& label, const jit::Source& src) {
   std::string exprs;
   for (const std::string& e : src.name_expressions) exprs += (exprs.empty() ? "" : " ; ") + e;
   const jit::Target target = *jit::ParseTarget("sm_90");
-  return fmt::format("{} | {} | {} | {}", label, src.name,
-                     jit::CacheKey(src, target, {}, "golden"), exprs);
+  return fmt::format("{} | {} | {} | {}", label, src.name, jit::CacheKey(src, target, {}, "golden"),
+                     exprs);
 }
 
 class Lines {
@@ -61,8 +62,8 @@ class Lines {
 
 void AddCrossEntropy(Lines& out, const std::string& label, const CrossEntropySpec& spec, int arch) {
   const int elem = static_cast<int>(SizeOf(spec.dtype));
-  const CrossEntropyConfig c = ops::DefaultCrossEntropyConfig(
-      spec.vocab, ops::MaxVecForCrossEntropy(elem), arch, elem);
+  const CrossEntropyConfig c =
+      ops::DefaultCrossEntropyConfig(spec.vocab, ops::MaxVecForCrossEntropy(elem), arch, elem);
   out.Add(fmt::format("{} sm_{} {}", label, arch, c.ToString()),
           ops::RenderCrossEntropyPrograms(spec, c));
 }
@@ -70,7 +71,7 @@ void AddCrossEntropy(Lines& out, const std::string& label, const CrossEntropySpe
 // The options each loss is rendered with, beside the default: one at a time, then all at once.
 std::vector<std::pair<std::string, CrossEntropySpec>> CrossEntropyVariants(int64_t vocab,
                                                                            float softcap) {
-  const CrossEntropySpec base{.vocab = vocab, .softcap = softcap};
+  const CrossEntropySpec base{.vocab = vocab, .loss = {.softcap = softcap}};
   std::vector<std::pair<std::string, CrossEntropySpec>> v = {{"default", base}};
   auto with = [&](const char* name, auto change) {
     CrossEntropySpec s = base;
@@ -79,21 +80,21 @@ std::vector<std::pair<std::string, CrossEntropySpec>> CrossEntropyVariants(int64
   };
   with("fp16", [](auto& s) { s.dtype = DType::kF16; });
   with("fp32", [](auto& s) { s.dtype = DType::kF32; });
-  with("int32", [](auto& s) { s.target_type = IndexType::kInt32; });
-  with("none", [](auto& s) { s.reduction = Reduction::kNone; });
-  with("sum", [](auto& s) { s.reduction = Reduction::kSum; });
-  with("smoothing", [](auto& s) { s.label_smoothing = 0.1f; });
-  with("z_loss", [](auto& s) { s.lse_square_scale = 1e-4f; });
-  with("argmax", [](auto& s) { s.argmax = true; });
-  with("entropy", [](auto& s) { s.entropy = true; });
-  with("weights", [](auto& s) { s.class_weight_dtype = DType::kF32; });
+  with("int32", [](auto& s) { s.loss.target_type = IndexType::kInt32; });
+  with("none", [](auto& s) { s.loss.reduction = Reduction::kNone; });
+  with("sum", [](auto& s) { s.loss.reduction = Reduction::kSum; });
+  with("smoothing", [](auto& s) { s.loss.label_smoothing = 0.1f; });
+  with("z_loss", [](auto& s) { s.loss.z_loss = 1e-4f; });
+  with("argmax", [](auto& s) { s.loss.argmax = true; });
+  with("entropy", [](auto& s) { s.loss.entropy = true; });
+  with("weights", [](auto& s) { s.loss.class_weight_dtype = DType::kF32; });
   with("all", [](auto& s) {
-    s.reduction = Reduction::kSum;
-    s.label_smoothing = 0.1f;
-    s.lse_square_scale = 1e-4f;
-    s.argmax = s.entropy = true;
-    s.class_weight_dtype = DType::kBF16;
-    s.softcap = 30;
+    s.loss.reduction = Reduction::kSum;
+    s.loss.label_smoothing = 0.1f;
+    s.loss.z_loss = 1e-4f;
+    s.loss.argmax = s.loss.entropy = true;
+    s.loss.class_weight_dtype = DType::kBF16;
+    s.loss.softcap = 30;
   });
   return v;
 }
@@ -120,8 +121,8 @@ void AddModel(Lines& out, const autotune::ModelConfig& m) {
     }
   }
   for (bool bias : {false, true}) {
-    LinearCrossEntropySpec s{.vocab = m.vocab_size, .hidden = m.hidden_size, .bias = bias,
-                             .softcap = softcap};
+    LinearCrossEntropySpec s{
+        .vocab = m.vocab_size, .hidden = m.hidden_size, .bias = bias, .loss = {.softcap = softcap}};
     const std::string label = fmt::format("{} linear_cross_entropy{}", m.name, bias ? " bias" : "");
     out.Add(label, ops::RenderLinearCrossEntropy(s));
     out.Add(label, ops::RenderLinearCrossEntropyRescale(s));
@@ -129,8 +130,10 @@ void AddModel(Lines& out, const autotune::ModelConfig& m) {
   }
   for (int shards : {2, 8}) {
     const int64_t width = m.vocab_size / shards;
-    const ShardedCrossEntropySpec s{.vocab = m.vocab_size, .shard_start = width,
-                                    .shard_end = 2 * width, .softcap = softcap};
+    const ShardedCrossEntropySpec s{.vocab = m.vocab_size,
+                                    .shard_start = width,
+                                    .shard_end = 2 * width,
+                                    .loss = {.softcap = softcap}};
     const CrossEntropyConfig c = ops::DefaultShardedCrossEntropyConfig(width, 8);
     out.Add(fmt::format("{} sharded_cross_entropy 1/{} {}", m.name, shards, c.ToString()),
             ops::RenderShardedCrossEntropy(s, c));
@@ -163,7 +166,10 @@ void AddGemms(Lines& out) {
       for (bool a_mn : {false, true}) {
         for (bool b_mn : {false, true}) {
           for (bool acc : {false, true}) {
-            ops::GemmKernelSpec s{.dtype = dt, .out = o, .a_major_mn = a_mn, .b_major_mn = b_mn,
+            ops::GemmKernelSpec s{.dtype = dt,
+                                  .out = o,
+                                  .a_major_mn = a_mn,
+                                  .b_major_mn = b_mn,
                                   .accumulate = acc,
                                   .config = ops::DefaultGemmConfig(8192, 128256, 4096)};
             out.Add("gemm_sm90 " + s.NameExpression(), ops::RenderGemm(s));
@@ -207,7 +213,8 @@ TEST(RenderedSources, EveryStandardShapeRendersAsTheGoldenFileSays) {
     for (const std::string& line : now) out << line << '\n';
     out.close();
     ASSERT_TRUE(out) << "could not write " << kGoldenPath;
-    GTEST_SKIP() << "rewrote " << kGoldenPath << " with " << now.size() << " lines; review its diff";
+    GTEST_SKIP() << "rewrote " << kGoldenPath << " with " << now.size()
+                 << " lines; review its diff";
   }
   const std::vector<std::string> golden = ReadLines(kGoldenPath);
   ASSERT_FALSE(golden.empty()) << kGoldenPath << " is missing or empty";
