@@ -394,23 +394,45 @@ absl::StatusOr<RmsNormSpec> ToSpec(const kjit_rms_norm_spec& c) {
   return spec;
 }
 
+// The loss options of every loss spec; a bad field is named "loss.<field>". The structured
+// bindings here and in DefaultLossOptions stop the build when kjit::LossOptions or
+// kjit_loss_options gains a field the other lacks.
+LossOptions ToCpp(Fields& f, const kjit_loss_options& c) {
+  const auto& [target_type, reduction, ignore_index, label_smoothing, z_loss, softcap, argmax,
+               entropy, class_weight_dtype] = c;
+  const int weights =
+      f.Choice({"loss", "class_weight_dtype"}, class_weight_dtype, kClassWeightDTypeNames, -1);
+  return {.target_type = IndexType(f.Choice({"loss", "target_type"}, target_type, kIndexNames)),
+          .ignore_index = ignore_index,
+          .reduction = Reduction(f.Choice({"loss", "reduction"}, reduction, kReductionNames)),
+          .label_smoothing = label_smoothing,
+          .z_loss = z_loss,
+          .softcap = softcap,
+          .argmax = f.Flag("loss.argmax", argmax),
+          .entropy = f.Flag("loss.entropy", entropy),
+          .class_weight_dtype = weights < 0 ? std::nullopt : std::optional(DType(weights))};
+}
+
+// LossOptions' defaults as the C struct, for the loss specs' *_spec_init.
+kjit_loss_options DefaultLossOptions() {
+  const auto [target_type, ignore_index, reduction, label_smoothing, z_loss, softcap, argmax,
+              entropy, class_weight_dtype] = LossOptions{};
+  return {
+      .target_type = static_cast<int32_t>(target_type),
+      .reduction = static_cast<int32_t>(reduction),
+      .ignore_index = ignore_index,
+      .label_smoothing = label_smoothing,
+      .z_loss = z_loss,
+      .softcap = softcap,
+      .argmax = argmax,
+      .entropy = entropy,
+      .class_weight_dtype = class_weight_dtype ? static_cast<int32_t>(*class_weight_dtype) : -1};
+}
+
 absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
   Fields f;
-  const int class_weight_dtype =
-      f.Choice({"class_weight_dtype"}, c.class_weight_dtype, kClassWeightDTypeNames, -1);
   CrossEntropySpec spec{
-      .vocab = c.vocab,
-      .dtype = f.Dtype({"dtype"}, c.dtype),
-      .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
-      .ignore_index = c.ignore_index,
-      .reduction = Reduction(f.Choice({"reduction"}, c.reduction, kReductionNames)),
-      .label_smoothing = c.label_smoothing,
-      .lse_square_scale = c.lse_square_scale,
-      .softcap = c.softcap,
-      .argmax = f.Flag("argmax", c.argmax),
-      .entropy = f.Flag("entropy", c.entropy),
-      .class_weight_dtype =
-          class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype))};
+      .vocab = c.vocab, .dtype = f.Dtype({"dtype"}, c.dtype), .loss = ToCpp(f, c.loss)};
   KJIT_RETURN_IF_ERROR(f.status());
   KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
   return spec;
@@ -420,8 +442,6 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
   Fields f;
   const int weight_grad_dtype =
       f.Choice({"weight_grad_dtype"}, c.weight_grad_dtype, kWeightDTypeNames, -1);
-  const int class_weight_dtype =
-      f.Choice({"class_weight_dtype"}, c.class_weight_dtype, kClassWeightDTypeNames, -1);
   LinearCrossEntropySpec spec{
       .vocab = c.vocab,
       .hidden = c.hidden,
@@ -429,16 +449,7 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
       .weight_grad_dtype =
           weight_grad_dtype < 0 ? std::nullopt : std::optional(DType(weight_grad_dtype)),
       .bias = f.Flag("bias", c.bias),
-      .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
-      .ignore_index = c.ignore_index,
-      .reduction = Reduction(f.Choice({"reduction"}, c.reduction, kReductionNames)),
-      .label_smoothing = c.label_smoothing,
-      .lse_square_scale = c.lse_square_scale,
-      .softcap = c.softcap,
-      .argmax = f.Flag("argmax", c.argmax),
-      .entropy = f.Flag("entropy", c.entropy),
-      .class_weight_dtype =
-          class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype)),
+      .loss = ToCpp(f, c.loss),
       .weight_grad_accumulation = WeightGradAccumulation(
           f.Choice({"weight_grad_accumulation"}, c.weight_grad_accumulation, kAccumulationNames))};
   KJIT_RETURN_IF_ERROR(f.status());
@@ -448,21 +459,11 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
 
 absl::StatusOr<ShardedCrossEntropySpec> ToSpec(const kjit_sharded_cross_entropy_spec& c) {
   Fields f;
-  const int class_weight_dtype =
-      f.Choice({"class_weight_dtype"}, c.class_weight_dtype, kClassWeightDTypeNames, -1);
-  ShardedCrossEntropySpec spec{
-      .vocab = c.vocab,
-      .shard_start = c.shard_start,
-      .shard_end = c.shard_end,
-      .dtype = f.Dtype({"dtype"}, c.dtype),
-      .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
-      .ignore_index = c.ignore_index,
-      .reduction = Reduction(f.Choice({"reduction"}, c.reduction, kReductionNames)),
-      .label_smoothing = c.label_smoothing,
-      .lse_square_scale = c.lse_square_scale,
-      .softcap = c.softcap,
-      .class_weight_dtype =
-          class_weight_dtype < 0 ? std::nullopt : std::optional(DType(class_weight_dtype))};
+  ShardedCrossEntropySpec spec{.vocab = c.vocab,
+                               .shard_start = c.shard_start,
+                               .shard_end = c.shard_end,
+                               .dtype = f.Dtype({"dtype"}, c.dtype),
+                               .loss = ToCpp(f, c.loss)};
   KJIT_RETURN_IF_ERROR(f.status());
   KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
   return spec;
@@ -737,16 +738,8 @@ void kjit_cross_entropy_spec_init(kjit_cross_entropy_spec* spec) {
   *spec = {.struct_size = sizeof(*spec),
            .vocab = d.vocab,
            .dtype = static_cast<int32_t>(d.dtype),
-           .target_type = static_cast<int32_t>(d.target_type),
-           .ignore_index = d.ignore_index,
-           .reduction = static_cast<int32_t>(d.reduction),
-           .label_smoothing = d.label_smoothing,
-           .lse_square_scale = d.lse_square_scale,
-           .softcap = d.softcap,
-           .argmax = d.argmax,
-           .config = nullptr,
-           .class_weight_dtype = -1,
-           .entropy = d.entropy};
+           .loss = kjit::DefaultLossOptions(),
+           .config = nullptr};
 }
 
 void kjit_cross_entropy_args_init(kjit_cross_entropy_args* args) { kjit::InitArgs(args); }
@@ -824,17 +817,9 @@ void kjit_linear_cross_entropy_spec_init(kjit_linear_cross_entropy_spec* spec) {
            .dtype = static_cast<int32_t>(d.dtype),
            .weight_grad_dtype = -1,
            .bias = d.bias,
-           .target_type = static_cast<int32_t>(d.target_type),
-           .ignore_index = d.ignore_index,
-           .reduction = static_cast<int32_t>(d.reduction),
-           .label_smoothing = d.label_smoothing,
-           .lse_square_scale = d.lse_square_scale,
-           .softcap = d.softcap,
-           .argmax = d.argmax,
+           .loss = kjit::DefaultLossOptions(),
            .weight_grad_accumulation = static_cast<int32_t>(d.weight_grad_accumulation),
-           .config = nullptr,
-           .entropy = d.entropy,
-           .class_weight_dtype = -1};
+           .config = nullptr};
 }
 
 void kjit_linear_cross_entropy_args_init(kjit_linear_cross_entropy_args* args) {
@@ -916,14 +901,8 @@ void kjit_sharded_cross_entropy_spec_init(kjit_sharded_cross_entropy_spec* spec)
            .shard_start = d.shard_start,
            .shard_end = d.shard_end,
            .dtype = static_cast<int32_t>(d.dtype),
-           .target_type = static_cast<int32_t>(d.target_type),
-           .ignore_index = d.ignore_index,
-           .reduction = static_cast<int32_t>(d.reduction),
-           .label_smoothing = d.label_smoothing,
-           .lse_square_scale = d.lse_square_scale,
-           .softcap = d.softcap,
-           .config = nullptr,
-           .class_weight_dtype = -1};
+           .loss = kjit::DefaultLossOptions(),
+           .config = nullptr};
 }
 
 void kjit_sharded_cross_entropy_args_init(kjit_sharded_cross_entropy_args* args) {

@@ -116,7 +116,7 @@ absl::StatusOr<ops::OpSpec> SpecFor(const BenchFlags& f, int64_t size, DType dty
       return absl::InvalidArgumentError(
           fmt::format("--class-weights does not apply to --op {}", f.op));
     }
-    KJIT_ASSIGN_OR_RETURN(ce->class_weight_dtype, ParseDType(f.class_weights));
+    KJIT_ASSIGN_OR_RETURN(ce->loss.class_weight_dtype, ParseDType(f.class_weights));
     KJIT_RETURN_IF_ERROR(Annotate(ValidateCrossEntropySpec(*ce), "--class-weights"));
   }
   if (!f.casting.empty()) {

@@ -72,7 +72,7 @@ absl::Status CheckRows(const Problem& p,
     start += width;
   }
   const ops::CrossEntropyMath math{
-      .vocab = p.vocab, .dtype = kDtype, .reduction = Reduction::kNone};
+      .vocab = p.vocab, .dtype = kDtype, .loss = {.reduction = Reduction::kNone}};
   const std::vector<double> scale(kCheckedRows, 1.0 / p.rows);  // mean over all-valid rows
   const std::vector<double> logits(p.logits.begin(), p.logits.begin() + kCheckedRows * p.vocab);
   const std::vector<int64_t> targets(p.targets.begin(), p.targets.begin() + kCheckedRows);

@@ -1,7 +1,10 @@
 // `kjit compile`: render, compile (or find in the cache) one op's kernels and say where they lie.
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,13 +32,10 @@ struct CompileFlags {
   std::string weight_dtype;
   std::string casting = "llama";
   bool residual = false;
+  // The loss ops' flags (AddLossFlags): the options, and those given as text.
+  LossOptions loss;
   std::string target_type = "int64";
   std::string reduction = "mean";
-  float label_smoothing = 0;
-  float z_loss = 0;
-  float softcap = 0;
-  bool argmax = false;
-  bool entropy = false;
   std::string class_weights;  // a dtype; empty: none
   std::string arch = "auto";
   bool json = false;
@@ -52,21 +52,57 @@ struct OpFlag {
     return std::find(ops.begin(), ops.end(), op) != ops.end();
   }
 };
-const OpFlag kOpFlags[] = {
-    {"--hidden", {"rms_norm", "linear_cross_entropy"}, "hidden"},
-    {"--weight-dtype", {"rms_norm"}, "weight_dtype"},
-    {"--casting", {"rms_norm"}, ""},
-    {"--residual", {"rms_norm"}, ""},
-    {"--vocab", {"cross_entropy", "linear_cross_entropy"}, "vocab"},
-    {"--target-type", {"cross_entropy", "linear_cross_entropy"}, ""},
-    {"--reduction", {"cross_entropy", "linear_cross_entropy"}, ""},
-    {"--label-smoothing", {"cross_entropy", "linear_cross_entropy"}, "label_smoothing"},
-    {"--z-loss", {"cross_entropy", "linear_cross_entropy"}, "lse_square_scale"},
-    {"--softcap", {"cross_entropy", "linear_cross_entropy"}, "softcap"},
-    {"--argmax", {"cross_entropy", "linear_cross_entropy"}, ""},
-    {"--entropy", {"cross_entropy", "linear_cross_entropy"}, ""},
-    {"--class-weights", {"cross_entropy", "linear_cross_entropy"}, "class_weight_dtype"},
-};
+// The ops whose spec holds the loss options (kjit/loss_options.h): the loss flags apply to them.
+std::vector<std::string_view> LossOps() {
+  std::vector<std::string_view> names;
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    auto add = [&]<typename Spec>(const Spec*) {
+      if constexpr (requires(const Spec& s) { s.loss; }) names.push_back(ops::OpTrait<Spec>::kName);
+    };
+    (add(static_cast<const std::variant_alternative_t<I, ops::OpSpec>*>(nullptr)), ...);
+  }
+  (std::make_index_sequence<std::variant_size_v<ops::OpSpec>>{});
+  return names;
+}
+
+const std::vector<OpFlag>& OpFlags() {
+  static const std::vector<OpFlag> flags = [] {
+    std::vector<OpFlag> f = {
+        {"--hidden", {"rms_norm", "linear_cross_entropy"}, "hidden"},
+        {"--weight-dtype", {"rms_norm"}, "weight_dtype"},
+        {"--casting", {"rms_norm"}, ""},
+        {"--residual", {"rms_norm"}, ""},
+        {"--vocab", {"cross_entropy", "linear_cross_entropy"}, "vocab"},
+    };
+    // Each loss option's flag is its name with dashes, but class_weight_dtype's.
+    for (auto [flag, field] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
+             {"--target-type", ""},
+             {"--reduction", ""},
+             {"--label-smoothing", "label_smoothing"},
+             {"--z-loss", "z_loss"},
+             {"--softcap", "softcap"},
+             {"--argmax", ""},
+             {"--entropy", ""},
+             {"--class-weights", "class_weight_dtype"}}) {
+      f.push_back({flag, LossOps(), field});
+    }
+    return f;
+  }();
+  return flags;
+}
+
+// The loss options the flags give (unvalidated: the op's spec checks them).
+absl::StatusOr<LossOptions> LossFromFlags(const CompileFlags& f) {
+  LossOptions loss = f.loss;
+  loss.target_type = f.target_type == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+  loss.reduction = f.reduction == "none"  ? Reduction::kNone
+                   : f.reduction == "sum" ? Reduction::kSum
+                                          : Reduction::kMean;
+  if (!f.class_weights.empty()) {
+    KJIT_ASSIGN_OR_RETURN(loss.class_weight_dtype, ParseDType(f.class_weights));
+  }
+  return loss;
+}
 
 absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype) {
   RmsNormSpec spec{.hidden = f.hidden, .dtype = dtype};
@@ -81,37 +117,14 @@ absl::StatusOr<ops::OpSpec> RmsNormFromFlags(const CompileFlags& f, DType dtype)
 
 absl::StatusOr<ops::OpSpec> CrossEntropyFromFlags(const CompileFlags& f, DType dtype) {
   CrossEntropySpec spec{.vocab = f.vocab, .dtype = dtype};
-  spec.target_type = f.target_type == "int32" ? IndexType::kInt32 : IndexType::kInt64;
-  spec.reduction = f.reduction == "none"  ? Reduction::kNone
-                   : f.reduction == "sum" ? Reduction::kSum
-                                          : Reduction::kMean;
-  spec.label_smoothing = f.label_smoothing;
-  spec.lse_square_scale = f.z_loss;
-  spec.softcap = f.softcap;
-  spec.argmax = f.argmax;
-  spec.entropy = f.entropy;
-  if (!f.class_weights.empty()) {
-    KJIT_ASSIGN_OR_RETURN(spec.class_weight_dtype, ParseDType(f.class_weights));
-  }
+  KJIT_ASSIGN_OR_RETURN(spec.loss, LossFromFlags(f));
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
   return spec;
 }
 
-// The loss's flags as the cross-entropy reads them, with the lm_head's hidden size.
 absl::StatusOr<ops::OpSpec> LinearCrossEntropyFromFlags(const CompileFlags& f, DType dtype) {
-  KJIT_ASSIGN_OR_RETURN(const ops::OpSpec loss, CrossEntropyFromFlags(f, dtype));
-  const auto& ce = std::get<CrossEntropySpec>(loss);
-  LinearCrossEntropySpec spec{.vocab = ce.vocab,
-                              .hidden = f.hidden,
-                              .dtype = dtype,
-                              .target_type = ce.target_type,
-                              .reduction = ce.reduction,
-                              .label_smoothing = ce.label_smoothing,
-                              .lse_square_scale = ce.lse_square_scale,
-                              .softcap = ce.softcap,
-                              .argmax = ce.argmax,
-                              .entropy = ce.entropy,
-                              .class_weight_dtype = ce.class_weight_dtype};
+  LinearCrossEntropySpec spec{.vocab = f.vocab, .hidden = f.hidden, .dtype = dtype};
+  KJIT_ASSIGN_OR_RETURN(spec.loss, LossFromFlags(f));
   KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(spec));
   return spec;
 }
@@ -137,7 +150,7 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
 // spec validates).
 absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
   std::vector<std::string_view> others;
-  for (const OpFlag& o : kOpFlags) {
+  for (const OpFlag& o : OpFlags()) {
     if (!o.AppliesTo(f.op) && cmd.count(std::string(o.flag)) > 0) others.push_back(o.flag);
   }
   if (!others.empty()) {
@@ -154,12 +167,37 @@ absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
                                                    {"--weight-dtype", f.weight_dtype},
                                                    {"--class-weights", f.class_weights}}));
   const absl::Status spec = SpecFromFlags(f).status();
-  for (const OpFlag& o : kOpFlags) {
+  for (const OpFlag& o : OpFlags()) {
     if (!o.field.empty() && ToStd(spec.message()).starts_with(fmt::format("{}: ", o.field))) {
       return ops::Renamed(spec, o.flag);
     }
   }
   return spec;
+}
+
+// The loss options' flags, shared by every loss op (LossOps()).
+void AddLossFlags(CLI::App* cmd, CompileFlags& f) {
+  const std::string ops = fmt::format("{}", fmt::join(LossOps(), ", "));
+  cmd->add_option("--target-type", f.target_type, fmt::format("Targets: int32 or int64 ({})", ops))
+      ->check(CLI::IsMember({"int32", "int64"}))
+      ->capture_default_str();
+  cmd->add_option("--reduction", f.reduction, fmt::format("none, sum or mean ({})", ops))
+      ->check(CLI::IsMember({"none", "sum", "mean"}))
+      ->capture_default_str();
+  cmd->add_option("--label-smoothing", f.loss.label_smoothing,
+                  fmt::format("Label smoothing in [0, 1) ({})", ops));
+  cmd->add_option("--z-loss", f.loss.z_loss,
+                  fmt::format("The z-loss coefficient: adds z_loss * lse^2 per row ({})", ops));
+  cmd->add_option("--softcap", f.loss.softcap, fmt::format("Logit soft-cap, 0 = off ({})", ops));
+  cmd->add_flag("--argmax", f.loss.argmax,
+                fmt::format("Also write the predicted token per row ({})", ops));
+  cmd->add_flag("--entropy", f.loss.entropy,
+                fmt::format("Also write the softmax's entropy per row ({})", ops));
+  cmd->add_option("--class-weights", f.class_weights,
+                  fmt::format("Per-class weights of this dtype, fp32 or --dtype's ({}; the "
+                              "weights themselves are a launch argument)",
+                              ops))
+      ->check(DTypeValidator());
 }
 
 int RunCompile(const CompileFlags& f) {
@@ -243,24 +281,7 @@ Command AddCompileCommand(CLI::App& app) {
       ->check(CLI::IsMember({"llama", "gemma", "none"}))
       ->capture_default_str();
   cmd->add_flag("--residual", f->residual, "Fuse the residual add (rms_norm)");
-  cmd->add_option("--target-type", f->target_type, "Targets: int32 or int64 (cross_entropy)")
-      ->check(CLI::IsMember({"int32", "int64"}))
-      ->capture_default_str();
-  cmd->add_option("--reduction", f->reduction, "none, sum or mean (cross_entropy)")
-      ->check(CLI::IsMember({"none", "sum", "mean"}))
-      ->capture_default_str();
-  cmd->add_option("--label-smoothing", f->label_smoothing,
-                  "Label smoothing in [0, 1) (cross_entropy)");
-  cmd->add_option("--z-loss", f->z_loss,
-                  "lse_square_scale, the z-loss coefficient (cross_entropy)");
-  cmd->add_option("--softcap", f->softcap, "Logit soft-cap, 0 = off (cross_entropy)");
-  cmd->add_flag("--argmax", f->argmax, "Also write the predicted token per row (cross_entropy)");
-  cmd->add_flag("--entropy", f->entropy,
-                "Also write the softmax's entropy per row (cross_entropy)");
-  cmd->add_option("--class-weights", f->class_weights,
-                  "Per-class weights of this dtype, fp32 or --dtype's (cross_entropy; the "
-                  "weights themselves are a launch argument)")
-      ->check(DTypeValidator());
+  AddLossFlags(cmd, *f);
   cmd->add_option(
          "--arch", f->arch,
          "auto (the GPU present, else sm_90 and sm_100) or a list: sm_90,sm_100,compute_90")

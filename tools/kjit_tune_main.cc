@@ -139,14 +139,13 @@ std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype, c
                               .casting = casting,
                               .fused_residual = residual});
   }
-  CrossEntropySpec loss{.vocab = m.vocab_size,
-                        .dtype = dtype,
-                        .softcap = static_cast<float>(m.final_logit_softcapping)};
-  if (!f.class_weights.empty()) loss.class_weight_dtype = ParseDType(f.class_weights).value();
+  const LossOptions options{.softcap = static_cast<float>(m.final_logit_softcapping)};
+  CrossEntropySpec loss{.vocab = m.vocab_size, .dtype = dtype, .loss = options};
+  if (!f.class_weights.empty()) loss.loss.class_weight_dtype = ParseDType(f.class_weights).value();
   ops.push_back(loss);
   if (f.class_weights.empty()) {
     ops.push_back(LinearCrossEntropySpec{
-        .vocab = m.vocab_size, .hidden = m.hidden_size, .dtype = dtype, .softcap = loss.softcap});
+        .vocab = m.vocab_size, .hidden = m.hidden_size, .dtype = dtype, .loss = options});
   }
   return ops;
 }

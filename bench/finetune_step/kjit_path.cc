@@ -28,13 +28,13 @@ class KjitPath : public Path {
     KJIT_ASSIGN_OR_RETURN(
         norm_,
         rt_.RmsNorm({.hidden = problem_.hidden, .dtype = DType::kBF16, .eps = problem_.eps}));
-    KJIT_ASSIGN_OR_RETURN(head_, rt_.LinearCrossEntropy({.vocab = problem_.vocab,
-                                                         .hidden = problem_.hidden,
-                                                         .dtype = DType::kBF16,
-                                                         .ignore_index = kIgnoreIndex,
-                                                         .reduction = kjit::Reduction::kMean,
-                                                         .config = kjit::LinearCrossEntropyConfig{
-                                                             .chunk_rows = chunk_rows_}}));
+    KJIT_ASSIGN_OR_RETURN(
+        head_, rt_.LinearCrossEntropy(
+                   {.vocab = problem_.vocab,
+                    .hidden = problem_.hidden,
+                    .dtype = DType::kBF16,
+                    .loss = {.ignore_index = kIgnoreIndex, .reduction = kjit::Reduction::kMean},
+                    .config = kjit::LinearCrossEntropyConfig{.chunk_rows = chunk_rows_}}));
     KJIT_ASSIGN_OR_RETURN(loss_, pool_.NewTensor("loss", DType::kF32, 1, 1));
     KJIT_ASSIGN_OR_RETURN(
         head_workspace_,

@@ -10,8 +10,9 @@
 // rows for the mean. Everything is computed in fp32; the gradient is rounded once, to the logits'
 // dtype.
 //
-// With class weights w (spec.class_weight_dtype set; torch.nn.functional.cross_entropy's `weight`,
-// whose definition, label smoothing included, this follows; z-loss is kjit's and weighs w_t):
+// With class weights w (spec.loss.class_weight_dtype set; torch.nn.functional.cross_entropy's
+// `weight`, whose definition, label smoothing included, this follows; z-loss is kjit's and weighs
+// w_t):
 //   loss = w_t ((1 - eps)(lse - x_t) + z lse^2) + eps / V * sum_j w_j (lse - x_j)
 //   grad = scale * (softmax(x) (A + 2 z w_t lse) - eps w / V - (1 - eps) w_t onehot(t)) [* ...]
 //          with A = (1 - eps) w_t + eps / V * sum_j w_j,
@@ -27,7 +28,7 @@
 // the start of the workspace (read it with a copy after the op; a non-zero count means bad labels).
 // The mean over no valid rows is NaN with a zero gradient, as PyTorch gives. lse and argmax (the
 // first index of the largest raw logit, a NaN counting as largest, like torch.argmax) are written
-// for every row, ignored ones included, and so is the entropy when asked (spec.entropy):
+// for every row, ignored ones included, and so is the entropy when asked (spec.loss.entropy):
 //   entropy = -sum_j p_j ln p_j  (p = softmax(x), the capped logits; NaN for a row all -inf)
 // target_logprob (optional, no spec flag) is x_t - lse for a valid row (-loss without label
 // smoothing, z-loss or class weights) and 0 for an ignored one. NaN or +Inf in a row makes that
@@ -51,16 +52,12 @@
 #include <optional>
 #include <string>
 
+#include "kjit/loss_options.h"
 #include "kjit/runtime.h"
 #include "kjit/stream.h"
 #include "kjit/tensor.h"
 
 namespace kjit {
-
-// How per-row losses become the loss output: kept per row, summed, or averaged over the rows whose
-// target is not ignored.
-enum class Reduction { kNone, kSum, kMean };
-const char* Name(Reduction r);  // "none", "sum", "mean"
 
 // How the kernels are launched; `kjit-tune` measures the best one per shape. The forward and
 // backward kernels stream a row with one block: `threads` threads read it in vectors of `vec`
@@ -82,19 +79,9 @@ struct CrossEntropyConfig {
 };
 
 struct CrossEntropySpec {
-  int64_t vocab = 0;                          // 2 .. 1,048,576
-  DType dtype = DType::kBF16;                 // logits and gradient
-  IndexType target_type = IndexType::kInt64;  // targets (and argmax)
-  int64_t ignore_index = -100;
-  Reduction reduction = Reduction::kMean;
-  float label_smoothing = 0;   // eps, in [0, 1)
-  float lse_square_scale = 0;  // z-loss coefficient, >= 0
-  float softcap = 0;           // 0: off; else > 0, logits become cap * tanh(x / cap)
-  bool argmax = false;         // forward writes the predicted token per row
-  bool entropy = false;        // forward writes the softmax's entropy per row (args.entropy)
-  // Per-class weights: fp32 or the logits' dtype. Launches then take `class_weight`, a [vocab]
-  // vector read on the device, so one compiled program serves every weight vector.
-  std::optional<DType> class_weight_dtype;
+  int64_t vocab = 0;           // 2 .. 1,048,576
+  DType dtype = DType::kBF16;  // logits and gradient
+  LossOptions loss;            // kjit/loss_options.h
   // Overrides the heuristic (e.g. a tuned config); its vec is an upper bound lowered by alignment.
   std::optional<CrossEntropyConfig> config;
 };
@@ -104,15 +91,15 @@ struct CrossEntropyArgs {
   IndexView targets;  // [rows]
   TensorView loss;    // fp32: [rows] for reduction none, else [1]
   TensorView lse;     // optional fp32 [rows]
-  IndexView argmax;   // [rows] in target_type; required iff spec.argmax
+  IndexView argmax;   // [rows] in loss.target_type; required iff spec.loss.argmax
 
   // The per-row extras, fp32 [rows] (kjit/cross_entropy.h's header says what they hold):
-  TensorView entropy;         // required iff spec.entropy, else empty
+  TensorView entropy;         // required iff spec.loss.entropy, else empty
   TensorView target_logprob;  // optional
 
   TensorView grad;         // ForwardBackward: [rows, vocab], dtype; may be logits itself (in place)
   TensorView grad_output;  // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
-  TensorView class_weight;      // [vocab] (1 row) in spec.class_weight_dtype; iff that is set
+  TensorView class_weight;      // [vocab] (1 row) in spec.loss.class_weight_dtype; iff that is set
   void* workspace = nullptr;    // device memory, 16-byte aligned
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
 };

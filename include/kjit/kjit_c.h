@@ -28,6 +28,7 @@
  *   kjit_cross_entropy_spec spec;
  *   kjit_cross_entropy_spec_init(&spec);
  *   spec.vocab = 128256;
+ *   spec.loss.label_smoothing = 0.1f;
  *   kjit_cross_entropy* ce = NULL;
  *   kjit_cross_entropy_create(rt, &spec, &ce);
  *   kjit_cross_entropy_args args;
@@ -53,8 +54,10 @@ extern "C" {
  *   2: cross-entropy class weights (kjit_cross_entropy_spec.class_weight_dtype, class_weight in
  *      kjit_cross_entropy_args and kjit_cross_entropy_backward_args).
  *   3: the per-row extras (issue 35): entropy in both ops' specs, entropy and target_logprob in
- *      their args; class weights in the fused linear op (class_weight_dtype, class_weight). */
-#define KJIT_C_ABI_VERSION 3
+ *      their args; class weights in the fused linear op (class_weight_dtype, class_weight).
+ *   4: the loss options are one struct, kjit_loss_options, embedded as `loss` in both loss specs;
+ *      lse_square_scale is now z_loss. */
+#define KJIT_C_ABI_VERSION 4
 
 #if defined(__GNUC__)
 #define KJIT_C_EXPORT __attribute__((visibility("default")))
@@ -233,25 +236,33 @@ KJIT_C_EXPORT kjit_status kjit_rms_norm_config_for(const kjit_rms_norm* op, int6
  *  apart) is described by its first, sums up the rest (kjit::BuildInfo) and lists each. */
 KJIT_C_EXPORT kjit_status kjit_rms_norm_build(const kjit_rms_norm* op, char** json_out);
 
+/* ---- The loss options (kjit/loss_options.h says what each does) --------------------------- */
+
+/* Embedded as `loss` in every loss op's spec, whose *_spec_init sets the defaults and whose
+ * struct_size covers it. Errors name a field as "loss.<field>". */
+typedef struct kjit_loss_options {
+  int32_t target_type;   /* targets and argmax; default KJIT_INT64 */
+  int32_t reduction;     /* kjit_reduction; default KJIT_REDUCTION_MEAN */
+  int64_t ignore_index;  /* default -100 */
+  float label_smoothing; /* [0, 1) */
+  float z_loss;          /* the z-loss coefficient: adds z_loss * lse^2 per row; >= 0 */
+  float softcap;         /* 0: off */
+  int32_t argmax;        /* 1: launches write the predicted token per row (args.argmax) */
+  int32_t entropy;       /* 1: launches write the softmax's entropy per row (args.entropy) */
+  /* Per-class weights (PyTorch's `weight`): -1 (default) none; else KJIT_F32 or the logits'
+   * dtype, and launches take class_weight. */
+  int32_t class_weight_dtype;
+} kjit_loss_options;
+
 /* ---- Cross-entropy (kjit/cross_entropy.h says what it computes) ------------------------- */
 
 typedef struct kjit_cross_entropy_spec {
   uint32_t struct_size;
-  int64_t vocab;          /* 2 .. 1,048,576 */
-  int32_t dtype;          /* logits and gradient; default KJIT_BF16 */
-  int32_t target_type;    /* targets and argmax; default KJIT_INT64 */
-  int64_t ignore_index;   /* default -100 */
-  int32_t reduction;      /* kjit_reduction; default KJIT_REDUCTION_MEAN */
-  float label_smoothing;  /* [0, 1) */
-  float lse_square_scale; /* z-loss coefficient, >= 0 */
-  float softcap;          /* 0: off */
-  int32_t argmax;         /* 1: forward writes the predicted token per row */
+  int64_t vocab; /* 2 .. 1,048,576 */
+  int32_t dtype; /* logits and gradient; default KJIT_BF16 */
+  kjit_loss_options loss;
   /* NULL or "": tuned or heuristic; else "vec=8 threads=256 unroll=4 cluster=6 staged=1" */
   const char* config;
-  /* Per-class weights (PyTorch's `weight`): -1 (default) none; else KJIT_F32 or the dtype, and
-   * launches take class_weight. */
-  int32_t class_weight_dtype;
-  int32_t entropy; /* 1: launches write the softmax's entropy per row (args.entropy) */
 } kjit_cross_entropy_spec;
 
 typedef struct kjit_cross_entropy_args {
@@ -260,15 +271,15 @@ typedef struct kjit_cross_entropy_args {
   kjit_index targets;      /* [rows] */
   kjit_tensor loss;        /* fp32: [rows] for reduction none, else [1] */
   kjit_tensor lse;         /* optional fp32 [rows] */
-  kjit_index argmax;       /* [rows]; iff spec.argmax */
+  kjit_index argmax;       /* [rows]; iff spec.loss.argmax */
   kjit_tensor grad;        /* forward_backward: [rows, vocab]; may be logits (in place) */
   kjit_tensor grad_output; /* optional fp32 upstream gradient, read on the device: [1] (sum,
                               mean) or [rows] (none) */
   void* workspace;         /* device memory of at least kjit_cross_entropy_workspace_bytes */
   int64_t workspace_bytes;
-  kjit_tensor class_weight;   /* [vocab] (one row) in spec.class_weight_dtype, read on the device;
-                                 iff that is not -1 */
-  kjit_tensor entropy;        /* fp32 [rows]; iff spec.entropy: -sum p ln p of the row's softmax */
+  kjit_tensor class_weight; /* [vocab] (one row) in spec.loss.class_weight_dtype, read on the
+                               device; iff that is not -1 */
+  kjit_tensor entropy; /* fp32 [rows]; iff spec.loss.entropy: -sum p ln p of the row's softmax */
   kjit_tensor target_logprob; /* optional fp32 [rows]: x_t - lse, 0 for an ignored row */
 } kjit_cross_entropy_args;
 
@@ -333,26 +344,18 @@ KJIT_C_EXPORT kjit_status kjit_cross_entropy_build(const kjit_cross_entropy* op,
 
 typedef struct kjit_linear_cross_entropy_spec {
   uint32_t struct_size;
-  int64_t vocab;                    /* 2 .. 1,048,576 */
-  int64_t hidden;                   /* 1 .. 65536 */
-  int32_t dtype;                    /* hidden states, weight, bias, d_hidden; default KJIT_BF16 */
-  int32_t weight_grad_dtype;        /* d_weight and d_bias: -1 (default) dtype, or KJIT_F32 */
-  int32_t bias;                     /* 1: logits = h W^T + b, and launches take bias */
-  int32_t target_type;              /* targets and argmax; default KJIT_INT64 */
-  int64_t ignore_index;             /* default -100 */
-  int32_t reduction;                /* kjit_reduction; default KJIT_REDUCTION_MEAN */
-  float label_smoothing;            /* [0, 1) */
-  float lse_square_scale;           /* z-loss coefficient, >= 0 */
-  float softcap;                    /* 0: off */
-  int32_t argmax;                   /* 1: launches write the predicted token per row */
+  int64_t vocab;             /* 2 .. 1,048,576 */
+  int64_t hidden;            /* 1 .. 65536 */
+  int32_t dtype;             /* hidden states, weight, bias, d_hidden; default KJIT_BF16 */
+  int32_t weight_grad_dtype; /* d_weight and d_bias: -1 (default) dtype, or KJIT_F32 */
+  int32_t bias;              /* 1: logits = h W^T + b, and launches take bias */
+  kjit_loss_options loss;
   int32_t weight_grad_accumulation; /* kjit_weight_grad_accumulation; default FP32 */
   /* NULL or "": tuned or heuristic; else
    * "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0" (chunk: the rows
    * whose logits exist at once; whole: a launch of at most this many rows is one chunk, 0: never;
    * streams 2: each chunk's loss beside the next chunk's logits GEMM). */
   const char* config;
-  int32_t entropy;            /* 1: launches write the softmax's entropy per row */
-  int32_t class_weight_dtype; /* -1 (default) none; else KJIT_F32 or the dtype: class_weight */
 } kjit_linear_cross_entropy_spec;
 
 typedef struct kjit_linear_cross_entropy_args {
@@ -363,7 +366,7 @@ typedef struct kjit_linear_cross_entropy_args {
   kjit_index targets;        /* [rows] */
   kjit_tensor loss;          /* fp32: [rows] for reduction none, else [1] */
   kjit_tensor lse;           /* optional fp32 [rows] */
-  kjit_index argmax;         /* [rows] in target_type; iff spec.argmax */
+  kjit_index argmax;         /* [rows] in loss.target_type; iff spec.loss.argmax */
   kjit_tensor grad_output;   /* forward_backward: optional fp32 upstream gradient, read on the
                                 device: [1] (sum, mean) or [rows] (none) */
   /* forward_backward's outputs, each optional (left empty, its GEMM is not run); forward takes
@@ -375,9 +378,9 @@ typedef struct kjit_linear_cross_entropy_args {
   void* workspace;      /* 256-byte aligned device memory of at least
                            kjit_linear_cross_entropy_workspace_bytes */
   int64_t workspace_bytes;
-  kjit_tensor entropy;        /* fp32 [rows]; iff spec.entropy */
+  kjit_tensor entropy;        /* fp32 [rows]; iff spec.loss.entropy */
   kjit_tensor target_logprob; /* optional fp32 [rows]: x_t - lse, 0 for an ignored row */
-  kjit_tensor class_weight;   /* [vocab] (one row) in spec.class_weight_dtype; iff that is set */
+  kjit_tensor class_weight; /* [vocab] (one row) in spec.loss.class_weight_dtype; iff that is set */
 } kjit_linear_cross_entropy_args;
 
 /* Gradients forward_backward computed for upstream gradient `applied` (NULL: 1) become, in place,
@@ -457,16 +460,12 @@ typedef struct kjit_sharded_cross_entropy_spec {
   int64_t vocab;       /* the whole vocabulary, 2 .. 1,048,576 */
   int64_t shard_start; /* this rank's classes: [shard_start, shard_end), not empty */
   int64_t shard_end;
-  int32_t dtype;          /* logits and gradient; default KJIT_BF16 */
-  int32_t target_type;    /* default KJIT_INT64 */
-  int64_t ignore_index;   /* default -100 */
-  int32_t reduction;      /* kjit_reduction; default KJIT_REDUCTION_MEAN */
-  float label_smoothing;  /* [0, 1), over the whole vocab */
-  float lse_square_scale; /* z-loss coefficient, >= 0 */
-  float softcap;          /* 0: off */
+  int32_t dtype; /* logits and gradient; default KJIT_BF16 */
+  /* Smoothing and class weights span the whole vocab; argmax and entropy are refused (the sharded
+   * op has neither). */
+  kjit_loss_options loss;
   /* NULL or "": the heuristic; else "vec=8 threads=256 unroll=4 cluster=0 staged=0" */
   const char* config;
-  int32_t class_weight_dtype; /* -1 (default) none; else KJIT_F32 or the dtype: class_weight */
 } kjit_sharded_cross_entropy_spec;
 
 typedef struct kjit_sharded_cross_entropy_args {

@@ -85,22 +85,12 @@ enum class WeightGradAccumulation {
 const char* Name(WeightGradAccumulation a);  // "fp32", "output_dtype"
 
 struct LinearCrossEntropySpec {
-  int64_t vocab = 0;                          // 2 .. 1,048,576
-  int64_t hidden = 0;                         // 1 .. 65536
-  DType dtype = DType::kBF16;                 // hidden states, weight, bias, d_hidden
-  std::optional<DType> weight_grad_dtype;     // d_weight and d_bias: dtype (default) or fp32
-  bool bias = false;                          // logits = h Wᵀ + b
-  IndexType target_type = IndexType::kInt64;  // targets (and argmax)
-  int64_t ignore_index = -100;
-  Reduction reduction = Reduction::kMean;
-  float label_smoothing = 0;   // as kjit::CrossEntropySpec
-  float lse_square_scale = 0;  // z-loss
-  float softcap = 0;           // logits become cap * tanh(x / cap) before the softmax
-  bool argmax = false;         // writes the predicted token per row
-  bool entropy = false;        // writes the softmax's entropy per row (args.entropy)
-  // Per-class weights (torch's `weight`), fp32 or dtype: launches take `class_weight`, a [vocab]
-  // vector; the mean divides by the valid rows' weights summed over the whole batch.
-  std::optional<DType> class_weight_dtype;
+  int64_t vocab = 0;                       // 2 .. 1,048,576
+  int64_t hidden = 0;                      // 1 .. 65536
+  DType dtype = DType::kBF16;              // hidden states, weight, bias, d_hidden
+  std::optional<DType> weight_grad_dtype;  // d_weight and d_bias: dtype (default) or fp32
+  bool bias = false;                       // logits = h Wᵀ + b
+  LossOptions loss;                        // as kjit::CrossEntropySpec's
   WeightGradAccumulation weight_grad_accumulation = WeightGradAccumulation::kFloat32;
   // Overrides the tuning database and the heuristic.
   std::optional<LinearCrossEntropyConfig> config;
@@ -117,8 +107,8 @@ struct LinearCrossEntropyArgs {
   IndexView targets;         // [rows]
   TensorView loss;           // fp32: [rows] for reduction none, else [1]
   TensorView lse;            // optional fp32 [rows]
-  IndexView argmax;          // [rows] in target_type; required iff spec.argmax
-  TensorView class_weight;   // [vocab] (1 row) in spec.class_weight_dtype; iff that is set
+  IndexView argmax;          // [rows] in loss.target_type; required iff spec.loss.argmax
+  TensorView class_weight;   // [vocab] (1 row) in spec.loss.class_weight_dtype; iff that is set
   TensorView grad_output;    // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
   // ForwardBackward's outputs; each may be left empty to skip it (the GEMM is not run).
   TensorView d_hidden;  // [rows, hidden] in dtype
@@ -129,7 +119,7 @@ struct LinearCrossEntropyArgs {
   bool accumulate = false;
   void* workspace = nullptr;    // device memory, 256-byte aligned
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
-  // The per-row extras as kjit::CrossEntropyArgs has them: entropy iff spec.entropy, the
+  // The per-row extras as kjit::CrossEntropyArgs has them: entropy iff spec.loss.entropy, the
   // target's log-probability optional; fp32 [rows].
   TensorView entropy, target_logprob;
 };

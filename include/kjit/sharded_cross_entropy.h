@@ -21,10 +21,11 @@
 // Options as CrossEntropySpec: ignore_index, every reduction, label smoothing (over the whole
 // vocab), z-loss, softcap (elementwise) and class weights (every rank passes the whole [vocab]
 // vector) all work; lse is written on request; grad_output scales
-// the gradient. Not in sharded mode: argmax (it would need a cross-rank (max, index) reduction:
-// take it from a separate top-1), the fused resident kernel (the reduction sits between the
-// passes, so both phases stream the shard's row, which is read twice) and Backward from a saved
-// lse. Targets index the whole vocab; every rank passes the same targets.
+// the gradient. Not in sharded mode (loss.argmax and loss.entropy are refused): argmax (it would
+// need a cross-rank (max, index) reduction: take it from a separate top-1), the entropy, the fused
+// resident kernel (the reduction sits between the passes, so both phases stream the shard's row,
+// which is read twice) and Backward from a saved lse. Targets index the whole vocab; every rank
+// passes the same targets.
 //
 //   KJIT_ASSIGN_OR_RETURN(kjit::ShardedCrossEntropy ce, rt.ShardedCrossEntropy({
 //       .vocab = 128256, .shard_start = rank * 32064, .shard_end = (rank + 1) * 32064}));
@@ -55,13 +56,7 @@ struct ShardedCrossEntropySpec {
   int64_t shard_start = 0;  // this rank's classes: [shard_start, shard_end), not empty
   int64_t shard_end = 0;
   DType dtype = DType::kBF16;
-  IndexType target_type = IndexType::kInt64;
-  int64_t ignore_index = -100;
-  Reduction reduction = Reduction::kMean;
-  float label_smoothing = 0;
-  float lse_square_scale = 0;
-  float softcap = 0;
-  std::optional<DType> class_weight_dtype;  // as CrossEntropySpec's
+  LossOptions loss;  // as CrossEntropySpec's, but argmax and entropy must be off
   // Overrides the heuristic; cluster must be 0 (both phases stream the row).
   std::optional<CrossEntropyConfig> config;
 
@@ -75,8 +70,8 @@ struct ShardedCrossEntropyArgs {
   TensorView lse;          // optional fp32 [rows]: the whole row's lse
   TensorView grad;         // optional [rows, width]: the shard's gradient; may be logits (in place)
   TensorView grad_output;  // optional fp32 upstream gradient: [1] (sum, mean) or [rows] (none)
-  TensorView class_weight;      // [vocab] (the whole vocab's) iff spec.class_weight_dtype is set
-  void* workspace = nullptr;    // device memory, 16-byte aligned; one per shard; holds the stats
+  TensorView class_weight;    // [vocab] (the whole vocab's) iff spec.loss.class_weight_dtype is set
+  void* workspace = nullptr;  // device memory, 16-byte aligned; one per shard; holds the stats
   int64_t workspace_bytes = 0;  // >= WorkspaceBytes(rows)
 };
 

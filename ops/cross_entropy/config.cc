@@ -9,15 +9,6 @@
 
 namespace kjit {
 
-const char* Name(Reduction r) {
-  switch (r) {
-    case Reduction::kNone: return "none";
-    case Reduction::kSum: return "sum";
-    case Reduction::kMean: return "mean";
-  }
-  return "?";
-}
-
 std::string CrossEntropyConfig::ToString() const {
   return fmt::format("vec={} threads={} unroll={} cluster={} staged={}", vec, threads, unroll,
                      cluster, staged);

@@ -43,27 +43,27 @@ static_assert(sizeof(CrossEntropyCounters) <= kCountersBytes);
 // The template arguments the forward and backward kernels share, in their order.
 jit::TemplateArgs RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   return {s.dtype,
-          s.target_type,
+          s.loss.target_type,
           s.vocab,
           c.threads,
           c.vec,
           c.unroll,
-          ops::ReductionArg(s.reduction),
-          s.label_smoothing > 0,
-          s.lse_square_scale > 0,
-          s.softcap > 0};
+          ops::ReductionArg(s.loss.reduction),
+          s.loss.label_smoothing > 0,
+          s.loss.z_loss > 0,
+          s.loss.softcap > 0};
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
-  return jit::Instantiate("kjit::cross_entropy_forward", RowArgs(s, c), s.argmax, s.entropy,
-                          gradient, ops::ClassWeightArg(s.class_weight_dtype));
+  return jit::Instantiate("kjit::cross_entropy_forward", RowArgs(s, c), s.loss.argmax,
+                          s.loss.entropy, gradient, ops::ClassWeightArg(s.loss.class_weight_dtype));
 }
 // The fused op's kernels that hold the row in a cluster: cross_entropy_resident or _staged.
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
-  return jit::Instantiate(kernel, s.dtype, s.target_type, s.vocab, c.threads, c.vec, c.cluster,
-                          ops::ReductionArg(s.reduction), s.label_smoothing > 0,
-                          s.lse_square_scale > 0, s.softcap > 0, s.argmax, s.entropy,
-                          ops::ClassWeightArg(s.class_weight_dtype));
+  return jit::Instantiate(kernel, s.dtype, s.loss.target_type, s.vocab, c.threads, c.vec, c.cluster,
+                          ops::ReductionArg(s.loss.reduction), s.loss.label_smoothing > 0,
+                          s.loss.z_loss > 0, s.loss.softcap > 0, s.loss.argmax, s.loss.entropy,
+                          ops::ClassWeightArg(s.loss.class_weight_dtype));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   if (c.staged) return ClusterExpr("kjit::cross_entropy_staged", s, c);
@@ -72,7 +72,7 @@ std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
 }
 std::string BackwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
   return jit::Instantiate("kjit::cross_entropy_backward", RowArgs(s, c),
-                          ops::ClassWeightArg(s.class_weight_dtype));
+                          ops::ClassWeightArg(s.loss.class_weight_dtype));
 }
 }  // namespace
 
@@ -91,8 +91,8 @@ jit::TemplateArg ops::ClassWeightArg(const std::optional<DType>& class_weight_dt
 }
 
 std::string ops::CrossEntropyCountExpr(const CrossEntropySpec& s, int threads) {
-  return jit::Instantiate("kjit::cross_entropy_count", s.target_type, s.vocab, threads,
-                          ClassWeightArg(s.class_weight_dtype), s.label_smoothing > 0);
+  return jit::Instantiate("kjit::cross_entropy_count", s.loss.target_type, s.vocab, threads,
+                          ClassWeightArg(s.loss.class_weight_dtype), s.loss.label_smoothing > 0);
 }
 
 std::string ops::CrossEntropyReduceExpr(Reduction reduction, int threads) {
@@ -109,7 +109,7 @@ std::string RescaleExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) 
                           c.vec, kRescaleUnroll);
 }
 std::string ReduceExpr(const CrossEntropySpec& s) {
-  return ops::CrossEntropyReduceExpr(s.reduction, kReduceThreads);
+  return ops::CrossEntropyReduceExpr(s.loss.reduction, kReduceThreads);
 }
 
 }  // namespace
@@ -158,30 +158,7 @@ absl::Status ValidateCrossEntropySpec(const CrossEntropySpec& spec) {
     return absl::InvalidArgumentError(fmt::format("vocab: {} is out of range, expected {} to {}",
                                                   spec.vocab, kMinVocab, kMaxVocab));
   }
-  if (spec.target_type == IndexType::kInt32 &&
-      (spec.ignore_index < INT32_MIN || spec.ignore_index > INT32_MAX)) {
-    return absl::InvalidArgumentError(
-        fmt::format("ignore_index: {} does not fit the int32 targets", spec.ignore_index));
-  }
-  if (!std::isfinite(spec.label_smoothing) || spec.label_smoothing < 0 ||
-      spec.label_smoothing >= 1) {
-    return absl::InvalidArgumentError(
-        fmt::format("label_smoothing: {} must be in [0, 1)", spec.label_smoothing));
-  }
-  if (!std::isfinite(spec.lse_square_scale) || spec.lse_square_scale < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("lse_square_scale: {} must be finite and not negative", spec.lse_square_scale));
-  }
-  if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("softcap: {} must be 0 (off) or a finite positive cap", spec.softcap));
-  }
-  if (spec.class_weight_dtype && *spec.class_weight_dtype != DType::kF32 &&
-      *spec.class_weight_dtype != spec.dtype) {
-    return absl::InvalidArgumentError(
-        fmt::format("class_weight_dtype: {} must be fp32 or the logits' dtype ({})",
-                    Name(*spec.class_weight_dtype), Name(spec.dtype)));
-  }
+  KJIT_RETURN_IF_ERROR(ValidateLossOptions(spec.loss, spec.dtype));
   if (spec.config) KJIT_RETURN_IF_ERROR(ops::ValidateCrossEntropyConfig(spec, *spec.config, 0));
   return absl::OkStatus();
 }
@@ -213,15 +190,17 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"op", "cross_entropy"},
       {"vocab", std::to_string(spec.vocab)},
       {"dtype", Name(spec.dtype)},
-      {"target_type", Name(spec.target_type)},
-      {"reduction", Name(spec.reduction)},
-      {"label_smoothing", fmt::format("{}", spec.label_smoothing)},
-      {"lse_square_scale", fmt::format("{}", spec.lse_square_scale)},
-      {"softcap", fmt::format("{}", spec.softcap)},
-      {"argmax", spec.argmax ? "true" : "false"},
+      {"target_type", Name(spec.loss.target_type)},
+      {"reduction", Name(spec.loss.reduction)},
+      {"label_smoothing", fmt::format("{}", spec.loss.label_smoothing)},
+      {"lse_square_scale", fmt::format("{}", spec.loss.z_loss)},
+      {"softcap", fmt::format("{}", spec.loss.softcap)},
+      {"argmax", spec.loss.argmax ? "true" : "false"},
   };
-  if (spec.entropy) params["entropy"] = "true";  // absent when off: old cache metadata unchanged
-  if (spec.class_weight_dtype) params["class_weight_dtype"] = Name(*spec.class_weight_dtype);
+  if (spec.loss.entropy)
+    params["entropy"] = "true";  // absent when off: old cache metadata unchanged
+  if (spec.loss.class_weight_dtype)
+    params["class_weight_dtype"] = Name(*spec.loss.class_weight_dtype);
   return params;
 }
 
@@ -239,7 +218,7 @@ absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec
   switch (program) {
     case CrossEntropyProgram::kCountReduce:
       kernels.push_back(CountExpr(spec));
-      if (spec.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
+      if (spec.loss.reduction != Reduction::kNone) kernels.push_back(ReduceExpr(spec));
       break;
     case CrossEntropyProgram::kForward:
     case CrossEntropyProgram::kBackward:
@@ -341,7 +320,7 @@ absl::StatusOr<internal::CrossEntropyKernels> Load(const internal::RuntimeState&
     const std::vector<CUfunction>& f = k.programs[i].functions;
     if (programs[i] == CrossEntropyProgram::kCountReduce) {
       k.count = f.at(0);
-      if (spec.reduction != Reduction::kNone) k.reduce = f.at(1);
+      if (spec.loss.reduction != Reduction::kNone) k.reduce = f.at(1);
     } else {
       k.row = f.at(0);
     }
@@ -393,7 +372,7 @@ absl::StatusOr<const internal::CrossEntropyKernels*> StartLaunches(
   const int vec = internal::WidestVecAlignedAlike(op.config.vec, logits, {&grad});
   KJIT_ASSIGN_OR_RETURN(const internal::CrossEntropyKernels* k,
                         KernelsFor(rt, op, logits.rows, vec, !rt.Capturing(stream), launch));
-  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.ignore_index, class_weight.data,
+  CrossEntropyCountParams c{targets.data, logits.rows, op.spec.loss.ignore_index, class_weight.data,
                             static_cast<CrossEntropyCounters*>(workspace)};
   KJIT_RETURN_IF_ERROR(rt.Launch(k->count, 1, kCountThreads, stream, &c));
   return k;
@@ -463,7 +442,8 @@ absl::StatusOr<BuildInfo> CrossEntropy::Build() const {
 }
 
 int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
-  const int64_t losses = op_->spec.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
+  const int64_t losses =
+      op_->spec.loss.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
   return (kCountersBytes + losses * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
 }
 
@@ -498,7 +478,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
           *rt_, *op_, stream, a.logits, a.targets, a.grad, a.class_weight, a.workspace,
           gradient ? CrossEntropyLaunch::kForwardBackward : CrossEntropyLaunch::kForward));
   float* row_loss =
-      s.reduction == Reduction::kNone
+      s.loss.reduction == Reduction::kNone
           ? static_cast<float*>(a.loss.data)
           : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kCountersBytes);
   CrossEntropyRowParams p =
@@ -513,7 +493,7 @@ absl::Status CrossEntropy::Run(CUstream stream, const CrossEntropyArgs& a, bool 
   const int blocks_per_row = gradient ? std::max(1, k->config.cluster) : 1;
   KJIT_RETURN_IF_ERROR(rt_->Launch(k->row, rows * blocks_per_row, k->config.threads, stream, &p,
                                    blocks_per_row, k->shared_bytes, /*overlap_previous=*/true));
-  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  if (s.loss.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.counters, static_cast<float*>(a.loss.data)};
   return rt_->Launch(k->reduce, 1, kReduceThreads, stream, &r, 1, 0, /*overlap_previous=*/true);
 }
@@ -524,7 +504,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, s.vocab));
   const int64_t rows = a.logits.rows;
   KJIT_RETURN_IF_ERROR(CheckRows(rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
   if (!a.grad_output.empty()) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1,
@@ -532,7 +512,7 @@ absl::Status CrossEntropy::Backward(CUstream stream, const CrossEntropyBackwardA
   }
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, s.vocab));
   KJIT_RETURN_IF_ERROR(ops::CheckGradAgainstLogits(a.grad, a.logits));
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
   const int64_t ws_bytes = WorkspaceBytes(rows);
   KJIT_RETURN_IF_ERROR(
       internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
@@ -585,7 +565,8 @@ absl::Status CrossEntropy::RescaleGradient(CUstream stream,
 absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
   KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
-      state_->target, {{"dtype", spec.dtype}, {"class_weight_dtype", spec.class_weight_dtype}}));
+      state_->target,
+      {{"dtype", spec.dtype}, {"class_weight_dtype", spec.loss.class_weight_dtype}}));
   auto op = std::make_shared<internal::CrossEntropyState>();
   op->spec = spec;
   op->arch = state_->target.arch;

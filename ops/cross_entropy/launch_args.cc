@@ -23,16 +23,16 @@ absl::Status CheckLossArgs(const CrossEntropySpec& s, int64_t cols, const Args& 
   KJIT_RETURN_IF_ERROR(
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, cols));
   const int64_t rows = a.logits.rows;
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
   KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
   if (!a.lse.empty())
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (s.argmax) {
-    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", argmax, s.target_type, rows));
+  if (s.loss.argmax) {
+    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", argmax, s.loss.target_type, rows));
   } else if (!argmax.empty()) {
     return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
   }
-  if (s.entropy) {
+  if (s.loss.entropy) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("entropy", entropy, DType::kF32, 1, rows));
   } else if (!entropy.empty()) {
     return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
@@ -50,7 +50,7 @@ absl::Status CheckLossArgs(const CrossEntropySpec& s, int64_t cols, const Args& 
     KJIT_RETURN_IF_ERROR(
         internal::CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, PerRowOrOne(s, rows)));
   }
-  KJIT_RETURN_IF_ERROR(CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
+  KJIT_RETURN_IF_ERROR(CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
   KJIT_RETURN_IF_ERROR(internal::CheckWorkspace(a.workspace, a.workspace_bytes, workspace_needed,
                                                 "WorkspaceBytes(rows)"));
   // grad against logits was checked above: in place is allowed, and strided views may interleave.
@@ -93,7 +93,7 @@ absl::Status CheckClassWeight(const TensorView& class_weight, const std::optiona
 }
 
 int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
-  return s.reduction == Reduction::kNone ? rows : 1;
+  return s.loss.reduction == Reduction::kNone ? rows : 1;
 }
 
 CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& logits,
@@ -105,10 +105,10 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
   p.logits_stride = logits.row_stride;
   p.targets = targets.data;
   p.rows = logits.rows;
-  p.ignore_index = s.ignore_index;
-  p.label_smoothing = s.label_smoothing;
-  p.lse_square_scale = s.lse_square_scale;
-  p.softcap = s.softcap;
+  p.ignore_index = s.loss.ignore_index;
+  p.label_smoothing = s.loss.label_smoothing;
+  p.lse_square_scale = s.loss.z_loss;
+  p.softcap = s.loss.softcap;
   p.grad_output = static_cast<const float*>(grad_output.data);
   p.counters = static_cast<const CrossEntropyCounters*>(workspace);
   p.grad = grad.data;

@@ -12,7 +12,7 @@ namespace kjit::ops {
 namespace {
 
 bool IsValid(const CrossEntropyMath& m, int64_t t) {
-  return t != m.ignore_index && t >= 0 && t < m.vocab;
+  return t != m.loss.ignore_index && t >= 0 && t < m.vocab;
 }
 
 }  // namespace
@@ -22,7 +22,7 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
                                          const std::vector<int64_t>& targets,
                                          const std::vector<double>* grad_output, bool with_grad) {
   const int64_t V = m.vocab;
-  const double eps = m.label_smoothing, z = m.lse_square_scale, cap = m.softcap;
+  const double eps = m.loss.label_smoothing, z = m.loss.z_loss, cap = m.loss.softcap;
   CrossEntropyResult r;
   r.row_loss.assign(rows, 0.0);
   r.lse.resize(rows);
@@ -51,7 +51,7 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     if (IsValid(m, targets[i])) {
       ++valid;
       divisor += weight(targets[i]);
-    } else if (targets[i] != m.ignore_index) {
+    } else if (targets[i] != m.loss.ignore_index) {
       ++bad;
     }
   }
@@ -144,8 +144,8 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
 
     if (!with_grad) return;
     double g = 1;
-    if (grad_output != nullptr) g = (*grad_output)[m.reduction == Reduction::kNone ? i : 0];
-    if (m.reduction == Reduction::kMean) g /= divisor;
+    if (grad_output != nullptr) g = (*grad_output)[m.loss.reduction == Reduction::kNone ? i : 0];
+    if (m.loss.reduction == Reduction::kMean) g /= divisor;
     // p's factor A + 2 z w_t lse (Gradient in the template), and its size.
     const double a = eps > 0 ? (1 - eps) * wt + eps * weight_total / V : wt;
     const double a_abs =
@@ -172,7 +172,7 @@ CrossEntropyResult CrossEntropyReference(const CrossEntropyMath& m, int64_t rows
     total += r.row_loss[i];
     total_terms += row_terms[i];
   }
-  switch (m.reduction) {
+  switch (m.loss.reduction) {
     case Reduction::kNone:
       r.loss = r.row_loss;
       r.loss_terms = row_terms;

@@ -6,7 +6,7 @@
 // raw logits) in exact arithmetic, so what remains is the kernel's fp32 arithmetic and its final
 // rounding of the gradient.
 //
-//   CrossEntropyMath m{.vocab = 128256, .dtype = DType::kBF16, .reduction = Reduction::kMean};
+//   CrossEntropyMath m{.vocab = 128256, .dtype = DType::kBF16, .loss = spec.loss};
 //   CrossEntropyResult ref = CrossEntropyReference(m, rows, logits, targets, nullptr, true);
 //   for (auto& [name, r] : CheckCrossEntropy(m, {.loss = &loss, .grad = &grad}, ref)) ...
 #pragma once
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "jit/dtype.h"
+#include "kjit/loss_options.h"
 #include "ops/common/compare.h"
 #include "ops/cross_entropy/config.h"
 
@@ -26,11 +27,9 @@ namespace kjit::ops {
 struct CrossEntropyMath {
   int64_t vocab = 0;
   DType dtype = DType::kBF16;  // of the logits and the gradient
-  int64_t ignore_index = -100;
-  Reduction reduction = Reduction::kMean;
-  double label_smoothing = 0;
-  double lse_square_scale = 0;  // z-loss
-  double softcap = 0;           // 0: off
+  // The spec's options, all of them used: every per-row output is computed, and class_weight below
+  // holds the weights' values (class_weight_dtype is not read).
+  LossOptions loss;
   // Per-class weights (the values the device holds), [vocab]; empty: none. The loss and gradient
   // follow kjit/cross_entropy.h (PyTorch's `weight`), the mean divides by the valid rows' w_t.
   std::vector<double> class_weight;

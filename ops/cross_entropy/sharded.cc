@@ -34,27 +34,18 @@ enum Kernel { kCount, kStats, kRescale, kCombine, kFinishForward, kFinishGradien
 
 // The template arguments both phases start with: types, vocab, shard width and launch shape.
 jit::TemplateArgs ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
-  return {s.dtype, s.target_type, s.vocab, s.width(), c.threads, c.vec, c.unroll};
+  return {s.dtype, s.loss.target_type, s.vocab, s.width(), c.threads, c.vec, c.unroll};
 }
 jit::TemplateArgs OptionArgs(const ShardedCrossEntropySpec& s) {
-  return {s.label_smoothing > 0, s.lse_square_scale > 0, s.softcap > 0};
+  return {s.loss.label_smoothing > 0, s.loss.z_loss > 0, s.loss.softcap > 0};
 }
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
-  return {.vocab = s.vocab,
-          .dtype = s.dtype,
-          .target_type = s.target_type,
-          .ignore_index = s.ignore_index,
-          .reduction = s.reduction,
-          .label_smoothing = s.label_smoothing,
-          .lse_square_scale = s.lse_square_scale,
-          .softcap = s.softcap,
-          .class_weight_dtype = s.class_weight_dtype,
-          .config = s.config};
+  return {.vocab = s.vocab, .dtype = s.dtype, .loss = s.loss, .config = s.config};
 }
 
 int64_t RowLossBytes(const ShardedCrossEntropySpec& s, int64_t rows) {
-  return s.reduction == Reduction::kNone ? 0 : rows * static_cast<int64_t>(sizeof(float));
+  return s.loss.reduction == Reduction::kNone ? 0 : rows * static_cast<int64_t>(sizeof(float));
 }
 int64_t StatsBytes(int64_t rows) {
   return kShardStatCount * rows * static_cast<int64_t>(sizeof(float));
@@ -76,6 +67,11 @@ CrossEntropyConfig ops::DefaultShardedCrossEntropyConfig(int64_t width, int vec)
 
 absl::Status ValidateShardedCrossEntropySpec(const ShardedCrossEntropySpec& spec) {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(UnshardedSpec(spec)));
+  // Each needs a cross-rank reduction of its own (ShardedCrossEntropy's header says what to do).
+  if (spec.loss.argmax || spec.loss.entropy) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: not supported in sharded mode", spec.loss.argmax ? "argmax" : "entropy"));
+  }
   if (spec.shard_start < 0 || spec.shard_start >= spec.vocab) {
     return absl::InvalidArgumentError(
         fmt::format("shard_start: {} is outside the vocab, expected 0 to {}", spec.shard_start,
@@ -107,10 +103,10 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   params["width"] = std::to_string(spec.width());
   params.erase("argmax");
   const jit::TemplateArgs shape = ShapeArgs(spec, config), options = OptionArgs(spec);
-  const jit::TemplateArg class_weight = ClassWeightArg(spec.class_weight_dtype);
+  const jit::TemplateArg class_weight = ClassWeightArg(spec.loss.class_weight_dtype);
   auto finish = [&](bool gradient) {
     return jit::Instantiate("kjit::sharded_cross_entropy_finish", shape,
-                            ReductionArg(spec.reduction), options, gradient, class_weight);
+                            ReductionArg(spec.loss.reduction), options, gradient, class_weight);
   };
   // Order matters: the Kernel enum reads them back by position.
   std::vector<std::string> kernels = {
@@ -120,8 +116,8 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
       jit::Instantiate("kjit::sharded_cross_entropy_combine", kStatsThreads),
       finish(false),
       finish(true)};
-  if (spec.reduction != Reduction::kNone) {
-    kernels.push_back(CrossEntropyReduceExpr(spec.reduction, kReduceThreads));
+  if (spec.loss.reduction != Reduction::kNone) {
+    kernels.push_back(CrossEntropyReduceExpr(spec.loss.reduction, kReduceThreads));
   }
   // The shard's start is a kernel argument, not a template one (nor a param): the ranks of an even
   // split share one program and one cache entry.
@@ -236,7 +232,7 @@ absl::Status ShardedCrossEntropy::ComputeStats(CUstream stream,
   KJIT_RETURN_IF_ERROR(CheckArgs(a));
   const int vec = internal::WidestVecAlignedAlike(op_->config.vec, a.logits, {&a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
-  CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.ignore_index,
+  CrossEntropyCountParams c{a.targets.data, a.logits.rows, op_->spec.loss.ignore_index,
                             a.class_weight.data, static_cast<CrossEntropyCounters*>(a.workspace)};
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[kCount], 1, kCountThreads, stream, &c));
   ShardedCrossEntropyParams p = PhaseParams(op_->spec, a, {}, {});
@@ -249,13 +245,14 @@ absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntr
   const int vec = internal::WidestVecAlignedAlike(op_->config.vec, a.logits, {&a.grad});
   KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k, KernelsFor(*rt_, *op_, vec));
   const int64_t rows = a.logits.rows;
-  float* row_loss = s.reduction == Reduction::kNone ? static_cast<float*>(a.loss.data)
-                                                    : StatsIn(a.workspace) + kShardStatCount * rows;
+  float* row_loss = s.loss.reduction == Reduction::kNone
+                        ? static_cast<float*>(a.loss.data)
+                        : StatsIn(a.workspace) + kShardStatCount * rows;
   ShardedCrossEntropyParams p = PhaseParams(s, a, a.grad, a.grad_output);
   p.row.row_loss = row_loss;
   KJIT_RETURN_IF_ERROR(rt_->Launch((*k)[a.grad.empty() ? kFinishForward : kFinishGradient], rows,
                                    k->config.threads, stream, &p));
-  if (s.reduction == Reduction::kNone) return absl::OkStatus();
+  if (s.loss.reduction == Reduction::kNone) return absl::OkStatus();
   CrossEntropyReduceParams r{row_loss, rows, p.row.counters, static_cast<float*>(a.loss.data)};
   return rt_->Launch((*k)[kReduce], 1, kReduceThreads, stream, &r);
 }
@@ -315,7 +312,8 @@ absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vecto
     }
     const ShardedCrossEntropySpec& s = shards[i].op->spec();
     const ShardedCrossEntropySpec& first = shards[0].op->spec();
-    if (s.shard_start != next || s.vocab != first.vocab || s.reduction != first.reduction) {
+    if (s.shard_start != next || s.vocab != first.vocab ||
+        s.loss.reduction != first.loss.reduction) {
       return absl::InvalidArgumentError(fmt::format(
           "shards[{}]: classes [{}, {}) of vocab {}, expected the next shard of vocab {} from {} "
           "with the same reduction (the shards must tile the vocab in order)",
@@ -336,7 +334,8 @@ absl::StatusOr<kjit::ShardedCrossEntropy> Runtime::ShardedCrossEntropy(
     const ShardedCrossEntropySpec& spec) const {
   KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(spec));
   KJIT_RETURN_IF_ERROR(CheckDTypesOnTarget(
-      state_->target, {{"dtype", spec.dtype}, {"class_weight_dtype", spec.class_weight_dtype}}));
+      state_->target,
+      {{"dtype", spec.dtype}, {"class_weight_dtype", spec.loss.class_weight_dtype}}));
   auto op = std::make_shared<internal::ShardedCrossEntropyState>();
   op->spec = spec;
   const int max_vec = ops::MaxVecForCrossEntropy(static_cast<int>(SizeOf(spec.dtype)));

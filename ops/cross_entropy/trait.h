@@ -1,7 +1,7 @@
 // Cross-entropy as the tuner, `kjit compile`, `kjit bench` and doctor see it (ops/op_trait.h).
 //
 //   using T = OpTrait<CrossEntropySpec>;
-//   T::TuningShape({.vocab = 256000, .softcap = 30});   // "vocab=256000 softcap"
+//   T::TuningShape({.vocab = 256000, .loss = {.softcap = 30}});   // "vocab=256000 softcap"
 #pragma once
 
 #include <cstdint>
@@ -66,8 +66,7 @@ struct OpTrait<CrossEntropySpec> {
   static Spec BenchSpec(int64_t vocab, DType dtype) {
     return {.vocab = vocab,
             .dtype = dtype,
-            .target_type = IndexType::kInt64,
-            .reduction = Reduction::kMean};
+            .loss = {.target_type = IndexType::kInt64, .reduction = Reduction::kMean}};
   }
   // LLaMA 3's vocab at three token counts, then Gemma 2's, Qwen 2's and GPT-2's.
   static std::vector<std::pair<int64_t, int64_t>> BenchShapes() {

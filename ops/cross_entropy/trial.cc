@@ -15,8 +15,8 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   heuristic_spec.config.reset();
   KJIT_ASSIGN_OR_RETURN(CrossEntropy heuristic, rt.CrossEntropy(heuristic_spec));
   const int64_t row_bytes = spec.vocab * static_cast<int64_t>(SizeOf(spec.dtype));
-  const size_t index_bytes = SizeOf(spec.target_type);
-  const int64_t losses = spec.reduction == Reduction::kNone ? rows : 1;
+  const size_t index_bytes = SizeOf(spec.loss.target_type);
+  const int64_t losses = spec.loss.reduction == Reduction::kNone ? rows : 1;
   const int64_t workspace_bytes = heuristic.WorkspaceBytes(rows);
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer pristine, DeviceBuffer::Create(rt, rows * row_bytes));
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer work, DeviceBuffer::Create(rt, rows * row_bytes));
@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   KJIT_RETURN_IF_ERROR(RandomFill(rt, t->pristine_.data(), spec.dtype, rows, spec.vocab, spec.vocab,
                                   0x5eed, -8.0f, 8.0f));
   KJIT_RETURN_IF_ERROR(
-      RandomTargets(rt, t->targets_.data(), spec.target_type, rows, 0x5eed, spec.vocab));
+      RandomTargets(rt, t->targets_.data(), spec.loss.target_type, rows, 0x5eed, spec.vocab));
 
   // The targets once, whole: the class weights' mean divisor reads every row's, the reference the
   // sampled rows'.
@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
 
   std::vector<double> class_weight;
   double mean_divisor = static_cast<double>(rows);
-  if (spec.class_weight_dtype) {
-    const DType wt = *spec.class_weight_dtype;
+  if (spec.loss.class_weight_dtype) {
+    const DType wt = *spec.loss.class_weight_dtype;
     KJIT_ASSIGN_OR_RETURN(t->class_weight_,
                           DeviceBuffer::Create(rt, spec.vocab * static_cast<int64_t>(SizeOf(wt))));
     KJIT_RETURN_IF_ERROR(RandomFill(rt, t->class_weight_->data(), wt, 1, spec.vocab, spec.vocab,
@@ -70,14 +70,11 @@ absl::StatusOr<std::unique_ptr<CrossEntropyTrial>> CrossEntropyTrial::Create(
   // valid, or 1 / their weights summed).
   t->math_ = {.vocab = spec.vocab,
               .dtype = spec.dtype,
-              .ignore_index = spec.ignore_index,
-              .reduction = Reduction::kNone,
-              .label_smoothing = spec.label_smoothing,
-              .lse_square_scale = spec.lse_square_scale,
-              .softcap = spec.softcap,
+              .loss = spec.loss,
               .class_weight = std::move(class_weight)};
-  const std::vector<double> scale(t->sample_.size(),
-                                  spec.reduction == Reduction::kMean ? 1.0 / mean_divisor : 1.0);
+  t->math_.loss.reduction = Reduction::kNone;
+  const std::vector<double> scale(
+      t->sample_.size(), spec.loss.reduction == Reduction::kMean ? 1.0 / mean_divisor : 1.0);
   t->ref_ = CrossEntropyReference(t->math_, t->checked_rows(), logits, sample_targets, &scale,
                                   /*with_grad=*/true);
   return t;
@@ -89,14 +86,15 @@ CrossEntropyArgs CrossEntropyTrial::Args(bool gradient) const {
   const DeviceBuffer& logits_buf = gradient ? work_ : pristine_;
   const TensorView logits = TensorView::Matrix(logits_buf.data(), spec_.dtype, rows_, spec_.vocab);
   return {.logits = logits,
-          .targets = IndexView::Of(targets_.data(), spec_.target_type, rows_),
+          .targets = IndexView::Of(targets_.data(), spec_.loss.target_type, rows_),
           .loss = TensorView::Vector(loss_.data(), DType::kF32,
-                                     spec_.reduction == Reduction::kNone ? rows_ : 1),
+                                     spec_.loss.reduction == Reduction::kNone ? rows_ : 1),
           .lse = TensorView::Vector(lse_.data(), DType::kF32, rows_),
           .grad = gradient ? logits : TensorView{},  // in place
-          .class_weight = class_weight_ ? TensorView::Vector(class_weight_->data(),
-                                                             *spec_.class_weight_dtype, spec_.vocab)
-                                        : TensorView{},
+          .class_weight = class_weight_
+                              ? TensorView::Vector(class_weight_->data(),
+                                                   *spec_.loss.class_weight_dtype, spec_.vocab)
+                              : TensorView{},
           .workspace = workspace_.data(),
           .workspace_bytes = workspace_bytes_};
 }

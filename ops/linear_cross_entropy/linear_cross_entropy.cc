@@ -80,17 +80,9 @@ MatrixLaunch MatrixLaunchFor(const TensorView& t, int sm_count) {
 }  // namespace
 
 CrossEntropySpec LinearCrossEntropySpec::ChunkLoss() const {
-  return {.vocab = vocab,
-          .dtype = dtype,
-          .target_type = target_type,
-          .ignore_index = ignore_index,
-          .reduction = reduction == Reduction::kNone ? Reduction::kNone : Reduction::kSum,
-          .label_smoothing = label_smoothing,
-          .lse_square_scale = lse_square_scale,
-          .softcap = softcap,
-          .argmax = argmax,
-          .entropy = entropy,
-          .class_weight_dtype = class_weight_dtype};
+  CrossEntropySpec chunk{.vocab = vocab, .dtype = dtype, .loss = loss};
+  if (loss.reduction == Reduction::kMean) chunk.loss.reduction = Reduction::kSum;
+  return chunk;
 }
 
 absl::Status ValidateLinearCrossEntropySpec(const LinearCrossEntropySpec& s) {
@@ -116,15 +108,16 @@ absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropy(const LinearCrossEntro
       {"hidden", std::to_string(s.hidden)},
       {"dtype", Name(s.dtype)},
       {"weight_grad_dtype", Name(s.weight_grad())},
-      {"target_type", Name(s.target_type)},
-      {"reduction", Name(s.reduction)},
+      {"target_type", Name(s.loss.target_type)},
+      {"reduction", Name(s.loss.reduction)},
   };
   // Order matters: LinearCrossEntropyKernels reads them back by position.
   std::vector<std::string> kernels = {
       CrossEntropyCountExpr(loss, kCountThreads),
-      jit::Instantiate("kjit::linear_cross_entropy_scale", s.reduction == Reduction::kMean),
-      CrossEntropyReduceExpr(s.reduction == Reduction::kMean ? Reduction::kMean : Reduction::kSum,
-                             kReduceThreads)};
+      jit::Instantiate("kjit::linear_cross_entropy_scale", s.loss.reduction == Reduction::kMean),
+      CrossEntropyReduceExpr(
+          s.loss.reduction == Reduction::kMean ? Reduction::kMean : Reduction::kSum,
+          kReduceThreads)};
   if (s.weight_grad() != DType::kF32) {
     for (int vec : {1, kStoreVec}) {
       for (bool accumulate : {false, true}) kernels.push_back(StoreExpr(s, vec, accumulate));
@@ -359,16 +352,16 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
         fmt::format("{}: given, but the op was created without a bias (set the spec's bias)",
                     a.bias.empty() ? "d_bias" : "bias"));
   }
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.target_type, rows));
-  const int64_t per_row_or_one = s.reduction == Reduction::kNone ? rows : 1;
+  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
+  const int64_t per_row_or_one = s.loss.reduction == Reduction::kNone ? rows : 1;
   KJIT_RETURN_IF_ERROR(CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
   if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (s.argmax) {
-    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.target_type, rows));
+  if (s.loss.argmax) {
+    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.loss.target_type, rows));
   } else if (!a.argmax.empty()) {
     return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
   }
-  if (s.entropy) {
+  if (s.loss.entropy) {
     KJIT_RETURN_IF_ERROR(CheckMatrix("entropy", a.entropy, DType::kF32, 1, rows));
   } else if (!a.entropy.empty()) {
     return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
@@ -376,7 +369,7 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
   if (!a.target_logprob.empty()) {
     KJIT_RETURN_IF_ERROR(CheckMatrix("target_logprob", a.target_logprob, DType::kF32, 1, rows));
   }
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.class_weight_dtype, s.vocab));
+  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
   if (gradient) {
     if (!a.grad_output.empty()) {
       KJIT_RETURN_IF_ERROR(
@@ -441,10 +434,10 @@ absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyAr
   auto* parts = reinterpret_cast<float*>(ws + l.parts);
   void* lt_workspace = ws + l.lt;
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-  const bool reduced = s.reduction != Reduction::kNone;
+  const bool reduced = s.loss.reduction != Reduction::kNone;
 
   // The whole batch's counters, and for sum and mean the scale every chunk's gradient takes.
-  CrossEntropyCountParams count{a.targets.data, rows, s.ignore_index, a.class_weight.data,
+  CrossEntropyCountParams count{a.targets.data, rows, s.loss.ignore_index, a.class_weight.data,
                                 counters};
   KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kCount], 1, kCountThreads, stream, &count));
   if (gradient && reduced) {
@@ -595,7 +588,7 @@ absl::Status LinearCrossEntropy::RescaleGradients(CUstream stream,
                                                   const LinearCrossEntropyRescaleArgs& a) const {
   using internal::CheckMatrix;
   const LinearCrossEntropySpec& s = op_->spec;
-  if (s.reduction == Reduction::kNone) {
+  if (s.loss.reduction == Reduction::kNone) {
     return absl::InvalidArgumentError(
         "RescaleGradients: reduction none's per-row upstream gradients do not scale d_weight; run "
         "ForwardBackward with them as grad_output instead");

@@ -48,14 +48,8 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
     }
   });
 
-  const CrossEntropyMath m{.vocab = V,
-                           .dtype = s.dtype,
-                           .ignore_index = s.ignore_index,
-                           .reduction = s.reduction,
-                           .label_smoothing = s.label_smoothing,
-                           .lse_square_scale = s.lse_square_scale,
-                           .softcap = s.softcap,
-                           .class_weight = p.class_weight};
+  const CrossEntropyMath m{
+      .vocab = V, .dtype = s.dtype, .loss = s.loss, .class_weight = p.class_weight};
   LinearCrossEntropyResult out;
   out.loss = CrossEntropyReference(m, R, logits, p.targets,
                                    p.grad_output.empty() ? nullptr : &p.grad_output, true);
@@ -70,7 +64,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
     double shift = 0;
     for (int64_t v = 0; v < V; ++v) {
       double x = logits[r * V + v];
-      if (s.softcap > 0) x = s.softcap * std::tanh(x / s.softcap);
+      if (s.loss.softcap > 0) x = s.loss.softcap * std::tanh(x / s.loss.softcap);
       shift += std::exp(x - ce.lse[r]) * logit_error[r * V + v];
     }
     row_shift[r] = shift;
@@ -79,17 +73,17 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
       const double dx = logit_error[i];
       grad_error[i] = tol.grad.rtol * std::fabs(ce.grad[i]) + tol.grad.atol + ce_atol[i] +
                       2 * (dx + shift) * ce.grad_terms[i] +
-                      (s.softcap > 0 ? 2 * dx / s.softcap * std::fabs(ce.grad[i]) : 0.0);
+                      (s.loss.softcap > 0 ? 2 * dx / s.loss.softcap * std::fabs(ce.grad[i]) : 0.0);
     }
   });
 
   // The loss and lse: lse moves by at most the logits' error, the loss by twice it (lse - x_t)
   // times the z-loss factor.
-  const double z = s.lse_square_scale;
+  const double z = s.loss.z_loss;
   std::vector<double> row_bound(R, 0.0);
   int64_t valid = 0;
   for (int64_t r = 0; r < R; ++r) {
-    const bool ok = p.targets[r] != s.ignore_index && p.targets[r] >= 0 && p.targets[r] < V;
+    const bool ok = p.targets[r] != s.loss.ignore_index && p.targets[r] >= 0 && p.targets[r] < V;
     valid += ok;
     if (ok) {
       row_bound[r] = 2 * (row_shift[r] + logit_error[r * V + p.targets[r]]) *
@@ -113,7 +107,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
     for (int64_t v = 0; v < V; ++v) worst = std::max(worst, logit_error[r * V + v]);
     const double h = std::isnan(ce.entropy[r]) ? 0.0 : ce.entropy[r];
     out.entropy_atol[r] = ce.entropy_atol[r] + 2 * h * worst + 2 * row_shift[r];
-    const bool ok = p.targets[r] != s.ignore_index && p.targets[r] >= 0 && p.targets[r] < V;
+    const bool ok = p.targets[r] != s.loss.ignore_index && p.targets[r] >= 0 && p.targets[r] < V;
     out.target_logprob_atol[r] =
         ok ? ce.target_logprob_atol[r] + 2 * (row_shift[r] + logit_error[r * V + p.targets[r]])
            : 0.0;
@@ -122,7 +116,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
   double weight_scale = 1;
   for (double w : p.class_weight) weight_scale = std::max(weight_scale, std::fabs(w));
   for (double& b : row_bound) b *= weight_scale;
-  if (s.reduction == Reduction::kNone) {
+  if (s.loss.reduction == Reduction::kNone) {
     out.loss_atol.resize(R);
     for (int64_t r = 0; r < R; ++r) {
       out.loss_atol[r] = row_bound[r] + tol.loss_atol_per_terms * ce.loss_terms[r] +
@@ -131,7 +125,7 @@ LinearCrossEntropyResult LinearCrossEntropyReference(const LinearCrossEntropySpe
   } else {
     double sum = 0;
     for (double b : row_bound) sum += b;
-    if (s.reduction == Reduction::kMean && valid > 0) sum /= static_cast<double>(valid);
+    if (s.loss.reduction == Reduction::kMean && valid > 0) sum /= static_cast<double>(valid);
     out.loss_atol = {sum + tol.loss_atol_per_terms * ce.loss_terms[0] +
                      tol.loss.rtol * std::fabs(ce.loss[0])};
   }

@@ -50,8 +50,8 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
     t->workspace_bytes_ = std::max(t->workspace_bytes_, op.WorkspaceBytes(rows));
   }
   for (int64_t bytes :
-       {rows * H * e, V * H * e, rows * static_cast<int64_t>(SizeOf(spec.target_type)),
-        int64_t{4} * (spec.reduction == Reduction::kNone ? rows : 1), rows * H * e, V * H * wg,
+       {rows * H * e, V * H * e, rows * static_cast<int64_t>(SizeOf(spec.loss.target_type)),
+        int64_t{4} * (spec.loss.reduction == Reduction::kNone ? rows : 1), rows * H * e, V * H * wg,
         t->workspace_bytes_}) {
     KJIT_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(rt, bytes));
     t->buffers_.push_back(std::move(b));
@@ -62,13 +62,14 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
   KJIT_RETURN_IF_ERROR(
       RandomFill(rt, t->buffers_[kWeight].data(), spec.dtype, V, H, H, 0x5eee, -w_range, w_range));
   KJIT_RETURN_IF_ERROR(
-      RandomTargets(rt, t->buffers_[kTargets].data(), spec.target_type, rows, 0x5eed, V));
+      RandomTargets(rt, t->buffers_[kTargets].data(), spec.loss.target_type, rows, 0x5eed, V));
   t->sampled_rows_ = SampleRows(rows);
   t->sampled_vocab_rows_ = SampleRows(V);
 
   // The unfused path, once, with an fp32 d_weight.
   CrossEntropySpec loss_spec = spec.ChunkLoss();
-  loss_spec.reduction = spec.reduction == Reduction::kNone ? Reduction::kSum : spec.reduction;
+  loss_spec.loss.reduction =
+      spec.loss.reduction == Reduction::kNone ? Reduction::kSum : spec.loss.reduction;
   KJIT_ASSIGN_OR_RETURN(DeviceBuffer d_weight, DeviceBuffer::Create(rt, V * H * 4));
   {
     KJIT_ASSIGN_OR_RETURN(
@@ -77,7 +78,7 @@ absl::StatusOr<std::unique_ptr<LinearCrossEntropyTrial>> LinearCrossEntropyTrial
             rt, loss_spec,
             {.hidden = TensorView::Matrix(t->buffers_[kHidden].data(), spec.dtype, rows, H),
              .weight = TensorView::Matrix(t->buffers_[kWeight].data(), spec.dtype, V, H),
-             .targets = IndexView::Of(t->buffers_[kTargets].data(), spec.target_type, rows),
+             .targets = IndexView::Of(t->buffers_[kTargets].data(), spec.loss.target_type, rows),
              .loss = TensorView::Vector(t->buffers_[kLoss].data(), DType::kF32, 1),
              .d_hidden = TensorView::Matrix(t->buffers_[kDHidden].data(), spec.dtype, rows, H),
              .d_weight = TensorView::Matrix(d_weight.data(), DType::kF32, V, H)}));
@@ -99,9 +100,9 @@ LinearCrossEntropyArgs LinearCrossEntropyTrial::Args(const LinearCrossEntropy& o
   return {
       .hidden_states = TensorView::Matrix(buffers_[kHidden].data(), s.dtype, R, s.hidden),
       .weight = TensorView::Matrix(buffers_[kWeight].data(), s.dtype, s.vocab, s.hidden),
-      .targets = IndexView::Of(buffers_[kTargets].data(), s.target_type, R),
+      .targets = IndexView::Of(buffers_[kTargets].data(), s.loss.target_type, R),
       .loss = TensorView::Vector(buffers_[kLoss].data(), DType::kF32,
-                                 s.reduction == Reduction::kNone ? R : 1),
+                                 s.loss.reduction == Reduction::kNone ? R : 1),
       .d_hidden = TensorView::Matrix(buffers_[kDHidden].data(), s.dtype, R, s.hidden),
       .d_weight = TensorView::Matrix(buffers_[kDWeight].data(), s.weight_grad(), s.vocab, s.hidden),
       .workspace = buffers_[kWorkspace].data(),
@@ -121,7 +122,7 @@ absl::Status LinearCrossEntropyTrial::Check(const LinearCrossEntropy& op, Pass p
   for (Buffer b : {kLoss, kDHidden, kDWeight}) KJIT_RETURN_IF_ERROR(buffers_[b].Fill(0xFF));
   KJIT_RETURN_IF_ERROR(op.ForwardBackward(nullptr, Args(op)));
   std::vector<std::pair<std::string, CompareResult>> results;
-  if (spec_.reduction != Reduction::kNone) {
+  if (spec_.loss.reduction != Reduction::kNone) {
     KJIT_ASSIGN_OR_RETURN(std::vector<double> loss,
                           DownloadValues(buffers_[kLoss], DType::kF32, 0, 4));
     results.emplace_back("loss", Compare(loss, {loss_}, {.rtol = 1e-3}));

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 3  # KJIT_C_ABI_VERSION this binding was written for
+ABI_VERSION = 4  # KJIT_C_ABI_VERSION this binding was written for
 
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 
@@ -96,14 +96,18 @@ class RmsNormBackwardArgs(ctypes.Structure):
                 ("workspace_bytes", ctypes.c_int64)]
 
 
+class LossOptions(ctypes.Structure):
+    """kjit_loss_options: embedded as `loss` in every loss op's spec."""
+    _fields_ = [("target_type", ctypes.c_int32), ("reduction", ctypes.c_int32),
+                ("ignore_index", ctypes.c_int64), ("label_smoothing", ctypes.c_float),
+                ("z_loss", ctypes.c_float), ("softcap", ctypes.c_float),
+                ("argmax", ctypes.c_int32), ("entropy", ctypes.c_int32),
+                ("class_weight_dtype", ctypes.c_int32)]
+
+
 class CrossEntropySpec(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
-                ("dtype", ctypes.c_int32), ("target_type", ctypes.c_int32),
-                ("ignore_index", ctypes.c_int64), ("reduction", ctypes.c_int32),
-                ("label_smoothing", ctypes.c_float), ("lse_square_scale", ctypes.c_float),
-                ("softcap", ctypes.c_float), ("argmax", ctypes.c_int32),
-                ("config", ctypes.c_char_p), ("class_weight_dtype", ctypes.c_int32),
-                ("entropy", ctypes.c_int32)]
+                ("dtype", ctypes.c_int32), ("loss", LossOptions), ("config", ctypes.c_char_p)]
 
 
 class CrossEntropyArgs(ctypes.Structure):
@@ -130,12 +134,8 @@ class LinearCrossEntropySpec(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
                 ("hidden", ctypes.c_int64), ("dtype", ctypes.c_int32),
                 ("weight_grad_dtype", ctypes.c_int32), ("bias", ctypes.c_int32),
-                ("target_type", ctypes.c_int32), ("ignore_index", ctypes.c_int64),
-                ("reduction", ctypes.c_int32), ("label_smoothing", ctypes.c_float),
-                ("lse_square_scale", ctypes.c_float), ("softcap", ctypes.c_float),
-                ("argmax", ctypes.c_int32), ("weight_grad_accumulation", ctypes.c_int32),
-                ("config", ctypes.c_char_p), ("entropy", ctypes.c_int32),
-                ("class_weight_dtype", ctypes.c_int32)]
+                ("loss", LossOptions), ("weight_grad_accumulation", ctypes.c_int32),
+                ("config", ctypes.c_char_p)]
 
 
 class LinearCrossEntropyArgs(ctypes.Structure):
@@ -155,11 +155,7 @@ class LinearCrossEntropyRescaleArgs(ctypes.Structure):
 class ShardedCrossEntropySpec(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
                 ("shard_start", ctypes.c_int64), ("shard_end", ctypes.c_int64),
-                ("dtype", ctypes.c_int32), ("target_type", ctypes.c_int32),
-                ("ignore_index", ctypes.c_int64), ("reduction", ctypes.c_int32),
-                ("label_smoothing", ctypes.c_float), ("lse_square_scale", ctypes.c_float),
-                ("softcap", ctypes.c_float), ("config", ctypes.c_char_p),
-                ("class_weight_dtype", ctypes.c_int32)]
+                ("dtype", ctypes.c_int32), ("loss", LossOptions), ("config", ctypes.c_char_p)]
 
 
 class ShardedCrossEntropyArgs(ctypes.Structure):

@@ -35,6 +35,21 @@ def _choice(what: str, value: str, table: dict) -> int:
     return table[value]
 
 
+def _fill_loss(loss, what: str, options: dict) -> None:
+    """Sets a spec's embedded kjit_loss_options from the loss keywords, which are its field names
+    (a name it lacks raises TypeError)."""
+    options = dict(options)
+    options["target_type"] = _choice("target_type", options["target_type"], _capi.INDEX_TYPES)
+    options["reduction"] = _choice("reduction", options["reduction"], _capi.REDUCTIONS)
+    options["softcap"] = 0.0 if options["softcap"] is None else options["softcap"]
+    options["argmax"] = _capi.flag("argmax", options["argmax"])
+    options["entropy"] = _capi.flag("entropy", options["entropy"])
+    weights = options["class_weight_dtype"]
+    options["class_weight_dtype"] = -1 if weights is None else _choice(
+        "class_weight_dtype", weights, _capi.DTYPES)
+    _capi.fill(loss, what, options)
+
+
 def tensor(data: int, dtype: str, rows: int, cols: int, row_stride: Optional[int] = None):
     """rows x cols elements of dtype ("fp32", "fp16", "bf16") at device address `data`."""
     return _capi.fill(_capi.Tensor(), "tensor", dict(
@@ -356,22 +371,22 @@ class Runtime(_Handle):
 
     def cross_entropy(self, vocab: int, dtype: str = "bf16", *, target_type: str = "int64",
                       ignore_index: int = -100, reduction: str = "mean",
-                      label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
-                      argmax: bool = False, config: Optional[str] = None,
-                      class_weight_dtype: Optional[str] = None,
-                      entropy: bool = False) -> CrossEntropy:
-        """class_weight_dtype: None (no class weights), else "fp32" or dtype: the launches then
+                      label_smoothing: float = 0.0, z_loss: float = 0.0,
+                      softcap: Optional[float] = None, argmax: bool = False,
+                      entropy: bool = False, class_weight_dtype: Optional[str] = None,
+                      config: Optional[str] = None) -> CrossEntropy:
+        """The loss options (target_type ... class_weight_dtype) are every loss op's, with the
+        same names (kjit/loss_options.h): z_loss adds z_loss * lse^2 per row; softcap None or 0 is
+        off; class_weight_dtype None (no class weights), else "fp32" or dtype: the launches then
         take class_weight, a [vocab] vector of per-class weights (F.cross_entropy's `weight`)."""
         spec = _capi.init(_capi.CrossEntropySpec, "kjit_cross_entropy_spec_init")
         _capi.fill(spec, "cross_entropy()", dict(
             vocab=vocab, dtype=_choice("dtype", dtype, _capi.DTYPES),
-            target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
-            ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
-            label_smoothing=label_smoothing, lse_square_scale=z_loss, softcap=softcap,
-            argmax=_capi.flag("argmax", argmax), config=_capi.c_string("config", config),
-            class_weight_dtype=-1 if class_weight_dtype is None else _choice(
-                "class_weight_dtype", class_weight_dtype, _capi.DTYPES),
-            entropy=_capi.flag("entropy", entropy)))
+            config=_capi.c_string("config", config)))
+        _fill_loss(spec.loss, "cross_entropy()", dict(
+            target_type=target_type, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, argmax=argmax,
+            entropy=entropy, class_weight_dtype=class_weight_dtype))
         op = CrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
@@ -381,11 +396,13 @@ class Runtime(_Handle):
                              weight_grad_dtype: Optional[str] = None, bias: bool = False,
                              target_type: str = "int64", ignore_index: int = -100,
                              reduction: str = "mean", label_smoothing: float = 0.0,
-                             lse_square_scale: float = 0.0, softcap: float = 0.0,
-                             argmax: bool = False, weight_grad_accumulation: str = "fp32",
-                             config: Optional[str] = None, entropy: bool = False,
-                             class_weight_dtype: Optional[str] = None) -> LinearCrossEntropy:
-        """weight_grad_dtype: d_weight's and d_bias's, None (dtype) or "fp32".
+                             z_loss: float = 0.0, softcap: Optional[float] = None,
+                             argmax: bool = False, entropy: bool = False,
+                             class_weight_dtype: Optional[str] = None,
+                             weight_grad_accumulation: str = "fp32",
+                             config: Optional[str] = None) -> LinearCrossEntropy:
+        """The loss options as cross_entropy() takes them.
+        weight_grad_dtype: d_weight's and d_bias's, None (dtype) or "fp32".
         weight_grad_accumulation: "fp32" (an fp32 accumulator in the workspace unless d_weight is
         fp32 itself) or "output_dtype" (straight into d_weight). config: None (tuned or
         heuristic) or "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0"."""
@@ -394,15 +411,14 @@ class Runtime(_Handle):
             vocab=vocab, hidden=hidden, dtype=_choice("dtype", dtype, _capi.DTYPES),
             weight_grad_dtype=-1 if weight_grad_dtype is None else _choice(
                 "weight_grad_dtype", weight_grad_dtype, _capi.DTYPES),
-            bias=_capi.flag("bias", bias), target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
-            ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
-            argmax=_capi.flag("argmax", argmax),
+            bias=_capi.flag("bias", bias),
             weight_grad_accumulation=_choice("weight_grad_accumulation", weight_grad_accumulation,
                                              _capi.ACCUMULATIONS),
-            config=_capi.c_string("config", config), entropy=_capi.flag("entropy", entropy),
-            class_weight_dtype=-1 if class_weight_dtype is None else _choice(
-                "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
+            config=_capi.c_string("config", config)))
+        _fill_loss(spec.loss, "linear_cross_entropy()", dict(
+            target_type=target_type, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, argmax=argmax,
+            entropy=entropy, class_weight_dtype=class_weight_dtype))
         op = LinearCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
@@ -412,7 +428,7 @@ class Runtime(_Handle):
                               dtype: str = "bf16", *, target_type: str = "int64",
                               ignore_index: int = -100, reduction: str = "mean",
                               label_smoothing: float = 0.0, z_loss: float = 0.0,
-                              softcap: float = 0.0, config: Optional[str] = None,
+                              softcap: Optional[float] = None, config: Optional[str] = None,
                               class_weight_dtype: Optional[str] = None) -> ShardedCrossEntropy:
         """The vocab-parallel cross-entropy of classes [shard_start, shard_end) of `vocab`;
         options as cross_entropy's (label smoothing over the whole vocab; class_weight_dtype
@@ -421,13 +437,11 @@ class Runtime(_Handle):
         spec = _capi.init(_capi.ShardedCrossEntropySpec, "kjit_sharded_cross_entropy_spec_init")
         _capi.fill(spec, "sharded_cross_entropy()", dict(
             vocab=vocab, shard_start=shard_start, shard_end=shard_end,
-            dtype=_choice("dtype", dtype, _capi.DTYPES),
-            target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
-            ignore_index=ignore_index, reduction=_choice("reduction", reduction, _capi.REDUCTIONS),
-            label_smoothing=label_smoothing, lse_square_scale=z_loss, softcap=softcap,
-            config=_capi.c_string("config", config),
-            class_weight_dtype=-1 if class_weight_dtype is None else _choice(
-                "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
+            dtype=_choice("dtype", dtype, _capi.DTYPES), config=_capi.c_string("config", config)))
+        _fill_loss(spec.loss, "sharded_cross_entropy()", dict(
+            target_type=target_type, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, argmax=False,
+            entropy=False, class_weight_dtype=class_weight_dtype))
         op = ShardedCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_sharded_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))

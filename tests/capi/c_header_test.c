@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
 
   kjit_cross_entropy_spec_init(&ce);
   check(ce.struct_size == sizeof ce, "ce.struct_size");
-  check(ce.dtype == KJIT_BF16 && ce.target_type == KJIT_INT64 && ce.ignore_index == -100 &&
-            ce.reduction == KJIT_REDUCTION_MEAN && ce.argmax == 0 && ce.class_weight_dtype == -1,
+  check(ce.dtype == KJIT_BF16 && ce.loss.target_type == KJIT_INT64 && ce.loss.ignore_index == -100 &&
+            ce.loss.reduction == KJIT_REDUCTION_MEAN && ce.loss.argmax == 0 && ce.loss.class_weight_dtype == -1,
         "kjit_cross_entropy_spec_init's defaults");
 
   kjit_cross_entropy_args_init(&args);
@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
   kjit_linear_cross_entropy_spec_init(&lce);
   check(lce.struct_size == sizeof lce, "lce.struct_size");
   check(lce.dtype == KJIT_BF16 && lce.weight_grad_dtype == -1 && lce.bias == 0 &&
-            lce.target_type == KJIT_INT64 && lce.ignore_index == -100 &&
-            lce.reduction == KJIT_REDUCTION_MEAN &&
+            lce.loss.target_type == KJIT_INT64 && lce.loss.ignore_index == -100 &&
+            lce.loss.reduction == KJIT_REDUCTION_MEAN &&
             lce.weight_grad_accumulation == KJIT_WEIGHT_GRAD_ACCUMULATION_FP32 &&
             lce.config == NULL,
         "kjit_linear_cross_entropy_spec_init's defaults");
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
 
   kjit_sharded_cross_entropy_spec_init(&sharded);
   check(sharded.struct_size == sizeof sharded && sharded.dtype == KJIT_BF16 &&
-            sharded.reduction == KJIT_REDUCTION_MEAN && sharded.class_weight_dtype == -1 &&
+            sharded.loss.reduction == KJIT_REDUCTION_MEAN && sharded.loss.class_weight_dtype == -1 &&
             sharded.config == NULL,
         "kjit_sharded_cross_entropy_spec_init's defaults");
   kjit_sharded_cross_entropy_args_init(&sharded_args);

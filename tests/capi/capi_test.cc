@@ -162,16 +162,16 @@ TEST(CapiInit, DefaultsAreTheCppDefaults) {
   const CrossEntropySpec rc;
   EXPECT_EQ(c.vocab, rc.vocab);
   EXPECT_EQ(c.dtype, static_cast<int32_t>(rc.dtype));
-  EXPECT_EQ(c.target_type, static_cast<int32_t>(rc.target_type));
-  EXPECT_EQ(c.ignore_index, rc.ignore_index);
-  EXPECT_EQ(c.reduction, static_cast<int32_t>(rc.reduction));
-  EXPECT_EQ(c.label_smoothing, rc.label_smoothing);
-  EXPECT_EQ(c.lse_square_scale, rc.lse_square_scale);
-  EXPECT_EQ(c.softcap, rc.softcap);
-  EXPECT_EQ(c.argmax, rc.argmax);
+  EXPECT_EQ(c.loss.target_type, static_cast<int32_t>(rc.loss.target_type));
+  EXPECT_EQ(c.loss.ignore_index, rc.loss.ignore_index);
+  EXPECT_EQ(c.loss.reduction, static_cast<int32_t>(rc.loss.reduction));
+  EXPECT_EQ(c.loss.label_smoothing, rc.loss.label_smoothing);
+  EXPECT_EQ(c.loss.z_loss, rc.loss.z_loss);
+  EXPECT_EQ(c.loss.softcap, rc.loss.softcap);
+  EXPECT_EQ(c.loss.argmax, rc.loss.argmax);
   EXPECT_EQ(c.config, nullptr);
-  EXPECT_EQ(c.class_weight_dtype, -1);
-  EXPECT_FALSE(rc.class_weight_dtype.has_value());
+  EXPECT_EQ(c.loss.class_weight_dtype, -1);
+  EXPECT_FALSE(rc.loss.class_weight_dtype.has_value());
 
   const kjit_linear_cross_entropy_spec l = Initialized(kjit_linear_cross_entropy_spec_init);
   const LinearCrossEntropySpec rl;
@@ -181,13 +181,13 @@ TEST(CapiInit, DefaultsAreTheCppDefaults) {
   EXPECT_EQ(l.weight_grad_dtype, -1);
   EXPECT_FALSE(rl.weight_grad_dtype.has_value());
   EXPECT_EQ(l.bias, rl.bias);
-  EXPECT_EQ(l.target_type, static_cast<int32_t>(rl.target_type));
-  EXPECT_EQ(l.ignore_index, rl.ignore_index);
-  EXPECT_EQ(l.reduction, static_cast<int32_t>(rl.reduction));
-  EXPECT_EQ(l.label_smoothing, rl.label_smoothing);
-  EXPECT_EQ(l.lse_square_scale, rl.lse_square_scale);
-  EXPECT_EQ(l.softcap, rl.softcap);
-  EXPECT_EQ(l.argmax, rl.argmax);
+  EXPECT_EQ(l.loss.target_type, static_cast<int32_t>(rl.loss.target_type));
+  EXPECT_EQ(l.loss.ignore_index, rl.loss.ignore_index);
+  EXPECT_EQ(l.loss.reduction, static_cast<int32_t>(rl.loss.reduction));
+  EXPECT_EQ(l.loss.label_smoothing, rl.loss.label_smoothing);
+  EXPECT_EQ(l.loss.z_loss, rl.loss.z_loss);
+  EXPECT_EQ(l.loss.softcap, rl.loss.softcap);
+  EXPECT_EQ(l.loss.argmax, rl.loss.argmax);
   EXPECT_EQ(l.weight_grad_accumulation, static_cast<int32_t>(rl.weight_grad_accumulation));
   EXPECT_EQ(l.weight_grad_accumulation, KJIT_WEIGHT_GRAD_ACCUMULATION_FP32);
   EXPECT_EQ(l.config, nullptr);
@@ -544,7 +544,7 @@ TEST_F(CapiCompileOnly, ClassWeightsAreTakenByEveryLaunch) {
   std::vector<std::vector<Block>> mem;
   const int64_t rows = 3, vocab = ce_spec_.vocab;
   kjit_cross_entropy_spec c = ce_spec_;
-  c.class_weight_dtype = KJIT_F32;
+  c.loss.class_weight_dtype = KJIT_F32;
   kjit_cross_entropy* weighted = Ce(c);
   kjit_cross_entropy_args a = CeArgs(mem, weighted, rows, vocab);
   kjit_cross_entropy_backward_args b;
@@ -591,7 +591,7 @@ TEST_F(CapiCompileOnly, ClassWeightsAreTakenByEveryLaunch) {
     ExpectInvalid(r, "class_weight: given, but the op was created without class weights");
   }
   // Weights in the logits' dtype.
-  c.class_weight_dtype = KJIT_BF16;
+  c.loss.class_weight_dtype = KJIT_BF16;
   ExpectInvalid(Last(kjit_cross_entropy_forward(Ce(c), nullptr, &f)),
                 "class_weight: dtype is fp32, expected bf16");
 }
@@ -703,10 +703,10 @@ TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
   c.vocab = 0;
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "vocab:");
   c = ce_spec_;
-  c.label_smoothing = 1;
+  c.loss.label_smoothing = 1;
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "label_smoothing:");
   c = ce_spec_;
-  c.class_weight_dtype = KJIT_F16;  // neither fp32 nor the logits' bf16
+  c.loss.class_weight_dtype = KJIT_F16;  // neither fp32 nor the logits' bf16
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
                 "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)");
   c = ce_spec_;
@@ -726,9 +726,9 @@ TEST_F(CapiCompileOnly, InvalidSpecsNameTheField) {
           {[](auto& x) { x.vocab = 1; }, "vocab:"},
           {[](auto& x) { x.weight_grad_dtype = KJIT_F16; },
            "weight_grad_dtype: fp16 must be bf16 or fp32"},
-          {[](auto& x) { x.label_smoothing = 1; }, "label_smoothing:"},
-          {[](auto& x) { x.lse_square_scale = -1; }, "lse_square_scale:"},
-          {[](auto& x) { x.softcap = -1; }, "softcap:"},
+          {[](auto& x) { x.loss.label_smoothing = 1; }, "label_smoothing:"},
+          {[](auto& x) { x.loss.z_loss = -1; }, "z_loss:"},
+          {[](auto& x) { x.loss.softcap = -1; }, "softcap:"},
           {[](auto& x) { x.config = "banana"; }, "config: "},
           {[](auto& x) {
              x.config = "chunk=0 whole=0 streams=1 logits_algo=0 d_hidden_algo=0 d_weight_algo=0";
@@ -789,7 +789,7 @@ TEST_F(CapiCompileOnly, WorkspaceBytes) {
   // per row (at least one), in 16-byte units.
   kjit_cross_entropy* mean = Ce(ce_spec_);
   kjit_cross_entropy_spec c = ce_spec_;
-  c.reduction = KJIT_REDUCTION_NONE;
+  c.loss.reduction = KJIT_REDUCTION_NONE;
   kjit_cross_entropy* none = Ce(c);
   for (const auto& [rows, mean_bytes] : std::map<int64_t, int64_t>{{0, 32}, {7, 48}, {8, 48}}) {
     int64_t bytes = -1;
@@ -925,7 +925,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(options, "kjit_runtime_create: options->struct_size is " +
                              std::to_string(sizeof(o) - 8) + ", but kjit_runtime_options is " +
                              std::to_string(sizeof(o)) + " bytes in this library");
-  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 3"));
+  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 4"));
   EXPECT_THAT(options.message, HasSubstr("kjit_runtime_options_init"));
 
   kjit_cross_entropy_spec c = ce_spec_;
@@ -935,13 +935,13 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
                 "kjit_cross_entropy_create: spec->struct_size is 0, but kjit_cross_entropy_spec");
   // A version 1 binding's structs (each ended where version 2 appended its class weights):
   // refused, rather than read with a garbage tail.
-  c.struct_size = offsetof(kjit_cross_entropy_spec, class_weight_dtype);
+  c.struct_size = offsetof(kjit_cross_entropy_spec, loss.class_weight_dtype);
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
                 "kjit_cross_entropy_create: spec->struct_size is " + std::to_string(c.struct_size) +
                     ", but kjit_cross_entropy_spec is " + std::to_string(sizeof(c)) +
-                    " bytes in this library (kjit C ABI version 3)");
+                    " bytes in this library (kjit C ABI version 4)");
   // A version 2 binding's (version 3 appended entropy): refused too.
-  c.struct_size = offsetof(kjit_cross_entropy_spec, entropy);
+  c.struct_size = offsetof(kjit_cross_entropy_spec, loss.entropy);
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
                 "kjit_cross_entropy_create: spec->struct_size is " + std::to_string(c.struct_size) +
                     ", but kjit_cross_entropy_spec is " + std::to_string(sizeof(c)) + " bytes");
@@ -965,7 +965,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
                 "kjit_linear_cross_entropy_create: spec->struct_size is " +
                     std::to_string(sizeof(l) - 8) + ", but kjit_linear_cross_entropy_spec is " +
                     std::to_string(sizeof(l)) +
-                    " bytes in this library (kjit C ABI version 3); "
+                    " bytes in this library (kjit C ABI version 4); "
                     "set it with kjit_linear_cross_entropy_spec_init");
   kjit_linear_cross_entropy_args la;
   kjit_linear_cross_entropy_args_init(&la);
@@ -1010,21 +1010,22 @@ TEST_F(CapiCompileOnly, EnumFieldsAreRangeChecked) {
 
   kjit_cross_entropy* ce = nullptr;
   kjit_cross_entropy_spec c = ce_spec_;
-  c.target_type = 2;
-  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "target_type: 2 is out of range");
-  c = ce_spec_;
-  c.reduction = -1;
+  c.loss.target_type = 2;
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
-                "reduction: -1 is out of range; expected 0 (KJIT_REDUCTION_NONE), 1 "
+                "loss.target_type: 2 is out of range");
+  c = ce_spec_;
+  c.loss.reduction = -1;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
+                "loss.reduction: -1 is out of range; expected 0 (KJIT_REDUCTION_NONE), 1 "
                 "(KJIT_REDUCTION_SUM) or 2 (KJIT_REDUCTION_MEAN)");
   c = ce_spec_;
-  c.argmax = -1;
-  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "argmax: -1 is out of range");
+  c.loss.argmax = -1;
+  ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)), "loss.argmax: -1 is out of range");
   for (int32_t bad : {-2, 3}) {
     c = ce_spec_;
-    c.class_weight_dtype = bad;
+    c.loss.class_weight_dtype = bad;
     ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
-                  "class_weight_dtype: " + std::to_string(bad) +
+                  "loss.class_weight_dtype: " + std::to_string(bad) +
                       " is out of range; expected -1 (none), 0 (KJIT_F32), 1 (KJIT_F16) or 2 "
                       "(KJIT_BF16)");
   }
@@ -1037,9 +1038,9 @@ TEST_F(CapiCompileOnly, EnumFieldsAreRangeChecked) {
            "weight_grad_dtype: 3 is out of range; expected -1 (dtype's), 0 (KJIT_F32), 1 "
            "(KJIT_F16) or 2 (KJIT_BF16)"},
           {[](auto& x) { x.bias = 2; }, "bias: 2 is out of range; expected 0 (off) or 1 (on)"},
-          {[](auto& x) { x.target_type = 2; }, "target_type: 2 is out of range"},
-          {[](auto& x) { x.reduction = 3; }, "reduction: 3 is out of range"},
-          {[](auto& x) { x.argmax = -1; }, "argmax: -1 is out of range"},
+          {[](auto& x) { x.loss.target_type = 2; }, "loss.target_type: 2 is out of range"},
+          {[](auto& x) { x.loss.reduction = 3; }, "loss.reduction: 3 is out of range"},
+          {[](auto& x) { x.loss.argmax = -1; }, "loss.argmax: -1 is out of range"},
           {[](auto& x) { x.weight_grad_accumulation = 2; },
            "weight_grad_accumulation: 2 is out of range; expected 0 "
            "(KJIT_WEIGHT_GRAD_ACCUMULATION_FP32) or 1 "
@@ -1102,16 +1103,16 @@ TEST(CapiInit, ShardedCrossEntropyDefaultsAreTheCppDefaults) {
   EXPECT_EQ(s.shard_start, r.shard_start);
   EXPECT_EQ(s.shard_end, r.shard_end);
   EXPECT_EQ(s.dtype, static_cast<int32_t>(r.dtype));
-  EXPECT_EQ(s.target_type, static_cast<int32_t>(r.target_type));
-  EXPECT_EQ(s.ignore_index, r.ignore_index);
-  EXPECT_EQ(s.reduction, static_cast<int32_t>(r.reduction));
-  EXPECT_EQ(s.label_smoothing, r.label_smoothing);
-  EXPECT_EQ(s.lse_square_scale, r.lse_square_scale);
-  EXPECT_EQ(s.softcap, r.softcap);
+  EXPECT_EQ(s.loss.target_type, static_cast<int32_t>(r.loss.target_type));
+  EXPECT_EQ(s.loss.ignore_index, r.loss.ignore_index);
+  EXPECT_EQ(s.loss.reduction, static_cast<int32_t>(r.loss.reduction));
+  EXPECT_EQ(s.loss.label_smoothing, r.loss.label_smoothing);
+  EXPECT_EQ(s.loss.z_loss, r.loss.z_loss);
+  EXPECT_EQ(s.loss.softcap, r.loss.softcap);
   EXPECT_EQ(s.config, nullptr);
   EXPECT_FALSE(r.config.has_value());
-  EXPECT_EQ(s.class_weight_dtype, -1);
-  EXPECT_FALSE(r.class_weight_dtype.has_value());
+  EXPECT_EQ(s.loss.class_weight_dtype, -1);
+  EXPECT_FALSE(r.loss.class_weight_dtype.has_value());
   const auto a = Initialized(kjit_sharded_cross_entropy_args_init);
   ExpectEmpty({&a.logits, &a.loss, &a.lse, &a.grad, &a.grad_output, &a.class_weight}, {&a.targets});
   EXPECT_TRUE(a.workspace == nullptr && a.workspace_bytes == 0);
@@ -1202,10 +1203,12 @@ TEST_F(CapiSharded, InvalidSpecsNameTheField) {
           {[](auto& x) { x.shard_end = 500; }, "shard_end: 500 must be above shard_start 500"},
           {[](auto& x) { x.shard_end = 1001; }, "shard_end: 1001 must be above"},
           {[](auto& x) { x.dtype = 7; }, "dtype: 7 is out of range"},
-          {[](auto& x) { x.reduction = 3; }, "reduction: 3 is out of range"},
-          {[](auto& x) { x.target_type = -1; }, "target_type: -1 is out of range"},
-          {[](auto& x) { x.class_weight_dtype = -2; }, "class_weight_dtype: -2 is out of range"},
-          {[](auto& x) { x.label_smoothing = 1; }, "label_smoothing:"},
+          {[](auto& x) { x.loss.reduction = 3; }, "loss.reduction: 3 is out of range"},
+          {[](auto& x) { x.loss.target_type = -1; }, "loss.target_type: -1 is out of range"},
+          {[](auto& x) { x.loss.class_weight_dtype = -2; },
+           "loss.class_weight_dtype: -2 is out of range"},
+          {[](auto& x) { x.loss.label_smoothing = 1; }, "label_smoothing:"},
+          {[](auto& x) { x.loss.argmax = 1; }, "argmax"},
           {[](auto& x) { x.config = "banana"; }, "config: "},
           {[](auto& x) { x.config = "vec=8 threads=256 unroll=4 cluster=2 staged=0"; },
            "config.cluster: 2"},

@@ -290,8 +290,8 @@ class CapiCrossEntropyGpu : public ::testing::Test {
     kjit_cross_entropy_spec_init(&cspec);
     cspec.vocab = kVocab;
     cspec.dtype = KJIT_BF16;
-    cspec.target_type = KJIT_INT64;
-    cspec.reduction = KJIT_REDUCTION_MEAN;
+    cspec.loss.target_type = KJIT_INT64;
+    cspec.loss.reduction = KJIT_REDUCTION_MEAN;
     cspec.config = config_.c_str();
     kjit_cross_entropy* raw = nullptr;
     MustC(kjit_cross_entropy_create(crt_.get(), &cspec, &raw));
@@ -415,8 +415,7 @@ TEST_F(CapiCrossEntropyGpu, ClassWeights) {
     SCOPED_TRACE(Name(weight_dtype));
     CrossEntropySpec spec{.vocab = kVocab,
                           .dtype = DType::kBF16,
-                          .label_smoothing = 0.1f,
-                          .class_weight_dtype = weight_dtype};
+                          .loss = {.label_smoothing = 0.1f, .class_weight_dtype = weight_dtype}};
     spec.config = Must(rt_->CrossEntropy(spec)).ConfigFor(kRows);
     const CrossEntropy cpp = Must(rt_->CrossEntropy(spec));
     const std::string config = spec.config->ToString();
@@ -424,8 +423,8 @@ TEST_F(CapiCrossEntropyGpu, ClassWeights) {
     kjit_cross_entropy_spec_init(&cspec);
     cspec.vocab = kVocab;
     cspec.dtype = KJIT_BF16;
-    cspec.label_smoothing = 0.1f;
-    cspec.class_weight_dtype = static_cast<int32_t>(weight_dtype);
+    cspec.loss.label_smoothing = 0.1f;
+    cspec.loss.class_weight_dtype = static_cast<int32_t>(weight_dtype);
     cspec.config = config.c_str();
     kjit_cross_entropy* raw = nullptr;
     MustC(kjit_cross_entropy_create(crt_.get(), &cspec, &raw));
@@ -526,9 +525,7 @@ TEST_P(CapiLinearCrossEntropyGpu, SameBitsAsTheCppApi) {
       .hidden = hidden,
       .dtype = DType::kBF16,
       .bias = true,
-      .label_smoothing = 0.05f,
-      .lse_square_scale = 1e-4f,
-      .argmax = true,
+      .loss = {.label_smoothing = 0.05f, .z_loss = 1e-4f, .argmax = true},
       .config = LinearCrossEntropyConfig{.chunk_rows = 32, .streams = streams}};
   const LinearCrossEntropy cpp = Must(rt.LinearCrossEntropy(spec));
   const std::string config = spec.config->ToString();
@@ -540,9 +537,9 @@ TEST_P(CapiLinearCrossEntropyGpu, SameBitsAsTheCppApi) {
   cspec.hidden = hidden;
   cspec.dtype = KJIT_BF16;
   cspec.bias = 1;
-  cspec.label_smoothing = 0.05f;
-  cspec.lse_square_scale = 1e-4f;
-  cspec.argmax = 1;
+  cspec.loss.label_smoothing = 0.05f;
+  cspec.loss.z_loss = 1e-4f;
+  cspec.loss.argmax = 1;
   cspec.config = config.c_str();
   kjit_linear_cross_entropy* raw = nullptr;
   MustC(kjit_linear_cross_entropy_create(crt.get(), &cspec, &raw));
@@ -672,8 +669,7 @@ TEST(CapiShardedCrossEntropyGpu, SameBitsAsTheCppApiAndOwnAllReduces) {
     const ShardedCrossEntropySpec spec{.vocab = kVocab,
                                        .shard_start = i == 0 ? 0 : kSplit,
                                        .shard_end = i == 0 ? kSplit : kVocab,
-                                       .label_smoothing = 0.1f,
-                                       .lse_square_scale = 1e-4f};
+                                       .loss = {.label_smoothing = 0.1f, .z_loss = 1e-4f}};
     cpp.push_back(Must(rt.ShardedCrossEntropy(spec)));
     const std::string config = cpp.back().config().ToString();
     kjit_sharded_cross_entropy_spec cs;
@@ -681,8 +677,8 @@ TEST(CapiShardedCrossEntropyGpu, SameBitsAsTheCppApiAndOwnAllReduces) {
     cs.vocab = spec.vocab;
     cs.shard_start = spec.shard_start;
     cs.shard_end = spec.shard_end;
-    cs.label_smoothing = spec.label_smoothing;
-    cs.lse_square_scale = spec.lse_square_scale;
+    cs.loss.label_smoothing = spec.loss.label_smoothing;
+    cs.loss.z_loss = spec.loss.z_loss;
     cs.config = config.c_str();
     kjit_sharded_cross_entropy* raw = nullptr;
     MustC(kjit_sharded_cross_entropy_create(crt.get(), &cs, &raw));

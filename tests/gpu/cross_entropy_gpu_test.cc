@@ -71,7 +71,7 @@ struct Case {
   Reduction reduction = Reduction::kMean;
   float smoothing = 0, z = 0, softcap = 0;
   bool argmax = false;
-  bool entropy = false;  // spec.entropy, and the entropy output
+  bool entropy = false;  // spec.loss.entropy, and the entropy output
   bool logprob = false;  // the target_logprob output
   bool lse = true;       // ask for lse (Backward always saves it)
   Mode mode = Mode::kForwardBackward;
@@ -88,19 +88,20 @@ struct Case {
   std::optional<CrossEntropyConfig> config;
 
   CrossEntropySpec Spec() const {
-    return {.vocab = vocab,
-            .dtype = dtype,
-            .target_type = target_type,
-            .ignore_index = ignore_index,
-            .reduction = reduction,
-            .label_smoothing = smoothing,
-            .lse_square_scale = z,
-            .softcap = softcap,
-            .argmax = argmax,
-            .entropy = entropy,
-            .class_weight_dtype =
-                weights == Weights::kNone ? std::nullopt : std::optional<DType>(weight_dtype),
-            .config = config};
+    return {
+        .vocab = vocab,
+        .dtype = dtype,
+        .loss = {.target_type = target_type,
+                 .ignore_index = ignore_index,
+                 .reduction = reduction,
+                 .label_smoothing = smoothing,
+                 .z_loss = z,
+                 .softcap = softcap,
+                 .argmax = argmax,
+                 .entropy = entropy,
+                 .class_weight_dtype =
+                     weights == Weights::kNone ? std::nullopt : std::optional<DType>(weight_dtype)},
+        .config = config};
   }
   std::string Describe() const {
     return fmt::format(
@@ -399,14 +400,8 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   Outputs first;
   ASSERT_OK(run(&first));
 
-  const ops::CrossEntropyMath math{.vocab = V,
-                                   .dtype = c.dtype,
-                                   .ignore_index = c.ignore_index,
-                                   .reduction = c.reduction,
-                                   .label_smoothing = c.smoothing,
-                                   .lse_square_scale = c.z,
-                                   .softcap = c.softcap,
-                                   .class_weight = weights};
+  const ops::CrossEntropyMath math{
+      .vocab = V, .dtype = c.dtype, .loss = c.Spec().loss, .class_weight = weights};
   const ops::CrossEntropyResult ref = ops::CrossEntropyReference(
       math, R, logits, targets, c.upstream ? &upstream : nullptr, with_grad);
 
@@ -760,7 +755,7 @@ TEST(CrossEntropyGpu, NanRowLeavesOtherRowsFinite) {
   KJIT_REQUIRE_GPU(rt);
   // Explicit rather than through the reference: row 0 holds a NaN, rows 1.. must be all finite.
   const int64_t V = 32000, R = 4;
-  auto ce = rt.CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
+  auto ce = rt.CrossEntropy({.vocab = V, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(ce.ok()) << ce.status();
   std::vector<double> x(R * V, 0.5);
   x[17] = NAN;
@@ -1384,7 +1379,7 @@ TEST(CrossEntropyGpu, RescaleGradientInAGraphReadsItsFactorsWhenItRuns) {
 TEST(CrossEntropyGpu, BadInputLaunchesNothing) {
   KJIT_REQUIRE_GPU(rt);
   const int64_t V = 64, R = 2;
-  auto ce = rt.CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
+  auto ce = rt.CrossEntropy({.vocab = V, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(ce.ok()) << ce.status();
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, DeviceBuffer::Create(rt, R * V * 2));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_t, Upload(rt, IndexBytes({1, 2}, IndexType::kInt64)));

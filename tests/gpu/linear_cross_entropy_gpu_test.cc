@@ -63,14 +63,15 @@ struct Case {
             .dtype = dtype,
             .weight_grad_dtype = weight_grad_dtype,
             .bias = bias,
-            .target_type = target_type,
-            .reduction = reduction,
-            .label_smoothing = smoothing,
-            .lse_square_scale = z_loss,
-            .softcap = softcap,
-            .argmax = argmax,
-            .entropy = entropy,
-            .class_weight_dtype = class_weights ? std::optional<DType>(DType::kF32) : std::nullopt,
+            .loss = {.target_type = target_type,
+                     .reduction = reduction,
+                     .label_smoothing = smoothing,
+                     .z_loss = z_loss,
+                     .softcap = softcap,
+                     .argmax = argmax,
+                     .entropy = entropy,
+                     .class_weight_dtype =
+                         class_weights ? std::optional<DType>(DType::kF32) : std::nullopt},
             .weight_grad_accumulation = accumulation,
             .config = LinearCrossEntropyConfig{
                 .chunk_rows = chunk_rows, .whole_rows = whole_rows, .streams = streams}};

@@ -65,37 +65,22 @@ struct Case {
             .shard_start = shard.first,
             .shard_end = shard.second,
             .dtype = dtype,
-            .target_type = target_type,
+            .loss = Loss()};
+  }
+  LossOptions Loss() const {
+    return {.target_type = target_type,
             .ignore_index = ignore_index,
             .reduction = reduction,
             .label_smoothing = smoothing,
-            .lse_square_scale = z,
+            .z_loss = z,
             .softcap = softcap,
             .class_weight_dtype = WeightDtype()};
   }
   std::optional<DType> WeightDtype() const {
     return weighted ? std::optional<DType>(DType::kF32) : std::nullopt;
   }
-  CrossEntropySpec Unsharded() const {
-    return {.vocab = vocab,
-            .dtype = dtype,
-            .target_type = target_type,
-            .ignore_index = ignore_index,
-            .reduction = reduction,
-            .label_smoothing = smoothing,
-            .lse_square_scale = z,
-            .softcap = softcap,
-            .class_weight_dtype = WeightDtype()};
-  }
-  ops::CrossEntropyMath Math() const {
-    return {.vocab = vocab,
-            .dtype = dtype,
-            .ignore_index = ignore_index,
-            .reduction = reduction,
-            .label_smoothing = smoothing,
-            .lse_square_scale = z,
-            .softcap = softcap};
-  }
+  CrossEntropySpec Unsharded() const { return {.vocab = vocab, .dtype = dtype, .loss = Loss()}; }
+  ops::CrossEntropyMath Math() const { return {.vocab = vocab, .dtype = dtype, .loss = Loss()}; }
   int64_t LossSize() const { return reduction == Reduction::kNone ? rows : 1; }
   std::string Describe() const {
     return fmt::format(

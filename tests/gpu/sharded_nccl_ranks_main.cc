@@ -61,10 +61,11 @@ absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks, i
                         float smoothing) {
   const int64_t per = (vocab + ranks - 1) / ranks;
   const int64_t start = rank * per, end = std::min(vocab, start + per);
-  KJIT_ASSIGN_OR_RETURN(
-      ShardedCrossEntropy ce,
-      rt.ShardedCrossEntropy(
-          {.vocab = vocab, .shard_start = start, .shard_end = end, .label_smoothing = smoothing}));
+  KJIT_ASSIGN_OR_RETURN(ShardedCrossEntropy ce,
+                        rt.ShardedCrossEntropy({.vocab = vocab,
+                                                .shard_start = start,
+                                                .shard_end = end,
+                                                .loss = {.label_smoothing = smoothing}}));
   std::mt19937_64 gen(vocab);  // every rank draws the same problem
   const std::vector<double> logits = ops::RandomValues(gen, kRows * vocab, 2.0, 0, DType::kBF16);
   std::vector<int64_t> targets(kRows);
@@ -93,7 +94,7 @@ absl::Status CheckShard(const Runtime& rt, NcclComm comm, int rank, int ranks, i
   KJIT_ASSIGN_OR_RETURN(const std::vector<double> loss, DownloadValues(d_loss, DType::kF32));
   KJIT_ASSIGN_OR_RETURN(std::vector<double> grad, DownloadValues(d_logits, DType::kBF16));
   const ops::CrossEntropyMath math{
-      .vocab = vocab, .dtype = DType::kBF16, .label_smoothing = smoothing};
+      .vocab = vocab, .dtype = DType::kBF16, .loss = {.label_smoothing = smoothing}};
   const auto ref = ops::CrossEntropyReference(math, kRows, logits, targets, nullptr, true);
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t c = 0; c < vocab; ++c) {

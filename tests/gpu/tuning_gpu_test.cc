@@ -249,8 +249,8 @@ TEST_F(TuningGpu, TrialsRejectAWrongKernel) {
   // Label smoothing changes the gradient (and the loss) but not lse: the forward's check, which
   // compares lse, needs another difference, a soft-cap.
   CrossEntropySpec smoothed = spec, capped = spec;
-  smoothed.label_smoothing = 0.1f;
-  capped.softcap = 4.0f;
+  smoothed.loss.label_smoothing = 0.1f;
+  capped.loss.softcap = 4.0f;
   for (const auto& [other, pass] :
        {std::pair{smoothed, ops::Pass::kForwardBackward}, std::pair{capped, ops::Pass::kForward}}) {
     auto wrong = gpu.CrossEntropy(other);

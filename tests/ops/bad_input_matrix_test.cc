@@ -283,8 +283,9 @@ CrossEntropyArgs GoodCe(bool gradient, const CrossEntropy& ce) {
 }
 
 TEST_F(BadInputMatrixTest, CrossEntropyForwardAndForwardBackward) {
-  auto ce = rt_->CrossEntropy(
-      {.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone, .argmax = true});
+  auto ce = rt_->CrossEntropy({.vocab = kCols,
+                               .dtype = DType::kBF16,
+                               .loss = {.reduction = Reduction::kNone, .argmax = true}});
   ASSERT_TRUE(ce.ok()) << ce.status();
   using A = CrossEntropyArgs;
   for (bool gradient : {false, true}) {
@@ -320,8 +321,8 @@ TEST_F(BadInputMatrixTest, CrossEntropyForwardAndForwardBackward) {
 }
 
 TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
-  auto ce =
-      rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  auto ce = rt_->CrossEntropy(
+      {.vocab = kCols, .dtype = DType::kBF16, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(ce.ok()) << ce.status();
   using A = CrossEntropyBackwardArgs;
   auto good = [&] {
@@ -347,8 +348,8 @@ TEST_F(BadInputMatrixTest, CrossEntropyBackward) {
 }
 
 TEST_F(BadInputMatrixTest, CrossEntropyRescaleGradient) {
-  auto ce =
-      rt_->CrossEntropy({.vocab = kCols, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  auto ce = rt_->CrossEntropy(
+      {.vocab = kCols, .dtype = DType::kBF16, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(ce.ok()) << ce.status();
   using A = CrossEntropyRescaleArgs;
   // grad_output (and applied) hold one value for every row, or one per row.
@@ -409,7 +410,7 @@ TEST_F(BadInputMatrixTest, ShardedCrossEntropyComputeStatsAndFinish) {
                                       .shard_start = 64,
                                       .shard_end = 64 + kCols,
                                       .dtype = DType::kBF16,
-                                      .reduction = Reduction::kNone});
+                                      .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(op.ok()) << op.status();
   using A = ShardedCrossEntropyArgs;
   for (bool finish : {false, true}) {
@@ -451,7 +452,7 @@ TEST_F(BadInputMatrixTest, ShardedCrossEntropyStatisticsSteps) {
                                      .shard_start = start,
                                      .shard_end = end,
                                      .dtype = DType::kBF16,
-                                     .reduction = Reduction::kMean});
+                                     .loss = {.reduction = Reduction::kMean}});
   };
   auto a = shard(0, 2 * kCols), b = shard(2 * kCols, 4 * kCols), gap = shard(3 * kCols, 4 * kCols);
   ASSERT_TRUE(a.ok() && b.ok() && gap.ok());

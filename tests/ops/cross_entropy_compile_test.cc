@@ -101,13 +101,13 @@ TEST(CrossEntropyCompileTest, EveryDtypeArchAndVocab) {
 TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
   for (int bits = 0; bits < 16; ++bits) {
     CrossEntropySpec spec{.vocab = 1000, .dtype = DType::kBF16};
-    if (bits & 1) spec.label_smoothing = 0.1f;
-    if (bits & 2) spec.lse_square_scale = 1e-4f;
-    if (bits & 4) spec.softcap = 30.0f;
-    spec.argmax = (bits & 8) != 0;
+    if (bits & 1) spec.loss.label_smoothing = 0.1f;
+    if (bits & 2) spec.loss.z_loss = 1e-4f;
+    if (bits & 4) spec.loss.softcap = 30.0f;
+    spec.loss.argmax = (bits & 8) != 0;
     // Index type and reduction vary along with the flags: each value meets options on and off.
-    spec.target_type = __builtin_popcount(bits) % 2 ? IndexType::kInt32 : IndexType::kInt64;
-    spec.reduction = static_cast<Reduction>(bits % 3);
+    spec.loss.target_type = __builtin_popcount(bits) % 2 ? IndexType::kInt32 : IndexType::kInt64;
+    spec.loss.reduction = static_cast<Reduction>(bits % 3);
     SCOPED_TRACE(bits);
     ExpectCompiles(spec, ops::DefaultCrossEntropyConfig(1000, 8, 90, 2), "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
@@ -119,7 +119,7 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
         CrossEntropyConfig{.vec = 8, .threads = 1024, .unroll = 4, .cluster = 8},
         CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 8},
         CrossEntropyConfig{.vec = 8, .threads = 128, .unroll = 4, .cluster = 3, .staged = 1}}) {
-    ExpectCompiles({.vocab = 262144, .dtype = DType::kF16, .argmax = true}, c, "sm_100");
+    ExpectCompiles({.vocab = 262144, .dtype = DType::kF16, .loss = {.argmax = true}}, c, "sm_100");
     if (::testing::Test::HasFatalFailure()) return;
   }
   // The entropy accumulator in each of the fused op's kernels and the forward.
@@ -127,18 +127,16 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
        {CrossEntropyConfig{.vec = 2, .threads = 96, .unroll = 1},
         CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 3},
         CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2, .staged = 1}}) {
-    ExpectCompiles({.vocab = 50257,
-                    .dtype = DType::kBF16,
-                    .label_smoothing = 0.1f,
-                    .softcap = 30.0f,
-                    .argmax = true,
-                    .entropy = true},
-                   c, "sm_90");
+    ExpectCompiles(
+        {.vocab = 50257,
+         .dtype = DType::kBF16,
+         .loss = {.label_smoothing = 0.1f, .softcap = 30.0f, .argmax = true, .entropy = true}},
+        c, "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
   }
   // Staged with a vocab that is not a multiple of the vector: the last block's scalar tail.
   ExpectCompiles(
-      {.vocab = 50257, .dtype = DType::kBF16, .label_smoothing = 0.1f, .softcap = 30.0f},
+      {.vocab = 50257, .dtype = DType::kBF16, .loss = {.label_smoothing = 0.1f, .softcap = 30.0f}},
       CrossEntropyConfig{.vec = 8, .threads = 256, .unroll = 4, .cluster = 2, .staged = 1},
       "sm_90");
   ExpectCompiles({.vocab = 1 << 20, .dtype = DType::kF32},

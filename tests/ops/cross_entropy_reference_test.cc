@@ -26,7 +26,8 @@ std::vector<double> RandomLogits(int64_t n, double scale, uint64_t seed, DType t
 }
 
 TEST(CrossEntropyReferenceTest, HandComputedRow) {
-  const CrossEntropyMath m{.vocab = 3, .dtype = DType::kF32, .reduction = Reduction::kNone};
+  const CrossEntropyMath m{
+      .vocab = 3, .dtype = DType::kF32, .loss = {.reduction = Reduction::kNone}};
   const auto r = CrossEntropyReference(m, 1, {1, 2, 3}, {2}, nullptr, true);
   const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
   EXPECT_NEAR(r.lse[0], lse, 1e-15);
@@ -42,7 +43,8 @@ TEST(CrossEntropyReferenceTest, HandComputedRow) {
 // x_t - lse (= -loss without options) for valid rows and 0 for ignored ones; NaN entropy for
 // rows whose lse is not finite; masked classes count as p = 0.
 TEST(CrossEntropyReferenceTest, EntropyAndTargetLogprob) {
-  const CrossEntropyMath m{.vocab = 3, .dtype = DType::kF32, .reduction = Reduction::kNone};
+  const CrossEntropyMath m{
+      .vocab = 3, .dtype = DType::kF32, .loss = {.reduction = Reduction::kNone}};
   const auto r = CrossEntropyReference(m, 4, {1, 2, 3, 0, 0, 0, 5, -kInf, 5, -kInf, -kInf, -kInf},
                                        {2, -100, 1, 0}, nullptr, false);
   const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
@@ -63,7 +65,7 @@ TEST(CrossEntropyReferenceTest, EntropyAndTargetLogprob) {
   e[0] += 1e-3;
   EXPECT_FALSE(CheckCrossEntropy(m, {.entropy = &e}, r)[0].second.ok);
   // With soft-capping, the entropy is the capped logits' softmax's.
-  const CrossEntropyMath capped{.vocab = 3, .dtype = DType::kF32, .softcap = 2.0};
+  const CrossEntropyMath capped{.vocab = 3, .dtype = DType::kF32, .loss = {.softcap = 2.0}};
   const auto rc = CrossEntropyReference(capped, 1, {1, 2, 3}, {0}, nullptr, false);
   double hc = 0, sc = 0;
   for (double x : {1.0, 2.0, 3.0}) sc += std::exp(2 * std::tanh(x / 2));
@@ -76,8 +78,9 @@ TEST(CrossEntropyReferenceTest, EntropyAndTargetLogprob) {
 }
 
 TEST(CrossEntropyReferenceTest, IgnoredOutOfRangeAndAllIgnoredRowsFollowPyTorch) {
-  CrossEntropyMath m{
-      .vocab = 4, .dtype = DType::kF32, .ignore_index = -100, .reduction = Reduction::kMean};
+  CrossEntropyMath m{.vocab = 4,
+                     .dtype = DType::kF32,
+                     .loss = {.ignore_index = -100, .reduction = Reduction::kMean}};
   const std::vector<double> x = RandomLogits(4 * 4, 1, 1);
   // Rows: valid, ignored, out of range (4 == vocab), out of range (-1).
   const auto r = CrossEntropyReference(m, 4, x, {1, -100, 4, -1}, nullptr, true);
@@ -92,11 +95,11 @@ TEST(CrossEntropyReferenceTest, IgnoredOutOfRangeAndAllIgnoredRowsFollowPyTorch)
   const auto all = CrossEntropyReference(m, 2, RandomLogits(8, 1, 2), {-100, -100}, nullptr, true);
   EXPECT_TRUE(std::isnan(all.loss[0]));
   for (double g : all.grad) EXPECT_EQ(g, 0);
-  m.reduction = Reduction::kSum;
+  m.loss.reduction = Reduction::kSum;
   EXPECT_EQ(CrossEntropyReference(m, 2, RandomLogits(8, 1, 2), {-100, -100}, nullptr, true).loss[0],
             0);
   // ignore_index may name a real class.
-  m.ignore_index = 2;
+  m.loss.ignore_index = 2;
   const auto cls = CrossEntropyReference(m, 1, RandomLogits(4, 1, 3), {2}, nullptr, true);
   EXPECT_EQ(cls.counters, (std::vector<double>{0, 0}));
 }
@@ -104,13 +107,11 @@ TEST(CrossEntropyReferenceTest, IgnoredOutOfRangeAndAllIgnoredRowsFollowPyTorch)
 TEST(CrossEntropyReferenceTest, OptionsMatchTheirDefinitions) {
   const int64_t V = 5;
   const std::vector<double> x = {0.5, -1.0, 2.0, 0.25, -0.75};
-  const double eps = 0.1, z = 1e-2, cap = 1.5;
-  CrossEntropyMath m{.vocab = V,
-                     .dtype = DType::kF32,
-                     .reduction = Reduction::kNone,
-                     .label_smoothing = eps,
-                     .lse_square_scale = z,
-                     .softcap = cap};
+  const double eps = 0.1f, z = 1e-2f, cap = 1.5;  // as the float options hold them
+  CrossEntropyMath m{
+      .vocab = V,
+      .dtype = DType::kF32,
+      .loss = {.reduction = Reduction::kNone, .label_smoothing = eps, .z_loss = z, .softcap = cap}};
   const auto r = CrossEntropyReference(m, 1, x, {3}, nullptr, false);
   double s = 0, mean = 0;
   std::vector<double> c(V);
@@ -131,10 +132,10 @@ TEST(CrossEntropyReferenceTest, GradientIsTheDerivativeOfTheLoss) {
   const int64_t V = 7, R = 3;
   for (Reduction red : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
     for (int bits = 0; bits < 8; ++bits) {
-      CrossEntropyMath m{.vocab = V, .dtype = DType::kF32, .reduction = red};
-      if (bits & 1) m.label_smoothing = 0.2;
-      if (bits & 2) m.lse_square_scale = 0.05;
-      if (bits & 4) m.softcap = 2.0;
+      CrossEntropyMath m{.vocab = V, .dtype = DType::kF32, .loss = {.reduction = red}};
+      if (bits & 1) m.loss.label_smoothing = 0.2;
+      if (bits & 2) m.loss.z_loss = 0.05;
+      if (bits & 4) m.loss.softcap = 2.0;
       const std::vector<double> x = RandomLogits(R * V, 3, 10 + bits);
       const std::vector<int64_t> t = {6, -100, 0};
       const std::vector<double> up =
@@ -161,7 +162,8 @@ TEST(CrossEntropyReferenceTest, GradientIsTheDerivativeOfTheLoss) {
 }
 
 TEST(CrossEntropyReferenceTest, NanAndInfRules) {
-  const CrossEntropyMath m{.vocab = 4, .dtype = DType::kF32, .reduction = Reduction::kNone};
+  const CrossEntropyMath m{
+      .vocab = 4, .dtype = DType::kF32, .loss = {.reduction = Reduction::kNone}};
   const std::vector<double> x = {
       0.5,   kNaN,  1.0,   kNaN,    // NaN: lse, loss, gradient NaN; argmax the first NaN
       0.5,   kInf,  1.0,   0.0,     // +Inf: NaN as well (Inf - Inf)
@@ -184,7 +186,7 @@ TEST(CrossEntropyReferenceTest, NanAndInfRules) {
   EXPECT_EQ(r.argmax[3], 0);
   // With a soft cap, infinities become +-cap: finite loss, zero slope.
   const CrossEntropyMath capped{
-      .vocab = 4, .dtype = DType::kF32, .reduction = Reduction::kNone, .softcap = 5};
+      .vocab = 4, .dtype = DType::kF32, .loss = {.reduction = Reduction::kNone, .softcap = 5}};
   const auto c = CrossEntropyReference(capped, 1, {0.5, kInf, 1.0, -kInf}, {0}, nullptr, true);
   EXPECT_TRUE(std::isfinite(c.loss[0]));
   EXPECT_EQ(c.grad[1], 0);
@@ -194,7 +196,8 @@ TEST(CrossEntropyReferenceTest, NanAndInfRules) {
 // A row with masked (-Inf) classes has a finite loss; its tolerance must be finite too. (An H200
 // run found the loss tolerance NaN there when label smoothing was off: 0 * Inf.)
 TEST(CrossEntropyReferenceTest, MaskedClassesKeepAFiniteLossTolerance) {
-  const CrossEntropyMath m{.vocab = 4, .dtype = DType::kBF16, .reduction = Reduction::kNone};
+  const CrossEntropyMath m{
+      .vocab = 4, .dtype = DType::kBF16, .loss = {.reduction = Reduction::kNone}};
   const std::vector<double> x = {-kInf, 1.0, 2.0, -kInf, 0.5, 1.5, -1.0, 3.0};
   const auto ref = CrossEntropyReference(m, 2, x, {1, 3}, nullptr, true);
   ASSERT_TRUE(std::isfinite(ref.loss[0]));
@@ -213,11 +216,10 @@ TEST(CrossEntropyReferenceTest, ChecksRejectZeroAndPerturbedOutputs) {
     for (double scale : {1.0, 30.0}) {
       SCOPED_TRACE(std::string(Name(t)) + " scale " + std::to_string(scale));
       const int64_t V = 1000, R = 16;
-      const CrossEntropyMath m{.vocab = V,
-                               .dtype = t,
-                               .reduction = Reduction::kMean,
-                               .label_smoothing = 0.1,
-                               .lse_square_scale = 1e-4};
+      const CrossEntropyMath m{
+          .vocab = V,
+          .dtype = t,
+          .loss = {.reduction = Reduction::kMean, .label_smoothing = 0.1, .z_loss = 1e-4}};
       const std::vector<double> x = RandomLogits(R * V, scale, 7, t);
       std::vector<int64_t> targets(R);
       for (int64_t i = 0; i < R; ++i) targets[i] = (i * 389) % V;
@@ -259,7 +261,7 @@ TEST(CrossEntropyReferenceTest, ChecksRejectZeroAndPerturbedOutputs) {
       EXPECT_FALSE(CheckCrossEntropy(m, {.counters = &counters}, ref)[0].second.ok);
       // An ignored row's loss must be exactly zero.
       CrossEntropyMath none = m;
-      none.reduction = Reduction::kNone;
+      none.loss.reduction = Reduction::kNone;
       const auto ref_none = CrossEntropyReference(none, R, x, targets, nullptr, false);
       std::vector<double> rows = ref_none.loss;
       rows[3] = 1e-30;

@@ -34,39 +34,41 @@ TEST(CrossEntropySpecTest, RejectsBadSpecsNamingTheField) {
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 0}), "vocab:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = 1}), "vocab:");
   ExpectInvalid(ValidateCrossEntropySpec({.vocab = (1 << 20) + 1}), "vocab:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = -0.1f}),
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.label_smoothing = -0.1f}}),
                 "label_smoothing:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = 1.0f}),
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.label_smoothing = 1.0f}}),
                 "label_smoothing:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .label_smoothing = NAN}), "label_smoothing:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = -1e-4f}),
-                "lse_square_scale:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .lse_square_scale = INFINITY}),
-                "lse_square_scale:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = -30.0f}), "softcap:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = NAN}), "softcap:");
-  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .softcap = INFINITY}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.label_smoothing = NAN}}),
+                "label_smoothing:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.z_loss = -1e-4f}}), "z_loss:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.z_loss = INFINITY}}), "z_loss:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.softcap = -30.0f}}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.softcap = NAN}}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec({.vocab = 8, .loss = {.softcap = INFINITY}}), "softcap:");
+  ExpectInvalid(ValidateCrossEntropySpec(
+                    {.vocab = 8,
+                     .loss = {.target_type = IndexType::kInt32, .ignore_index = int64_t{1} << 40}}),
+                "ignore_index:");
   ExpectInvalid(
       ValidateCrossEntropySpec(
-          {.vocab = 8, .target_type = IndexType::kInt32, .ignore_index = int64_t{1} << 40}),
-      "ignore_index:");
-  ExpectInvalid(ValidateCrossEntropySpec(
-                    {.vocab = 8, .dtype = DType::kBF16, .class_weight_dtype = DType::kF16}),
-                "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)");
-  EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 8, .class_weight_dtype = DType::kF32}).ok());
+          {.vocab = 8, .dtype = DType::kBF16, .loss = {.class_weight_dtype = DType::kF16}}),
+      "class_weight_dtype: fp16 must be fp32 or the logits' dtype (bf16)");
+  EXPECT_TRUE(
+      ValidateCrossEntropySpec({.vocab = 8, .loss = {.class_weight_dtype = DType::kF32}}).ok());
   EXPECT_TRUE(ValidateCrossEntropySpec(
-                  {.vocab = 8, .dtype = DType::kF16, .class_weight_dtype = DType::kF16})
+                  {.vocab = 8, .dtype = DType::kF16, .loss = {.class_weight_dtype = DType::kF16}})
                   .ok());
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 2}).ok());
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 1 << 20}).ok());
   EXPECT_TRUE(ValidateCrossEntropySpec(
-                  {.vocab = 8, .target_type = IndexType::kInt64, .ignore_index = int64_t{1} << 40})
+                  {.vocab = 8,
+                   .loss = {.target_type = IndexType::kInt64, .ignore_index = int64_t{1} << 40}})
                   .ok());
   EXPECT_TRUE(ValidateCrossEntropySpec({.vocab = 50257,
-                                        .ignore_index = 3,  // a class may be ignored
-                                        .label_smoothing = 0.999f,
-                                        .lse_square_scale = 1e-4f,
-                                        .softcap = 30.0f})
+                                        .loss = {.ignore_index = 3,  // a class may be ignored
+                                                 .label_smoothing = 0.999f,
+                                                 .z_loss = 1e-4f,
+                                                 .softcap = 30.0f}})
                   .ok());
   // The Runtime refuses the same specs before compiling anything.
   auto rt = Runtime::Create({.target = "sm_90", .compile_only = true});
@@ -196,11 +198,11 @@ std::map<std::string, std::vector<std::string>> Kernels(const std::vector<jit::S
 TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
   auto programs = ops::RenderCrossEntropyPrograms({.vocab = 50257,
                                                    .dtype = DType::kF16,
-                                                   .target_type = IndexType::kInt32,
-                                                   .reduction = Reduction::kSum,
-                                                   .label_smoothing = 0.1f,
-                                                   .softcap = 30.0f,
-                                                   .argmax = true},
+                                                   .loss = {.target_type = IndexType::kInt32,
+                                                            .reduction = Reduction::kSum,
+                                                            .label_smoothing = 0.1f,
+                                                            .softcap = 30.0f,
+                                                            .argmax = true}},
                                                   {.vec = 1, .threads = 256, .unroll = 2});
   ASSERT_TRUE(programs.ok()) << programs.status();
   ASSERT_EQ(programs->size(), 5u);
@@ -233,19 +235,20 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
 
   // Reduction none keeps the losses per row: no reduce kernel.
   const CrossEntropyConfig c8 = ops::DefaultCrossEntropyConfig(8, 8, 90, 2);
-  auto none = ops::RenderCrossEntropyPrograms({.vocab = 8, .reduction = Reduction::kNone}, c8);
+  auto none =
+      ops::RenderCrossEntropyPrograms({.vocab = 8, .loss = {.reduction = Reduction::kNone}}, c8);
   ASSERT_TRUE(none.ok()) << none.status();
   ASSERT_EQ(none->size(), 5u);
   EXPECT_EQ(Kernels(*none).at("count_reduce").size(), 1u);
   // Different options give different programs (and so different cache keys).
   using P = ops::CrossEntropyProgram;
   auto plain = ops::RenderCrossEntropy({.vocab = 8}, c8, P::kForward);
-  auto z = ops::RenderCrossEntropy({.vocab = 8, .lse_square_scale = 1e-4f}, c8, P::kForward);
+  auto z = ops::RenderCrossEntropy({.vocab = 8, .loss = {.z_loss = 1e-4f}}, c8, P::kForward);
   ASSERT_TRUE(plain.ok() && z.ok());
   EXPECT_NE(plain->text, z->text);
   // Class weights are a template argument (the weights themselves are a launch argument).
-  auto weighted =
-      ops::RenderCrossEntropyPrograms({.vocab = 8, .class_weight_dtype = DType::kF32}, c8);
+  auto weighted = ops::RenderCrossEntropyPrograms(
+      {.vocab = 8, .loss = {.class_weight_dtype = DType::kF32}}, c8);
   ASSERT_TRUE(weighted.ok()) << weighted.status();
   const std::map<std::string, Names> w = Kernels(*weighted);
   EXPECT_EQ(w.at("count_reduce")[0], "kjit::cross_entropy_count<long long, 8, 1024, float, false>");
@@ -352,7 +355,7 @@ class CompileOnlyCrossEntropyTest : public ::testing::Test {
         Runtime::Create({.target = "sm_90", .compile_only = true, .cache_dir = dir_ + "/cache"});
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_.emplace(std::move(*rt));
-    auto ce = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .argmax = true});
+    auto ce = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .loss = {.argmax = true}});
     ASSERT_TRUE(ce.ok()) << ce.status();
     ce_.emplace(std::move(*ce));
   }
@@ -453,8 +456,8 @@ TEST_F(CompileOnlyCrossEntropyTest, BuildPrebuildsEveryProgram) {
 
   const CrossEntropyConfig streaming{.vec = 8, .threads = 512, .unroll = 4};
   ASSERT_NE(streaming, ce_->config());
-  auto other =
-      rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .argmax = true, .config = streaming});
+  auto other = rt_->CrossEntropy(
+      {.vocab = V, .dtype = DType::kBF16, .loss = {.argmax = true}, .config = streaming});
   ASSERT_TRUE(other.ok()) << other.status();
   auto second = other->Build();
   ASSERT_TRUE(second.ok()) << second.status();
@@ -571,8 +574,9 @@ TEST_F(CompileOnlyCrossEntropyTest, BackwardNamesEveryBadArgument) {
 // Class weights: a [vocab] vector of the spec's class_weight_dtype in every mode, read only (it
 // may not overlap an output), and refused by an op made without them.
 TEST_F(CompileOnlyCrossEntropyTest, ClassWeightIsCheckedInEveryMode) {
-  auto weighted = rt_->CrossEntropy(
-      {.vocab = V, .dtype = DType::kBF16, .argmax = true, .class_weight_dtype = DType::kF32});
+  auto weighted = rt_->CrossEntropy({.vocab = V,
+                                     .dtype = DType::kBF16,
+                                     .loss = {.argmax = true, .class_weight_dtype = DType::kF32}});
   ASSERT_TRUE(weighted.ok()) << weighted.status();
   const TensorView good = TensorView::Vector(Addr(0x9000000), DType::kF32, V);
   struct Bad {
@@ -620,10 +624,10 @@ TEST_F(CompileOnlyCrossEntropyTest, ClassWeightIsCheckedInEveryMode) {
   ASSERT_TRUE(weighted->Build().ok());
   auto smoothed = rt_->CrossEntropy({.vocab = V,
                                      .dtype = DType::kBF16,
-                                     .label_smoothing = 0.1f,
-                                     .lse_square_scale = 1e-4f,
-                                     .softcap = 30.0f,
-                                     .class_weight_dtype = DType::kBF16});
+                                     .loss = {.label_smoothing = 0.1f,
+                                              .z_loss = 1e-4f,
+                                              .softcap = 30.0f,
+                                              .class_weight_dtype = DType::kBF16}});
   ASSERT_TRUE(smoothed.ok()) << smoothed.status();
   auto built = smoothed->Build();
   ASSERT_TRUE(built.ok()) << built.status();
@@ -645,7 +649,8 @@ TEST_F(CompileOnlyCrossEntropyTest, ConfigForOddRowsKeepsTheWidestVector) {
 }
 
 TEST_F(CompileOnlyCrossEntropyTest, ReductionNoneTakesPerRowLossAndUpstream) {
-  auto none = rt_->CrossEntropy({.vocab = V, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  auto none = rt_->CrossEntropy(
+      {.vocab = V, .dtype = DType::kBF16, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(none.ok()) << none.status();
   CrossEntropyArgs a = GoodWithGrad();
   a.argmax = {};
@@ -664,7 +669,7 @@ TEST_F(CompileOnlyCrossEntropyTest, WorkspaceIsCountersPlusOneFloatPerRow) {
   EXPECT_EQ(ce_->WorkspaceBytes(4096), 16 + 4 * 4096);
   EXPECT_LT(ce_->WorkspaceBytes(4096), 1 << 20) << "O(rows), never O(rows x vocab)";
   EXPECT_EQ(ce_->WorkspaceBytes(7) % 16, 0);
-  auto none = rt_->CrossEntropy({.vocab = V, .reduction = Reduction::kNone});
+  auto none = rt_->CrossEntropy({.vocab = V, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->WorkspaceBytes(1 << 20), 16) << "only the counters";
   EXPECT_EQ(sizeof(CrossEntropyCounters), 16u);

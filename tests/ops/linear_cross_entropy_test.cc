@@ -57,12 +57,12 @@ TEST(LinearCrossEntropySpecTest, AcceptsGoodSpecs) {
   // Every option together, int64 targets with a large ignore_index, a config at its bounds.
   LinearCrossEntropySpec s = Good();
   s.bias = true;
-  s.ignore_index = int64_t{1} << 40;
-  s.reduction = Reduction::kNone;
-  s.label_smoothing = 0.1f;
-  s.lse_square_scale = 1e-4f;
-  s.softcap = 30.0f;
-  s.argmax = true;
+  s.loss.ignore_index = int64_t{1} << 40;
+  s.loss.reduction = Reduction::kNone;
+  s.loss.label_smoothing = 0.1f;
+  s.loss.z_loss = 1e-4f;
+  s.loss.softcap = 30.0f;
+  s.loss.argmax = true;
   s.weight_grad_accumulation = WeightGradAccumulation::kOutputDtype;
   s.config = LinearCrossEntropyConfig{
       .chunk_rows = 65536, .streams = 2, .logits_algo = 63, .d_hidden_algo = 0, .d_weight_algo = 7};
@@ -95,24 +95,24 @@ TEST(LinearCrossEntropySpecTest, RejectsEachBadFieldNamingIt) {
                   s.weight_grad_dtype = DType::kBF16;  // narrower than the dtype
                 }),
                 "weight_grad_dtype:");
-  ExpectInvalid(with([](auto& s) { s.label_smoothing = 1.0f; }), "label_smoothing:");
-  ExpectInvalid(with([](auto& s) { s.label_smoothing = -0.1f; }), "label_smoothing:");
-  ExpectInvalid(with([](auto& s) { s.lse_square_scale = -1e-4f; }), "lse_square_scale:");
-  ExpectInvalid(with([](auto& s) { s.softcap = -30.0f; }), "softcap:");
+  ExpectInvalid(with([](auto& s) { s.loss.label_smoothing = 1.0f; }), "label_smoothing:");
+  ExpectInvalid(with([](auto& s) { s.loss.label_smoothing = -0.1f; }), "label_smoothing:");
+  ExpectInvalid(with([](auto& s) { s.loss.z_loss = -1e-4f; }), "z_loss:");
+  ExpectInvalid(with([](auto& s) { s.loss.softcap = -30.0f; }), "softcap:");
   ExpectInvalid(with([](auto& s) {
-                  s.target_type = IndexType::kInt32;
-                  s.ignore_index = int64_t{1} << 40;
+                  s.loss.target_type = IndexType::kInt32;
+                  s.loss.ignore_index = int64_t{1} << 40;
                 }),
                 "ignore_index:");
   ExpectInvalid(with([](auto& s) {
-                  s.target_type = IndexType::kInt32;
-                  s.ignore_index = int64_t{INT32_MIN} - 1;
+                  s.loss.target_type = IndexType::kInt32;
+                  s.loss.ignore_index = int64_t{INT32_MIN} - 1;
                 }),
                 "ignore_index:");
   // The same ignore_index is fine with int32 in range, or int64 targets.
   EXPECT_TRUE(with([](auto& s) {
-                s.target_type = IndexType::kInt32;
-                s.ignore_index = INT32_MIN;
+                s.loss.target_type = IndexType::kInt32;
+                s.loss.ignore_index = INT32_MIN;
               }).ok());
   ExpectInvalid(with([](auto& s) { s.config = LinearCrossEntropyConfig{.chunk_rows = 0}; }),
                 "config.chunk_rows:");
@@ -145,25 +145,25 @@ TEST(LinearCrossEntropySpecTest, RejectsEachBadFieldNamingIt) {
 
 TEST(LinearCrossEntropySpecTest, ChunkLossCarriesTheLossOptions) {
   LinearCrossEntropySpec s = Good();
-  s.target_type = IndexType::kInt32;
-  s.ignore_index = 7;
-  s.label_smoothing = 0.1f;
-  s.lse_square_scale = 1e-4f;
-  s.softcap = 30.0f;
-  s.argmax = true;
+  s.loss.target_type = IndexType::kInt32;
+  s.loss.ignore_index = 7;
+  s.loss.label_smoothing = 0.1f;
+  s.loss.z_loss = 1e-4f;
+  s.loss.softcap = 30.0f;
+  s.loss.argmax = true;
   for (Reduction r : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
-    s.reduction = r;
+    s.loss.reduction = r;
     const CrossEntropySpec c = s.ChunkLoss();
     EXPECT_EQ(c.vocab, s.vocab);
     EXPECT_EQ(c.dtype, s.dtype);
-    EXPECT_EQ(c.target_type, IndexType::kInt32);
-    EXPECT_EQ(c.ignore_index, 7);
-    EXPECT_EQ(c.label_smoothing, 0.1f);
-    EXPECT_EQ(c.lse_square_scale, 1e-4f);
-    EXPECT_EQ(c.softcap, 30.0f);
-    EXPECT_TRUE(c.argmax);
+    EXPECT_EQ(c.loss.target_type, IndexType::kInt32);
+    EXPECT_EQ(c.loss.ignore_index, 7);
+    EXPECT_EQ(c.loss.label_smoothing, 0.1f);
+    EXPECT_EQ(c.loss.z_loss, 1e-4f);
+    EXPECT_EQ(c.loss.softcap, 30.0f);
+    EXPECT_TRUE(c.loss.argmax);
     // Each chunk sums (the mean divides by the whole batch's count first); none stays none.
-    EXPECT_EQ(c.reduction, r == Reduction::kNone ? Reduction::kNone : Reduction::kSum);
+    EXPECT_EQ(c.loss.reduction, r == Reduction::kNone ? Reduction::kNone : Reduction::kSum);
   }
   EXPECT_STREQ(Name(WeightGradAccumulation::kFloat32), "fp32");
   EXPECT_STREQ(Name(WeightGradAccumulation::kOutputDtype), "output_dtype");
@@ -469,7 +469,7 @@ TEST(LinearCrossEntropyCompileTest, EveryArchDtypeReductionAndWeightGradDtype) {
                                             .hidden = 4096,
                                             .dtype = dt,
                                             .weight_grad_dtype = wg,
-                                            .reduction = r};
+                                            .loss = {.reduction = r}};
           SCOPED_TRACE(fmt::format("{} {} {} weight_grad {}", arch, Name(dt), Name(r), Name(wg)));
           ExpectCompiles(spec, arch);
           if (::testing::Test::HasFatalFailure()) return;
@@ -515,13 +515,13 @@ TEST(LinearCrossEntropyCompileTest, RescaleProgramPerGradientDtype) {
 TEST(LinearCrossEntropyCompileTest, Options) {
   for (int bits = 0; bits < 8; ++bits) {
     LinearCrossEntropySpec s{.vocab = 50257, .hidden = 1000, .dtype = DType::kBF16};
-    s.target_type = bits & 1 ? IndexType::kInt32 : IndexType::kInt64;
+    s.loss.target_type = bits & 1 ? IndexType::kInt32 : IndexType::kInt64;
     s.bias = (bits & 2) != 0;
-    s.argmax = (bits & 4) != 0;
-    s.label_smoothing = bits & 2 ? 0.1f : 0.0f;
-    s.softcap = bits & 4 ? 30.0f : 0.0f;
-    s.lse_square_scale = bits & 1 ? 1e-4f : 0.0f;
-    s.reduction = static_cast<Reduction>(bits % 3);
+    s.loss.argmax = (bits & 4) != 0;
+    s.loss.label_smoothing = bits & 2 ? 0.1f : 0.0f;
+    s.loss.softcap = bits & 4 ? 30.0f : 0.0f;
+    s.loss.z_loss = bits & 1 ? 1e-4f : 0.0f;
+    s.loss.reduction = static_cast<Reduction>(bits % 3);
     SCOPED_TRACE(bits);
     ExpectCompiles(s, "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
@@ -739,9 +739,9 @@ class LinearCrossEntropyBadInputTest : public LinearCrossEntropyRuntimeTest {
     LinearCrossEntropyArgs a{
         .hidden_states = TensorView::Matrix(Slot(1), s.dtype, kRows, s.hidden),
         .weight = TensorView::Matrix(Slot(2), s.dtype, s.vocab, s.hidden),
-        .targets = IndexView::Of(Slot(4), s.target_type, kRows),
-        .loss =
-            TensorView::Vector(Slot(5), DType::kF32, s.reduction == Reduction::kNone ? kRows : 1),
+        .targets = IndexView::Of(Slot(4), s.loss.target_type, kRows),
+        .loss = TensorView::Vector(Slot(5), DType::kF32,
+                                   s.loss.reduction == Reduction::kNone ? kRows : 1),
         .lse = TensorView::Vector(Slot(6), DType::kF32, kRows),
         .d_hidden = TensorView::Matrix(Slot(9), s.dtype, kRows, s.hidden),
         .d_weight = TensorView::Matrix(Slot(10), s.weight_grad(), s.vocab, s.hidden),
@@ -751,9 +751,9 @@ class LinearCrossEntropyBadInputTest : public LinearCrossEntropyRuntimeTest {
       a.bias = TensorView::Vector(Slot(3), s.dtype, s.vocab);
       a.d_bias = TensorView::Vector(Slot(11), s.weight_grad(), s.vocab);
     }
-    if (s.argmax) a.argmax = IndexView::Of(Slot(7), s.target_type, kRows);
+    if (s.loss.argmax) a.argmax = IndexView::Of(Slot(7), s.loss.target_type, kRows);
     a.grad_output =
-        TensorView::Vector(Slot(8), DType::kF32, s.reduction == Reduction::kNone ? kRows : 1);
+        TensorView::Vector(Slot(8), DType::kF32, s.loss.reduction == Reduction::kNone ? kRows : 1);
     return a;
   }
   static LinearCrossEntropyArgs ForwardOnly(LinearCrossEntropyArgs a) {
@@ -767,14 +767,13 @@ TEST_F(LinearCrossEntropyBadInputTest, ValidArgumentsReachTheCompileOnlyError) {
     for (bool argmax : {false, true}) {
       for (Reduction r : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
         for (DType wg : {DType::kBF16, DType::kF32}) {
-          const LinearCrossEntropySpec s{.vocab = kVocab,
-                                         .hidden = kHidden,
-                                         .dtype = DType::kBF16,
-                                         .weight_grad_dtype = wg,
-                                         .bias = bias,
-                                         .target_type = IndexType::kInt32,
-                                         .reduction = r,
-                                         .argmax = argmax};
+          const LinearCrossEntropySpec s{
+              .vocab = kVocab,
+              .hidden = kHidden,
+              .dtype = DType::kBF16,
+              .weight_grad_dtype = wg,
+              .bias = bias,
+              .loss = {.target_type = IndexType::kInt32, .reduction = r, .argmax = argmax}};
           SCOPED_TRACE(fmt::format("bias {} argmax {} {} {}", bias, argmax, Name(r), Name(wg)));
           auto op = rt_->LinearCrossEntropy(s);
           ASSERT_TRUE(op.ok()) << op.status();
@@ -849,8 +848,8 @@ TEST_F(LinearCrossEntropyBadInputTest, RescaleGradientsChecksEachArgument) {
   LinearCrossEntropyRescaleArgs with_bias = good;
   with_bias.d_hidden = with_bias.d_weight = TensorView{};
   ExpectInvalid(plain->RescaleGradients(nullptr, with_bias), "d_bias:");
-  auto none =
-      rt_->LinearCrossEntropy({.vocab = kVocab, .hidden = kHidden, .reduction = Reduction::kNone});
+  auto none = rt_->LinearCrossEntropy(
+      {.vocab = kVocab, .hidden = kHidden, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(none.ok()) << none.status();
   const absl::Status st = none->RescaleGradients(nullptr, {.grad_output = good.grad_output});
   ExpectInvalid(st, "RescaleGradients:");
@@ -949,8 +948,10 @@ TEST_F(LinearCrossEntropyBadInputTest, EachBadArgumentIsNamed) {
   }
 
   // Reduction none: the loss (and grad_output) per row.
-  auto none = rt_->LinearCrossEntropy(
-      {.vocab = kVocab, .hidden = kHidden, .dtype = DType::kBF16, .reduction = Reduction::kNone});
+  auto none = rt_->LinearCrossEntropy({.vocab = kVocab,
+                                       .hidden = kHidden,
+                                       .dtype = DType::kBF16,
+                                       .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(none.ok()) << none.status();
   {
     LinearCrossEntropyArgs a = GoodArgs(none->spec(), none->WorkspaceBytes(kRows));
@@ -964,7 +965,7 @@ TEST_F(LinearCrossEntropyBadInputTest, EachBadArgumentIsNamed) {
   // With a bias and argmax: the bias and its gradient are checked, argmax is required.
   LinearCrossEntropySpec full = mean;
   full.bias = true;
-  full.argmax = true;
+  full.loss.argmax = true;
   full.weight_grad_dtype = DType::kF32;
   auto op_full = rt_->LinearCrossEntropy(full);
   ASSERT_TRUE(op_full.ok()) << op_full.status();

@@ -32,13 +32,13 @@ std::vector<OpSpec> Specs() {
                       .fused_residual = true},
           CrossEntropySpec{.vocab = 256000,
                            .dtype = DType::kBF16,
-                           .target_type = IndexType::kInt32,
-                           .ignore_index = -1,
-                           .reduction = Reduction::kSum,
-                           .label_smoothing = 0.1f,
-                           .lse_square_scale = 1e-4f,
-                           .softcap = 30,
-                           .argmax = true},
+                           .loss = {.target_type = IndexType::kInt32,
+                                    .ignore_index = -1,
+                                    .reduction = Reduction::kSum,
+                                    .label_smoothing = 0.1f,
+                                    .z_loss = 1e-4f,
+                                    .softcap = 30,
+                                    .argmax = true}},
           RmsNormSpec{.hidden = 4096, .dtype = DType::kBF16, .casting = RmsNormCasting::kNone}};
 }
 
@@ -130,10 +130,10 @@ TEST(Registry, SpecNumbersAreCheckedAndTheFieldNamed) {
   // What fits is taken as written: an integer-valued float field, a float written as an integer.
   auto ok = SpecFromJson(WithField(ce, "softcap", "30"));
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(std::get<CrossEntropySpec>(*ok).softcap, 30.0f);
+  EXPECT_EQ(std::get<CrossEntropySpec>(*ok).loss.softcap, 30.0f);
   ok = SpecFromJson(WithField(ce, "ignore_index", "-9223372036854775808"));
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(std::get<CrossEntropySpec>(*ok).ignore_index, INT64_MIN);
+  EXPECT_EQ(std::get<CrossEntropySpec>(*ok).loss.ignore_index, INT64_MIN);
 }
 
 TEST(Registry, ConfigsParseForTheirOwnOpOnly) {

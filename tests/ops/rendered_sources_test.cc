@@ -71,7 +71,7 @@ void AddCrossEntropy(Lines& out, const std::string& label, const CrossEntropySpe
 // The options each loss is rendered with, beside the default: one at a time, then all at once.
 std::vector<std::pair<std::string, CrossEntropySpec>> CrossEntropyVariants(int64_t vocab,
                                                                            float softcap) {
-  const CrossEntropySpec base{.vocab = vocab, .softcap = softcap};
+  const CrossEntropySpec base{.vocab = vocab, .loss = {.softcap = softcap}};
   std::vector<std::pair<std::string, CrossEntropySpec>> v = {{"default", base}};
   auto with = [&](const char* name, auto change) {
     CrossEntropySpec s = base;
@@ -80,21 +80,21 @@ std::vector<std::pair<std::string, CrossEntropySpec>> CrossEntropyVariants(int64
   };
   with("fp16", [](auto& s) { s.dtype = DType::kF16; });
   with("fp32", [](auto& s) { s.dtype = DType::kF32; });
-  with("int32", [](auto& s) { s.target_type = IndexType::kInt32; });
-  with("none", [](auto& s) { s.reduction = Reduction::kNone; });
-  with("sum", [](auto& s) { s.reduction = Reduction::kSum; });
-  with("smoothing", [](auto& s) { s.label_smoothing = 0.1f; });
-  with("z_loss", [](auto& s) { s.lse_square_scale = 1e-4f; });
-  with("argmax", [](auto& s) { s.argmax = true; });
-  with("entropy", [](auto& s) { s.entropy = true; });
-  with("weights", [](auto& s) { s.class_weight_dtype = DType::kF32; });
+  with("int32", [](auto& s) { s.loss.target_type = IndexType::kInt32; });
+  with("none", [](auto& s) { s.loss.reduction = Reduction::kNone; });
+  with("sum", [](auto& s) { s.loss.reduction = Reduction::kSum; });
+  with("smoothing", [](auto& s) { s.loss.label_smoothing = 0.1f; });
+  with("z_loss", [](auto& s) { s.loss.z_loss = 1e-4f; });
+  with("argmax", [](auto& s) { s.loss.argmax = true; });
+  with("entropy", [](auto& s) { s.loss.entropy = true; });
+  with("weights", [](auto& s) { s.loss.class_weight_dtype = DType::kF32; });
   with("all", [](auto& s) {
-    s.reduction = Reduction::kSum;
-    s.label_smoothing = 0.1f;
-    s.lse_square_scale = 1e-4f;
-    s.argmax = s.entropy = true;
-    s.class_weight_dtype = DType::kBF16;
-    s.softcap = 30;
+    s.loss.reduction = Reduction::kSum;
+    s.loss.label_smoothing = 0.1f;
+    s.loss.z_loss = 1e-4f;
+    s.loss.argmax = s.loss.entropy = true;
+    s.loss.class_weight_dtype = DType::kBF16;
+    s.loss.softcap = 30;
   });
   return v;
 }
@@ -122,7 +122,7 @@ void AddModel(Lines& out, const autotune::ModelConfig& m) {
   }
   for (bool bias : {false, true}) {
     LinearCrossEntropySpec s{
-        .vocab = m.vocab_size, .hidden = m.hidden_size, .bias = bias, .softcap = softcap};
+        .vocab = m.vocab_size, .hidden = m.hidden_size, .bias = bias, .loss = {.softcap = softcap}};
     const std::string label = fmt::format("{} linear_cross_entropy{}", m.name, bias ? " bias" : "");
     out.Add(label, ops::RenderLinearCrossEntropy(s));
     out.Add(label, ops::RenderLinearCrossEntropyRescale(s));
@@ -130,8 +130,10 @@ void AddModel(Lines& out, const autotune::ModelConfig& m) {
   }
   for (int shards : {2, 8}) {
     const int64_t width = m.vocab_size / shards;
-    const ShardedCrossEntropySpec s{
-        .vocab = m.vocab_size, .shard_start = width, .shard_end = 2 * width, .softcap = softcap};
+    const ShardedCrossEntropySpec s{.vocab = m.vocab_size,
+                                    .shard_start = width,
+                                    .shard_end = 2 * width,
+                                    .loss = {.softcap = softcap}};
     const CrossEntropyConfig c = ops::DefaultShardedCrossEntropyConfig(width, 8);
     out.Add(fmt::format("{} sharded_cross_entropy 1/{} {}", m.name, shards, c.ToString()),
             ops::RenderShardedCrossEntropy(s, c));

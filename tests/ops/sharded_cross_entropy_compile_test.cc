@@ -35,7 +35,7 @@ void ExpectCompiles(const ShardedCrossEntropySpec& spec, const char* arch) {
             "ELF")
       << "CUBIN is an ELF image";
   // count, stats, rescale, combine, finish without and with the gradient, and the loss reduce.
-  EXPECT_EQ(bin->lowered_names.size(), spec.reduction == Reduction::kNone ? 6u : 7u);
+  EXPECT_EQ(bin->lowered_names.size(), spec.loss.reduction == Reduction::kNone ? 6u : 7u);
 }
 
 TEST(ShardedCrossEntropyCompileTest, TemplatesAreEmbeddedAndUseNoToolkitHeader) {
@@ -56,7 +56,7 @@ TEST(ShardedCrossEntropyCompileTest, EveryDtypeAndArch) {
                       .shard_start = 16753,
                       .shard_end = 33507,
                       .dtype = t,
-                      .reduction = Reduction::kNone},
+                      .loss = {.reduction = Reduction::kNone}},
                      arch);
       if (::testing::Test::HasFatalFailure()) return;
     }
@@ -66,11 +66,11 @@ TEST(ShardedCrossEntropyCompileTest, EveryDtypeAndArch) {
 TEST(ShardedCrossEntropyCompileTest, EveryOption) {
   for (int bits = 0; bits < 8; ++bits) {
     ShardedCrossEntropySpec s{.vocab = 1000, .shard_start = 750, .shard_end = 1000};
-    if (bits & 1) s.label_smoothing = 0.1f;
-    if (bits & 2) s.lse_square_scale = 1e-4f;
-    if (bits & 4) s.softcap = 30.0f;
-    s.target_type = bits % 2 ? IndexType::kInt64 : IndexType::kInt32;
-    s.reduction = static_cast<Reduction>(bits % 3);
+    if (bits & 1) s.loss.label_smoothing = 0.1f;
+    if (bits & 2) s.loss.z_loss = 1e-4f;
+    if (bits & 4) s.loss.softcap = 30.0f;
+    s.loss.target_type = bits % 2 ? IndexType::kInt64 : IndexType::kInt32;
+    s.loss.reduction = static_cast<Reduction>(bits % 3);
     SCOPED_TRACE(bits);
     ExpectCompiles(s, "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
@@ -94,11 +94,12 @@ TEST(ShardedCrossEntropyCompileTest, RejectsBadSpecsNamingTheField) {
       ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_start = 500, .shard_end = 1001}),
       "shard_end:");
   ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1, .shard_end = 1}), "vocab:");
+  ExpectInvalid(ValidateShardedCrossEntropySpec(
+                    {.vocab = 1000, .shard_end = 500, .loss = {.label_smoothing = 1.0f}}),
+                "label_smoothing:");
   ExpectInvalid(
-      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_end = 500, .label_smoothing = 1.0f}),
-      "label_smoothing:");
-  ExpectInvalid(ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_end = 500, .softcap = NAN}),
-                "softcap:");
+      ValidateShardedCrossEntropySpec({.vocab = 1000, .shard_end = 500, .loss = {.softcap = NAN}}),
+      "softcap:");
   ExpectInvalid(ValidateShardedCrossEntropySpec(
                     {.vocab = 1000,
                      .shard_end = 500,

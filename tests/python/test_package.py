@@ -29,7 +29,7 @@ def _driver_present() -> bool:
 
 
 def test_abi_and_version_match_the_native_library():
-    assert kjit.abi_version() == kjit.ABI_VERSION == 3
+    assert kjit.abi_version() == kjit.ABI_VERSION == 4
     assert kjit.version() == kjit.__version__
     assert kjit.full_version().startswith(f"kjit {kjit.__version__} (NVRTC ")
 
@@ -51,11 +51,12 @@ def test_ctypes_structs_have_the_librarys_layout(struct, init):
     # *_init writes sizeof into struct_size and every default, the last field's included.
     value = _capi.init(struct, init)
     assert value.struct_size == ctypes.sizeof(struct)
-    if struct is _capi.CrossEntropySpec:
-        assert value.class_weight_dtype == -1 and value.ignore_index == -100
+    if struct in (_capi.CrossEntropySpec, _capi.LinearCrossEntropySpec):
+        # The embedded kjit_loss_options, its first and last fields.
+        assert value.loss.target_type == 1 and value.loss.class_weight_dtype == -1
+        assert value.loss.ignore_index == -100 and value.config is None
     if struct is _capi.LinearCrossEntropySpec:
-        assert value.weight_grad_dtype == -1 and value.ignore_index == -100
-        assert value.weight_grad_accumulation == 0 and value.config is None
+        assert value.weight_grad_dtype == -1 and value.weight_grad_accumulation == 0
 
 
 def _bundle_dirs() -> list:

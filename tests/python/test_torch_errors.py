@@ -43,7 +43,8 @@ def test_cross_entropy_argument_errors(logits, target, error, message):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(reduction="avg"), "reduction must be one of"),
     (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
-    (dict(softcap=-1.0), "softcap must be None or > 0"),
+    (dict(softcap=-1.0), r"softcap must be None or >= 0 \(None or 0: off\)"),
+    (dict(z_loss=-1.0), "z_loss must be >= 0"),
 ])
 def test_cross_entropy_option_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -184,8 +185,8 @@ def test_linear_cross_entropy_argument_errors_name_the_argument(change, error, m
     (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
     (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\)"),
     (dict(z_loss=-1e-4), "z_loss must be >= 0"),
-    (dict(softcap=-1.0), r"softcap must be >= 0 \(0: off\)"),
-    (dict(softcap=float("nan")), "softcap must be >= 0"),
+    (dict(softcap=-1.0), r"softcap must be None or >= 0 \(None or 0: off\)"),
+    (dict(softcap=float("nan")), "softcap must be None or >= 0"),
 ])
 def test_linear_cross_entropy_option_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):

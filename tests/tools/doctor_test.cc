@@ -1117,9 +1117,11 @@ TEST(DoctorTuning, RecordsTheRuntimeWouldRefuseAreNamedNotCounted) {
   for (const ops::OpSpec& spec :
        {ops::OpSpec(
             RmsNormSpec{.hidden = 3584, .casting = RmsNormCasting::kGemma, .fused_residual = true}),
-        ops::OpSpec(CrossEntropySpec{.vocab = 256000, .softcap = 30}),
-        ops::OpSpec(LinearCrossEntropySpec{
-            .vocab = 128256, .hidden = 4096, .weight_grad_dtype = DType::kF32, .argmax = true})}) {
+        ops::OpSpec(CrossEntropySpec{.vocab = 256000, .loss = {.softcap = 30}}),
+        ops::OpSpec(LinearCrossEntropySpec{.vocab = 128256,
+        .hidden = 4096,
+        .weight_grad_dtype = DType::kF32,
+        .loss = {.argmax = true}})}) {
     auto config = ops::HeuristicConfig(*twin, spec);
     ASSERT_TRUE(config.ok()) << config.status();
     for (const ops::TunedPass& pass : ops::TunedPasses(spec)) {

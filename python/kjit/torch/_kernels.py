@@ -323,7 +323,7 @@ def _lce_op(device, vocab, hidden_size, dtype, has_bias, target_type, weight_gra
             softcap, accumulation):
     return _op("linear_cross_entropy", device, vocab=vocab, hidden=hidden_size, dtype=dtype,
                bias=has_bias, target_type=target_type, ignore_index=ignore_index,
-               reduction=reduction, label_smoothing=label_smoothing, lse_square_scale=z_loss,
+               reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
                softcap=softcap, argmax=argmax, entropy=entropy,
                class_weight_dtype=class_weight_dtype,
                weight_grad_accumulation="fp32" if weight_grad and accumulation == "fp32"

@@ -176,15 +176,8 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                          f"{tuple(local.shape[:-1])}, got {tuple(target.shape)}")
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32)")
-    if reduction not in functional._REDUCTIONS:
-        raise ValueError(f"kjit: reduction must be one of {functional._REDUCTIONS}, got "
-                         f"{reduction!r}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if not z_loss >= 0:
-        raise ValueError(f"kjit: z_loss must be >= 0, got {z_loss}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"kjit: softcap must be None or > 0, got {softcap}")
+    ignore_index, reduction, label_smoothing, z_loss, softcap = functional._loss_options(
+        ignore_index, reduction, label_smoothing, z_loss, softcap)
     _kernels.dtype_name(local, "logits")
     _kernels.index_name(target, "target")
     _kernels_for(local)
@@ -195,8 +188,8 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     functional._same_device("target", flat_target, flat)
     if weight is not None:
         weight = functional._class_weight(weight, flat, vocab)
-    spec = ShardSpec(int(vocab), int(start), int(end), int(ignore_index), reduction,
-                     float(label_smoothing), float(z_loss), float(softcap or 0.0))
+    spec = ShardSpec(int(vocab), int(start), int(end), ignore_index, reduction, label_smoothing,
+                     z_loss, softcap)
     loss, _ = _VocabParallelCrossEntropy.apply(flat, flat_target, weight, spec, group)
     loss = loss.reshape(target.shape) if reduction == "none" else loss.reshape(())
     if mesh is not None:

@@ -220,6 +220,22 @@ class _CrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None  # no gradient for the weights
 
 
+def _loss_options(ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+                  softcap: Optional[float]) -> tuple:
+    """The loss options every loss takes, checked alike, as the kernels take them: (ignore_index,
+    reduction, label_smoothing, z_loss, softcap), softcap None or 0 meaning off."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
+    if not z_loss >= 0:
+        raise ValueError(f"kjit: z_loss must be >= 0, got {z_loss}")
+    softcap = 0.0 if softcap is None else float(softcap)
+    if not softcap >= 0:
+        raise ValueError(f"kjit: softcap must be None or >= 0 (None or 0: off), got {softcap}")
+    return int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap
+
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, *, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -240,7 +256,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
       rows it enters (include/kjit/cross_entropy.h). The weights get no gradient (torch's
       CrossEntropyLoss keeps them as a buffer).
     - z_loss adds z_loss * lse^2 per row; softcap (Gemma 2's final_logit_softcapping) applies
-      softcap * tanh(x / softcap) to the logits first.
+      softcap * tanh(x / softcap) to the logits first (None or 0: off).
     - return_lse: also return the per-row log-sum-exp (fp32 [rows], not differentiable).
     - extras: True, or the names of LossOutput's fields wanted ("predicted", "entropy",
       "target_logprob", "token_accuracy", "mean_entropy", "lse", "z_loss", "num_tokens"): returns
@@ -273,12 +289,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32); class "
                         "probabilities are not supported")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"kjit: softcap must be None or > 0, got {softcap}")
+    options = _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     _kernels.dtype_name(logits, "logits")
     _kernels.index_name(target, "target")
     _kernels.matrix_shape(logits, "logits")
@@ -286,8 +297,6 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         weight = _class_weight(weight, logits, logits.shape[-1])
     _check_on_one_gpu(("logits", logits), ("target", target))
     target = target if target.is_contiguous() else target.contiguous()
-    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-               float(softcap or 0.0))
     shape = (logits.shape[0],) if reduction == "none" else (1,)
     scale = _scale_tensor(grad_scale, shape, logits.device)
     # Only an intermediate's storage is reused: a leaf's values belong to the caller.
@@ -460,24 +469,16 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
             raise TypeError(f"kjit: {what} must have hidden's dtype ({hidden.dtype}), got "
                             f"{t.dtype}")
     _kernels.index_name(target, "target")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
     if lse_square_scale is not None:
         warnings.warn("kjit: linear_cross_entropy's lse_square_scale is now z_loss (as in "
                       "cross_entropy); the old name will go", DeprecationWarning, stacklevel=2)
         if z_loss:
             raise ValueError("kjit: give z_loss alone (lse_square_scale is its old name)")
         z_loss = lse_square_scale
-    if not z_loss >= 0:
-        raise ValueError(f"kjit: z_loss must be >= 0, got {z_loss}")
+    options = _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     if weight_grad_accumulation not in ("fp32", "output_dtype"):
         raise ValueError("kjit: weight_grad_accumulation must be 'fp32' or 'output_dtype', got "
                          f"{weight_grad_accumulation!r}")
-    softcap = 0.0 if softcap is None else softcap
-    if not softcap >= 0:
-        raise ValueError(f"kjit: softcap must be >= 0 (0: off), got {softcap}")
     _kernels.matrix_shape(hidden, "hidden")
     _kernels.matrix_shape(weight, "weight")
     _check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
@@ -491,8 +492,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     scale = _scale_tensor(grad_scale, (1,), hidden.device)
     if class_weight is not None:
         class_weight = _class_weight(class_weight, hidden, vocab, "class_weight")
-    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-               float(softcap), weight_grad_accumulation)
+    options = (*options, weight_grad_accumulation)
     names = _extras_wanted(extras)
     wanted = _kernel_extras(names)
     if names & {"lse", "z_loss"} and not any(wanted):

@@ -1,0 +1,33 @@
+// The loss options (kjit/loss_options.h) as the ops' traits read and write them, once for every
+// loss op: the spec JSON's fields and the tuning database's shape words.
+//
+//   nlohmann::json j = {{"op", "cross_entropy"}, {"vocab", 128256}};
+//   LossOptionsToJson(spec.loss, j);  // "target_type", "ignore_index", ..., "z_loss"
+//   KJIT_ASSIGN_OR_RETURN(JsonFields in, JsonFields::Of(j));
+//   KJIT_ASSIGN_OR_RETURN(spec.loss, LossOptionsFromJson(in));
+//   LossTuningWords(spec.loss);  // " softcap smoothing z_loss": appended to "vocab=128256"
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "kjit/loss_options.h"
+#include "ops/common/json_fields.h"
+#include "ops/op_trait.h"
+
+namespace kjit::ops {
+
+// Adds the options' fields to a spec's JSON object: entropy and class_weight_dtype only when set.
+void LossOptionsToJson(const LossOptions& loss, nlohmann::json& j);
+// Reads them back (unvalidated: the op's Validate*Spec checks them against its dtype). Reads the
+// z-loss coefficient's old name, "lse_square_scale", too.
+absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in);
+
+// " softcap smoothing z_loss argmax entropy class_weights", the options that add work per
+// element (empty when none), and back: any value that adds the work, since which one does not
+// change which configs fit.
+std::string LossTuningWords(const LossOptions& loss);
+LossOptions LossFromTuningWords(const TuningShapeWords& w, DType dtype);
+
+}  // namespace kjit::ops
