@@ -108,10 +108,12 @@ TEST(CrossEntropyReferenceTest, OptionsMatchTheirDefinitions) {
   const int64_t V = 5;
   const std::vector<double> x = {0.5, -1.0, 2.0, 0.25, -0.75};
   const double eps = 0.1f, z = 1e-2f, cap = 1.5;  // as the float options hold them
-  CrossEntropyMath m{
-      .vocab = V,
-      .dtype = DType::kF32,
-      .loss = {.reduction = Reduction::kNone, .label_smoothing = eps, .z_loss = z, .softcap = cap}};
+  CrossEntropyMath m{.vocab = V,
+                     .dtype = DType::kF32,
+                     .loss = {.reduction = Reduction::kNone,
+                              .label_smoothing = static_cast<float>(eps),
+                              .z_loss = static_cast<float>(z),
+                              .softcap = static_cast<float>(cap)}};
   const auto r = CrossEntropyReference(m, 1, x, {3}, nullptr, false);
   double s = 0, mean = 0;
   std::vector<double> c(V);
