@@ -17,6 +17,7 @@ import re
 import pytest
 
 from conftest import needs_torch
+from test_distributed_cpu import _spawn
 
 pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                               reason="transformers is not installed")]
@@ -24,7 +25,6 @@ pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transfor
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 except ImportError:
     pass
 
@@ -148,12 +148,7 @@ def _worker(rank, world, store_dir, out_dir):
 
 
 def test_dtensors_and_fully_shard(tmp_path):
-    store, out = tmp_path / "store", tmp_path / "out"
-    store.mkdir()
-    out.mkdir()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(2, str(store), str(out)), nprocs=2, join=True)
-    for rank in range(2):
-        r = json.loads((out / f"rank{rank}.json").read_text())
+    for rank, r in enumerate(_spawn(_worker, 2, tmp_path)):
         assert r["failures"] == [], f"rank {rank}: " + "; ".join(r["failures"])
         assert len(r["losses"]) == 3
