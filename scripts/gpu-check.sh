@@ -19,7 +19,23 @@ status=0
 echo "== GPU tests"
 # Not --gtest_brief: when the timeout cuts the suite short (the whole suite takes over 260 s on the
 # H200 with a cold kernel cache), the log still shows which tests ran and which one was running.
-timeout ${TEST_TIMEOUT:-480} $bin/kjit_gpu_tests --gtest_filter="$filter" > "$out/gpu-tests.log" 2>&1 || status=1
+# SHARDS=N runs the whole suite as N gtest shards side by side (a cold cache's time is NVRTC
+# compiles, on the CPU's cores), then, alone, the tests that read device-wide memory or time
+# kjit-tune. A filter runs as one process.
+serial='CrossEntropyGpu.AllocatesNothingAndTheWorkspaceIsORows:LinearCrossEntropyGpu.TakesNoMemoryBeyondItsWorkspace:TuningGpu.*:GpuTimerGpu.*'
+if [ "${SHARDS:-1}" -gt 1 ] && [ "$filter" = '*' ]; then
+  pids=()
+  for ((i = 0; i < SHARDS; i++)); do
+    GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-480} $bin/kjit_gpu_tests \
+      --gtest_filter="*-$serial" > "$out/gpu-tests-shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  cat "$out"/gpu-tests-shard*.log > "$out/gpu-tests.log" && rm "$out"/gpu-tests-shard*.log
+  timeout ${TEST_TIMEOUT:-480} $bin/kjit_gpu_tests --gtest_filter="$serial" >> "$out/gpu-tests.log" 2>&1 || status=1
+else
+  timeout ${TEST_TIMEOUT:-480} $bin/kjit_gpu_tests --gtest_filter="$filter" > "$out/gpu-tests.log" 2>&1 || status=1
+fi
 grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure' "$out/gpu-tests.log" | tail -40
 [ $status = 0 ] || echo "GPU tests failed or timed out; the last test started: $(grep '^\[ RUN' "$out/gpu-tests.log" | tail -1)"
 kernel_cache_save  # now too: the call's own time limit may end it before the last line
