@@ -18,6 +18,10 @@ def cuda_available() -> bool:
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU (torch.cuda.is_available() "
                                "is False)")
+# The Hugging Face tests: torch and transformers.
+needs_transformers = [needs_torch,
+                      pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                         reason="transformers is not installed")]
 
 
 def small_hf_model(kind: str, *, vocab_size: int, hidden_size: int, max_positions: int,

@@ -9,18 +9,16 @@ weight or a shard of it, and is checked to get the whole weight); the plumbing i
 Skips without torch and transformers.
 """
 
-import importlib.util
 import json
 import os
 import re
 
 import pytest
 
-from conftest import needs_torch
+from conftest import needs_transformers
 from test_distributed_cpu import _spawn
 
-pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                              reason="transformers is not installed")]
+pytestmark = needs_transformers
 
 try:
     import torch

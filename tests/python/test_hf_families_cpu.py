@@ -16,16 +16,14 @@ Skips without torch and transformers.
 """
 
 import copy
-import importlib.util
 
 import pytest
 
-from conftest import needs_torch
+from conftest import needs_transformers
 from test_hf_fusion_cpu import fused_on_cpu  # noqa: F401 (a fixture)
 from test_hf_outputs_cpu import kjit_loss_on_cpu  # noqa: F401 (a fixture)
 
-pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                              reason="transformers is not installed")]
+pytestmark = needs_transformers
 
 try:
     import torch

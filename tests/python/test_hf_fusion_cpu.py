@@ -9,18 +9,16 @@ runs Hugging Face's code with one KjitFallbackWarning per model and cause, stric
 """
 
 import copy
-import importlib.util
 import inspect
 import types
 import warnings
 
 import pytest
 
-from conftest import needs_torch, small_hf_model
+from conftest import needs_transformers, small_hf_model
 from test_torch_autograd_cpu import launches  # noqa: F401 (a fixture)
 
-pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                              reason="transformers is not installed")]
+pytestmark = needs_transformers
 
 try:
     import torch

@@ -11,14 +11,12 @@ Skips without torch and transformers.
 """
 
 import copy
-import importlib.util
 
 import pytest
 
-from conftest import needs_torch, small_hf_model
+from conftest import needs_transformers, small_hf_model
 
-pytestmark = [needs_torch, pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                              reason="transformers is not installed")]
+pytestmark = needs_transformers
 
 try:
     import torch
