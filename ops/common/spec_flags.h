@@ -3,13 +3,14 @@
 // their options from the registry's merge of every op's flags (ops/registry.h's CommandFlags), so
 // a new op brings its flags with it and no tool names an op.
 //
-//   template <>
 //   std::vector<SpecFlag<RmsNormSpec>> OpTrait<RmsNormSpec>::Flags() {
-//     return {SizeFlag<RmsNormSpec>(FlagCommand::kCompile, kHiddenFlag, &RmsNormSpec::hidden),
-//             {.command = FlagCommand::kCompile, .name = "--residual", .help = "Fuse the residual "
-//              "add ({ops})", .kind = FlagKind::kSwitch,
-//              .apply = [](RmsNormSpec& s, const FlagValue& v) {
-//                s.fused_residual = v.on; return absl::OkStatus(); }}};
+//     return {IntFieldFlag(HiddenFlag(), &RmsNormSpec::hidden),   // --hidden, shared by ops
+//             {{.name = "--residual", .help = "Fuse the residual add ({ops})",
+//               .kind = FlagKind::kSwitch},
+//              [](RmsNormSpec& s, const FlagValue& v) {
+//                s.fused_residual = v.on;
+//                return absl::OkStatus();
+//              }}};
 //   }
 #pragma once
 
