@@ -1,5 +1,4 @@
 // `kjit compile`: render, compile (or find in the cache) one op's kernels and say where they lie.
-#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
