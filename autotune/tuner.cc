@@ -36,9 +36,9 @@ std::string Utc() {
   return buf;
 }
 
-std::string OpName(const OpSpec& op) { return ops::TuningOp(op); }
-std::string OpShape(const OpSpec& op) { return ops::TuningShape(op); }
-std::string Describe(const OpSpec& op) { return fmt::format("{} {}", OpName(op), OpShape(op)); }
+std::string Describe(const OpSpec& op) {
+  return fmt::format("{} {}", ops::TuningOp(op), ops::TuningShape(op));
+}
 
 // One (op, pass, row bucket) the GPU tunes, and what was measured for it: one per TunedPass of the
 // op (cross-entropy's fused forward+backward and its streaming launches are tuned apart, since a
@@ -195,8 +195,8 @@ class Tuner {
         const OpSpec& op = p_.ops[i];
         auto heuristic = ops::HeuristicConfig(*rt, op);
         if (!heuristic.ok()) {
-          Fail({{"op", OpName(op)},
-                {"shape", OpShape(op)},
+          Fail({{"op", ops::TuningOp(op)},
+                {"shape", ops::TuningShape(op)},
                 {"target", target},
                 {"error", std::string(ToStd(heuristic.status().message()))}});
           continue;
@@ -210,8 +210,8 @@ class Tuner {
         if (search) {
           for (const auto& [config, pruned] : ops::SearchSpace(op, *heuristic, rt->arch())) {
             if (!pruned.empty()) {
-              report_["pruned"].push_back({{"op", OpName(op)},
-                                           {"shape", OpShape(op)},
+              report_["pruned"].push_back({{"op", ops::TuningOp(op)},
+                                           {"shape", ops::TuningShape(op)},
                                            {"target", target},
                                            {"config", config},
                                            {"reason", pruned}});
@@ -238,8 +238,9 @@ class Tuner {
                   std::string log;
                   const std::string failure = FailureOf(o, &log);
                   if (!failure.empty()) {
-                    json f = {{"op", OpName(op)}, {"shape", OpShape(op)}, {"target", target},
-                              {"config", config}, {"phase", "compile"},   {"error", failure}};
+                    json f = {{"op", ops::TuningOp(op)}, {"shape", ops::TuningShape(op)},
+                              {"target", target},        {"config", config},
+                              {"phase", "compile"},      {"error", failure}};
                     if (!log.empty()) f["log"] = log;
                     if (is_heuristic) {
                       Fail(std::move(f));
@@ -248,11 +249,12 @@ class Tuner {
                     }
                     return;
                   }
-                  if (rt == p_.gpu) compiled_.insert({OpName(op) + " " + OpShape(op), config});
+                  if (rt == p_.gpu)
+                    compiled_.insert({ops::TuningOp(op) + " " + ops::TuningShape(op), config});
                   if (!is_heuristic) return;
                   const TuneAnswer a = *Answer(o);
-                  report_["kernels"].push_back({{"op", OpName(op)},
-                                                {"shape", OpShape(op)},
+                  report_["kernels"].push_back({{"op", ops::TuningOp(op)},
+                                                {"shape", ops::TuningShape(op)},
                                                 {"dtype", Name(OpDType(op))},
                                                 {"target", target},
                                                 {"config", config},
@@ -271,7 +273,7 @@ class Tuner {
   }
 
   bool Compiled(const OpSpec& op, const std::string& config) const {
-    return compiled_.count({OpName(op) + " " + OpShape(op), config}) > 0;
+    return compiled_.count({ops::TuningOp(op) + " " + ops::TuningShape(op), config}) > 0;
   }
 
   void AddTimeTask(Batch& b, Problem& q, const std::string& config, Pass pass) {
@@ -355,16 +357,17 @@ class Tuner {
       pass_margins_[&q] = {{"forward", Margin(q, Pass::kForward)},
                            {"backward", Margin(q, Pass::kBackward)}};
       if (!Compiled(op, combined)) {
-        compile.Add({.mode = TuneTask::Mode::kCompile,
-                     .op = op,
-                     .config = combined,
-                     .target = p_.gpu->target()},
-                    fmt::format("compile {} [{}]", Describe(op), combined),
-                    [this, op, combined](const TaskOutcome& o) {
-                      std::string log;
-                      if (FailureOf(o, &log).empty())
-                        compiled_.insert({OpName(op) + " " + OpShape(op), combined});
-                    });
+        compile.Add(
+            {.mode = TuneTask::Mode::kCompile,
+             .op = op,
+             .config = combined,
+             .target = p_.gpu->target()},
+            fmt::format("compile {} [{}]", Describe(op), combined),
+            [this, op, combined](const TaskOutcome& o) {
+              std::string log;
+              if (FailureOf(o, &log).empty())
+                compiled_.insert({ops::TuningOp(op) + " " + ops::TuningShape(op), combined});
+            });
       }
       combined_[&q] = combined;
     }

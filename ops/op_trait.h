@@ -26,6 +26,12 @@
 //   static Spec BenchSpec(int64_t size, DType);                       // size: hidden or vocab
 //   static std::vector<std::pair<int64_t, int64_t>> BenchShapes();   // (size, rows)
 //   static nlohmann::json BenchFields(const Spec&, const Trial&, int64_t rows);
+//   static std::vector<SpecFlag<Spec>> Flags();    // its CLI flags (ops/common/spec_flags.h)
+//   static absl::Status Validate(const Spec&);     // its spec's checks, naming the field
+//   static std::vector<Spec> ModelOps(const ModelShape&, DType);   // what `kjit-tune --model`
+//                                                  // tunes of it; {} for none
+//
+// docs/ADDING_AN_OP.md walks through a new op.
 #pragma once
 
 #include <charconv>

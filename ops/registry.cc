@@ -1,5 +1,6 @@
 #include "ops/registry.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -81,12 +82,23 @@ class TrialOf : public AnyTrial {
 
 }  // namespace
 
-std::vector<std::string> OpNames() {
-  return []<size_t... I>(std::index_sequence<I...>) {
-    return std::vector<std::string>{
-        std::string(OpTrait<std::variant_alternative_t<I, OpSpec>>::kName)...};
+namespace {
+
+// Calls f(OpTrait<S>{}) for every alternative S of OpSpec, in order.
+template <typename F>
+void ForEachOp(F&& f) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (f(OpTrait<std::variant_alternative_t<I, OpSpec>>{}), ...);
   }
   (std::make_index_sequence<std::variant_size_v<OpSpec>>{});
+}
+
+}  // namespace
+
+std::vector<std::string> OpNames() {
+  std::vector<std::string> names;
+  ForEachOp([&](auto trait) { names.emplace_back(decltype(trait)::kName); });
+  return names;
 }
 
 std::string OpName(const OpSpec& op) {
@@ -302,6 +314,84 @@ absl::StatusOr<std::unique_ptr<AnyTrial>> MakeTrial(const Runtime& rt, const OpS
         return std::unique_ptr<AnyTrial>(new TrialOf<Spec>(rt, s, rows, std::move(trial)));
       },
       op);
+}
+
+bool CommandFlag::DeclaredBy(std::string_view op) const {
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+std::vector<CommandFlag> CommandFlags(FlagCommand command) {
+  std::vector<CommandFlag> flags;
+  ForEachOp([&](auto trait) {
+    using Trait = decltype(trait);
+    for (const auto& f : Trait::Flags()) {
+      if (f.info.command != command) continue;
+      auto same = std::find_if(flags.begin(), flags.end(),
+                               [&](const CommandFlag& c) { return c.info.name == f.info.name; });
+      if (same == flags.end()) same = flags.insert(flags.end(), {f.info, {}});
+      if (!same->DeclaredBy(Trait::kName)) same->ops.emplace_back(Trait::kName);
+    }
+  });
+  for (CommandFlag& f : flags) {
+    if (const size_t at = f.info.help.find("{ops}"); at != std::string::npos) {
+      f.info.help.replace(at, 5, fmt::format("{}", fmt::join(f.ops, ", ")));
+    }
+  }
+  return flags;
+}
+
+absl::StatusOr<OpSpec> DefaultSpec(std::string_view name, DType dtype) {
+  absl::StatusOr<OpSpec> out = UnknownOp(name);
+  ForOpNamed(name, [&](auto, auto spec) {
+    spec.dtype = dtype;
+    out = OpSpec(spec);
+  });
+  return out;
+}
+
+absl::Status ApplyFlag(OpSpec& op, FlagCommand command, std::string_view flag,
+                       const FlagValue& value) {
+  return std::visit(
+      [&](auto& s) -> absl::Status {
+        using Trait = TraitOf<decltype(s)>;
+        for (const auto& f : Trait::Flags()) {
+          if (f.info.command == command && f.info.name == flag && f.apply) {
+            return f.apply(s, value);
+          }
+        }
+        return absl::InvalidArgumentError(
+            fmt::format("{} does not apply to --op {}", flag, Trait::kName));
+      },
+      op);
+}
+
+absl::Status ValidateSpec(const OpSpec& op) {
+  return std::visit([](const auto& s) { return TraitOf<decltype(s)>::Validate(s); }, op);
+}
+
+absl::StatusOr<std::vector<OpSpec>> ModelOps(const ModelShape& model, DType dtype,
+                                             const std::map<std::string, FlagValue>& given) {
+  std::vector<OpSpec> out;
+  absl::Status status;
+  ForEachOp([&](auto trait) {
+    using Trait = decltype(trait);
+    const auto flags = Trait::Flags();
+    for (auto spec : Trait::ModelOps(model, dtype)) {
+      bool left_out = false;
+      for (const auto& f : flags) {
+        const auto value = given.find(f.info.name);
+        if (f.info.command != FlagCommand::kTune || value == given.end()) continue;
+        if (!f.apply) {
+          left_out = true;
+        } else if (status.ok()) {
+          status = f.apply(spec, value->second);
+        }
+      }
+      if (!left_out) out.push_back(spec);
+    }
+  });
+  KJIT_RETURN_IF_ERROR(status);
+  return out;
 }
 
 absl::StatusOr<OpSpec> BenchSpec(std::string_view name, int64_t size, DType dtype) {

@@ -3,7 +3,9 @@
 // (ops/op_trait.h), so no code branches on an op's name and an op without a complete trait does
 // not compile.
 //
-// Adding an op: its folder under ops/ with a trait.h, and its spec in OpSpec below.
+// Adding an op: its folder under ops/ with a trait.h, and its spec in OpSpec below; the CLI's
+// flags, kjit-tune's model ops, `kjit bench`'s shapes and the spec JSON follow from its trait
+// (docs/ADDING_AN_OP.md).
 //
 //   KJIT_ASSIGN_OR_RETURN(OpSpec op, SpecFromJson(R"({"op": "rms_norm", ...})"));
 //   std::string shape = TuningShape(op);                         // "hidden=4096"
@@ -11,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kjit/kjit.h"
+#include "ops/common/spec_flags.h"
 #include "ops/cross_entropy/trait.h"
 #include "ops/linear_cross_entropy/trait.h"
 #include "ops/rms_norm/trait.h"
@@ -103,6 +107,31 @@ class AnyTrial {
 };
 absl::StatusOr<std::unique_ptr<AnyTrial>> MakeTrial(const Runtime& rt, const OpSpec& op,
                                                     int64_t rows);
+
+// A flag of one command as the tools offer it: the first declaring op's FlagInfo, its help's
+// "{ops}" replaced by the ops that declare it ("cross_entropy, linear_cross_entropy").
+struct CommandFlag {
+  FlagInfo info;
+  std::vector<std::string> ops;  // in OpSpec's order
+  bool DeclaredBy(std::string_view op) const;
+};
+// Every op's flags of `command`, each name once, in OpSpec's order and each op's.
+std::vector<CommandFlag> CommandFlags(FlagCommand command);
+
+// The op named `name` with `dtype` and its spec's defaults elsewhere, for the flags to set.
+absl::StatusOr<OpSpec> DefaultSpec(std::string_view name, DType dtype);
+// Sets the op's spec from a flag of `command` its op declares: InvalidArgument "--flag does not
+// apply to --op name" when it declares none. Unvalidated: ValidateSpec checks the whole.
+absl::Status ApplyFlag(OpSpec& op, FlagCommand command, std::string_view flag,
+                       const FlagValue& value);
+// The op's spec checks (Validate<Op>Spec): InvalidArgument naming the field.
+absl::Status ValidateSpec(const OpSpec& op);
+
+// The ops a model's fine-tuning runs, every op's ModelOps in OpSpec's order, with kjit-tune's
+// flags `given` (name -> value) applied to the ops that declare them; an op whose flag has no
+// apply (ops/common/spec_flags.h) is left out when it is given.
+absl::StatusOr<std::vector<OpSpec>> ModelOps(const ModelShape& model, DType dtype,
+                                             const std::map<std::string, FlagValue>& given);
 
 // `kjit bench`: the op named `name` at `size` (its hidden size or vocab), with its default shapes.
 absl::StatusOr<OpSpec> BenchSpec(std::string_view name, int64_t size, DType dtype);

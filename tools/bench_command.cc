@@ -13,13 +13,12 @@
 #include "jit/file_io.h"
 #include "jit/json_text.h"
 #include "jit/status_helpers.h"
-#include "ops/linear_cross_entropy/config.h"
 #include "ops/registry.h"
-#include "ops/rms_norm/config.h"
 #include "runtime/runtime_state.h"
 #include "tools/bench.h"
 #include "tools/bench_linear_cross_entropy.h"
 #include "tools/commands.h"
+#include "tools/op_flags.h"
 #include "tools/targets.h"
 
 namespace kjit::tools {
@@ -27,13 +26,13 @@ namespace kjit::tools {
 namespace {
 
 struct BenchFlags {
-  std::string op = "rms_norm";
+  std::string op = ops::OpNames().front();  // the registry's first
   int64_t hidden = 0;
   int64_t vocab = 0;
   int64_t rows = 0;
   std::string dtype = "bf16";
-  std::string class_weights;  // cross_entropy: a dtype; empty: none
-  std::string casting;        // rms_norm: llama, gemma or none; empty: the default (llama)
+  // The ops' own flags (--casting, --class-weights: OpTrait::Flags).
+  OpFlagOptions op_flags{ops::FlagCommand::kBench};
   int repeats = 100;
   int device = 0;
   bool json = false;
@@ -106,25 +105,12 @@ std::vector<std::pair<int64_t, int64_t>> Shapes(const BenchFlags& f) {
   return shapes;
 }
 
-// The op at one of the shapes, with the option flags applied.
+// The op at one of the shapes, with the op's flags given applied, each validated in turn.
 absl::StatusOr<ops::OpSpec> SpecFor(const BenchFlags& f, int64_t size, DType dtype) {
   KJIT_ASSIGN_OR_RETURN(ops::OpSpec spec, ops::BenchSpec(f.op, size, dtype));
-  auto* ce = std::get_if<CrossEntropySpec>(&spec);
-  auto* norm = std::get_if<RmsNormSpec>(&spec);
-  if (!f.class_weights.empty()) {
-    if (ce == nullptr) {
-      return absl::InvalidArgumentError(
-          fmt::format("--class-weights does not apply to --op {}", f.op));
-    }
-    KJIT_ASSIGN_OR_RETURN(ce->loss.class_weight_dtype, ParseDType(f.class_weights));
-    KJIT_RETURN_IF_ERROR(Annotate(ValidateCrossEntropySpec(*ce), "--class-weights"));
-  }
-  if (!f.casting.empty()) {
-    if (norm == nullptr) {
-      return absl::InvalidArgumentError(fmt::format("--casting does not apply to --op {}", f.op));
-    }
-    KJIT_ASSIGN_OR_RETURN(norm->casting, ops::ParseRmsNormCasting(f.casting));
-    KJIT_RETURN_IF_ERROR(Annotate(ValidateRmsNormSpec(*norm), "--casting"));
+  for (const auto& [flag, value] : f.op_flags.given()) {
+    KJIT_RETURN_IF_ERROR(ops::ApplyFlag(spec, ops::FlagCommand::kBench, flag, value));
+    KJIT_RETURN_IF_ERROR(Annotate(ops::ValidateSpec(spec), flag));
   }
   return spec;
 }
@@ -147,12 +133,13 @@ std::vector<LinearCrossEntropyBenchShape> LinearCrossEntropyShapes(const BenchFl
 // and --vocab each size one op, and each --config is one of the op's.
 absl::Status CheckBenchFlags(const BenchFlags& f, const CLI::App& cmd) {
   if (f.op == kLinearCrossEntropy) {
-    if (!f.class_weights.empty() || !f.casting.empty()) {
-      return absl::InvalidArgumentError(fmt::format(
-          "--{} does not apply to --op {}", f.casting.empty() ? "class-weights" : "casting", f.op));
+    if (const auto given = f.op_flags.given(); !given.empty()) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} does not apply to --op {}", given.front().first, f.op));
     }
+    KJIT_ASSIGN_OR_RETURN(const ops::OpSpec spec, ops::BenchSpec(f.op, 0, DType::kBF16));
     for (const std::string& c : f.configs) {
-      KJIT_RETURN_IF_ERROR(Annotate(ops::ParseLinearCrossEntropyConfig(c).status(), "--config"));
+      KJIT_RETURN_IF_ERROR(Annotate(ops::WithConfig(spec, c).status(), "--config"));
     }
     return absl::OkStatus();
   }
@@ -256,26 +243,29 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_option("--op", f->op, "The op")
       ->check(CLI::IsMember(ops::OpNames()))
       ->capture_default_str();
-  cmd->add_option("--hidden", f->hidden,
-                  "Hidden size, rms_norm and linear_cross_entropy (default: a standard set of "
-                  "shapes)")
-      ->check(CLI::Range(1, 65536));
+  // The sizes are those of `kjit compile`, for the ops that take each.
+  const std::vector<ops::CommandFlag> compile_flags = ops::CommandFlags(ops::FlagCommand::kCompile);
+  const auto ops_taking = [&](std::string_view flag) {
+    for (const ops::CommandFlag& c : compile_flags) {
+      if (c.info.name == flag) return fmt::format("{}", fmt::join(c.ops, " and "));
+    }
+    return std::string();
+  };
   cmd->add_option(
-         "--vocab", f->vocab,
-         "Vocab size, cross_entropy and linear_cross_entropy (default: 128256 at 3 row counts, "
-         "256000 and 151936 at 8192, and for cross_entropy 50257 at 16384)")
+         "--hidden", f->hidden,
+         fmt::format("Hidden size, {} (default: a standard set of shapes)", ops_taking("--hidden")))
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--vocab", f->vocab,
+                  fmt::format("Vocab size, {} (default: 128256 at 3 row counts, 256000 and 151936 "
+                              "at 8192, and for cross_entropy 50257 at 16384)",
+                              ops_taking("--vocab")))
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--rows", f->rows, "Rows (tokens); a launch takes at most 2^31 - 1")
       ->check(CLI::Range(int64_t{1}, int64_t{std::numeric_limits<int32_t>::max()}));
   cmd->add_option("--dtype", f->dtype, "fp32, fp16 or bf16")
       ->check(DTypeValidator())
       ->capture_default_str();
-  cmd->add_option("--class-weights", f->class_weights,
-                  "cross_entropy with per-class weights of this dtype (fp32 or --dtype's), "
-                  "uniform in [0.5, 1.5)")
-      ->check(DTypeValidator());
-  cmd->add_option("--casting", f->casting, "rms_norm's casting: llama (default), gemma or none")
-      ->check(CLI::IsMember({"llama", "gemma", "none"}));
+  f->op_flags.AddOptions(cmd, [](const ops::FlagInfo&) { return true; });
   cmd->add_option("--repeats", f->repeats, "Timed repeats per measurement")
       ->check(CLI::Range(3, 100000))
       ->capture_default_str();
@@ -295,7 +285,10 @@ Command AddBenchCommand(CLI::App& app) {
          "them (repeatable), e.g. --config 'vec=8 threads=256 unroll=4 cluster=8 staged=1'")
       ->excludes(cmd->get_option("--sweep"));
   cmd->add_option("--output", f->output, "Also write the JSON report to this file");
-  cmd->final_callback([f, cmd] { ThrowIfUsageError(CheckBenchFlags(*f, *cmd)); });
+  cmd->final_callback([f, cmd] {
+    f->op_flags.Record(*cmd);
+    ThrowIfUsageError(CheckBenchFlags(*f, *cmd));
+  });
   return [f] { return RunBench(*f); };
 }
 

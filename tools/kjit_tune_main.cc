@@ -35,9 +35,9 @@
 #include "kjit/kjit.h"
 #include "kjit/version.h"
 #include "ops/common/json_fields.h"
-#include "ops/rms_norm/config.h"
 #include "runtime/tuning_db.h"
 #include "tools/commands.h"
+#include "tools/op_flags.h"
 #include "tools/targets.h"
 
 namespace kjit::tools {
@@ -49,8 +49,8 @@ struct TuneFlags {
   int64_t vocab = 0;
   int64_t hidden = 0;
   std::string dtype = "bf16";
-  std::string casting;        // the norms' casting; empty: the model's (gemma or llama)
-  std::string class_weights;  // the loss's class-weight dtype; empty: none
+  // The ops' own flags (--casting, --class-weights: OpTrait::Flags), over the model's choices.
+  OpFlagOptions op_flags{ops::FlagCommand::kTune};
   std::vector<int64_t> tokens = {1024, 4096, 16384};
   std::string arch = "auto";
   std::optional<int> device;  // --device: the GPU to tune on; unset: GPU 0 if there is one
@@ -83,20 +83,25 @@ absl::Status CheckTuneFlags(const TuneFlags& f, const CLI::App& app) {
   }
   if (given("--spec")) {
     KJIT_RETURN_IF_ERROR(Annotate(ops::SpecFromJson(f.spec).status(), "--spec"));
-    for (const char* flag : {"--dtype", "--casting", "--class-weights"}) {
-      if (given(flag)) {
+    std::vector<std::string> own = {"--dtype"};
+    for (const ops::CommandFlag& o : f.op_flags.flags()) own.push_back(o.info.name);
+    for (const std::string& flag : own) {
+      if (given(flag.c_str())) {
         return absl::InvalidArgumentError(
             fmt::format("{} does not apply to --spec, which has its own", flag));
       }
     }
   }
-  if (given("--class-weights") && f.class_weights != "fp32" && f.class_weights != f.dtype) {
-    return absl::InvalidArgumentError(
-        fmt::format("--class-weights {}: must be fp32 or --dtype ({})", f.class_weights, f.dtype));
+  std::vector<std::pair<std::string, std::string>> dtypes = {{"--dtype", f.dtype}};
+  for (auto& d : f.op_flags.DTypeFlags()) dtypes.push_back(std::move(d));
+  for (const auto& [flag, dtype] : dtypes) {  // an op's dtype flag is for weights: fp32 or --dtype
+    if (flag != "--dtype" && given(flag.c_str()) && dtype != "fp32" && dtype != f.dtype) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} {}: must be fp32 or --dtype ({})", flag, dtype, f.dtype));
+    }
   }
   if (!given("--spec")) {  // a spec's dtype is its own, checked as its op is built
-    KJIT_RETURN_IF_ERROR(
-        CheckDTypesForArch(f.arch, {{"--dtype", f.dtype}, {"--class-weights", f.class_weights}}));
+    KJIT_RETURN_IF_ERROR(CheckDTypesForArch(f.arch, dtypes));
   }
   // Explicit targets are compile-only runtimes, like --compile-only: nothing is timed on them.
   const bool compile_only = f.compile_only || f.arch != "auto";
@@ -124,30 +129,16 @@ absl::StatusOr<autotune::ModelConfig> ModelFromFlags(const TuneFlags& f) {
   return autotune::ModelPreset(f.model.empty() ? "llama-3.1-8b" : f.model);
 }
 
-// The ops a model's fine-tuning runs: RMSNorm with and without the fused residual, the loss, and
-// the lm_head fused with the loss (--casting and --class-weights, checked by their validators,
-// override the model's choices; the fused op has no class weights and is left out with them).
-std::vector<ops::OpSpec> ModelOps(const autotune::ModelConfig& m, DType dtype, const TuneFlags& f) {
-  RmsNormCasting casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama;
-  if (!f.casting.empty()) casting = ops::ParseRmsNormCasting(f.casting).value();
-  std::vector<ops::OpSpec> ops;
-  for (bool residual : {false, true}) {
-    ops.push_back(RmsNormSpec{.hidden = m.hidden_size,
-                              .dtype = dtype,
-                              .eps = static_cast<float>(m.rms_norm_eps),
-                              .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
-                              .casting = casting,
-                              .fused_residual = residual});
-  }
-  const LossOptions options{.softcap = static_cast<float>(m.final_logit_softcapping)};
-  CrossEntropySpec loss{.vocab = m.vocab_size, .dtype = dtype, .loss = options};
-  if (!f.class_weights.empty()) loss.loss.class_weight_dtype = ParseDType(f.class_weights).value();
-  ops.push_back(loss);
-  if (f.class_weights.empty()) {
-    ops.push_back(LinearCrossEntropySpec{
-        .vocab = m.vocab_size, .hidden = m.hidden_size, .dtype = dtype, .loss = options});
-  }
-  return ops;
+// The ops a model's fine-tuning runs (every op's OpTrait::ModelOps), with the ops' flags given
+// over the model's choices.
+absl::StatusOr<std::vector<ops::OpSpec>> ModelOps(const autotune::ModelConfig& m, DType dtype,
+                                                  const TuneFlags& f) {
+  const ops::ModelShape shape{.hidden = m.hidden_size,
+                              .vocab = m.vocab_size,
+                              .rms_norm_eps = m.rms_norm_eps,
+                              .final_logit_softcapping = m.final_logit_softcapping,
+                              .gemma_norm = m.gemma_norm};
+  return ops::ModelOps(shape, dtype, {f.op_flags.given().begin(), f.op_flags.given().end()});
 }
 
 // Progress on stderr: one rewritten line on a terminal, a line per finished task otherwise.
@@ -216,7 +207,9 @@ int RunTune(const TuneFlags& f) {
   std::vector<ops::OpSpec> ops;
   DType dtype = ParseDType(f.dtype).value();  // checked by its validator
   if (f.spec.empty()) {
-    ops = ModelOps(*model, dtype, f);
+    auto model_ops = ModelOps(*model, dtype, f);
+    if (!model_ops.ok()) return Fail(model_ops.status());
+    ops = std::move(*model_ops);
   } else {
     ops = {*ops::SpecFromJson(f.spec)};  // checked by CheckTuneFlags
     dtype = ops::OpDType(ops.front());
@@ -303,12 +296,7 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
   app.add_option("--dtype", f->dtype, "fp32, fp16 or bf16 (not with --spec)")
       ->check(DTypeValidator())
       ->capture_default_str();
-  app.add_option("--casting", f->casting,
-                 "The norms' casting, llama, gemma or none (default: the model's)")
-      ->check(CLI::IsMember({"llama", "gemma", "none"}));
-  app.add_option("--class-weights", f->class_weights,
-                 "Tune the loss with per-class weights of this dtype (fp32 or --dtype)")
-      ->check(DTypeValidator());
+  f->op_flags.AddOptions(&app, [](const ops::FlagInfo&) { return true; });
   app.add_option("--tokens", f->tokens,
                  "Token counts (rows) to tune at, each rounded up to a "
                  "power of two (a launch takes at most 2^31 - 1 rows)")
@@ -350,7 +338,10 @@ ParsedCommandLine ParseKjitTuneCommandLine(int argc, const char* const* argv, st
          "--trace", f->trace,
          "Write a Chrome trace (compiles, cache hits, loads) to FILE at exit; as KJIT_TRACE")
       ->type_name("FILE");
-  app.final_callback([f, &app] { ThrowIfUsageError(CheckTuneFlags(*f, app)); });
+  app.final_callback([f, &app] {
+    f->op_flags.Record(app);
+    ThrowIfUsageError(CheckTuneFlags(*f, app));
+  });
   if (std::optional<int> code = ParseFlags(app, argc, argv, out, err)) return {.exit_code = code};
   return {.run = [f] {
     if (!f->trace.empty()) jit::StartTraceFile(f->trace);

@@ -119,8 +119,7 @@ CLI::Validator ArchValidator() {
 }
 
 absl::Status CheckDTypesForArch(
-    const std::string& arch,
-    std::initializer_list<std::pair<std::string_view, std::string_view>> dtype_flags) {
+    const std::string& arch, const std::vector<std::pair<std::string, std::string>>& dtype_flags) {
   if (arch == "auto") return absl::OkStatus();
   KJIT_ASSIGN_OR_RETURN(const std::vector<jit::Target> targets, ParseTargets(arch));
   for (const jit::Target& target : targets) {

@@ -35,8 +35,7 @@ CLI::Validator ArchValidator();
 // takes; "" when not given) compiles for every target, so that --dtype bf16 --arch sm_75 is a usage
 // error ("--dtype: bf16 needs sm_80 or newer, ...") before any compile.
 absl::Status CheckDTypesForArch(
-    const std::string& arch,
-    std::initializer_list<std::pair<std::string_view, std::string_view>> dtype_flags);
+    const std::string& arch, const std::vector<std::pair<std::string, std::string>>& dtype_flags);
 
 // How a command's own check of its parsed flags (in a final_callback) reports a usage error:
 // throws CLI::ValidationError with the status's message unless it is OK, so that CLI11 prints it

@@ -2,8 +2,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+
+#include "jit/status_helpers.h"
 
 namespace kjit {
 
@@ -116,6 +121,77 @@ LossOptions LossFromTuningWords(const TuningShapeWords& w, DType dtype) {
           .argmax = w.Has("argmax"),
           .entropy = w.Has("entropy"),
           .class_weight_dtype = w.Has("class_weights") ? std::optional(dtype) : std::nullopt};
+}
+
+namespace {
+
+// A flag that sets one float or bool field of the options.
+SpecFlag<LossOptions> FloatFlag(std::string name, std::string help, float LossOptions::*field,
+                                std::string spec_field) {
+  return {{.name = std::move(name),
+           .help = std::move(help),
+           .kind = FlagKind::kFloat,
+           .field = std::move(spec_field)},
+          [field](LossOptions& loss, const FlagValue& v) {
+            loss.*field = v.real;
+            return absl::OkStatus();
+          }};
+}
+SpecFlag<LossOptions> SwitchFlag(std::string name, std::string help, bool LossOptions::*field) {
+  return {{.name = std::move(name), .help = std::move(help), .kind = FlagKind::kSwitch},
+          [field](LossOptions& loss, const FlagValue& v) {
+            loss.*field = v.on;
+            return absl::OkStatus();
+          }};
+}
+
+}  // namespace
+
+std::vector<SpecFlag<LossOptions>> LossFlags() {
+  return {
+      {{.name = "--target-type",
+        .help = "Targets: int32 or int64 ({ops})",
+        .choices = {"int32", "int64"},
+        .default_text = "int64"},
+       [](LossOptions& loss, const FlagValue& v) {
+         loss.target_type = v.text == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+         return absl::OkStatus();
+       }},
+      {{.name = "--reduction",
+        .help = "none, sum or mean ({ops})",
+        .choices = {"none", "sum", "mean"},
+        .default_text = "mean"},
+       [](LossOptions& loss, const FlagValue& v) {
+         loss.reduction = v.text == "none"  ? Reduction::kNone
+                          : v.text == "sum" ? Reduction::kSum
+                                            : Reduction::kMean;
+         return absl::OkStatus();
+       }},
+      FloatFlag("--label-smoothing", "Label smoothing in [0, 1) ({ops})",
+                &LossOptions::label_smoothing, "label_smoothing"),
+      FloatFlag("--z-loss", "The z-loss coefficient: adds z_loss * lse^2 per row ({ops})",
+                &LossOptions::z_loss, "z_loss"),
+      FloatFlag("--softcap", "Logit soft-cap, 0 = off ({ops})", &LossOptions::softcap, "softcap"),
+      SwitchFlag("--argmax", "Also write the predicted token per row ({ops})",
+                 &LossOptions::argmax),
+      SwitchFlag("--entropy", "Also write the softmax's entropy per row ({ops})",
+                 &LossOptions::entropy),
+      ClassWeightsFlag(FlagCommand::kCompile,
+                       "Per-class weights of this dtype, fp32 or --dtype's ({ops}; the weights "
+                       "themselves are a launch argument)"),
+  };
+}
+
+SpecFlag<LossOptions> ClassWeightsFlag(FlagCommand command, std::string help) {
+  return {{.command = command,
+           .name = "--class-weights",
+           .help = std::move(help),
+           .kind = FlagKind::kDType,
+           .field = "class_weight_dtype"},
+          [](LossOptions& loss, const FlagValue& v) -> absl::Status {
+            KJIT_ASSIGN_OR_RETURN(loss.class_weight_dtype, ParseDType(v.text));
+            return absl::OkStatus();
+          }};
 }
 
 }  // namespace ops

@@ -6,6 +6,7 @@
 //   KJIT_ASSIGN_OR_RETURN(JsonFields in, JsonFields::Of(j));
 //   KJIT_ASSIGN_OR_RETURN(spec.loss, LossOptionsFromJson(in));
 //   LossTuningWords(spec.loss);  // " softcap smoothing z_loss": appended to "vocab=128256"
+//   FlagsOfPart(LossFlags(), &CrossEntropySpec::loss);  // `kjit compile`'s --z-loss, ...
 #pragma once
 
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "kjit/loss_options.h"
 #include "ops/common/json_fields.h"
+#include "ops/common/spec_flags.h"
 #include "ops/op_trait.h"
 
 namespace kjit::ops {
@@ -29,5 +31,11 @@ absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in);
 // change which configs fit.
 std::string LossTuningWords(const LossOptions& loss);
 LossOptions LossFromTuningWords(const TuningShapeWords& w, DType dtype);
+
+// `kjit compile`'s flags for the options (--target-type, --reduction, --label-smoothing, --z-loss,
+// --softcap, --argmax, --entropy, --class-weights), the same for every loss op.
+std::vector<SpecFlag<LossOptions>> LossFlags();
+// The --class-weights flag (a dtype, fp32 or the op's) of `command`, with its help there.
+SpecFlag<LossOptions> ClassWeightsFlag(FlagCommand command, std::string help);
 
 }  // namespace kjit::ops

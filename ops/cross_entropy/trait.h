@@ -15,6 +15,7 @@
 
 #include "kjit/cross_entropy.h"
 #include "ops/common/search_space.h"
+#include "ops/common/spec_flags.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/trial.h"
 #include "ops/op_trait.h"
@@ -79,6 +80,12 @@ struct OpTrait<CrossEntropySpec> {
             {"extra_device_bytes", t.workspace_bytes()},
             {"checked_rows", t.checked_rows()}};
   }
+
+  // The op's flags for `kjit compile`, `kjit bench` and `kjit-tune` (ops/common/spec_flags.h),
+  // its spec's checks, and the specs a model's fine-tuning runs (what `kjit-tune --model` tunes).
+  static std::vector<SpecFlag<Spec>> Flags();
+  static absl::Status Validate(const Spec& s) { return ValidateCrossEntropySpec(s); }
+  static std::vector<Spec> ModelOps(const ModelShape& m, DType dtype);
 };
 
 }  // namespace kjit::ops

@@ -1,5 +1,8 @@
 #include "ops/linear_cross_entropy/trait.h"
 
+#include <utility>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "ops/common/json_fields.h"
@@ -64,6 +67,22 @@ absl::StatusOr<LinearCrossEntropySpec> Trait::FromJson(const nlohmann::json& j) 
   KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
   KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(s));
   return s;
+}
+
+std::vector<SpecFlag<LinearCrossEntropySpec>> Trait::Flags() {
+  std::vector<SpecFlag<Spec>> flags = {IntFieldFlag(VocabFlag(), &Spec::vocab),
+                                       IntFieldFlag(HiddenFlag(), &Spec::hidden)};
+  for (auto& f : FlagsOfPart(LossFlags(), &Spec::loss)) flags.push_back(std::move(f));
+  // Its trial has no class weights: a model tuned with them leaves the fused op out.
+  flags.push_back({ClassWeightsFlag(FlagCommand::kTune, "").info, nullptr});
+  return flags;
+}
+
+std::vector<LinearCrossEntropySpec> Trait::ModelOps(const ModelShape& m, DType dtype) {
+  return {{.vocab = m.vocab,
+           .hidden = m.hidden,
+           .dtype = dtype,
+           .loss = {.softcap = static_cast<float>(m.final_logit_softcapping)}}};
 }
 
 }  // namespace kjit::ops

@@ -18,6 +18,7 @@
 
 #include "kjit/linear_cross_entropy.h"
 #include "ops/common/search_space.h"
+#include "ops/common/spec_flags.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/trial.h"
 #include "ops/op_trait.h"
@@ -73,6 +74,12 @@ struct OpTrait<LinearCrossEntropySpec> {
             {"rows", rows},
             {"extra_device_bytes", t.workspace_bytes()}};
   }
+
+  // The op's flags for `kjit compile`, `kjit bench` and `kjit-tune` (ops/common/spec_flags.h),
+  // its spec's checks, and the specs a model's fine-tuning runs (what `kjit-tune --model` tunes).
+  static std::vector<SpecFlag<Spec>> Flags();
+  static absl::Status Validate(const Spec& s) { return ValidateLinearCrossEntropySpec(s); }
+  static std::vector<Spec> ModelOps(const ModelShape& m, DType dtype);
 };
 
 }  // namespace kjit::ops

@@ -1,6 +1,12 @@
 #include "ops/rms_norm/trait.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <fmt/format.h>
+
+#include "jit/status_helpers.h"
 
 #include "ops/common/json_fields.h"
 #include "ops/rms_norm/search_space.h"
@@ -86,6 +92,63 @@ std::optional<RmsNormConfig> Trait::Combine(const Config& heuristic, const Confi
   best.forward = fastest_forward.forward;
   best.backward = fastest_backward.backward;
   return best;
+}
+
+namespace {
+
+absl::Status SetCasting(RmsNormSpec& s, const FlagValue& v) {
+  KJIT_ASSIGN_OR_RETURN(s.casting, ParseRmsNormCasting(v.text));
+  return absl::OkStatus();
+}
+
+SpecFlag<RmsNormSpec> CastingFlag(FlagCommand command, std::string help, std::string shown) {
+  return {{.command = command,
+           .name = "--casting",
+           .help = std::move(help),
+           .choices = {"llama", "gemma", "none"},
+           .default_text = std::move(shown)},
+          SetCasting};
+}
+
+}  // namespace
+
+std::vector<SpecFlag<RmsNormSpec>> Trait::Flags() {
+  return {
+      IntFieldFlag(HiddenFlag(), &Spec::hidden),
+      {{.name = "--weight-dtype",
+        .help = "Weight dtype (default: --dtype; {ops})",
+        .kind = FlagKind::kDType,
+        .field = "weight_dtype"},
+       [](Spec& s, const FlagValue& v) -> absl::Status {
+         KJIT_ASSIGN_OR_RETURN(s.weight_dtype, ParseDType(v.text));
+         return absl::OkStatus();
+       }},
+      CastingFlag(FlagCommand::kCompile,
+                  "llama, gemma or none: where rms_norm rounds to the dtype (kjit/rms_norm.h; none "
+                  "computes in the dtype, as eager PyTorch would, and needs the weight in it)",
+                  "llama"),
+      {{.name = "--residual", .help = "Fuse the residual add ({ops})", .kind = FlagKind::kSwitch},
+       [](Spec& s, const FlagValue& v) {
+         s.fused_residual = v.on;
+         return absl::OkStatus();
+       }},
+      CastingFlag(FlagCommand::kBench, "rms_norm's casting: llama (default), gemma or none", ""),
+      CastingFlag(FlagCommand::kTune,
+                  "The norms' casting, llama, gemma or none (default: the model's)", ""),
+  };
+}
+
+std::vector<RmsNormSpec> Trait::ModelOps(const ModelShape& m, DType dtype) {
+  std::vector<Spec> norms;
+  for (bool residual : {false, true}) {
+    norms.push_back({.hidden = m.hidden,
+                     .dtype = dtype,
+                     .eps = static_cast<float>(m.rms_norm_eps),
+                     .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
+                     .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
+                     .fused_residual = residual});
+  }
+  return norms;
 }
 
 }  // namespace kjit::ops

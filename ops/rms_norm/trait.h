@@ -15,6 +15,7 @@
 
 #include "kjit/rms_norm.h"
 #include "ops/common/search_space.h"
+#include "ops/common/spec_flags.h"
 #include "ops/op_trait.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/trial.h"
@@ -64,6 +65,12 @@ struct OpTrait<RmsNormSpec> {
   static nlohmann::json BenchFields(const Spec& s, const Trial&, int64_t rows) {
     return {{"hidden", s.hidden}, {"rows", rows}};
   }
+
+  // The op's flags for `kjit compile`, `kjit bench` and `kjit-tune` (ops/common/spec_flags.h),
+  // its spec's checks, and the specs a model's fine-tuning runs (what `kjit-tune --model` tunes).
+  static std::vector<SpecFlag<Spec>> Flags();
+  static absl::Status Validate(const Spec& s) { return ValidateRmsNormSpec(s); }
+  static std::vector<Spec> ModelOps(const ModelShape& m, DType dtype);
 };
 
 }  // namespace kjit::ops

@@ -47,6 +47,56 @@ TEST(Registry, NamesEveryOpOnce) {
   EXPECT_EQ(names, (std::vector<std::string>{"rms_norm", "cross_entropy", "linear_cross_entropy"}));
 }
 
+// What `kjit-tune --model` tunes follows from each trait's ModelOps; its --casting and
+// --class-weights from the traits' flags (the fused op declares --class-weights to be left out).
+TEST(Registry, AModelsOpsFollowFromTheTraits) {
+  const ModelShape llama{.hidden = 4096, .vocab = 128256, .rms_norm_eps = 1e-5};
+  auto ops = ModelOps(llama, DType::kBF16, {});
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  std::vector<std::string> keys;
+  for (const OpSpec& op : *ops) keys.push_back(TuningOp(op) + " " + TuningShape(op));
+  EXPECT_EQ(keys, (std::vector<std::string>{"rms_norm hidden=4096", "rms_norm+residual hidden=4096",
+                                            "cross_entropy vocab=128256",
+                                            "linear_cross_entropy vocab=128256 hidden=4096"}));
+  EXPECT_EQ(std::get<RmsNormSpec>(ops->front()).eps, 1e-5f);
+
+  const ModelShape gemma{
+      .hidden = 3584, .vocab = 256000, .final_logit_softcapping = 30, .gemma_norm = true};
+  ops = ModelOps(gemma, DType::kBF16,
+                 {{"--casting", {.text = "none"}}, {"--class-weights", {.text = "fp32"}}});
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  keys.clear();
+  for (const OpSpec& op : *ops) keys.push_back(TuningOp(op) + " " + TuningShape(op));
+  EXPECT_EQ(keys, (std::vector<std::string>{"rms_norm hidden=3584 none",
+                                            "rms_norm+residual hidden=3584 none",
+                                            "cross_entropy vocab=256000 softcap class_weights"}));
+  ExpectInvalid(ModelOps(gemma, DType::kBF16, {{"--casting", {.text = "bogus"}}}).status(),
+                "casting");
+}
+
+// The CLI's per-op flags are the traits': merged by name, their help naming the ops that take them.
+TEST(Registry, CommandFlagsMergeTheOpsFlags) {
+  const std::vector<CommandFlag> flags = CommandFlags(FlagCommand::kCompile);
+  std::vector<std::string> names;
+  for (const CommandFlag& f : flags) names.push_back(f.info.name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "--hidden", "--weight-dtype", "--casting", "--residual", "--vocab",
+                       "--target-type", "--reduction", "--label-smoothing", "--z-loss", "--softcap",
+                       "--argmax", "--entropy", "--class-weights"}));
+  EXPECT_EQ(flags.front().info.help, "Hidden size (rms_norm, linear_cross_entropy; required)");
+  EXPECT_EQ(flags.front().ops, (std::vector<std::string>{"rms_norm", "linear_cross_entropy"}));
+
+  auto spec = DefaultSpec("cross_entropy", DType::kF16);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(ApplyFlag(*spec, FlagCommand::kCompile, "--vocab", {.integer = 1000}).ok());
+  ASSERT_TRUE(ApplyFlag(*spec, FlagCommand::kCompile, "--z-loss", {.real = 1e-4f}).ok());
+  EXPECT_EQ(TuningShape(*spec), "vocab=1000 z_loss");
+  EXPECT_TRUE(ValidateSpec(*spec).ok());
+  ExpectInvalid(ApplyFlag(*spec, FlagCommand::kCompile, "--casting", {.text = "gemma"}),
+                "--casting does not apply to --op cross_entropy");
+  ExpectInvalid(DefaultSpec("nope", DType::kF16).status(), "op: \"nope\" is not one of");
+}
+
 TEST(Registry, SpecsRoundTripThroughJson) {
   for (const OpSpec& op : Specs()) {
     const std::string json = SpecToJson(op);
