@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (README.md, "GPU"): installs the kjit wheel carried in
-# .device-wheel/ into a private folder (the machine reaches no registry; torch, transformers and
-# pytest are there), runs the Python suite with its GPU tests, then `python -m kjit.bench`, writing
+# .device-wheel/ into a private environment over the system's packages (the machine reaches no
+# registry; torch, transformers and pytest are there), so that the wheel's console scripts are
+# installed beside that environment's interpreter as for a user, runs the Python suite with its GPU
+# tests, then `python -m kjit.bench`, writing
 # the logs and the JSON under $OUT. Build the wheel here first:
 #   pip wheel --no-build-isolation --no-deps -w .device-wheel .      (or tests/python/run_wheel_tests.sh)
 # then, through the device tool, with carry [".device-wheel", ".device-cache"]: bash scripts/gpu-python.sh
@@ -11,19 +13,22 @@
 set -uo pipefail
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
-site=$(mktemp -d)/site
-python3 -m pip install -q --no-deps --no-index --no-compile --target "$site" .device-wheel/kjit-*.whl || exit 1
-export PYTHONPATH=$site PYTHONUNBUFFERED=1
+# A venv without pip of its own: the system's pip, run by the venv's interpreter, installs into it.
+env_dir=$(mktemp -d)/env
+python3 -m venv --without-pip --system-site-packages "$env_dir" || exit 1
+python=$env_dir/bin/python
+"$python" -m pip install -q --no-deps --no-index --no-compile .device-wheel/kjit-*.whl || exit 1
+export PYTHONUNBUFFERED=1
 source scripts/gpu-kernel-cache.sh
 kernel_cache_start
 status=0
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
-timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -rs -q -p no:cacheprovider tests/python ${PYTEST_ARGS:-} 2>&1 |
+timeout "${PYTEST_TIMEOUT:-420}" "$python" -m pytest -rs -q -p no:cacheprovider tests/python ${PYTEST_ARGS:-} 2>&1 |
   tee "$out/pytest.log" || status=1
 kernel_cache_save  # now too: the call's own time limit may end it before the last line
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-  timeout "${BENCH_TIMEOUT:-300}" python3 -m kjit.bench --json "$out/bench-python.json" \
+  timeout "${BENCH_TIMEOUT:-300}" "$python" -m kjit.bench --json "$out/bench-python.json" \
     ${BENCH_ARGS:-} 2>&1 |
     tee "$out/bench-python.log" || status=1
 fi
