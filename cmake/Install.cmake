@@ -1,11 +1,12 @@
-# `cmake --install`: the library (kjit and the static libraries it is made of), the C API's shared
-# library (libkjit_c.so), the public headers (include/kjit only, included as <kjit/kjit.h> and
-# <kjit/kjit_c.h>; no internal header is installed), the `kjit` and `kjit-tune` CLIs, a CMake
-# package (find_package(kjit) gives kjit::kjit and kjit::kjit_c) and pkg-config files (kjit for the
-# C++ library, kjit_c for the C API).
+# `cmake --install`: the library (kjit and the static libraries it is made of, kjit_launch_tuner,
+# KJIT_AUTOTUNE's default tuner, included), the C API's shared library (libkjit_c.so), the public
+# headers (include/kjit only, included as <kjit/kjit.h> and <kjit/kjit_c.h>; no internal header is
+# installed), the `kjit` and `kjit-tune` CLIs, a CMake package (find_package(kjit) gives kjit::kjit
+# and kjit::kjit_c) and pkg-config files (kjit for the C++ library, kjit_c for the C API). What
+# only the tuner needs (kjit_tuning: the registry, trials, fp64 references) is not installed.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS kjit kjit_runtime kjit_jit kjit_c EXPORT kjitTargets
+install(TARGETS kjit kjit_launch_tuner kjit_runtime kjit_jit kjit_c EXPORT kjitTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS kjit_cli kjit_tune RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/kjit DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -1,12 +1,5 @@
 #include "kjit/runtime.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
@@ -123,53 +116,24 @@ std::shared_ptr<const internal::TuningDb> LoadTuningDb(const std::string& path,
   return std::make_shared<const internal::TuningDb>(std::move(*db));
 }
 
-// The kjit-tune a KJIT_AUTOTUNE run starts: $KJIT_TUNE_BIN, else the first on PATH.
-std::string TuneBinary() {
-  if (const char* bin = std::getenv("KJIT_TUNE_BIN"); bin != nullptr && *bin != '\0') return bin;
-  const char* path = std::getenv("PATH");
-  for (std::string_view rest = path ? path : ""; !rest.empty();) {
-    const std::string_view dir = rest.substr(0, rest.find(':'));
-    rest.remove_prefix(std::min(rest.size(), dir.size() + 1));
-    const std::string candidate = fmt::format("{}/kjit-tune", dir.empty() ? "." : dir);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
-// Runs argv with stdout discarded (the JSON report) and stderr shared (its progress); its exit
-// status, or -1 when it could not start.
-int RunChild(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int err = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (err != 0) return -1;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 }  // namespace
 
 void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows) const {
-  const std::string bin = TuneBinary();
-  if (bin.empty()) {
-    Warn(
-        "KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in KJIT_TUNE_BIN); launching "
-        "untuned");
+  const std::shared_ptr<Tuner> tuner = DefaultTuner();
+  if (tuner == nullptr) {
+    std::call_once(no_tuner_warned, [this] {
+      Warn(
+          "KJIT_AUTOTUNE is set but no tuner is installed (link kjit_launch_tuner, or call "
+          "kjit::SetDefaultTuner); launching untuned");
+    });
     return;
   }
-  Warn(fmt::format("tuning {} at {} rows with {} (KJIT_AUTOTUNE); the launch waits for it",
-                   spec_json, rows, bin));
-  const int status = RunChild({bin, "--spec", spec_json, "--tokens", std::to_string(rows), "--db",
-                               tuning_path, "--device", std::to_string(device.ordinal)});
-  if (status != 0) Warn(fmt::format("{} exited with status {}; launching untuned", bin, status));
+  const absl::Status tuned = tuner->Tune({.spec_json = spec_json,
+                                          .rows = rows,
+                                          .tuning_db = tuning_path,
+                                          .device = device.ordinal,
+                                          .warnings = warnings});
+  if (!tuned.ok()) Warn(fmt::format("{}; launching untuned", ToStd(tuned.message())));
   std::shared_ptr<const internal::TuningDb> db = LoadTuningDb(tuning_path, warnings);
   std::lock_guard<std::mutex> lock(tuning_mu);
   tuning = std::move(db);

@@ -33,12 +33,14 @@ struct RuntimeState {
   WarningSink warnings;  // never null
   mutable std::mutex tuning_mu;
   mutable std::shared_ptr<const TuningDb> tuning;  // null: none (yet); under tuning_mu
+  mutable std::once_flag no_tuner_warned;
 
   std::shared_ptr<const TuningDb> Tuning() const;
   // Whether work on `stream` is being captured into a graph (nothing may block or sync then).
   bool Capturing(CUstream stream) const;
-  // KJIT_AUTOTUNE: runs `kjit-tune --spec` for one op spec (as ops/registry.h's SpecToJson) at
-  // `rows` and reloads the database. A failure is a warning; the caller goes on untuned.
+  // KJIT_AUTOTUNE: has the default tuner (kjit/runtime.h) tune one op spec (its JSON, as
+  // ops/registry.h's SpecToJson) at `rows`, then reloads the database. A failure is a warning, and
+  // so is the lack of a tuner (once); the caller goes on untuned.
   void TuneNow(const std::string& spec_json, int64_t rows) const;
   void Warn(std::string_view message) const { warnings(message); }
 

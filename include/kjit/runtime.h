@@ -7,6 +7,15 @@
 //   KJIT_ASSIGN_OR_RETURN(kjit::RmsNorm norm, rt.RmsNorm({.hidden = 4096}));
 //   // without a GPU, to prebuild a cache:
 //   auto rt = kjit::Runtime::Create({.target = "sm_100", .compile_only = true});
+//
+// Tuner: what a runtime runs when a launch falls in a row bucket its tuning database lacks
+// (KJIT_AUTOTUNE). Programs that link kjit get kjit-tune in a child process as the default tuner;
+// SetDefaultTuner installs another:
+//
+//   class MyTuner : public kjit::Tuner {
+//     absl::Status Tune(const kjit::TuneRequest& r) override;  // writes r.tuning_db
+//   };
+//   kjit::SetDefaultTuner(std::make_shared<MyTuner>());
 #pragma once
 
 #include <cstddef>
@@ -52,14 +61,38 @@ struct RuntimeOptions {
   // through the warning sink and the heuristics are used.
   std::string tuning_db;
   // When a launch's row count falls in a bucket the database has no record for, tune that op,
-  // shape and bucket first: `kjit-tune --spec` runs in a child process ($KJIT_TUNE_BIN, else
-  // kjit-tune on PATH) and the launch waits for it (seconds), once per bucket; never while the
+  // shape and bucket first: the default tuner (DefaultTuner below; by default `kjit-tune --spec` in
+  // a child process) runs and the launch waits for it (seconds), once per bucket; never while the
   // stream is capturing a graph. Off by default: a launch never tunes unless asked. KJIT_AUTOTUNE=1
   // turns it on too.
   bool autotune = false;
   // Null: the default sink (stderr, once per message).
   WarningSink warnings;
 };
+
+// What a runtime asks its tuner for: one op, at one launch's row count, on its GPU.
+struct TuneRequest {
+  std::string spec_json;  // the op's spec as `kjit-tune --spec` takes it: {"op": "rms_norm", ...}
+  int64_t rows = 0;       // the launch's row count: the tuner tunes its rows bucket
+  std::string tuning_db;  // the database to merge the result into; the runtime then reloads it
+  int device = 0;         // the runtime's GPU (RuntimeOptions::device)
+  WarningSink warnings;   // the runtime's sink (never null), for what the tuner says as it works
+};
+
+// Tunes for a runtime's launch (RuntimeOptions::autotune, KJIT_AUTOTUNE). Tune blocks until the
+// request's op and bucket are in request.tuning_db, or fails: the runtime warns with the error's
+// message and launches untuned.
+class Tuner {
+ public:
+  virtual ~Tuner() = default;
+  virtual absl::Status Tune(const TuneRequest& request) = 0;
+};
+
+// The tuner every runtime uses when it autotunes, from the next tuning on; thread-safe. Programs
+// that link kjit start with kjit-tune in a child process (kjit_launch_tuner). Null: none,
+// and a runtime that should autotune warns once and launches untuned.
+void SetDefaultTuner(std::shared_ptr<Tuner> tuner);
+std::shared_ptr<Tuner> DefaultTuner();
 
 // What building an op's kernels produced: its cache key, where the binary came from and lies.
 // An op may be built as several programs, each its own cache entry (CrossEntropy compiles each

@@ -1,4 +1,4 @@
-// The loss options (kjit/loss_options.h) as the ops' traits read and write them, once for every
+// The loss options (kjit/loss_options.h) as the ops read and write them, once for every
 // loss op: the spec JSON's fields and the tuning database's shape words.
 //
 //   nlohmann::json j = {{"op", "cross_entropy"}, {"vocab", 128256}};
@@ -16,7 +16,7 @@
 #include "kjit/loss_options.h"
 #include "ops/common/json_fields.h"
 #include "ops/common/spec_flags.h"
-#include "ops/op_trait.h"
+#include "ops/common/tuning_shape_words.h"
 
 namespace kjit::ops {
 

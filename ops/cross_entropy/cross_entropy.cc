@@ -15,7 +15,7 @@
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
-#include "ops/cross_entropy/trait.h"
+#include "ops/cross_entropy/tuning_key.h"
 #include "runtime/op_kernels.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tensor_checks.h"
@@ -585,12 +585,12 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
     auto validate = [spec, arch = op->arch](const CrossEntropyConfig& c) {
       return ops::ValidateCrossEntropyConfig(spec, c, arch);
     };
-    using Trait = ops::OpTrait<CrossEntropySpec>;
-    const std::string shape = Trait::TuningShape(spec), json = Trait::ToJson(spec).dump();
-    op->tuned.emplace(*state_, Trait::TuningOp(spec), shape, spec.dtype, json,
+    const std::string shape = ops::CrossEntropyTuningShape(spec),
+                      json = ops::CrossEntropyToJson(spec).dump();
+    op->tuned.emplace(*state_, ops::CrossEntropyTuningOp(spec), shape, spec.dtype, json,
                       ops::ParseCrossEntropyConfig, validate);
-    op->tuned_streaming.emplace(*state_, Trait::StreamingTuningOp(spec), shape, spec.dtype, json,
-                                ops::ParseCrossEntropyConfig, validate);
+    op->tuned_streaming.emplace(*state_, ops::CrossEntropyStreamingTuningOp(spec), shape,
+                                spec.dtype, json, ops::ParseCrossEntropyConfig, validate);
   }
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {

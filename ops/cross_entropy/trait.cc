@@ -3,43 +3,12 @@
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include "ops/common/json_fields.h"
 #include "ops/common/loss_options.h"
 #include "ops/cross_entropy/search_space.h"
 
 namespace kjit::ops {
 
 using Trait = OpTrait<CrossEntropySpec>;
-
-std::string Trait::TuningOp(const Spec&) { return std::string(kName); }
-
-std::string Trait::TuningShape(const Spec& s) {
-  return fmt::format("vocab={}", s.vocab) + LossTuningWords(s.loss);
-}
-
-std::optional<CrossEntropySpec> Trait::FromTuningKey(std::string_view, const TuningShapeWords& w,
-                                                     DType dtype) {
-  return Spec{.vocab = w.Int("vocab"), .dtype = dtype, .loss = LossFromTuningWords(w, dtype)};
-}
-
-nlohmann::json Trait::ToJson(const Spec& s) {
-  nlohmann::json j = {{"op", kName}, {"vocab", s.vocab}, {"dtype", Name(s.dtype)}};
-  LossOptionsToJson(s.loss, j);
-  return j;
-}
-
-absl::StatusOr<CrossEntropySpec> Trait::FromJson(const nlohmann::json& j) {
-  KJIT_ASSIGN_OR_RETURN(JsonFields in, JsonFields::Of(j));
-  Spec s;
-  KJIT_ASSIGN_OR_RETURN(s.vocab, in.Int("vocab"));
-  KJIT_ASSIGN_OR_RETURN(s.dtype, in.DTypeOf("dtype"));
-  KJIT_ASSIGN_OR_RETURN(s.loss, LossOptionsFromJson(in));
-  KJIT_RETURN_IF_ERROR(in.NoOthers(kName, {"op"}));
-  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(s));
-  return s;
-}
 
 std::vector<Candidate<CrossEntropyConfig>> Trait::SearchSpace(const Spec& s,
                                                               const Config& heuristic, int arch) {

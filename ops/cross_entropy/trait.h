@@ -18,6 +18,7 @@
 #include "ops/common/spec_flags.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/trial.h"
+#include "ops/cross_entropy/tuning_key.h"
 #include "ops/op_trait.h"
 
 namespace kjit::ops {
@@ -28,19 +29,19 @@ struct OpTrait<CrossEntropySpec> {
   using Config = CrossEntropyConfig;
   using Op = CrossEntropy;
   using Trial = CrossEntropyTrial;
-  static constexpr std::string_view kName = "cross_entropy";
+  static constexpr std::string_view kName = kCrossEntropyName;
 
-  // "cross_entropy"; "vocab=128256", plus " softcap", " smoothing", " z_loss", " argmax": the
-  // options that add work per element.
-  static std::string TuningOp(const Spec& s);
-  static std::string TuningShape(const Spec& s);
-  // "cross_entropy.forward": the config of the streaming launches (forward only, backward from a
-  // saved lse), tuned apart from the fused forward+backward's.
-  static std::string StreamingTuningOp(const Spec& s) { return TuningOp(s) + ".forward"; }
+  // ops/cross_entropy/tuning_key.h: "cross_entropy" (and "cross_entropy.forward" for the
+  // streaming launches), "vocab=256000 softcap", the spec JSON.
+  static std::string TuningOp(const Spec& s) { return CrossEntropyTuningOp(s); }
+  static std::string TuningShape(const Spec& s) { return CrossEntropyTuningShape(s); }
+  static std::string StreamingTuningOp(const Spec& s) { return CrossEntropyStreamingTuningOp(s); }
   static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
-                                           DType dtype);
-  static nlohmann::json ToJson(const Spec& s);
-  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
+                                           DType dtype) {
+    return CrossEntropyFromTuningKey(op, shape, dtype);
+  }
+  static nlohmann::json ToJson(const Spec& s) { return CrossEntropyToJson(s); }
+  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j) { return CrossEntropyFromJson(j); }
   static absl::StatusOr<Config> ParseConfig(std::string_view text) {
     return ParseCrossEntropyConfig(text);
   }

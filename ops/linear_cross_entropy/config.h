@@ -9,10 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include <vector>
-
 #include "kjit/linear_cross_entropy.h"
-#include "ops/common/search_space.h"
 
 namespace kjit::ops {
 
@@ -32,12 +29,6 @@ absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c)
 // bf16 or fp16 d_weight), whole_rows: the most rows whose logits fit that budget and the
 // accumulator's bytes together.
 LinearCrossEntropyConfig DefaultLinearCrossEntropyConfig(const LinearCrossEntropySpec& spec);
-// What the tuner times around the heuristic: the heuristic, its chunk, a half and a quarter of it
-// on one and two streams without whole_rows (two streams over the budget pruned), then each GEMM's
-// next 7 cuBLASLt algorithms (an index past those a shape offers runs the first, so it is timed as
-// a duplicate, not missed; `kjit bench --sweep` goes on to ops::LtGemm::kMaxAlgos).
-std::vector<Candidate<LinearCrossEntropyConfig>> LinearCrossEntropySearchSpace(
-    const LinearCrossEntropySpec& spec, const LinearCrossEntropyConfig& heuristic);
 // Elements between a chunk buffer's rows: vocab rounded up to whole 16-byte vectors, so that the
 // loss kernel reads the widest vectors whatever the vocab.
 int64_t ChunkRowStride(int64_t vocab, DType dtype);

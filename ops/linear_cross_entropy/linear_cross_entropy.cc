@@ -17,7 +17,7 @@
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/linear_cross_entropy/program.h"
-#include "ops/linear_cross_entropy/trait.h"
+#include "ops/linear_cross_entropy/tuning_key.h"
 #include "runtime/op_kernels.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tensor_checks.h"
@@ -648,10 +648,10 @@ absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(
   op->spec = spec;
   op->config = spec.config.value_or(ops::DefaultLinearCrossEntropyConfig(spec));
   if (!spec.config) {
-    using Trait = ops::OpTrait<LinearCrossEntropySpec>;
-    op->tuned.emplace(*state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
-                      Trait::ToJson(spec).dump(), ops::ParseLinearCrossEntropyConfig,
-                      ops::ValidateLinearCrossEntropyConfig);
+    op->tuned.emplace(*state_, ops::LinearCrossEntropyTuningOp(spec),
+                      ops::LinearCrossEntropyTuningShape(spec), spec.dtype,
+                      ops::LinearCrossEntropyToJson(spec).dump(),
+                      ops::ParseLinearCrossEntropyConfig, ops::ValidateLinearCrossEntropyConfig);
   }
   KJIT_ASSIGN_OR_RETURN(op->loss, CrossEntropy(spec.ChunkLoss()));
   kjit::LinearCrossEntropy lce(state_, op);

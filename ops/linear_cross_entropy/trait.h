@@ -20,7 +20,9 @@
 #include "ops/common/search_space.h"
 #include "ops/common/spec_flags.h"
 #include "ops/linear_cross_entropy/config.h"
+#include "ops/linear_cross_entropy/search_space.h"
 #include "ops/linear_cross_entropy/trial.h"
+#include "ops/linear_cross_entropy/tuning_key.h"
 #include "ops/op_trait.h"
 
 namespace kjit::ops {
@@ -31,16 +33,19 @@ struct OpTrait<LinearCrossEntropySpec> {
   using Config = LinearCrossEntropyConfig;
   using Op = LinearCrossEntropy;
   using Trial = LinearCrossEntropyTrial;
-  static constexpr std::string_view kName = "linear_cross_entropy";
+  static constexpr std::string_view kName = kLinearCrossEntropyName;
 
-  static std::string TuningOp(const Spec&) { return std::string(kName); }
-  // "vocab=128256 hidden=4096", plus " bias", " fp32_grad", " output_dtype_acc" and the loss's
-  // options that add work.
-  static std::string TuningShape(const Spec& s);
+  // ops/linear_cross_entropy/tuning_key.h: "vocab=128256 hidden=4096", the spec JSON.
+  static std::string TuningOp(const Spec& s) { return LinearCrossEntropyTuningOp(s); }
+  static std::string TuningShape(const Spec& s) { return LinearCrossEntropyTuningShape(s); }
   static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
-                                           DType dtype);
-  static nlohmann::json ToJson(const Spec& s);
-  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
+                                           DType dtype) {
+    return LinearCrossEntropyFromTuningKey(op, shape, dtype);
+  }
+  static nlohmann::json ToJson(const Spec& s) { return LinearCrossEntropyToJson(s); }
+  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j) {
+    return LinearCrossEntropyFromJson(j);
+  }
   static absl::StatusOr<Config> ParseConfig(std::string_view text) {
     return ParseLinearCrossEntropyConfig(text);
   }

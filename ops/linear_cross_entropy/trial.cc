@@ -10,6 +10,7 @@
 
 #include "ops/common/compare.h"
 #include "ops/linear_cross_entropy/config.h"
+#include "ops/linear_cross_entropy/search_space.h"
 #include "ops/linear_cross_entropy/unfused.h"
 
 namespace kjit::ops {

@@ -13,7 +13,7 @@
 #include "ops/common/ceil_div.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
-#include "ops/rms_norm/trait.h"
+#include "ops/rms_norm/tuning_key.h"
 #include "runtime/op_kernels.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tensor_checks.h"
@@ -368,10 +368,9 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
       spec.hidden, static_cast<int>(std::max(SizeOf(spec.dtype), SizeOf(WeightDType(spec)))));
   op->config = spec.config.value_or(ops::DefaultRmsNormConfig(spec.hidden, max_vec));
   if (!spec.config) {
-    using Trait = ops::OpTrait<RmsNormSpec>;
     op->tuned.emplace(
-        *state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
-        Trait::ToJson(spec).dump(), ops::ParseRmsNormConfig,
+        *state_, ops::RmsNormTuningOp(spec), ops::RmsNormTuningShape(spec), spec.dtype,
+        ops::RmsNormToJson(spec).dump(), ops::ParseRmsNormConfig,
         [spec](const RmsNormConfig& c) { return ops::ValidateRmsNormConfig(spec, c); });
   }
   kjit::RmsNorm norm(state_, op);

@@ -19,6 +19,7 @@
 #include "ops/op_trait.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/trial.h"
+#include "ops/rms_norm/tuning_key.h"
 
 namespace kjit::ops {
 
@@ -28,16 +29,17 @@ struct OpTrait<RmsNormSpec> {
   using Config = RmsNormConfig;
   using Op = RmsNorm;
   using Trial = RmsNormTrial;
-  static constexpr std::string_view kName = "rms_norm";
+  static constexpr std::string_view kName = kRmsNormName;
 
-  // "rms_norm" or "rms_norm+residual"; "hidden=4096", plus " gemma" or " none" and
-  // " weight=<dtype>". The JSON names the casting as Name(RmsNormCasting) does: "casting": "llama".
-  static std::string TuningOp(const Spec& s);
-  static std::string TuningShape(const Spec& s);
+  // ops/rms_norm/tuning_key.h: "rms_norm+residual", "hidden=3584 gemma", the spec JSON.
+  static std::string TuningOp(const Spec& s) { return RmsNormTuningOp(s); }
+  static std::string TuningShape(const Spec& s) { return RmsNormTuningShape(s); }
   static std::optional<Spec> FromTuningKey(std::string_view op, const TuningShapeWords& shape,
-                                           DType dtype);
-  static nlohmann::json ToJson(const Spec& s);
-  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j);
+                                           DType dtype) {
+    return RmsNormFromTuningKey(op, shape, dtype);
+  }
+  static nlohmann::json ToJson(const Spec& s) { return RmsNormToJson(s); }
+  static absl::StatusOr<Spec> FromJson(const nlohmann::json& j) { return RmsNormFromJson(j); }
   static absl::StatusOr<Config> ParseConfig(std::string_view text) {
     return ParseRmsNormConfig(text);
   }

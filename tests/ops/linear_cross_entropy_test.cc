@@ -25,6 +25,7 @@
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/linear_cross_entropy/program.h"
 #include "ops/linear_cross_entropy/reference.h"
+#include "ops/linear_cross_entropy/search_space.h"
 #include "tests/expect_status.h"
 
 namespace kjit {

@@ -1,0 +1,83 @@
+#include "autotune/launch_tuner.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace kjit::autotune {
+namespace {
+
+// $KJIT_TUNE_BIN, else the first kjit-tune on PATH; "" when there is none.
+std::string TuneBinary() {
+  if (const char* bin = std::getenv("KJIT_TUNE_BIN"); bin != nullptr && *bin != '\0') return bin;
+  const char* path = std::getenv("PATH");
+  for (std::string_view rest = path ? path : ""; !rest.empty();) {
+    const std::string_view dir = rest.substr(0, rest.find(':'));
+    rest.remove_prefix(std::min(rest.size(), dir.size() + 1));
+    const std::string candidate = fmt::format("{}/kjit-tune", dir.empty() ? "." : dir);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// Runs argv with stdout discarded (the JSON report) and stderr shared (its progress) and waits:
+// its exit status (128 + the signal that ended it), or the error that kept it from starting.
+absl::StatusOr<int> RunChild(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int err = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) {
+    return absl::InternalError(fmt::format("{} could not start: {}", args[0], std::strerror(err)));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+absl::Status ChildProcessTuner::Tune(const TuneRequest& request) {
+  const std::string bin = TuneBinary();
+  if (bin.empty()) {
+    return absl::NotFoundError(
+        "KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in KJIT_TUNE_BIN)");
+  }
+  request.warnings(
+      fmt::format("tuning {} at {} rows with {} (KJIT_AUTOTUNE); the launch waits for it",
+                  request.spec_json, request.rows, bin));
+  const absl::StatusOr<int> status =
+      RunChild({bin, "--spec", request.spec_json, "--tokens", std::to_string(request.rows), "--db",
+                request.tuning_db, "--device", std::to_string(request.device)});
+  if (!status.ok()) return status.status();
+  if (*status != 0)
+    return absl::InternalError(fmt::format("{} exited with status {}", bin, *status));
+  return absl::OkStatus();
+}
+
+}  // namespace kjit::autotune
+
+extern "C" {
+int kjit_launch_tuner_installed = [] {
+  kjit::SetDefaultTuner(std::make_shared<kjit::autotune::ChildProcessTuner>());
+  return 1;
+}();
+}

@@ -1,0 +1,148 @@
+// KJIT_AUTOTUNE's tuner: a runtime reaches it through kjit::DefaultTuner() (kjit/runtime.h), a
+// program that links kjit starts with the child-process tuner (autotune/launch_tuner.h), and that
+// tuner runs kjit-tune with the request's flags and reports what goes wrong. No GPU: the tests
+// drive a runtime's state directly, as a launch at an untuned bucket would.
+#include "autotune/launch_tuner.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "jit/status_helpers.h"
+#include "kjit/runtime.h"
+#include "runtime/runtime_state.h"
+#include "tests/temp_dir.h"
+#include "tests/test_support.h"
+
+namespace kjit {
+namespace {
+
+using ::kjit::testing::Contains;
+
+// Records each request and answers with `result`.
+class FakeTuner : public Tuner {
+ public:
+  explicit FakeTuner(absl::Status result = absl::OkStatus()) : result_(std::move(result)) {}
+  absl::Status Tune(const TuneRequest& request) override {
+    requests.push_back(request);
+    return result_;
+  }
+  std::vector<TuneRequest> requests;
+
+ private:
+  absl::Status result_;
+};
+
+class LaunchTunerTest : public ::testing::Test {
+ protected:
+  LaunchTunerTest() : saved_(DefaultTuner()) {
+    state_.tuning_path = tmp_.path() + "/tuning.json";
+    state_.device.ordinal = 2;
+    state_.warnings = [this](std::string_view m) { warnings_.emplace_back(m); };
+  }
+  ~LaunchTunerTest() override { SetDefaultTuner(saved_); }
+
+  // A script standing in for kjit-tune: writes its arguments, one a line, to args.txt and exits
+  // with `exit_code`.
+  std::string FakeKjitTune(int exit_code) {
+    const std::string path = tmp_.path() + "/kjit-tune";
+    std::ofstream(path) << "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > " << tmp_.path()
+                        << "/args.txt\nexit " << exit_code << "\n";
+    ::chmod(path.c_str(), 0755);
+    return path;
+  }
+
+  kjit::testing::TempDir tmp_{"kjit_launch_tuner_test"};
+  std::shared_ptr<Tuner> saved_;
+  internal::RuntimeState state_;
+  std::vector<std::string> warnings_;
+};
+
+TEST_F(LaunchTunerTest, ProgramsThatLinkKjitStartWithTheChildProcessTuner) {
+  EXPECT_EQ(kjit_launch_tuner_installed, 1);
+  EXPECT_NE(dynamic_cast<autotune::ChildProcessTuner*>(DefaultTuner().get()), nullptr);
+}
+
+TEST_F(LaunchTunerTest, TheInstalledTunerReceivesTheRequest) {
+  auto fake = std::make_shared<FakeTuner>();
+  SetDefaultTuner(fake);
+  state_.TuneNow(R"({"op": "rms_norm"})", 300);
+  ASSERT_EQ(fake->requests.size(), 1u);
+  const TuneRequest& r = fake->requests[0];
+  EXPECT_EQ(r.spec_json, R"({"op": "rms_norm"})");
+  EXPECT_EQ(r.rows, 300);
+  EXPECT_EQ(r.tuning_db, state_.tuning_path);
+  EXPECT_EQ(r.device, 2);
+  ASSERT_TRUE(r.warnings);
+  r.warnings("from the tuner");
+  EXPECT_EQ(warnings_, std::vector<std::string>{"from the tuner"});
+}
+
+TEST_F(LaunchTunerTest, ATunerErrorIsAWarningAndTheLaunchGoesOnUntuned) {
+  SetDefaultTuner(std::make_shared<FakeTuner>(absl::InternalError("the tuner fell over")));
+  state_.TuneNow("{}", 64);
+  EXPECT_EQ(warnings_, std::vector<std::string>{"the tuner fell over; launching untuned"});
+  EXPECT_EQ(state_.Tuning(), nullptr);
+}
+
+TEST_F(LaunchTunerTest, WithoutATunerTheRuntimeWarnsOnce) {
+  SetDefaultTuner(nullptr);
+  state_.TuneNow("{}", 64);
+  state_.TuneNow("{}", 4096);
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_TRUE(Contains(warnings_[0], "no tuner is installed")) << warnings_[0];
+  EXPECT_TRUE(Contains(warnings_[0], "launching untuned")) << warnings_[0];
+}
+
+TEST_F(LaunchTunerTest, ChildProcessTunerRunsKjitTuneWithTheRequestsFlags) {
+  const std::string bin = FakeKjitTune(0);
+  kjit::testing::ScopedEnv tune_bin("KJIT_TUNE_BIN", bin.c_str());
+  autotune::ChildProcessTuner tuner;
+  const absl::Status s = tuner.Tune({.spec_json = R"({"op": "cross_entropy"})",
+                                     .rows = 300,
+                                     .tuning_db = "/db/tuning.json",
+                                     .device = 1,
+                                     .warnings = state_.warnings});
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(
+      kjit::testing::ReadFile(tmp_.path() + "/args.txt"),
+      "--spec\n{\"op\": \"cross_entropy\"}\n--tokens\n300\n--db\n/db/tuning.json\n--device\n1\n");
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_TRUE(Contains(warnings_[0], "at 300 rows with " + bin)) << warnings_[0];
+}
+
+TEST_F(LaunchTunerTest, ChildProcessTunerReportsANonZeroExit) {
+  const std::string bin = FakeKjitTune(3);
+  kjit::testing::ScopedEnv tune_bin("KJIT_TUNE_BIN", bin.c_str());
+  const absl::Status s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(ToStd(s.message()), bin + " exited with status 3");
+}
+
+TEST_F(LaunchTunerTest, ChildProcessTunerReportsAMissingBinary) {
+  // Nothing to find: no KJIT_TUNE_BIN and a PATH without kjit-tune.
+  kjit::testing::ScopedEnv tune_bin("KJIT_TUNE_BIN", nullptr);
+  kjit::testing::ScopedEnv path("PATH", tmp_.path().c_str());
+  absl::Status s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(
+      Contains(std::string(ToStd(s.message())), "kjit-tune is not on PATH (or in KJIT_TUNE_BIN)"))
+      << s;
+  EXPECT_TRUE(warnings_.empty());
+
+  // KJIT_TUNE_BIN naming a file that is not there.
+  const std::string missing = tmp_.path() + "/no-such-kjit-tune";
+  kjit::testing::ScopedEnv missing_bin("KJIT_TUNE_BIN", missing.c_str());
+  s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(Contains(std::string(ToStd(s.message())), missing + " could not start")) << s;
+}
+
+}  // namespace
+}  // namespace kjit
