@@ -390,7 +390,7 @@ absl::StatusOr<RmsNormSpec> ToSpec(const kjit_rms_norm_spec& c) {
       .casting = RmsNormCasting(f.Choice({"casting"}, c.casting, kCastingNames)),
       .fused_residual = f.Flag("fused_residual", c.fused_residual)};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseRmsNormConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseRmsNormConfig));
   return spec;
 }
 
@@ -434,7 +434,7 @@ absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
   CrossEntropySpec spec{
       .vocab = c.vocab, .dtype = f.Dtype({"dtype"}, c.dtype), .loss = ToCpp(f, c.loss)};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseCrossEntropyConfig));
   return spec;
 }
 
@@ -453,7 +453,7 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
       .weight_grad_accumulation = WeightGradAccumulation(
           f.Choice({"weight_grad_accumulation"}, c.weight_grad_accumulation, kAccumulationNames))};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseLinearCrossEntropyConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseLinearCrossEntropyConfig));
   return spec;
 }
 
@@ -465,7 +465,7 @@ absl::StatusOr<ShardedCrossEntropySpec> ToSpec(const kjit_sharded_cross_entropy_
                                .dtype = f.Dtype({"dtype"}, c.dtype),
                                .loss = ToCpp(f, c.loss)};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseCrossEntropyConfig));
   return spec;
 }
 

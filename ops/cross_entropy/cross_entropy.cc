@@ -588,9 +588,9 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
     using Trait = ops::OpTrait<CrossEntropySpec>;
     const std::string shape = Trait::TuningShape(spec), json = Trait::ToJson(spec).dump();
     op->tuned.emplace(*state_, Trait::TuningOp(spec), shape, spec.dtype, json,
-                      ops::ParseCrossEntropyConfig, validate);
+                      ParseCrossEntropyConfig, validate);
     op->tuned_streaming.emplace(*state_, Trait::StreamingTuningOp(spec), shape, spec.dtype, json,
-                                ops::ParseCrossEntropyConfig, validate);
+                                ParseCrossEntropyConfig, validate);
   }
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {

@@ -650,7 +650,7 @@ absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(
   if (!spec.config) {
     using Trait = ops::OpTrait<LinearCrossEntropySpec>;
     op->tuned.emplace(*state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
-                      Trait::ToJson(spec).dump(), ops::ParseLinearCrossEntropyConfig,
+                      Trait::ToJson(spec).dump(), ParseLinearCrossEntropyConfig,
                       ops::ValidateLinearCrossEntropyConfig);
   }
   KJIT_ASSIGN_OR_RETURN(op->loss, CrossEntropy(spec.ChunkLoss()));

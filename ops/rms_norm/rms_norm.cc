@@ -371,7 +371,7 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
     using Trait = ops::OpTrait<RmsNormSpec>;
     op->tuned.emplace(
         *state_, Trait::TuningOp(spec), Trait::TuningShape(spec), spec.dtype,
-        Trait::ToJson(spec).dump(), ops::ParseRmsNormConfig,
+        Trait::ToJson(spec).dump(), ParseRmsNormConfig,
         [spec](const RmsNormConfig& c) { return ops::ValidateRmsNormConfig(spec, c); });
   }
   kjit::RmsNorm norm(state_, op);
