@@ -21,16 +21,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "jit/driver.h"
 #include "jit/exit_gate.h"
 #include "jit/json_text.h"
-#include "jit/nvrtc.h"
 #include "jit/status_helpers.h"
 #include "kjit/kjit.h"
-#include "ops/cross_entropy/config.h"
-#include "ops/linear_cross_entropy/config.h"
-#include "ops/registry.h"
-#include "ops/rms_norm/config.h"
 
 // Each handle starts with its kind, so that one of another kind (or a destroyed one, while its
 // memory is still there) passed where this kind is expected is an error naming both, not UB.
@@ -325,14 +319,6 @@ absl::StatusOr<std::optional<Config>> ParseConfig(
   return std::optional<Config>(*std::move(config));
 }
 
-// The machine's CUDA driver (unless compile-only) and NVRTC: KJIT_UNAVAILABLE with the loader's
-// message (what is missing and how to fix it) when one cannot be used.
-absl::Status ToolchainAvailable(bool compile_only) {
-  absl::Status s = compile_only ? absl::OkStatus() : jit::Driver::Get().status();
-  if (s.ok()) s = jit::Nvrtc::Get().status();
-  return s.ok() ? s : absl::UnavailableError(s.message());
-}
-
 // A row count for the queries: what a launch takes.
 absl::Status CheckRows(int64_t rows) {
   if (rows >= 0 && rows <= INT32_MAX) return absl::OkStatus();
@@ -352,12 +338,7 @@ absl::Status Return(std::string_view text, char** out) {
 
 absl::Status ReturnBuild(const absl::StatusOr<BuildInfo>& b, char** json_out) {
   if (!b.ok()) return b.status();
-  const nlohmann::json j = {{"key", b->key},         {"program", b->program},
-                            {"target", b->target},   {"origin", b->origin},
-                            {"path", b->path},       {"bytes", b->bytes},
-                            {"nvrtc", b->nvrtc},     {"params", b->params},
-                            {"kernels", b->kernels}, {"programs", ops::ProgramsJson(*b)}};
-  return Return(jit::JsonText(j), json_out);
+  return Return(b->ToJson(), json_out);
 }
 
 absl::StatusOr<RuntimeOptions> ToOptions(const kjit_runtime_options& o) {
@@ -390,7 +371,7 @@ absl::StatusOr<RmsNormSpec> ToSpec(const kjit_rms_norm_spec& c) {
       .casting = RmsNormCasting(f.Choice({"casting"}, c.casting, kCastingNames)),
       .fused_residual = f.Flag("fused_residual", c.fused_residual)};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseRmsNormConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseRmsNormConfig));
   return spec;
 }
 
@@ -434,7 +415,7 @@ absl::StatusOr<CrossEntropySpec> ToSpec(const kjit_cross_entropy_spec& c) {
   CrossEntropySpec spec{
       .vocab = c.vocab, .dtype = f.Dtype({"dtype"}, c.dtype), .loss = ToCpp(f, c.loss)};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseCrossEntropyConfig));
   return spec;
 }
 
@@ -453,7 +434,7 @@ absl::StatusOr<LinearCrossEntropySpec> ToSpec(const kjit_linear_cross_entropy_sp
       .weight_grad_accumulation = WeightGradAccumulation(
           f.Choice({"weight_grad_accumulation"}, c.weight_grad_accumulation, kAccumulationNames))};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseLinearCrossEntropyConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseLinearCrossEntropyConfig));
   return spec;
 }
 
@@ -465,7 +446,7 @@ absl::StatusOr<ShardedCrossEntropySpec> ToSpec(const kjit_sharded_cross_entropy_
                                .dtype = f.Dtype({"dtype"}, c.dtype),
                                .loss = ToCpp(f, c.loss)};
   KJIT_RETURN_IF_ERROR(f.status());
-  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ops::ParseCrossEntropyConfig));
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseCrossEntropyConfig));
   return spec;
 }
 
@@ -641,7 +622,7 @@ kjit_status kjit_runtime_create(const kjit_runtime_options* options, kjit_runtim
     const kjit_runtime_options& o = options != nullptr ? *options : defaults;
     KJIT_RETURN_IF_ERROR(kjit::CheckSize(fn, "options", o));
     KJIT_ASSIGN_OR_RETURN(const kjit::RuntimeOptions cpp, kjit::ToOptions(o));
-    KJIT_RETURN_IF_ERROR(kjit::ToolchainAvailable(cpp.compile_only));
+    KJIT_RETURN_IF_ERROR(kjit::Runtime::CheckToolchain(cpp.compile_only));
     KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create(cpp));
     *out = new kjit_runtime{.rt = std::move(rt)};
     return absl::OkStatus();

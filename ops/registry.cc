@@ -243,19 +243,6 @@ absl::StatusOr<BuildInfo> Build(const Runtime& rt, const OpSpec& op) {
       op);
 }
 
-nlohmann::json ProgramsJson(const BuildInfo& built) {
-  nlohmann::json programs = nlohmann::json::array();
-  for (const BuildInfo& p : built.programs) {
-    programs.push_back({{"program", p.program},
-                        {"key", p.key},
-                        {"origin", p.origin},
-                        {"path", p.path},
-                        {"bytes", p.bytes},
-                        {"kernels", p.kernels}});
-  }
-  return programs;
-}
-
 std::vector<TunedPass> TunedPasses(const OpSpec& op) {
   return std::visit([](const auto& s) { return TraitOf<decltype(s)>::TunedPasses(s); }, op);
 }

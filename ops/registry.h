@@ -68,9 +68,6 @@ absl::StatusOr<OpSpec> WithConfig(const OpSpec& op, const std::string& config);
 absl::StatusOr<std::string> HeuristicConfig(const Runtime& rt, const OpSpec& op);
 // Compiles (or finds in the caches) the op's program for its config, else the heuristic's.
 absl::StatusOr<BuildInfo> Build(const Runtime& rt, const OpSpec& op);
-// BuildInfo::programs as `kjit compile --json` and the C API report them: [{"program", "key",
-// "origin", "path", "bytes", "kernels"}, ...].
-nlohmann::json ProgramsJson(const BuildInfo& built);
 
 // What the tuner chooses per row bucket.
 std::vector<TunedPass> TunedPasses(const OpSpec& op);

@@ -183,6 +183,12 @@ absl::StatusOr<Runtime> Runtime::Create(const RuntimeOptions& options) {
   return Runtime(std::move(state));
 }
 
+absl::Status Runtime::CheckToolchain(bool compile_only) {
+  absl::Status s = compile_only ? absl::OkStatus() : jit::Driver::Get().status();
+  if (s.ok()) s = jit::Nvrtc::Get().status();
+  return s.ok() ? s : absl::UnavailableError(s.message());
+}
+
 std::string Runtime::target() const { return state_->target.ToString(); }
 int Runtime::arch() const { return state_->target.arch; }
 bool Runtime::compile_only() const { return state_->compile_only; }

@@ -379,7 +379,7 @@ absl::StatusOr<nlohmann::json> BenchLinearCrossEntropy(const Runtime& rt, GpuTim
   }
   std::vector<LinearCrossEntropyConfig> timed;
   for (const std::string& text : configs) {
-    KJIT_ASSIGN_OR_RETURN(LinearCrossEntropyConfig c, ops::ParseLinearCrossEntropyConfig(text));
+    KJIT_ASSIGN_OR_RETURN(LinearCrossEntropyConfig c, ParseLinearCrossEntropyConfig(text));
     timed.push_back(c);
   }
   if (sweep) {

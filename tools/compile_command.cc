@@ -12,6 +12,7 @@
 #include "kjit/kjit.h"
 #include "ops/common/json_fields.h"
 #include "ops/registry.h"
+#include "runtime/build_info_json.h"
 #include "tools/commands.h"
 #include "tools/op_flags.h"
 #include "tools/targets.h"
@@ -114,7 +115,7 @@ int RunCompile(const CompileFlags& f) {
                         {"nvrtc", built->nvrtc},
                         // Every program the op's launches load (cross-entropy compiles each
                         // kernel apart).
-                        {"programs", ops::ProgramsJson(*built)}});
+                        {"programs", internal::ProgramsJson(*built)}});
     } else {
       fmt::print(
           "{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} "

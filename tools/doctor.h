@@ -104,7 +104,7 @@ struct CompileFacts {
   double seconds = 0;
 };
 
-// A test launch of RMSNorm forward on one GPU, checked against the fp64 reference.
+// A test launch of RMSNorm forward on one GPU, checked against RMSNorm computed in fp32.
 struct LaunchFacts {
   // kSkipped: not asked for (--no-launch); kNotAttempted: something it needs failed.
   enum class State { kNotAttempted, kSkipped, kOk, kError };

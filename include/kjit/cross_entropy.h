@@ -51,6 +51,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kjit/loss_options.h"
 #include "kjit/runtime.h"
@@ -77,6 +78,17 @@ struct CrossEntropyConfig {
   std::string ToString() const;  // "vec=8 threads=256 unroll=4 cluster=6 staged=1"
   bool operator==(const CrossEntropyConfig&) const = default;
 };
+
+// The inverse of CrossEntropyConfig::ToString(), for a config given as text (a tuning database
+// record, the C API's and Python's `config`): all five fields, in any order, within the ranges
+// above (staged 1 only with a cluster). Whether the config suits a vocab and GPU is not checked
+// here. InvalidArgument naming the field and the text.
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::CrossEntropyConfig c, kjit::ParseCrossEntropyConfig(
+//       "vec=8 threads=256 unroll=4 cluster=6 staged=1"));
+//   // with threads=100 instead, InvalidArgument cross-entropy config "...": threads=100:
+//   // expected a multiple of 32 from 32 to 1024
+absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text);
 
 struct CrossEntropySpec {
   int64_t vocab = 0;           // 2 .. 1,048,576

@@ -42,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kjit/cross_entropy.h"
 #include "kjit/runtime.h"
@@ -72,6 +73,16 @@ struct LinearCrossEntropyConfig {
   std::string ToString() const;
   bool operator==(const LinearCrossEntropyConfig&) const = default;
 };
+
+// The inverse of LinearCrossEntropyConfig::ToString(), for a config given as text (a tuning
+// database record, the C API's and Python's `config`, `kjit bench --config`): all six fields, in
+// any order; chunk 1 to 65536 rows, whole 0 to 65536, streams 1 or 2, each algorithm an index from
+// 0 to 63 or "kjit". InvalidArgument naming the field and the text.
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::LinearCrossEntropyConfig c, kjit::ParseLinearCrossEntropyConfig(
+//       "chunk=1024 whole=0 streams=2 logits_algo=0 d_hidden_algo=kjit d_weight_algo=0"));
+//   // c.d_hidden_algo == kjit::LinearCrossEntropyConfig::kOwnGemm
+absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::string_view text);
 
 // How the weight gradient adds up over the chunks.
 enum class WeightGradAccumulation {

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kjit/runtime.h"
 #include "kjit/stream.h"
@@ -78,6 +79,17 @@ struct RmsNormConfig {
       const;  // "vec=8 fwd=128x1 bwd=512x1" (or bwd=512x1r3), as kjit-tune prints it
   bool operator==(const RmsNormConfig&) const = default;
 };
+
+// The inverse of RmsNormConfig::ToString(), for a config given as text (a tuning database record,
+// the C API's and Python's `config`): all three fields, in any order; vec a power of two up to 16,
+// and each row shape as RowShape states with at most 1024 threads per block. Whether vec divides a
+// hidden size is not checked here. InvalidArgument naming the field and the text.
+//
+//   KJIT_ASSIGN_OR_RETURN(kjit::RmsNormConfig c,
+//                         kjit::ParseRmsNormConfig("vec=8 fwd=256x1 bwd=512x1r2"));
+//   // c.ToString() == "vec=8 fwd=256x1 bwd=512x1r2"; with vec=3 instead, InvalidArgument
+//   // RMSNorm config "...": vec=3: expected a power of two from 1 to 16
+absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text);
 
 struct RmsNormSpec {
   int64_t hidden = 0;                 // 1 .. 65536

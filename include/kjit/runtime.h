@@ -112,6 +112,14 @@ struct BuildInfo {
   std::vector<std::string> kernels;  // the kernels it holds (all programs'), by their mangled names
   std::vector<BuildInfo> programs;   // each program alone (with no programs of its own); one for
                                      // an op built as one program
+
+  // One line of JSON, as the C API's kjit_*_build return it: every field above by its name (keys
+  // in alphabetical order), each program as {"bytes", "kernels", "key", "origin", "path",
+  // "program"}; a byte that is not UTF-8 (in a path) is written as U+FFFD.
+  //
+  //   KJIT_ASSIGN_OR_RETURN(kjit::BuildInfo built, norm.Build());
+  //   std::string json = built.ToJson();  // {"bytes":9128,"kernels":["_Z..."],"key":"f14a...",...}
+  std::string ToJson() const;
 };
 
 namespace internal {
@@ -122,6 +130,14 @@ struct RuntimeAccess;
 class Runtime {
  public:
   static absl::StatusOr<Runtime> Create(const RuntimeOptions& options = {});
+  // Whether this machine has what a runtime needs, without creating one: the CUDA driver (unless
+  // `compile_only`), then NVRTC. Unavailable with the loader's message (what is missing and how to
+  // fix it) for the first that cannot be used, e.g. "no CUDA driver: libcuda.so.1 could not be
+  // loaded (...)\nfix: install the NVIDIA driver; ..."; `kjit doctor` tells more.
+  //
+  //   KJIT_RETURN_IF_ERROR(kjit::Runtime::CheckToolchain(options.compile_only));
+  //   KJIT_ASSIGN_OR_RETURN(kjit::Runtime rt, kjit::Runtime::Create(options));
+  static absl::Status CheckToolchain(bool compile_only = false);
 
   absl::StatusOr<kjit::RmsNorm> RmsNorm(const RmsNormSpec& spec) const;
   absl::StatusOr<kjit::CrossEntropy> CrossEntropy(const CrossEntropySpec& spec) const;

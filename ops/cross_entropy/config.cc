@@ -14,29 +14,31 @@ std::string CrossEntropyConfig::ToString() const {
                      cluster, staged);
 }
 
-namespace ops {
-
 absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text) {
-  KJIT_ASSIGN_OR_RETURN(ConfigText t,
-                        ConfigText::Split("cross-entropy config", text,
-                                          {"vec", "threads", "unroll", "cluster", "staged"}));
+  KJIT_ASSIGN_OR_RETURN(ops::ConfigText t,
+                        ops::ConfigText::Split("cross-entropy config", text,
+                                               {"vec", "threads", "unroll", "cluster", "staged"}));
   CrossEntropyConfig c;
   KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
   KJIT_ASSIGN_OR_RETURN(c.threads, t.Int("threads"));
   KJIT_ASSIGN_OR_RETURN(c.unroll, t.Int("unroll"));
   KJIT_ASSIGN_OR_RETURN(c.cluster, t.Int("cluster"));
   KJIT_ASSIGN_OR_RETURN(c.staged, t.Int("staged"));
-  if (!IsPowerOfTwo(c.vec) || c.vec > 16) return t.Invalid("vec", "a power of two from 1 to 16");
+  if (!ops::IsPowerOfTwo(c.vec) || c.vec > 16) {
+    return t.Invalid("vec", "a power of two from 1 to 16");
+  }
   if (c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0) {
     return t.Invalid("threads", "a multiple of 32 from 32 to 1024");
   }
-  if (!IsPowerOfTwo(c.unroll) || c.unroll > 8) return t.Invalid("unroll", "1, 2, 4 or 8");
+  if (!ops::IsPowerOfTwo(c.unroll) || c.unroll > 8) return t.Invalid("unroll", "1, 2, 4 or 8");
   if (c.cluster < 0 || c.cluster > 8) return t.Invalid("cluster", "0 (streaming) to 8 blocks");
   if (c.staged != 0 && (c.staged != 1 || c.cluster == 0)) {
     return t.Invalid("staged", "0, or 1 with a cluster of 1 to 8 blocks");
   }
   return c;
 }
+
+namespace ops {
 
 namespace {
 int64_t Vectors(int64_t vocab, int vec) { return ops::CeilDiv(vocab, vec); }

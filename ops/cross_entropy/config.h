@@ -1,5 +1,5 @@
-// Cross-entropy launch configs (kjit/cross_entropy.h): what fits a vocab and GPU, their text form,
-// and the heuristic that picks one without tuning.
+// Cross-entropy launch configs (kjit/cross_entropy.h, which declares their parser): what fits a
+// vocab and GPU, their text form, and the heuristic that picks one without tuning.
 //
 //   CrossEntropyConfig c = DefaultCrossEntropyConfig(/*vocab=*/128256, /*vec=*/8, /*arch=*/90,
 //                                                    /*elem_bytes=*/2);
@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "kjit/cross_entropy.h"
 #include "templates/cross_entropy_params.h"
@@ -31,11 +30,6 @@ int64_t StagedSharedBytes(const CrossEntropyConfig& c, int64_t vocab, int elem_b
 // Why a staged config cannot run for this vocab and element size on GPUs of compute capability
 // `arch`, or "" when it can.
 std::string StagedUnfit(const CrossEntropyConfig& c, int64_t vocab, int elem_bytes, int arch);
-
-// The inverse of ToString(), for configs read back from the tuning database: all five fields, in
-// any order, within the ranges above (cluster 0 to 8, staged 0 or 1 with a cluster). Whether the
-// config suits a vocab and GPU is not checked here. InvalidArgument naming the field and the text.
-absl::StatusOr<CrossEntropyConfig> ParseCrossEntropyConfig(std::string_view text);
 
 // Four vector loads in flight per streaming thread, or fewer when a thread has fewer to read.
 int StreamingUnroll(int64_t vocab, int vec, int threads);

@@ -588,9 +588,9 @@ absl::StatusOr<kjit::CrossEntropy> Runtime::CrossEntropy(const CrossEntropySpec&
     const std::string shape = ops::CrossEntropyTuningShape(spec),
                       json = ops::CrossEntropyToJson(spec).dump();
     op->tuned.emplace(*state_, ops::CrossEntropyTuningOp(spec), shape, spec.dtype, json,
-                      ops::ParseCrossEntropyConfig, validate);
+                      ParseCrossEntropyConfig, validate);
     op->tuned_streaming.emplace(*state_, ops::CrossEntropyStreamingTuningOp(spec), shape,
-                                spec.dtype, json, ops::ParseCrossEntropyConfig, validate);
+                                spec.dtype, json, ParseCrossEntropyConfig, validate);
   }
   kjit::CrossEntropy ce(state_, op);
   if (!state_->compile_only) {

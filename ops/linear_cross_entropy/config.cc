@@ -30,12 +30,11 @@ const char* Name(WeightGradAccumulation a) {
   return a == WeightGradAccumulation::kFloat32 ? "fp32" : "output_dtype";
 }
 
-namespace ops {
-
 absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::string_view text) {
-  KJIT_ASSIGN_OR_RETURN(ConfigText t, ConfigText::Split("linear cross-entropy config", text,
-                                                        {"chunk", "whole", "streams", "logits_algo",
-                                                         "d_hidden_algo", "d_weight_algo"}));
+  KJIT_ASSIGN_OR_RETURN(ops::ConfigText t,
+                        ops::ConfigText::Split("linear cross-entropy config", text,
+                                               {"chunk", "whole", "streams", "logits_algo",
+                                                "d_hidden_algo", "d_weight_algo"}));
   LinearCrossEntropyConfig c;
   KJIT_ASSIGN_OR_RETURN(c.chunk_rows, t.Int("chunk"));
   KJIT_ASSIGN_OR_RETURN(c.whole_rows, t.Int("whole"));
@@ -50,11 +49,13 @@ absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::stri
   KJIT_ASSIGN_OR_RETURN(c.logits_algo, algo("logits_algo"));
   KJIT_ASSIGN_OR_RETURN(c.d_hidden_algo, algo("d_hidden_algo"));
   KJIT_ASSIGN_OR_RETURN(c.d_weight_algo, algo("d_weight_algo"));
-  const absl::Status valid = ValidateLinearCrossEntropyConfig(c);
+  const absl::Status valid = ops::ValidateLinearCrossEntropyConfig(c);
   if (!valid.ok())
     return absl::InvalidArgumentError(fmt::format("\"{}\": {}", text, ToStd(valid.message())));
   return c;
 }
+
+namespace ops {
 
 absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c) {
   if (c.chunk_rows < 1 || c.chunk_rows > kMaxLinearCrossEntropyChunkRows) {

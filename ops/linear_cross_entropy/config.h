@@ -1,13 +1,13 @@
-// The fused linear + cross-entropy op's schedule: its text form (as the tuning database stores
-// it), its validity, and the heuristic used without tuning. No GPU needed.
+// The fused linear + cross-entropy op's schedule: its validity and the heuristic used without
+// tuning (its text form and parser are public, kjit/linear_cross_entropy.h). No GPU needed.
 //
-//   KJIT_ASSIGN_OR_RETURN(LinearCrossEntropyConfig c, ParseLinearCrossEntropyConfig(
-//       "chunk=1024 whole=0 streams=2 logits_algo=0 d_hidden_algo=1 d_weight_algo=0"));
-//   DefaultLinearCrossEntropyConfig(spec);   // chunk=1920 whole=10112 at LLaMA 3's lm_head, bf16
+//   LinearCrossEntropyConfig c = DefaultLinearCrossEntropyConfig(spec);
+//   // c.ToString() starts "chunk=1920 whole=10112" at LLaMA 3's lm_head, bf16
+//   c.streams = 3;
+//   ValidateLinearCrossEntropyConfig(c);   // InvalidArgument "config.streams: 3 must be 1 ..."
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 
 #include "kjit/linear_cross_entropy.h"
 
@@ -21,7 +21,6 @@ namespace kjit::ops {
 inline constexpr int64_t kLinearCrossEntropyChunkBudgetBytes = int64_t{479} << 20;
 inline constexpr int64_t kMaxLinearCrossEntropyChunkRows = 65536;
 
-absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::string_view text);
 // InvalidArgument naming the config field that is out of range.
 absl::Status ValidateLinearCrossEntropyConfig(const LinearCrossEntropyConfig& c);
 // One stream, cuBLASLt's first choices, and the most rows (a multiple of 128, at least 128) whose

@@ -650,8 +650,8 @@ absl::StatusOr<kjit::LinearCrossEntropy> Runtime::LinearCrossEntropy(
   if (!spec.config) {
     op->tuned.emplace(*state_, ops::LinearCrossEntropyTuningOp(spec),
                       ops::LinearCrossEntropyTuningShape(spec), spec.dtype,
-                      ops::LinearCrossEntropyToJson(spec).dump(),
-                      ops::ParseLinearCrossEntropyConfig, ops::ValidateLinearCrossEntropyConfig);
+                      ops::LinearCrossEntropyToJson(spec).dump(), ParseLinearCrossEntropyConfig,
+                      ops::ValidateLinearCrossEntropyConfig);
   }
   KJIT_ASSIGN_OR_RETURN(op->loss, CrossEntropy(spec.ChunkLoss()));
   kjit::LinearCrossEntropy lce(state_, op);

@@ -95,17 +95,6 @@ RowShape ShapeFor(int64_t hidden, int vec, int per_thread) {
 
 }  // namespace
 
-absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text) {
-  KJIT_ASSIGN_OR_RETURN(ConfigText t,
-                        ConfigText::Split("RMSNorm config", text, {"vec", "fwd", "bwd"}));
-  RmsNormConfig c;
-  KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
-  if (!IsPowerOfTwo(c.vec) || c.vec > 16) return t.Invalid("vec", "a power of two from 1 to 16");
-  KJIT_ASSIGN_OR_RETURN(c.forward, ParseRowShape(t, "fwd"));
-  KJIT_ASSIGN_OR_RETURN(c.backward, ParseRowShape(t, "bwd"));
-  return c;
-}
-
 bool RowFitsRing(int64_t hidden, int vec, int elem_bytes, const RowShape& backward) {
   const int64_t per_pass = int64_t{backward.threads_per_row} * vec;
   const int64_t iters = (hidden + per_pass - 1) / per_pass;
@@ -132,4 +121,18 @@ RmsNormConfig DefaultRmsNormConfig(int64_t hidden, int vec) {
 }
 
 }  // namespace ops
+
+absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text) {
+  KJIT_ASSIGN_OR_RETURN(ops::ConfigText t,
+                        ops::ConfigText::Split("RMSNorm config", text, {"vec", "fwd", "bwd"}));
+  RmsNormConfig c;
+  KJIT_ASSIGN_OR_RETURN(c.vec, t.Int("vec"));
+  if (!ops::IsPowerOfTwo(c.vec) || c.vec > 16) {
+    return t.Invalid("vec", "a power of two from 1 to 16");
+  }
+  KJIT_ASSIGN_OR_RETURN(c.forward, ops::ParseRowShape(t, "fwd"));
+  KJIT_ASSIGN_OR_RETURN(c.backward, ops::ParseRowShape(t, "bwd"));
+  return c;
+}
+
 }  // namespace kjit

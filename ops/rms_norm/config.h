@@ -1,5 +1,5 @@
-// RMSNorm launch configs (kjit/rms_norm.h): their text form and the heuristic that picks one
-// without tuning.
+// RMSNorm launch configs (kjit/rms_norm.h, which declares their parser): their text form and the
+// heuristic that picks one without tuning.
 //
 // A config fixes the vector width (elements per access, chosen by alignment), how many threads
 // share one row and how many rows a block holds, separately for forward and backward: the backward
@@ -17,12 +17,6 @@
 #include "kjit/rms_norm.h"
 
 namespace kjit::ops {
-
-// The inverse of ToString(), for configs read back from the tuning database: all three fields, in
-// any order; vec a power of two up to 16, and each row shape as RowShape states with at most 1024
-// threads per block. Whether vec divides a hidden size is not checked here. InvalidArgument naming
-// the field and the text.
-absl::StatusOr<RmsNormConfig> ParseRmsNormConfig(std::string_view text);
 
 // The widest vector (<= 16 bytes) that divides hidden; alignment of the actual pointers may lower
 // it.

@@ -370,7 +370,7 @@ absl::StatusOr<kjit::RmsNorm> Runtime::RmsNorm(const RmsNormSpec& spec) const {
   if (!spec.config) {
     op->tuned.emplace(
         *state_, ops::RmsNormTuningOp(spec), ops::RmsNormTuningShape(spec), spec.dtype,
-        ops::RmsNormToJson(spec).dump(), ops::ParseRmsNormConfig,
+        ops::RmsNormToJson(spec).dump(), ParseRmsNormConfig,
         [spec](const RmsNormConfig& c) { return ops::ValidateRmsNormConfig(spec, c); });
   }
   kjit::RmsNorm norm(state_, op);

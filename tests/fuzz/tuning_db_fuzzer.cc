@@ -29,8 +29,8 @@ void CheckConfigParser(absl::StatusOr<Config> (*parse)(std::string_view), std::s
 }
 
 void CheckConfigParsers(std::string_view text) {
-  CheckConfigParser(&kjit::ops::ParseCrossEntropyConfig, text);
-  CheckConfigParser(&kjit::ops::ParseRmsNormConfig, text);
+  CheckConfigParser(&kjit::ParseCrossEntropyConfig, text);
+  CheckConfigParser(&kjit::ParseRmsNormConfig, text);
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ TEST(LinearCrossEntropyConfigTest, TextRoundTrips) {
         LinearCrossEntropyConfig{.chunk_rows = 1920, .whole_rows = 10112},
         LinearCrossEntropyConfig{.logits_algo = LinearCrossEntropyConfig::kOwnGemm,
         .d_weight_algo = LinearCrossEntropyConfig::kOwnGemm}}) {
-    auto parsed = ops::ParseLinearCrossEntropyConfig(c.ToString());
+    auto parsed = ParseLinearCrossEntropyConfig(c.ToString());
     ASSERT_TRUE(parsed.ok()) << c.ToString() << ": " << parsed.status();
     EXPECT_EQ(*parsed, c) << c.ToString() << " -> " << parsed->ToString();
     EXPECT_EQ(parsed->ToString(), c.ToString());
@@ -198,7 +198,7 @@ TEST(LinearCrossEntropyConfigTest, TextRoundTrips) {
       LinearCrossEntropyConfig{.d_hidden_algo = LinearCrossEntropyConfig::kOwnGemm}.ToString(),
       "chunk=1024 whole=0 streams=1 logits_algo=0 d_hidden_algo=kjit d_weight_algo=0");
   // Any order, extra spaces.
-  auto shuffled = ops::ParseLinearCrossEntropyConfig(
+  auto shuffled = ParseLinearCrossEntropyConfig(
       "  d_weight_algo=2 streams=2  chunk=256 d_hidden_algo=1 logits_algo=3 whole=512 ");
   ASSERT_TRUE(shuffled.ok()) << shuffled.status();
   EXPECT_EQ(*shuffled, (LinearCrossEntropyConfig{.chunk_rows = 256,
@@ -211,7 +211,7 @@ TEST(LinearCrossEntropyConfigTest, TextRoundTrips) {
 
 TEST(LinearCrossEntropyConfigTest, RejectsBadTextNamingTheField) {
   auto expect_bad = [](const std::string& text, const std::string& field) {
-    auto c = ops::ParseLinearCrossEntropyConfig(text);
+    auto c = ParseLinearCrossEntropyConfig(text);
     ASSERT_FALSE(c.ok()) << "\"" << text << "\" parsed as " << c->ToString();
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
     EXPECT_TRUE(Contains(c.status(), field))

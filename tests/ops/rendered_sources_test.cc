@@ -146,7 +146,7 @@ void AddSearchSpaces(Lines& out) {
   const RmsNormConfig rms_heuristic = ops::DefaultRmsNormConfig(4096, 8);
   for (const auto& [text, pruned] : ops::SearchSpace(rms, rms_heuristic.ToString(), 90)) {
     if (!pruned.empty()) continue;
-    auto c = ops::ParseRmsNormConfig(text);
+    auto c = ParseRmsNormConfig(text);
     ASSERT_TRUE(c.ok()) << text;
     out.Add("search rms_norm 4096 " + text, ops::RenderRmsNorm(rms, *c));
   }
@@ -154,7 +154,7 @@ void AddSearchSpaces(Lines& out) {
   const CrossEntropyConfig ce_heuristic = ops::DefaultCrossEntropyConfig(128256, 8, 90, 2);
   for (const auto& [text, pruned] : ops::SearchSpace(ce, ce_heuristic.ToString(), 90)) {
     if (!pruned.empty()) continue;
-    auto c = ops::ParseCrossEntropyConfig(text);
+    auto c = ParseCrossEntropyConfig(text);
     ASSERT_TRUE(c.ok()) << text;
     out.Add("search cross_entropy 128256 " + text, ops::RenderCrossEntropyPrograms(ce, *c));
   }

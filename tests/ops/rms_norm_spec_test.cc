@@ -167,7 +167,7 @@ TEST(RmsNormSpecTest, SearchSpaceOffersRingsWhereRowsFit) {
       rings += c.config.backward.ring > 0;
       const RmsNormSpec spec{.hidden = hidden, .dtype = t, .config = c.config};
       EXPECT_TRUE(ValidateRmsNormSpec(spec).ok()) << hidden << " " << c.config.ToString();
-      auto back = ops::ParseRmsNormConfig(c.config.ToString());
+      auto back = ParseRmsNormConfig(c.config.ToString());
       ASSERT_TRUE(back.ok()) << back.status();
       EXPECT_EQ(*back, c.config);
     }

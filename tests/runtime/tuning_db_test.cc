@@ -41,8 +41,6 @@ using ops::CrossEntropySearchSpace;
 using ops::DefaultCrossEntropyConfig;
 using ops::DefaultRmsNormConfig;
 using ops::MaxVecForHidden;
-using ops::ParseCrossEntropyConfig;
-using ops::ParseRmsNormConfig;
 using ops::RowShapeSearchSpace;
 using ops::Unpruned;
 

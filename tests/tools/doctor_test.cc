@@ -12,10 +12,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,7 +28,10 @@
 
 #include "jit/cache_key.h"
 #include "jit/disk_cache.h"
+#include "kjit/host_convert.h"
+#include "ops/common/random_values.h"
 #include "ops/registry.h"
+#include "ops/rms_norm/reference.h"
 #include "runtime/tuning_db.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
@@ -120,7 +125,7 @@ DoctorFacts HealthyH200() {
   f.launches = {{.ordinal = 0,
                  .state = LaunchFacts::State::kOk,
                  .target = "sm_90",
-                 .detail = "64x4096 bf16 matches the fp64 reference"}};
+                 .detail = "64x4096 bf16 matches RMSNorm computed in fp32"}};
   f.cublaslt = {.loaded = true,
                 .path = "/usr/local/cuda/lib64/libcublasLt.so.13",
                 .version = 130100,
@@ -776,6 +781,48 @@ TEST(DoctorProbe, CublasLt) {
   EXPECT_GE(found.cudart, 12000);
   EXPECT_EQ(found.VersionString(), fmt::format("{}.{}.{}", found.version / 10000,
                                                found.version / 100 % 100, found.version % 100));
+}
+
+// The test launch's check: what a correct kernel stores (the fp64 reference, rounded as the kernel
+// rounds) passes; a kernel's mistakes are reported as a wrong result, naming the output.
+TEST(DoctorProbe, TestLaunchCheckPassesCorrectValuesAndReportsWrongOnes) {
+  constexpr int64_t kRows = 8, kHidden = 4096;
+  std::mt19937_64 rng(7);
+  TestLaunchValues run{.rows = kRows,
+                       .hidden = kHidden,
+                       .x = ops::RandomValues(rng, kRows * kHidden, 1.0, 0.0, DType::kBF16),
+                       .w = ops::RandomValues(rng, kHidden, 0.1, 1.0, DType::kBF16)};
+  const ops::RmsNormMath math{.hidden = kHidden, .dtype = DType::kBF16, .eps = run.eps};
+  const ops::RmsNormForwardResult ref =
+      ops::RmsNormForwardReference(math, kRows, run.x, nullptr, run.w);
+  for (double y : ref.y) run.y.push_back(RoundTo(y, DType::kBF16));
+  for (double rstd : ref.rstd) run.rstd.push_back(RoundTo(rstd, DType::kF32));
+  const absl::StatusOr<double> worst = CheckRmsNormInFp32(run);
+  ASSERT_TRUE(worst.ok()) << worst.status();
+  EXPECT_GT(*worst, 0);
+  EXPECT_LE(*worst, 1);
+
+  auto error = [](const TestLaunchValues& values) {
+    const absl::Status s = CheckRmsNormInFp32(values).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    return std::string(s.message());
+  };
+  TestLaunchValues wrong = run;
+  wrong.y[17] += 0.25;  // more than 2^-6 of any |y| here (below 5)
+  EXPECT_TRUE(Contains(error(wrong), "wrong result: y: 1 of 32768 elements differ (first y[17] = "))
+      << error(wrong);
+
+  wrong = run;
+  wrong.rstd[3] = std::nan("");  // not written
+  EXPECT_TRUE(
+      Contains(error(wrong), "wrong result: rstd: 1 of 8 elements differ (first rstd[3] = nan"))
+      << error(wrong);
+
+  // The weight left out: w is 1 +- 0.1, so most elements are off by more than 2^-6.
+  wrong = run;
+  for (int64_t i = 0; i < kRows * kHidden; ++i)
+    wrong.y[i] = RoundTo(ref.y[i] / run.w[i % kHidden], DType::kBF16);
+  EXPECT_TRUE(error(wrong).starts_with("wrong result: y: ")) << error(wrong);
 }
 
 TEST(DoctorProbe, CacheThatDoesNotExistIsNotCreated) {
