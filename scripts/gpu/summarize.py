@@ -11,7 +11,10 @@ Counts per stage:
   sanitizer  one check per compute-sanitizer run (its exit status: 0 clean, 3 errors found);
   python     pytest's JUnit XML;
   bench      one check per benchmark command (each checks its kernels before timing them).
-nvrtc_s sums the "nvrtc ..." spans of the stages' KJIT_TRACE files (kjit's compile events)."""
+From the stages' KJIT_TRACE files (kjit's "nvrtc <program>" compile spans): nvrtc_s, the seconds
+during which at least one compile ran (the union of the spans: what a warm kernel cache saves at
+most), and nvrtc_span_s, the spans' sum over every thread and process (the CPU time they asked for,
+waits for a core included)."""
 
 import argparse
 import glob
@@ -25,17 +28,19 @@ def counts(passed=0, failed=0, skipped=0, failures=()):
     return {"passed": passed, "failed": failed, "skipped": skipped, "failures": list(failures)}
 
 
-def gtest_counts(logs):
-    """Every shard's and the serial run's gtest JSON; a log without its report is a failure."""
+def gtest_counts(logs, prefix="cpp-"):
+    """Every shard's and the serial run's gtest JSON; a log without its report is a failure,
+    named with its exit status (a .rc file beside it)."""
     result = counts()
-    for log in sorted(glob.glob(os.path.join(logs, "cpp-*.log"))):
+    for log in sorted(glob.glob(os.path.join(logs, f"{prefix}*.log"))):
         report = log[:-len(".log")] + ".json"
         try:
             with open(report) as f:
                 suites = json.load(f)["testsuites"]
         except (OSError, ValueError, KeyError) as e:
+            rc = read(log[:-len(".log")] + ".rc", "unknown")
             result["failed"] += 1
-            result["failures"].append(f"{os.path.basename(log)}: no gtest report ({e})")
+            result["failures"].append(f"{os.path.basename(log)}: exit {rc}, no gtest report ({e})")
             continue
         for suite in suites:
             for test in suite["testsuite"]:
@@ -87,15 +92,25 @@ def pytest_counts(logs):
     return result
 
 
-def nvrtc_seconds(trace_file):
-    """The compile spans ("nvrtc <program>") of a KJIT_TRACE file, in seconds."""
+def nvrtc_spans(trace_file):
+    """The compile spans ("nvrtc <program>") of a KJIT_TRACE file, as (start, end) in seconds."""
     try:
         with open(trace_file) as f:
             events = json.load(f).get("traceEvents", [])
     except (OSError, ValueError):
-        return 0.0
-    return sum(e.get("dur", 0) for e in events
-               if e.get("ph") == "X" and str(e.get("name", "")).startswith("nvrtc ")) / 1e6
+        return []
+    return [(e["ts"] / 1e6, (e["ts"] + e.get("dur", 0)) / 1e6) for e in events
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("nvrtc ")]
+
+
+def busy_seconds(spans):
+    """How long at least one of the spans was running: the length of their union."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def read(path, default=""):
@@ -119,7 +134,7 @@ def main():
                 "sanitizer": lambda: exit_status_counts(args.logs, "sanitizer"),
                 "python": lambda: pytest_counts(args.logs),
                 "bench": lambda: exit_status_counts(args.logs, "bench")}
-    stages = {}
+    stages, all_spans = {}, []
     for name in args.stages.split():
         if name not in by_stage:
             sys.exit(f"summarize: unknown stage {name!r} (expected one of {', '.join(by_stage)})")
@@ -129,9 +144,14 @@ def main():
         if "rc" not in timing:
             stage["failed"] += 1
             stage["failures"].append("the stage did not finish")
-        traces = glob.glob(os.path.join(args.traces, f"{name}*.json"))
-        stage["nvrtc_s"] = round(sum(nvrtc_seconds(t) for t in traces), 1)
+        spans = [span for trace in glob.glob(os.path.join(args.traces, f"{name}*.json"))
+                 for span in nvrtc_spans(trace)]
+        stage["nvrtc_s"] = round(busy_seconds(spans), 1)
+        stage["nvrtc_span_s"] = round(sum(b - a for a, b in spans), 1)
+        stage["compiles"] = len(spans)
+        all_spans += spans
         stages[name] = stage
+    reruns = gtest_counts(args.logs, "rerun-cpp-")
 
     gpu = read(os.path.join(args.logs, "gpu.txt")).split(", ")
     summary = {
@@ -139,10 +159,14 @@ def main():
         "device": gpu[0] if gpu else "unknown",
         "driver": gpu[1] if len(gpu) > 1 else "unknown",
         "wall_s": round(args.wall_ms / 1000, 1),
-        "nvrtc_s": round(sum(s["nvrtc_s"] for s in stages.values()), 1),
+        "nvrtc_s": round(busy_seconds(all_spans), 1),
+        "nvrtc_span_s": round(sum(b - a for a, b in all_spans), 1),
+        "compiles": len(all_spans),
         "kernel_cache": read(os.path.join(args.logs, "cache.txt")).splitlines(),
         "stages": stages,
     }
+    if reruns["passed"] or reruns["failed"]:
+        summary["cpp_reruns_alone"] = reruns  # shards that crashed, run again alone (not counted)
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")

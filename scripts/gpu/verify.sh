@@ -87,27 +87,33 @@ cpp_shards() {
   t0=$(now_ms)
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_TRACE=$traces/cpp-$i.json \
-      timeout "$(limit 300)" "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" \
-      --gtest_output="json:$logs/cpp-shard$i.json" > "$logs/cpp-shard$i.log" 2>&1 &
+      checked "cpp-shard$i" 300 "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" \
+      --gtest_output="json:$logs/cpp-shard$i.json" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   echo "$t0 $rc" > "$logs/.cpp-shards"
 }
 
-# Each kernel family's smallest thorough tests, then the GEMM harness's small shapes.
-sanitized='CrossEntropyGpu.EveryOptionCombination:CrossEntropyGpu.ClassWeights:CrossEntropyGpu.EntropyAndTargetLogprob:CrossEntropyGpu.NanRowLeavesOtherRowsFinite:CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail:CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow:RmsNormGpu.EveryOptionCombination:RmsNormGpu.MisalignedViewsUseNarrowerVectors:RmsNormGpu.NanRowLeavesOtherRowsFinite:LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored:LinearCrossEntropyGpu.ForwardOnly:ShardedCrossEntropyGpu.EveryOptionAndReduction:CapiCrossEntropyGpu.*'
+# Each kernel family's thorough tests, one sanitizer process a test (they run side by side), and the
+# GEMM harness's small shapes. racecheck takes the smaller of them: it is the slower tool.
+memchecked='CrossEntropyGpu.EveryOptionCombination CrossEntropyGpu.ClassWeights CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow RmsNormGpu.EveryOptionCombination RmsNormGpu.MisalignedViewsUseNarrowerVectors LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored LinearCrossEntropyGpu.ForwardOnly ShardedCrossEntropyGpu.EveryOptionAndReduction CapiCrossEntropyGpu.*'
+racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.NanRowLeavesOtherRowsFinite RmsNormGpu.MisalignedViewsUseNarrowerVectors RmsNormGpu.NanRowLeavesOtherRowsFinite LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored ShardedCrossEntropyGpu.SplitsMatchUnshardedAndReference CapiCrossEntropyGpu.ClassWeights'
 sanitizer() {
-  local t0 rc=0 san pids=()
+  local t0 rc=0 san pids=() test
   t0=$(now_ms)
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
-    checked "sanitizer-$tool-suite" 280 "$san" --tool $tool --error-exitcode 3 "$bin/kjit_gpu_tests" \
-      --gtest_filter="$sanitized" &
-    pids+=($!)
     checked "sanitizer-$tool-gemm" 280 "$san" --tool $tool --error-exitcode 3 "$bin/gemm_harness" \
       quick &
     pids+=($!)
+    tests=$memchecked
+    [ $tool = racecheck ] && tests=$racechecked
+    for test in $tests; do
+      checked "sanitizer-$tool-${test//[.*]/_}" 400 "$san" --tool $tool --error-exitcode 3 \
+        "$bin/kjit_gpu_tests" --gtest_filter="$test" &
+      pids+=($!)
+    done
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   stage_end sanitizer "$t0" $rc
@@ -118,16 +124,24 @@ python_suite() {
   t0=$(now_ms)
   # A venv over the system's packages (torch, transformers), without pip of its own: the system's
   # pip, run by the venv's interpreter, installs the wheel and its console scripts into it.
+  # On the GPU image python3 is itself a venv (/opt/torch/.venv): a .pth file names its
+  # site-packages, which --system-site-packages alone would not reach.
   env_dir=$(mktemp -d)/env
   python3 -m venv --without-pip --system-site-packages "$env_dir" &&
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > \
+      "$("$env_dir/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine.pth" &&
     "$env_dir/bin/python" -m pip install -q --no-deps --no-index --no-compile \
       .device-wheel/kjit-*.whl $(ls .whl/*.whl 2>/dev/null) > "$logs/python-install.log" 2>&1 ||
     { cat "$logs/python-install.log"; stage_end python "$t0" 1; return; }
   python=$env_dir/bin/python
   echo "$python" > "$logs/.python"
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
+  # Four pytest workers where pytest-xdist is installed (the GPU image has it).
+  local workers=()
+  "$python" -c 'import xdist' 2> /dev/null && workers=(-n 4)
   KJIT_TRACE=$traces/python.json timeout "$(limit 420)" "$python" -m pytest -rs -q -p no:cacheprovider \
-    --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} > "$logs/python.log" 2>&1 || rc=1
+    "${workers[@]}" --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} \
+    > "$logs/python.log" 2>&1 || rc=1
   tail -15 "$logs/python.log"
   stage_end python "$t0" $rc
 }
@@ -154,6 +168,14 @@ wants python && python_suite &
 wait
 if wants cpp; then
   read -r t0 rc < "$logs/.cpp-shards"
+  # A shard that ended without its report (a crash) runs again alone, to tell a crash that repeats
+  # from one that needed the company: the summary lists both, and counts the first.
+  for log in "$logs"/cpp-shard*.log; do
+    i=${log##*cpp-shard}; i=${i%.log}
+    [ -f "$logs/cpp-shard$i.json" ] && continue
+    GTEST_TOTAL_SHARDS=${SHARDS:-12} GTEST_SHARD_INDEX=$i checked "rerun-cpp-shard$i" 200 \
+      "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" --gtest_output="json:$logs/rerun-cpp-shard$i.json"
+  done
   KJIT_TRACE=$traces/cpp-serial.json timeout "$(limit 200)" "$bin/kjit_gpu_tests" --gtest_filter="$serial" \
     --gtest_output="json:$logs/cpp-serial.json" > "$logs/cpp-serial.log" 2>&1 || rc=1
   grep -h -E '^\[  FAILED  \]' "$logs"/cpp-*.log | sort -u
@@ -165,5 +187,6 @@ wants bench && bench
 python3 scripts/gpu/summarize.py --logs "$logs" --traces "$traces" --stages "$stages" \
   --wall-ms $(($(now_ms) - run_start)) --out "$out/summary.json"
 rc=$?
+cp "$traces"/*.json "$logs/" 2> /dev/null
 tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
 exit $rc

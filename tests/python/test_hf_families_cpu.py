@@ -153,8 +153,10 @@ def test_each_swapped_norm_rounds_as_hugging_faces_in_bfloat16(kind, norms_on_cp
     left_alone = {n for n, m in hf_norms(base).items() if type(m).__name__ in
                   hf._NORMS_LEFT_ALONE}
     assert set(changed["rms_norm"]) == set(hf_norms(base)) - left_alone
-    assert left_alone == ({f"model.layers.{i}.self_attn.qk_norm" for i in range(2)}
-                          if kind == "llama4_text" else set())
+    # Llama 4's weightless QK norm, left alone: an RMSNorm class in transformers 5.25, an L2 norm
+    # (no RMSNorm in its name, so not listed here) in 5.17.
+    assert left_alone == {n for n in hf_norms(base) if n.endswith(".self_attn.qk_norm")}
+    assert all(kind == "llama4_text" for _ in left_alone)
     casting, offset = hf._SUPPORTED[kind]
     other = "gemma" if casting == "llama" else "llama"
     differs = 0
