@@ -139,7 +139,7 @@ python_suite() {
   # Four pytest workers where pytest-xdist is installed (the GPU image has it).
   local workers=()
   "$python" -c 'import xdist' 2> /dev/null && workers=(-n 4)
-  KJIT_TRACE=$traces/python.json timeout "$(limit 420)" "$python" -m pytest -rs -q -p no:cacheprovider \
+  KJIT_TRACE=$traces/python.json timeout "$(limit 400)" "$python" -m pytest -rs -q -p no:cacheprovider \
     "${workers[@]}" --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} \
     > "$logs/python.log" 2>&1 || rc=1
   tail -15 "$logs/python.log"
