@@ -62,9 +62,10 @@ stage_end() {
 }
 wants() { [[ $stages == *" $1 "* ]]; }
 # The whole run ends by DEADLINE_S (default 560) seconds after its start, whatever the stages'
-# own limits, keeping 15 s for the summary and the archives: `limit N` is N or what is left.
+# own limits, keeping 15 s for the summary and the archives: `limit N [R]` is N or what is left
+# with R more seconds kept for what must follow.
 limit() {
-  local left=$((${DEADLINE_S:-560} - 15 - ($(now_ms) - run_start) / 1000))
+  local left=$((${DEADLINE_S:-560} - 15 - ${2:-0} - ($(now_ms) - run_start) / 1000))
   [ "$left" -gt 1 ] || left=1
   echo $(($1 < left ? $1 : left))
 }
@@ -139,7 +140,7 @@ python_suite() {
   # Four pytest workers where pytest-xdist is installed (the GPU image has it).
   local workers=()
   "$python" -c 'import xdist' 2> /dev/null && workers=(-n 4)
-  KJIT_TRACE=$traces/python.json timeout "$(limit 400)" "$python" -m pytest -rs -q -p no:cacheprovider \
+  KJIT_TRACE=$traces/python.json timeout "$(limit 400 30)" "$python" -m pytest -rs -q -p no:cacheprovider \
     "${workers[@]}" --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} \
     > "$logs/python.log" 2>&1 || rc=1
   tail -15 "$logs/python.log"
