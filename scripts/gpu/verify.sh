@@ -69,12 +69,12 @@ limit() {
   [ "$left" -gt 1 ] || left=1
   echo $(($1 < left ? $1 : left))
 }
-# checked NAME SECONDS COMMAND...: runs it with a time limit, its output in NAME.log and its exit
-# status in NAME.rc (summarize.py counts one check per .rc file).
+# checked NAME SECONDS COMMAND...: runs it with a time limit (keeping $reserve seconds for later),
+# its output in NAME.log and its exit status in NAME.rc (summarize.py counts one per .rc file).
 checked() {
   local name=$1 limit=$2 rc=0
   shift 2
-  timeout "$(limit "$limit")" "$@" > "$logs/$name.log" 2>&1 || rc=$?
+  timeout "$(limit "$limit" "${reserve:-0}")" "$@" > "$logs/$name.log" 2>&1 || rc=$?
   echo $rc > "$logs/$name.rc"
   [ $rc = 0 ] || echo "$name failed (exit $rc): $(tail -2 "$logs/$name.log")"
   return $rc
@@ -84,7 +84,7 @@ checked() {
 serial='CrossEntropyGpu.AllocatesNothingAndTheWorkspaceIsORows:LinearCrossEntropyGpu.TakesNoMemoryBeyondItsWorkspace:TuningGpu.*:GpuTimerGpu.*'
 
 cpp_shards() {
-  local t0 rc=0 pids=() shards=${SHARDS:-12}
+  local t0 rc=0 pids=() shards=${SHARDS:-12} reserve=30
   t0=$(now_ms)
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_TRACE=$traces/cpp-$i.json \
@@ -101,7 +101,7 @@ cpp_shards() {
 memchecked='CrossEntropyGpu.EveryOptionCombination CrossEntropyGpu.ClassWeights CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow RmsNormGpu.EveryOptionCombination RmsNormGpu.MisalignedViewsUseNarrowerVectors LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored LinearCrossEntropyGpu.ForwardOnly ShardedCrossEntropyGpu.EveryOptionAndReduction CapiCrossEntropyGpu.*'
 racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.NanRowLeavesOtherRowsFinite RmsNormGpu.MisalignedViewsUseNarrowerVectors RmsNormGpu.NanRowLeavesOtherRowsFinite LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored ShardedCrossEntropyGpu.SplitsMatchUnshardedAndReference CapiCrossEntropyGpu.ClassWeights'
 sanitizer() {
-  local t0 rc=0 san pids=() test
+  local t0 rc=0 san pids=() test reserve=30
   t0=$(now_ms)
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
