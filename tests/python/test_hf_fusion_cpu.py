@@ -262,6 +262,30 @@ def test_the_soft_cap_is_gemma_2s_alone_and_fp16_is_left_to_the_model(fused_on_c
     assert len(fused_on_cpu) == 1
 
 
+@pytest.mark.parametrize("softcap", [-3.0, 0.0, float("nan")])
+def test_a_soft_cap_kjit_does_not_take_leaves_gemma_2s_logits_to_its_forward(softcap,
+                                                                           fused_on_cpu):
+    """Issue 45, defect 9: Gemma 2's forward soft-caps by whatever final_logit_softcapping says
+    (a negative one computes as its absolute value); the fused path raised for it. It now
+    computes the logits unfused, as Hugging Face does, and says so (strict: raises)."""
+    base = small_hf_model("gemma2", vocab_size=97, hidden_size=32, max_positions=64,
+                          final_softcap=softcap).double()
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    base.train()
+    patched.train()
+    out, said = fallback_warnings(lambda: patched(**batch()))
+    assert fused_on_cpu == [], "the fused op ran"
+    assert out.logits.shape == (2, 8, 97), "lm_head computed the logits"
+    assert len(said) == 1 and "lm_head computes the logits, unfused" in said[0], said
+    assert f"final_logit_softcapping is {softcap}" in said[0], said
+    torch.testing.assert_close(out.loss, base(**batch()).loss, rtol=0, atol=0, equal_nan=True)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True,
+                strict=True)
+    with pytest.raises(kt.KjitFallbackError, match="final_logit_softcapping"):
+        patched(**batch())
+
+
 def test_pickling_gives_the_unfused_model(fused_on_cpu):
     import pickle
     model = tiny_model("llama")

@@ -360,6 +360,18 @@ def _fused_class(cls: type) -> type:
         keep = kwargs.get("logits_to_keep", 0)
         fuse = (getattr(self, "_kjit_fuse_lm_head", False) and self.training
                 and isinstance(keep, int) and keep == 0)
+        # Only _SOFTCAPPED forwards soft-cap the logits (a config may carry the key regardless);
+        # one that kjit's soft-cap does not take (<= 0, NaN) is left to Hugging Face's forward.
+        model_type = self.config.model_type
+        softcap = getattr(self.config, "final_logit_softcapping", None) \
+            if model_type in _SOFTCAPPED else None
+        if fuse and softcap is not None and not softcap > 0:
+            self._kjit_fallbacks.original_runs(
+                f"final_logit_softcapping {softcap}", "lm_head computes the logits, unfused",
+                f"its config's final_logit_softcapping is {softcap}, which Hugging Face's "
+                "forward applies as it is (softcap * tanh(logits / softcap)) and kjit's fused "
+                "soft-cap does not take (it must be > 0)")
+            fuse = False
         # Armed for this model's own lm_head only, so that another model's forward inside this one
         # (a teacher's, from a hook) computes its logits; the outer state comes back afterwards.
         outer = (getattr(_fusion, "armed", None), getattr(_fusion, "softcap", 0.0),
@@ -368,10 +380,7 @@ def _fused_class(cls: type) -> type:
         _fusion.armed, _fusion.kept = (self.get_output_embeddings() if fuse else None), None
         _fusion.fallbacks = self._kjit_fallbacks
         _fusion.report = report = {}
-        # Only _SOFTCAPPED forwards soft-cap the logits (a config may carry the key regardless).
-        model_type = self.config.model_type
-        softcap = getattr(self.config, "final_logit_softcapping", None)
-        _fusion.softcap = (softcap or 0.0) if model_type in _SOFTCAPPED else 0.0
+        _fusion.softcap = softcap or 0.0
         divided_by = _LOGITS_DIVIDED_BY.get(model_type)
         _fusion.divisor = float(getattr(self.config, divided_by)) if divided_by else 1.0
         try:
