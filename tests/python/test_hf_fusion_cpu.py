@@ -445,6 +445,33 @@ def test_a_float16_forward_of_the_fused_lm_head_says_it_is_unfused(fused_on_cpu)
         model(**batch())
 
 
+def test_the_norms_fallback_reads_the_parameters_that_replaced_the_originals():
+    """Issue 45, defect 14: after apply_to, load_state_dict(assign=True) and to() / half() with
+    torch's overwrite-on-conversion replace the norms' Parameters; the fallback ran the original
+    module, which kept the old ones (outputs 0.79 off on a tiny LLaMA). Compared with the model
+    unpatched, given the same state."""
+    base = tiny_model("llama")
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched)
+    g = torch.Generator().manual_seed(4)
+    state = {k: v + 0.5 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+             for k, v in base.state_dict().items()}
+    base.load_state_dict(state)
+    patched.load_state_dict(state, assign=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kt.KjitFallbackWarning)
+        torch.testing.assert_close(patched(**batch()).loss, base(**batch()).loss, rtol=0, atol=0)
+        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        try:
+            for convert in (lambda m: m.to(torch.float32), lambda m: m.half()):
+                base, patched = convert(base), convert(patched)
+                torch.testing.assert_close(patched(**batch()).loss, base(**batch()).loss,
+                                           rtol=0, atol=0)
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+
+
 def test_runs_says_a_float16_model_is_not_fused(monkeypatch):
     model = tiny_model("llama").half()
     monkeypatch.setattr(hf, "_not_for_kjit", lambda t: None)  # as if on a GPU

@@ -166,7 +166,8 @@ class _Fallbacks:
 
 
 class KjitHFRMSNorm(nn.Module):
-    """Stands in for a Hugging Face RMSNorm module, sharing its weight."""
+    """Stands in for a Hugging Face RMSNorm module, sharing its weight; its fallback runs the
+    original's code with the weight this module holds when it runs."""
 
     def __init__(self, original: nn.Module, eps: float, casting: str, offset: float,
                  fallbacks: _Fallbacks):
@@ -187,7 +188,9 @@ class KjitHFRMSNorm(nn.Module):
                       "would promote its output")
         if cannot is not None:
             self.fallbacks.original_runs(cannot[0], "RMSNorm runs Hugging Face's code", cannot[1])
-            return self.original(x)
+            # With this module's weight as it is now, not the one the original kept:
+            # load_state_dict(assign=True), fully_shard and to() may have replaced it since.
+            return torch.func.functional_call(self.original, {"weight": self.weight}, (x,))
         return rms_norm(x, self.weight, self.eps, casting=self.casting, offset=self.offset)
 
     def extra_repr(self) -> str:
@@ -434,6 +437,8 @@ def _keep_lm_head_input(head, args):
     subnormals (bf16 and fp32 have the exponent range)."""
     if getattr(_fusion, "armed", None) is not head:
         return None
+    if _fsdp_unit(head):  # refused whether the fused op or lm_head would run
+        raise ValueError(f"kjit.apply_to(linear_cross_entropy=True): {_OWN_FSDP_UNIT}")
     hidden = args[0]
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
