@@ -31,7 +31,8 @@ class KjitWarning(UserWarning):
 
 def _choice(what: str, value: str, table: dict) -> int:
     if value not in table:
-        raise ValueError(f"{what}: expected one of {', '.join(map(repr, table))}, got {value!r}")
+        raise ValueError(f"{what}: expected one of {', '.join(map(repr, table))}, got "
+                         f"{_capi.quoted(value)}")
     return table[value]
 
 

@@ -251,7 +251,7 @@ def test_bad_enum_names_are_python_errors(cache_dir, kwargs, message):
 def test_bad_linear_cross_entropy_enum_names_are_python_errors(cache_dir):
     rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
     with pytest.raises(ValueError, match="weight_grad_accumulation: expected one of 'fp32', "
-                       "'output_dtype', got 'bf16'"):
+                       "'output_dtype', got str 'bf16'"):
         rt.linear_cross_entropy(100, 64, weight_grad_accumulation="bf16")
     with pytest.raises(ValueError, match="weight_grad_dtype: expected one of"):
         rt.linear_cross_entropy(100, 64, weight_grad_dtype="fp64")
