@@ -472,6 +472,21 @@ def test_the_norms_fallback_reads_the_parameters_that_replaced_the_originals():
             torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
 
 
+def test_torch_compile_fullgraph_traces_a_fallback_and_still_says_it():
+    """Issue 45, defect 15: torch.compile(fullgraph=True) of a patched model on a fallback path
+    broke on the fallback's warnings.warn. The warning is now given while the call is traced,
+    once per model and cause as in eager."""
+    base = tiny_model("llama")
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched)
+    compiled = torch.compile(patched, fullgraph=True, backend="eager")
+    out, said = fallback_warnings(lambda: compiled(**batch()))
+    assert len(said) == 1 and "on cpu, not on a CUDA GPU" in said[0], said
+    torch.testing.assert_close(out.loss, base(**batch()).loss, rtol=1e-12, atol=0)
+    _, again = fallback_warnings(lambda: compiled(**batch(1)))
+    assert again == [], "said once per model"
+
+
 def test_runs_says_a_float16_model_is_not_fused(monkeypatch):
     model = tiny_model("llama").half()
     monkeypatch.setattr(hf, "_not_for_kjit", lambda t: None)  # as if on a GPU

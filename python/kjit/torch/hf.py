@@ -161,8 +161,20 @@ class _Fallbacks:
             raise KjitFallbackError(f"kjit.apply_to(strict=True): {message}")
         if reason not in self.warned:
             self.warned.add(reason)
-            warnings.warn(f"kjit.apply_to: {message} (said once per model and cause)",
-                          KjitFallbackWarning, stacklevel=2)
+            message = f"kjit.apply_to: {message} (said once per model and cause)"
+            if torch.compiler.is_compiling():
+                # torch.compile cannot trace warnings.warn (fullgraph=True fails on it): said
+                # while the call is traced instead. (Imported here: dynamo is loaded by now.)
+                from torch._dynamo.comptime import comptime
+                comptime(_warn_while_tracing)
+            else:
+                warnings.warn(message, KjitFallbackWarning, stacklevel=2)
+
+
+def _warn_while_tracing(ctx) -> None:
+    """_Fallbacks.original_runs's warning, at torch.compile's trace of it (a comptime function:
+    ctx is the traced frame, whose `message` is a constant)."""
+    warnings.warn(ctx.get_local("message").as_python_constant(), KjitFallbackWarning)
 
 
 class KjitHFRMSNorm(nn.Module):
@@ -551,6 +563,35 @@ def _fuse_lm_head_and_loss(model: nn.Module) -> None:
     _wrap_forward(model)
 
 
+class _DecoderOutsideTheModelsForward:
+    """The decoder's forward pre-hook (model.base_model's) in a model whose loss is kjit's: a
+    training forward with gradients that reaches the decoder outside the model's own forward with
+    labels computes its loss elsewhere, so kjit's never runs: said once per model (strict:
+    raised). TRL's SFTTrainer does so: its fused LM head calls the decoder itself. An object, so
+    that the model still pickles."""
+
+    def __init__(self, fallbacks: _Fallbacks):
+        self.fallbacks = fallbacks
+
+    def __call__(self, decoder, args):
+        outside = getattr(_fusion, "report", None) is None  # (set by the forward with labels)
+        if decoder.training and torch.is_grad_enabled() and outside:
+            self.fallbacks.original_runs(
+                "loss outside the model's forward", "kjit's loss never runs",
+                "a training forward reached the decoder without the model's own forward with "
+                "labels, which is where the loss is kjit's (TRL's SFTTrainer computes its own loss "
+                "through its fused LM head; a training loop may compute one from the logits): "
+                "with TRL use kjit.torch.trl.KjitSFTTrainer, else call the model with labels=")
+
+
+def _watch_the_decoder(model: nn.Module, fallbacks: _Fallbacks) -> None:
+    decoder = getattr(model, "base_model", None)
+    if isinstance(decoder, nn.Module) and decoder is not model and not any(
+            isinstance(hook, _DecoderOutsideTheModelsForward)
+            for hook in decoder._forward_pre_hooks.values()):
+        decoder.register_forward_pre_hook(_DecoderOutsideTheModelsForward(fallbacks))
+
+
 def _what_runs(model: nn.Module, norms: bool, loss_name, use_kjit: bool, fused: bool) -> dict:
     """What each patched part runs for the model's parameters as they are now (apply_to may come
     before model.cuda(); each call decides for its own tensors, as _not_for_kjit says)."""
@@ -667,6 +708,7 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
                           "in-place gradient's hidden logits need its class's forward, which "
                           "will not run unless that is called", stacklevel=2)
         _wrap_forward(model)
+        _watch_the_decoder(model, fallbacks)
     if fuse:
         _fuse_lm_head_and_loss(model)
     return changed
