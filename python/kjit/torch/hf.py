@@ -46,9 +46,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -57,65 +59,37 @@ from torch import nn
 from kjit._runtime import KjitWarning
 from kjit.torch.functional import _is_dtensor, cross_entropy, linear_cross_entropy, rms_norm
 
+# The model families apply_to supports, by model_type: kjit/model_families.json, the table kjit-tune
+# --config reads too (it embeds the file), so that kjit-tune prepares the kernels apply_to runs. The
+# file says what each entry means. Left out, and why (transformers 5.25): Cohere and Cohere 2
+# (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms by
+# pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
+# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with gated norms,
+# not checked), Qwen3-Next (gated norms, not checked). QK-norms of other sizes (OLMo 2's over all
+# heads, Gemma 3's and Qwen 3's over one, DeepSeek's over its LoRA ranks) and Qwen 2.5 VL's vision
+# norms are the same code as the family's RMSNorm.
+MODEL_FAMILIES_FILE = Path(__file__).resolve().parent.parent / "model_families.json"
+_FAMILIES = json.loads(MODEL_FAMILIES_FILE.read_text(encoding="utf-8"))["families"]
+
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
-# Each one's RMSNorm is LlamaRMSNorm's code ("llama": normalized x rounded to the input dtype, then
-# times the weight), Gemma's ("gemma", 1.0: fp32 times 1 + w, rounded once) or OLMo 2's ("gemma",
-# 0.0: fp32 times w, rounded once; Helium's too), checked against transformers 5.25's source, and
-# its forward hands lm_head's output to the loss unchanged, soft-capped (_SOFTCAPPED) or divided
-# by a config value (_LOGITS_DIVIDED_BY), which the fused path applies too. QK-norms of other
-# sizes (OLMo 2's over all heads, Gemma 3's and Qwen 3's over one, DeepSeek's over its LoRA ranks)
-# and Qwen 2.5 VL's vision norms are the same code. Left out, and why (transformers 5.25): Cohere
-# and Cohere 2 (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms
-# by pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
-# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with gated
-# norms, not checked), Qwen3-Next (gated norms, not checked).
-_SUPPORTED = {
-    "llama": ("llama", 0.0),
-    "llama4_text": ("llama", 0.0),
-    "mistral": ("llama", 0.0),
-    "ministral": ("llama", 0.0),
-    "mixtral": ("llama", 0.0),
-    "phi3": ("llama", 0.0),
-    "qwen2": ("llama", 0.0),
-    "qwen2_moe": ("llama", 0.0),
-    "qwen3": ("llama", 0.0),
-    "qwen3_moe": ("llama", 0.0),
-    "qwen2_5_vl": ("llama", 0.0),
-    "qwen3_vl": ("llama", 0.0),
-    "granite": ("llama", 0.0),
-    "granitemoe": ("llama", 0.0),
-    "deepseek_v2": ("llama", 0.0),
-    "deepseek_v3": ("llama", 0.0),
-    "olmoe": ("llama", 0.0),
-    "smollm3": ("llama", 0.0),
-    "glm4": ("llama", 0.0),
-    "seed_oss": ("llama", 0.0),
-    "arcee": ("llama", 0.0),
-    "apertus": ("llama", 0.0),
-    "exaone4": ("llama", 0.0),
-    "ernie4_5": ("llama", 0.0),
-    "hunyuan_v1_dense": ("llama", 0.0),
-    "gemma": ("gemma", 1.0),
-    "gemma2": ("gemma", 1.0),
-    "gemma3_text": ("gemma", 1.0),
-    "olmo2": ("gemma", 0.0),
-    "olmo3": ("gemma", 0.0),
-    "gpt_oss": ("gemma", 0.0),
-    "helium": ("gemma", 0.0),
-}
+_SUPPORTED = {name: (family["norm_casting"], float(family.get("norm_weight_offset", 0.0)))
+              for name, family in _FAMILIES.items()}
 
 # The model types whose ...ForConditionalGeneration computes the loss as a causal LM's: lm_head's
 # output to the loss, unchanged (the Qwen vision-language models on text and images).
-_CONDITIONAL_CAUSAL_LM = ("qwen2_5_vl", "qwen3_vl")
+_CONDITIONAL_CAUSAL_LM = tuple(name for name, family in _FAMILIES.items()
+                               if family.get("conditional_causal_lm", False))
 
 # The model types whose forward soft-caps the logits by config.final_logit_softcapping (when set;
 # a config of another type may carry the key without its forward reading it).
-_SOFTCAPPED = ("gemma2", "gemma3_text")
+_SOFTCAPPED = tuple(name for name, family in _FAMILIES.items()
+                    if family.get("softcaps_logits", False))
 
 # model_type -> the config value its forward divides lm_head's output by. The fused path divides
 # the hidden states instead: the same logits, bit for bit when the value is a power of two (16 in
 # Granite 3's 8B config), else within one rounding of the hidden states.
-_LOGITS_DIVIDED_BY = {"granite": "logits_scaling", "granitemoe": "logits_scaling"}
+_LOGITS_DIVIDED_BY = {name: family["logits_divided_by"] for name, family in _FAMILIES.items()
+                      if "logits_divided_by" in family}
 
 # RMSNorm classes apply_to leaves to Hugging Face's code: Llama 4's QK-norm has no weight (x in
 # fp32, normalized, rounded once), and kjit's rms_norm needs one.
