@@ -20,8 +20,11 @@ the logits (which the fused lm_head never computes).
 
 Where kjit cannot run a call, the patched module runs the original code and says so: tensors not
 on a CUDA GPU, a dtype kjit's kernels do not take (float64), a LLaMA-style norm whose weight dtype
-differs from its input's (whose output torch would promote), and a float16 forward of the fused
-lm_head. Each reason is a KjitFallbackWarning once per model; apply_to(model, strict=True) raises
+differs from its input's (whose output torch would promote), a float16 forward of the fused
+lm_head, and a final_logit_softcapping that is not > 0 (left to the model's forward). So is a
+training forward that reaches the decoder outside the model's forward with labels (TRL's
+SFTTrainer): kjit's loss never runs there. Each reason is a KjitFallbackWarning once per model
+(under torch.compile, while the call is traced); apply_to(model, strict=True) raises
 KjitFallbackError instead. apply_to's "runs" says what runs for the model as it is then.
 
 With linear_cross_entropy=True a training forward with labels computes no logits at all: the
@@ -603,8 +606,10 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     (nothing is changed then).
 
     A call kjit cannot take (tensors not on a CUDA GPU, float64, a LLaMA norm whose weight and
-    input dtypes differ, a float16 forward of the fused lm_head) runs the original code with a
-    KjitFallbackWarning, once per model and cause; strict=True raises KjitFallbackError instead.
+    input dtypes differ, a float16 forward of the fused lm_head, a final_logit_softcapping not
+    > 0) runs the original code with a KjitFallbackWarning, once per model and cause, as does a
+    training forward that reaches the decoder outside the model's forward with labels (TRL's
+    SFTTrainer: kjit's loss never runs); strict=True raises KjitFallbackError instead.
 
     inplace_backward: False (default) gives the loss's gradient a buffer of its own ([tokens,
     vocab] in the logits' dtype, alive from the forward to the backward): the output's logits
