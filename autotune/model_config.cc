@@ -2,10 +2,14 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "autotune/model_families.h"
 
 namespace kjit::autotune {
 
@@ -23,7 +27,8 @@ const std::vector<ModelConfig>& Presets() {
        .hidden_size = 3584,
        .vocab_size = 256000,
        .rms_norm_eps = 1e-6,
-       .gemma_norm = true,
+       .norm_rounds_once = true,
+       .norm_weight_offset = 1.0,
        .final_logit_softcapping = 30.0},
       {.name = "phi-3-mini", .hidden_size = 3072, .vocab_size = 32064, .rms_norm_eps = 1e-5},
   };
@@ -57,7 +62,75 @@ absl::StatusOr<double> NumberField(const nlohmann::json& j, const char* key, dou
   return it->get<double>();
 }
 
+using FamilyTable = std::map<std::string, ModelFamily, std::less<>>;
+
+// One family of model_families.json; the keys only apply_to reads (logits_divided_by,
+// conditional_causal_lm) are left to it.
+absl::StatusOr<ModelFamily> ParseFamily(const std::string& name, const nlohmann::json& j) {
+  const auto bad = [&](const std::string& what) {
+    return absl::InternalError(
+        fmt::format("model_families.json (embedded): family \"{}\": {}", name, what));
+  };
+  if (!j.is_object()) return bad("expected an object");
+  ModelFamily family;
+  const auto casting = j.find("norm_casting");
+  if (casting == j.end() || !casting->is_string()) return bad("\"norm_casting\" is missing");
+  if (*casting == "llama") {
+    family.norm_rounds_once = false;
+  } else if (*casting == "gemma") {
+    family.norm_rounds_once = true;
+  } else {
+    return bad(
+        fmt::format("\"norm_casting\" must be \"llama\" or \"gemma\", got {}", casting->dump()));
+  }
+  if (auto it = j.find("norm_weight_offset"); it != j.end()) {
+    if (!it->is_number()) return bad("\"norm_weight_offset\" must be a number");
+    family.norm_weight_offset = it->get<double>();
+  }
+  if (auto it = j.find("softcaps_logits"); it != j.end()) {
+    if (!it->is_boolean()) return bad("\"softcaps_logits\" must be true or false");
+    family.softcaps_logits = it->get<bool>();
+  }
+  return family;
+}
+
+// The embedded table, parsed once (its error, if malformed, every time it is asked).
+const absl::StatusOr<FamilyTable>& Families() {
+  static const auto* table = new absl::StatusOr<FamilyTable>([]() -> absl::StatusOr<FamilyTable> {
+    const nlohmann::json j =
+        nlohmann::json::parse(ModelFamiliesJson(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("families") ||
+        !j["families"].is_object()) {
+      return absl::InternalError(
+          "model_families.json (embedded): expected an object with a \"families\" object");
+    }
+    FamilyTable families;
+    for (const auto& [name, entry] : j["families"].items()) {
+      KJIT_ASSIGN_OR_RETURN(families[name], ParseFamily(name, entry));
+    }
+    return families;
+  }());
+  return *table;
+}
+
 }  // namespace
+
+std::vector<std::string> ModelFamilyNames() {
+  std::vector<std::string> names;
+  if (Families().ok()) {
+    for (const auto& [name, family] : *Families()) names.push_back(name);
+  }
+  return names;
+}
+
+absl::StatusOr<ModelFamily> ModelFamilyOf(std::string_view model_type) {
+  KJIT_RETURN_IF_ERROR(Families().status());
+  if (auto it = Families()->find(model_type); it != Families()->end()) return it->second;
+  return absl::InvalidArgumentError(fmt::format(
+      "model_type {} is not a model family kjit knows ({}); pass --hidden and --vocab to prepare "
+      "the kernels of a shape",
+      nlohmann::json(std::string(model_type)).dump(), fmt::join(ModelFamilyNames(), ", ")));
+}
 
 std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
@@ -91,8 +164,15 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text, std::strin
   KJIT_ASSIGN_OR_RETURN(m.rms_norm_eps, NumberField(j, "rms_norm_eps", 1e-6, source));
   KJIT_ASSIGN_OR_RETURN(m.final_logit_softcapping,
                         NumberField(j, "final_logit_softcapping", 0, source));
-  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
-    m.gemma_norm = it->get<std::string>().rfind("gemma", 0) == 0;
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      return Invalid(source, fmt::format("\"model_type\" must be a string, got {}", it->dump()));
+    }
+    auto family = ModelFamilyOf(it->get<std::string>());
+    if (!family.ok()) return Invalid(source, std::string(family.status().message()));
+    m.norm_rounds_once = family->norm_rounds_once;
+    m.norm_weight_offset = family->norm_weight_offset;
+    if (!family->softcaps_logits) m.final_logit_softcapping = 0;
   }
   return m;
 }

@@ -137,7 +137,8 @@ absl::StatusOr<std::vector<ops::OpSpec>> ModelOps(const autotune::ModelConfig& m
                               .vocab = m.vocab_size,
                               .rms_norm_eps = m.rms_norm_eps,
                               .final_logit_softcapping = m.final_logit_softcapping,
-                              .gemma_norm = m.gemma_norm};
+                              .norm_rounds_once = m.norm_rounds_once,
+                              .norm_weight_offset = m.norm_weight_offset};
   return ops::ModelOps(shape, dtype, {f.op_flags.given().begin(), f.op_flags.given().end()});
 }
 

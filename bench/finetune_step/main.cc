@@ -113,10 +113,10 @@ absl::StatusOr<Problem> ProblemFromFlags(const Flags& f) {
                           kjit::autotune::ModelPreset(f.model.empty() ? "llama-3.1-8b" : f.model));
   }
   // The baseline implements LLaMA's norm and plain logits only.
-  if (m.gemma_norm || m.final_logit_softcapping > 0) {
+  if (m.norm_rounds_once || m.norm_weight_offset != 0 || m.final_logit_softcapping > 0) {
     return absl::InvalidArgumentError(fmt::format(
-        "{}: uses Gemma's (1 + w) RMSNorm or logit soft-capping; this example runs LLaMA-style "
-        "steps (plain norm weights, no soft-capping)",
+        "{}: uses Gemma-style RMSNorm (rounded once, or (1 + w)) or logit soft-capping; this "
+        "example runs LLaMA-style steps (LLaMA's norm, no soft-capping)",
         f.config.empty() ? "--model " + m.name : "--config " + f.config));
   }
   return Problem{.model = m.name,

@@ -96,7 +96,8 @@ struct ModelShape {
   int64_t vocab = 0;
   double rms_norm_eps = 1e-6;
   double final_logit_softcapping = 0;  // 0: none
-  bool gemma_norm = false;             // Gemma's (1 + w) norms, computed in fp32
+  bool norm_rounds_once = false;  // fp32 throughout, rounded once (Gemma's casting); else LLaMA's
+  double norm_weight_offset = 0;  // 1: Gemma's (1 + w) norms
 };
 
 // A kInt flag that sets one integer field of the spec.

@@ -80,12 +80,13 @@ std::vector<SpecFlag<RmsNormSpec>> Trait::Flags() {
 std::vector<RmsNormSpec> Trait::ModelOps(const ModelShape& m, DType dtype) {
   std::vector<Spec> norms;
   for (bool residual : {false, true}) {
-    norms.push_back({.hidden = m.hidden,
-                     .dtype = dtype,
-                     .eps = static_cast<float>(m.rms_norm_eps),
-                     .weight_offset = m.gemma_norm ? 1.0f : 0.0f,
-                     .casting = m.gemma_norm ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
-                     .fused_residual = residual});
+    norms.push_back(
+        {.hidden = m.hidden,
+         .dtype = dtype,
+         .eps = static_cast<float>(m.rms_norm_eps),
+         .weight_offset = static_cast<float>(m.norm_weight_offset),
+         .casting = m.norm_rounds_once ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
+         .fused_residual = residual});
   }
   return norms;
 }

@@ -421,8 +421,18 @@ def init(struct_type, init_function: str):
 # any attribute name on a struct, all silently ---------------------------------------------------
 
 _INTEGER_TYPES = (ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p)
-# What makes the value of a view field, for messages.
-_VIEW_MAKERS = {Tensor: "a kjit.tensor() (or None)", Index: "a kjit.index() (or None)"}
+# What a field of each other type takes, for messages: a view's maker, a number.
+_EXPECTED = {Tensor: "a kjit.tensor() (or None)", Index: "a kjit.index() (or None)",
+             ctypes.c_float: "a number (float)", ctypes.c_double: "a number (float)"}
+QUOTED_CHARS = 60  # of a value an error quotes
+
+
+def quoted(value) -> str:
+    """What the caller gave, for an error message: its type and repr, cut to QUOTED_CHARS."""
+    text = repr(value)
+    if len(text) > QUOTED_CHARS:
+        text = f"{text[:QUOTED_CHARS]}... ({len(text)} characters)"
+    return f"{type(value).__name__} {text}"
 
 
 def integer(name: str, value, ctype=ctypes.c_int64) -> int:
@@ -431,7 +441,7 @@ def integer(name: str, value, ctype=ctypes.c_int64) -> int:
     try:
         value = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+        raise TypeError(f"{name}: expected an int, got {quoted(value)}") from None
     bits = 8 * ctypes.sizeof(ctype)
     signed = ctype not in (ctypes.c_uint32, ctypes.c_void_p)
     low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
@@ -504,14 +514,13 @@ def fill(struct, what: str, fields: dict):
         raise TypeError(f"{what}: unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
                         f"{', '.join(map(repr, unknown))}; it takes {', '.join(types)}")
     for name, value in fields.items():
-        if value is None and types[name] in _VIEW_MAKERS:
+        if value is None and types[name] in (Tensor, Index):
             continue  # an empty view, as the struct starts: the argument not given
         if types[name] in _INTEGER_TYPES and value is not None:
             value = integer(name, value, types[name])
         try:
             setattr(struct, name, value)
         except TypeError:  # ctypes names neither the field nor what to pass
-            expected = _VIEW_MAKERS.get(types[name], "an int")
-            raise TypeError(f"{what}: {name}: expected {expected}, got "
-                            f"{type(value).__name__}") from None
+            expected = _EXPECTED.get(types[name], "an int")
+            raise TypeError(f"{what}: {name}: expected {expected}, got {quoted(value)}") from None
     return struct

@@ -31,7 +31,8 @@ class KjitWarning(UserWarning):
 
 def _choice(what: str, value: str, table: dict) -> int:
     if value not in table:
-        raise ValueError(f"{what}: expected one of {', '.join(map(repr, table))}, got {value!r}")
+        raise ValueError(f"{what}: expected one of {', '.join(map(repr, table))}, got "
+                         f"{_capi.quoted(value)}")
     return table[value]
 
 
@@ -74,6 +75,9 @@ class _Handle:
 
     def __init__(self, handle: ctypes.c_void_p, keep=None, sink=None):
         self._handle = handle
+        # Looked up now: at interpreter exit __del__ may run after this module's globals (_capi)
+        # are gone.
+        self._destroy_function = getattr(_capi.lib(), self._destroy)
         self._keep = keep  # what must outlive the handle (the runtime, its warning callback)
         # Where the calls' warnings go (the runtime's, for an op): what it raised is raised.
         self._sink = sink if sink is not None else getattr(keep, "_sink", None)
@@ -90,7 +94,7 @@ class _Handle:
     def __del__(self):
         handle = getattr(self, "_handle", None)
         if handle is not None and handle.value:
-            getattr(_capi.lib(), self._destroy)(handle)
+            self._destroy_function(handle)
             self._handle = None
 
     def _launch(self, function: str, struct_type, stream, fields: dict) -> None:

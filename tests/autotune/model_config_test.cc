@@ -1,7 +1,14 @@
 // Model presets and the Hugging Face config.json reader behind `kjit-tune --model/--config`.
 #include "autotune/model_config.h"
 
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "autotune/model_families.h"
 
 namespace kjit::autotune {
 namespace {
@@ -20,11 +27,13 @@ TEST(ModelConfigTest, PresetsCarryTheirPublishedShapes) {
   EXPECT_EQ(llama->hidden_size, 4096);
   EXPECT_EQ(llama->vocab_size, 128256);
   EXPECT_DOUBLE_EQ(llama->rms_norm_eps, 1e-5);
-  EXPECT_FALSE(llama->gemma_norm);
+  EXPECT_FALSE(llama->norm_rounds_once);
+  EXPECT_EQ(llama->norm_weight_offset, 0);
   auto gemma = ModelPreset("gemma-2-9b");
   EXPECT_EQ(gemma->hidden_size, 3584);
   EXPECT_EQ(gemma->vocab_size, 256000);
-  EXPECT_TRUE(gemma->gemma_norm);
+  EXPECT_TRUE(gemma->norm_rounds_once);
+  EXPECT_EQ(gemma->norm_weight_offset, 1);
   EXPECT_DOUBLE_EQ(gemma->final_logit_softcapping, 30.0);
   EXPECT_EQ(ModelPreset("qwen2.5-7b")->vocab_size, 152064);
 }
@@ -47,7 +56,8 @@ TEST(ModelConfigTest, ParsesAHuggingFaceConfig) {
   EXPECT_EQ(m->hidden_size, 3584);
   EXPECT_EQ(m->vocab_size, 256000);
   EXPECT_DOUBLE_EQ(m->rms_norm_eps, 1e-6);
-  EXPECT_TRUE(m->gemma_norm);
+  EXPECT_TRUE(m->norm_rounds_once);
+  EXPECT_EQ(m->norm_weight_offset, 1);
   EXPECT_DOUBLE_EQ(m->final_logit_softcapping, 30.0);
 
   // Optional fields absent or null; a multimodal checkpoint's text_config.
@@ -55,13 +65,71 @@ TEST(ModelConfigTest, ParsesAHuggingFaceConfig) {
                                  "final_logit_softcapping": null})",
                              "a.json");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(plain->gemma_norm);
+  EXPECT_FALSE(plain->norm_rounds_once);
   EXPECT_EQ(plain->final_logit_softcapping, 0);
   EXPECT_EQ(plain->name, "a.json");
   auto nested =
       ParseHfConfig(R"({"text_config": {"hidden_size": 5120, "vocab_size": 131072}})", "b");
   ASSERT_TRUE(nested.ok()) << nested.status();
   EXPECT_EQ(nested->hidden_size, 5120);
+}
+
+// The families whose norms kjit-tune once took for LLaMA's (model_type not "gemma*") while apply_to
+// ran Gemma's casting, and LLaMA, whose forward never soft-caps whatever its config says.
+TEST(ModelConfigTest, FamiliesGetTheNormsAndSoftCapApplyToRuns) {
+  for (const char* type : {"olmo2", "olmo3", "gpt_oss", "helium"}) {
+    auto m = ParseHfConfig(fmt::format(R"({{"model_type": "{}", "hidden_size": 64,
+                                            "vocab_size": 100}})",
+                                       type),
+                           "c.json");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(m->norm_rounds_once) << type;
+    EXPECT_EQ(m->norm_weight_offset, 0) << type;
+  }
+  auto llama = ParseHfConfig(R"({"model_type": "llama", "hidden_size": 64, "vocab_size": 100,
+                                 "final_logit_softcapping": 30.0})",
+                             "c.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->final_logit_softcapping, 0);
+  auto gemma3 = ParseHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 64,
+                                  "vocab_size": 100, "final_logit_softcapping": 30.0})",
+                              "c.json");
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  EXPECT_EQ(gemma3->final_logit_softcapping, 30.0);
+
+  auto unknown = ParseHfConfig(R"({"model_type": "cohere\u001b[2J", "hidden_size": 64,
+                                   "vocab_size": 100})",
+                               "c.json");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(unknown.status().message());
+  EXPECT_NE(msg.find("\"cohere\\u001b[2J\" is not a model family"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("olmo2"), std::string::npos) << msg;
+}
+
+// Every family of the table (read here from the source tree, as the Python package reads it)
+// parses to what the table says; the embedded copy is the file.
+TEST(ModelConfigTest, EveryFamilyOfTheSharedTableParsesAsTheTableSays) {
+  std::ifstream in(std::string(KJIT_SOURCE_DIR) + "/python/kjit/model_families.json");
+  ASSERT_TRUE(in) << "python/kjit/model_families.json";
+  std::ostringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(ModelFamiliesJson(), text.str()) << "the build embeds a stale copy: reconfigure";
+  const nlohmann::json table = nlohmann::json::parse(text.str())["families"];
+  ASSERT_GE(table.size(), 32u);
+  EXPECT_EQ(ModelFamilyNames().size(), table.size());
+  for (const auto& [type, family] : table.items()) {
+    auto m =
+        ParseHfConfig(fmt::format(R"({{"model_type": "{}", "hidden_size": 64, "vocab_size": 100,
+                         "final_logit_softcapping": 5.0}})",
+                                  type),
+                      "c.json");
+    ASSERT_TRUE(m.ok()) << type << ": " << m.status();
+    EXPECT_EQ(m->norm_rounds_once, family["norm_casting"] == "gemma") << type;
+    EXPECT_EQ(m->norm_weight_offset, family.value("norm_weight_offset", 0.0)) << type;
+    EXPECT_EQ(m->final_logit_softcapping, family.value("softcaps_logits", false) ? 5.0 : 0.0)
+        << type;
+  }
 }
 
 TEST(ModelConfigTest, MalformedConfigsSayWhatIsWrong) {
@@ -84,7 +152,9 @@ TEST(ModelConfigTest, MalformedConfigsSayWhatIsWrong) {
            {R"({"hidden_size": 4096, "vocab_size": 32000, "rms_norm_eps": "small"})",
             "\"rms_norm_eps\" must be a number"},
            {R"({"hidden_size": 4096, "vocab_size": 32000, "final_logit_softcapping": -3})",
-            "\"final_logit_softcapping\" must be a number"}}) {
+            "\"final_logit_softcapping\" must be a number"},
+           {R"({"hidden_size": 4096, "vocab_size": 32000, "model_type": 7})",
+            "\"model_type\" must be a string"}}) {
     auto m = ParseHfConfig(b.text, "cfg.json");
     ASSERT_FALSE(m.ok()) << b.text;
     EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << b.text;

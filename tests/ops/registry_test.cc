@@ -74,8 +74,11 @@ TEST(Registry, AModelsOpsFollowFromTheTraits) {
                                             "linear_cross_entropy vocab=128256 hidden=4096"}));
   EXPECT_EQ(std::get<RmsNormSpec>(ops->front()).eps, 1e-5f);
 
-  const ModelShape gemma{
-      .hidden = 3584, .vocab = 256000, .final_logit_softcapping = 30, .gemma_norm = true};
+  const ModelShape gemma{.hidden = 3584,
+                         .vocab = 256000,
+                         .final_logit_softcapping = 30,
+                         .norm_rounds_once = true,
+                         .norm_weight_offset = 1};
   ops = ModelOps(gemma, DType::kBF16,
                  {{"--casting", {.text = "none"}}, {"--class-weights", {.text = "fp32"}}});
   ASSERT_TRUE(ops.ok()) << ops.status();

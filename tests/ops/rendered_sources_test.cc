@@ -102,11 +102,11 @@ std::vector<std::pair<std::string, CrossEntropySpec>> CrossEntropyVariants(int64
 void AddModel(Lines& out, const autotune::ModelConfig& m) {
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (bool residual : {false, true}) {
-      RmsNormSpec s{.hidden = m.hidden_size, .dtype = dt, .fused_residual = residual};
-      if (m.gemma_norm) {
-        s.casting = RmsNormCasting::kGemma;
-        s.weight_offset = 1;
-      }
+      RmsNormSpec s{.hidden = m.hidden_size,
+                    .dtype = dt,
+                    .weight_offset = static_cast<float>(m.norm_weight_offset),
+                    .casting = m.norm_rounds_once ? RmsNormCasting::kGemma : RmsNormCasting::kLlama,
+                    .fused_residual = residual};
       const int vec = ops::MaxVecForHidden(s.hidden, static_cast<int>(SizeOf(dt)));
       const RmsNormConfig c = ops::DefaultRmsNormConfig(s.hidden, vec);
       out.Add(fmt::format("{} rms_norm {}{} {}", m.name, Name(dt), residual ? " residual" : "",

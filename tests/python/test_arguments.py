@@ -259,3 +259,19 @@ def test_sharded_queries_and_compile_only_launches(sharded):
     with pytest.raises(kjit.KjitError, match="compile-only") as e:
         sharded.rescale_stats(None, base, rows)
     assert e.value.status == "FAILED_PRECONDITION"
+
+
+# Issue 45, defect 12: label_smoothing="0.1" said "expected an int"; a long value was echoed whole.
+@pytest.mark.parametrize("options, message", [
+    (dict(label_smoothing="0.1"), r"label_smoothing: expected a number \(float\), got str '0\.1'$"),
+    (dict(z_loss=[1]), r"z_loss: expected a number \(float\), got list \[1\]$"),
+    (dict(ignore_index="x" * 5000),
+     r"ignore_index: expected an int, got str 'x{59}\.\.\. \(5002 characters\)$"),
+    (dict(reduction="mean" * 5000), r"reduction: expected one of 'none', 'sum', 'mean', got str "
+                                    r"'(mean){14}mea\.\.\. \(20002 characters\)$"),
+])
+def test_a_loss_option_of_the_wrong_type_names_the_type_and_quotes_the_value(rt, options,
+                                                                               message):
+    error = ValueError if "reduction" in options else TypeError
+    with pytest.raises(error, match=message):
+        rt.cross_entropy(vocab=64, **options)

@@ -242,6 +242,85 @@ def test_a_wrong_combine_is_caught(tmp_path):
         assert len(r["failures"]) == r["checked"] > 0, r["failures"]
 
 
+# Ranks that pass what cannot combine (issue 45, defect 6): name -> (rank, world -> the call's
+# arguments: this rank's columns of the whole logits, its keywords), and what every rank's
+# ValueError says. Before the check, the first four gave a wrong loss (ranks even disagreeing on it)
+# and the row counts that differ hung the all-reduces.
+MISMATCHES = {
+    "overlapping slices": (
+        lambda rank, world: ((0, 20) if rank == 0 else (17, 37), {"vocab_start": (0, 17)[rank],
+                                                                   "vocab": VOCAB}),
+        r"slices must tile \[0, 37\) once, but rank 1's slice \[17, 37\) overlaps classes "
+        r"before 20 \(slices rank 0: \[0, 20\), rank 1: \[17, 37\)"),
+    "a gap": (
+        lambda rank, world: ((0, 18) if rank == 0 else (19, 37), {"vocab_start": (0, 19)[rank],
+                                                                   "vocab": VOCAB}),
+        r"but classes \[18, 19\) are on no rank"),
+    "options that differ": (
+        lambda rank, world: ((0, 18) if rank == 0 else (18, 36),
+                             {"label_smoothing": (0.0, 0.1)[rank]}),
+        r"ranks disagree on label_smoothing \(rank 0: 0.0, rank 1: 0.1\)"),
+    "unequal widths, default vocab_start": (
+        lambda rank, world: ((0, 19) if rank == 0 else (19, 37), {}),
+        r"ranks disagree on vocab \(rank 0: 38, rank 1: 36\).*pass vocab_start and vocab"),
+    "row counts that differ": (
+        lambda rank, world: ((0, 18) if rank == 0 else (18, 36), {"rows": 10 - 2 * rank}),
+        r"ranks disagree on rows \(rank 0: 10, rank 1: 8\)"),
+    "class weights on one rank": (
+        lambda rank, world: ((0, 19) if rank == 0 else (19, 37),
+                             {"vocab_start": (0, 19)[rank], "vocab": VOCAB, "weight": rank == 0}),
+        r"ranks disagree on class weights \(rank 0: given, rank 1: none\)"),
+}
+
+
+def _mismatch_worker(rank, world, store_dir, out_dir):
+    """Each MISMATCHES call on both ranks: the errors that are not the expected ValueError; then
+    a call that agrees still runs (the failed checks left no collective behind)."""
+    import datetime
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    # Short, so that a hang (row counts that differ, before the check) fails the case instead.
+    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=20))
+    try:
+        distributed = _use_reference()
+        logits, target, weight, _, _ = _inputs(IGNORE)
+        flat_logits, flat_target = logits.reshape(-1, VOCAB), target.reshape(-1)
+        failures = []
+        for name, (arguments, message) in MISMATCHES.items():
+            (start, end), kw = arguments(rank, world)
+            rows = kw.pop("rows", flat_target.shape[0])
+            w = weight if kw.pop("weight", False) else None
+            try:
+                loss = distributed.vocab_parallel_cross_entropy(
+                    flat_logits[:rows, start:end], flat_target[:rows], w, **kw)
+                failures.append(f"{name}: no error, loss {loss.item()}")
+            except ValueError as e:
+                if not re.search(message, str(e)):
+                    failures.append(f"{name}: {message!r} not in {e}")
+            except Exception as e:  # a collective that timed out, a gloo size mismatch
+                failures.append(f"{name}: {type(e).__name__}: {e}")
+                break  # the group is out of step now
+        else:
+            start, end = distributed.shard_of(VOCAB, rank, world)
+            loss = distributed.vocab_parallel_cross_entropy(
+                flat_logits[:, start:end], flat_target, vocab_start=start, vocab=VOCAB)
+            want = expected_loss(logits, target, None)
+            if not torch.allclose(loss.double(), want, rtol=LOSS_RTOL, atol=0):
+                failures.append(f"after the errors: loss {loss.item()} != {want.item()}")
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump({"failures": failures}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_cannot_combine_raise_the_same_error_on_every_rank(tmp_path):
+    results = _spawn(_mismatch_worker, 2, tmp_path)
+    for rank, r in enumerate(results):
+        assert r["failures"] == [], f"rank {rank}: " + "; ".join(r["failures"])
+
+
 def _compile_worker(rank, world, store_dir, out_dir):
     """torch.compile(fullgraph=True) traces the op, its all-reduces included (aot_eager: no C++
     compiler needed), and gives eager's loss and gradient."""

@@ -2,16 +2,18 @@
 reaches a kernel with a DTensor's local shard. linear_cross_entropy, cross_entropy and rms_norm
 refuse DTensors with a TypeError saying what to do instead; apply_to(linear_cross_entropy=True)
 refuses a lm_head that is a fully_shard unit of its own (when fully_shard came first, at once;
-else when the loss runs); and with lm_head in its parent's unit a tiny LLaMA under FSDP2 trains
-with the fused loss giving the unfused model's losses. kjit's fused kernel needs a GPU, so there
-the fused op is test_hf_fusion_cpu.py's differentiable reference (which would fail on a DTensor
-weight or a shard of it, and is checked to get the whole weight); the plumbing is the real one.
-Skips without torch and transformers.
+else at the forward, whether the fused op or the unfused fallback would run); with lm_head in its
+parent's unit a tiny LLaMA under FSDP2 trains with the fused loss giving the unfused model's
+losses; and with kjit's norms (their fallback on the CPU) it trains every norm weight. kjit's
+fused kernel needs a GPU, so there the fused op is test_hf_fusion_cpu.py's differentiable
+reference (which would fail on a DTensor weight or a shard of it, and is checked to get the whole
+weight); the plumbing is the real one. Skips without torch and transformers.
 """
 
 import json
 import os
 import re
+import warnings
 
 import pytest
 
@@ -105,8 +107,8 @@ def _worker(rank, world, store_dir, out_dir):
         # 2. lm_head as a unit of its own: refused by apply_to when fully_shard came first...
         _expect(failures, lambda: kt.apply_to(model, linear_cross_entropy=True), ValueError,
                 "lm_head is a fully_shard unit of its own")
-        # ... and when the loss runs when it came after.
-        hf._runs_on_kjit = lambda hidden: True
+        # ... and at the forward when it came after, whichever path runs: lm_head's own (on the
+        # CPU; issue 45, defect 14: this unfused fallback took it) or the fused op (as on a GPU).
         used = []
 
         def lce(hidden, weight, target, bias=None, **options):
@@ -114,14 +116,16 @@ def _worker(rank, world, store_dir, out_dir):
             return reference_lce(hidden, weight, target, bias, **options)
 
         hf.linear_cross_entropy = lce
-        late = _model()
-        kt.apply_to(late, linear_cross_entropy=True)
-        late = _shard(late, lm_head_unit=True)
         ids, labels = _batch()
-        late.train()
-        _expect(failures, lambda: late(input_ids=ids, labels=labels), ValueError,
-                r"lm_head's weight is a DTensor .* when the loss runs\. lm_head is a fully_shard "
-                "unit of its own")
+        for fused_op_runs in (False, True):
+            hf._runs_on_kjit = lambda hidden, fused_op_runs=fused_op_runs: fused_op_runs
+            late = _model()
+            kt.apply_to(late, linear_cross_entropy=True)
+            late = _shard(late, lm_head_unit=True)
+            late.train()
+            _expect(failures, lambda: late(input_ids=ids, labels=labels), ValueError,
+                    r"apply_to\(linear_cross_entropy=True\): lm_head is a fully_shard unit of "
+                    "its own")
         if used:
             failures.append(f"the fused op ran with lm_head's weight as a DTensor: {used}")
 
@@ -138,6 +142,20 @@ def _worker(rank, world, store_dir, out_dir):
             failures.append(f"fused losses {fused} != unfused {plain}")
         if not plain[2] < plain[0]:
             failures.append(f"the model did not train: losses {plain}")
+        # 4. kjit's norms (on the CPU their fallback, Hugging Face's code) under FSDP2, which
+        # replaces the norms' Parameters: the unpatched model's losses, every norm weight trained
+        # (issue 45, defect 14: the fallback read the replaced Parameters, whose grad stayed None).
+        normed = _model()
+        kt.apply_to(normed, cross_entropy=False)
+        normed = _shard(normed, lm_head_unit=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", kt.KjitFallbackWarning)
+            normed_losses = _train(normed)
+        if not all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(normed_losses, plain)):
+            failures.append(f"losses with kjit's norms {normed_losses} != unpatched {plain}")
+        untrained = [n for n, p in normed.named_parameters() if "norm" in n and p.grad is None]
+        if untrained:
+            failures.append(f"norm weights without a gradient under FSDP2: {untrained}")
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump({"failures": failures, "losses": fused}, f)
         dist.barrier()  # no rank tears down while a peer still uses the connection

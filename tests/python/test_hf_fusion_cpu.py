@@ -262,6 +262,30 @@ def test_the_soft_cap_is_gemma_2s_alone_and_fp16_is_left_to_the_model(fused_on_c
     assert len(fused_on_cpu) == 1
 
 
+@pytest.mark.parametrize("softcap", [-3.0, 0.0, float("nan")])
+def test_a_soft_cap_kjit_does_not_take_leaves_gemma_2s_logits_to_its_forward(softcap,
+                                                                           fused_on_cpu):
+    """Issue 45, defect 9: Gemma 2's forward soft-caps by whatever final_logit_softcapping says
+    (a negative one computes as its absolute value); the fused path raised for it. It now
+    computes the logits unfused, as Hugging Face does, and says so (strict: raises)."""
+    base = small_hf_model("gemma2", vocab_size=97, hidden_size=32, max_positions=64,
+                          final_softcap=softcap).double()
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True)
+    base.train()
+    patched.train()
+    out, said = fallback_warnings(lambda: patched(**batch()))
+    assert fused_on_cpu == [], "the fused op ran"
+    assert out.logits.shape == (2, 8, 97), "lm_head computed the logits"
+    assert len(said) == 1 and "lm_head computes the logits, unfused" in said[0], said
+    assert f"final_logit_softcapping is {softcap}" in said[0], said
+    torch.testing.assert_close(out.loss, base(**batch()).loss, rtol=0, atol=0, equal_nan=True)
+    kt.apply_to(patched, rms_norm=False, cross_entropy=False, linear_cross_entropy=True,
+                strict=True)
+    with pytest.raises(kt.KjitFallbackError, match="final_logit_softcapping"):
+        patched(**batch())
+
+
 def test_pickling_gives_the_unfused_model(fused_on_cpu):
     import pickle
     model = tiny_model("llama")
@@ -419,6 +443,48 @@ def test_a_float16_forward_of_the_fused_lm_head_says_it_is_unfused(fused_on_cpu)
     with torch.autocast("cpu", dtype=torch.float16), pytest.raises(kt.KjitFallbackError,
                                                                    match="float16"):
         model(**batch())
+
+
+def test_the_norms_fallback_reads_the_parameters_that_replaced_the_originals():
+    """Issue 45, defect 14: after apply_to, load_state_dict(assign=True) and to() / half() with
+    torch's overwrite-on-conversion replace the norms' Parameters; the fallback ran the original
+    module, which kept the old ones (outputs 0.79 off on a tiny LLaMA). Compared with the model
+    unpatched, given the same state."""
+    base = tiny_model("llama")
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched)
+    g = torch.Generator().manual_seed(4)
+    state = {k: v + 0.5 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+             for k, v in base.state_dict().items()}
+    base.load_state_dict(state)
+    patched.load_state_dict(state, assign=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kt.KjitFallbackWarning)
+        torch.testing.assert_close(patched(**batch()).loss, base(**batch()).loss, rtol=0, atol=0)
+        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        try:
+            for convert in (lambda m: m.to(torch.float32), lambda m: m.half()):
+                base, patched = convert(base), convert(patched)
+                torch.testing.assert_close(patched(**batch()).loss, base(**batch()).loss,
+                                           rtol=0, atol=0)
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+
+
+def test_torch_compile_fullgraph_traces_a_fallback_and_still_says_it():
+    """Issue 45, defect 15: torch.compile(fullgraph=True) of a patched model on a fallback path
+    broke on the fallback's warnings.warn. The warning is now given while the call is traced,
+    once per model and cause as in eager."""
+    base = tiny_model("llama")
+    patched = copy.deepcopy(base)
+    kt.apply_to(patched)
+    compiled = torch.compile(patched, fullgraph=True, backend="eager")
+    out, said = fallback_warnings(lambda: compiled(**batch()))
+    assert len(said) == 1 and "on cpu, not on a CUDA GPU" in said[0], said
+    torch.testing.assert_close(out.loss, base(**batch()).loss, rtol=1e-12, atol=0)
+    _, again = fallback_warnings(lambda: compiled(**batch(1)))
+    assert again == [], "said once per model"
 
 
 def test_runs_says_a_float16_model_is_not_fused(monkeypatch):

@@ -51,6 +51,31 @@ def test_cross_entropy_option_errors(kwargs, message):
         kt.cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long), **kwargs)
 
 
+# Issue 45, defect 12: a value of the wrong type named the wrong expected type ("expected an int"
+# for label_smoothing="0.1") or none ("'int' object is not iterable" for extras=1). Each error
+# names the type expected and quotes what was given, cut short.
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(label_smoothing="0.1"), r"label_smoothing must be a number \(float\), got str '0\.1'$"),
+    (dict(z_loss="1e-3"), r"z_loss must be a number \(float\), got str '1e-3'$"),
+    (dict(softcap="3"), r"softcap must be a number \(float\), got str '3'$"),
+    (dict(ignore_index="x"), r"ignore_index must be an int, got str 'x'$"),
+    (dict(ignore_index=-100.0), r"ignore_index must be an int, got float -100\.0$"),
+    (dict(extras=1), r"extras must be True, False, None, a name or an iterable of names of "
+                     r"\('lse'.*; got int 1$"),
+    (dict(extras=["token_accuracy", 3]), r"extras must be .*; got int 3 among them$"),
+    (dict(label_smoothing="0.1" * 30000),
+     r"label_smoothing must be a number \(float\), got str '0\.10\.1.{53}\.\.\. "
+     r"\(90002 characters\)$"),
+])
+@pytest.mark.parametrize("loss", ["cross_entropy", "linear_cross_entropy"])
+def test_an_option_of_the_wrong_type_names_the_type_and_quotes_the_value(loss, kwargs, message):
+    inputs = ((torch.randn(4, 10), torch.zeros(4, dtype=torch.long)) if loss == "cross_entropy"
+              else _lce_inputs())
+    with pytest.raises(TypeError, match=message) as e:
+        getattr(kt, loss)(*inputs, **kwargs)
+    assert len(str(e.value)) < 300
+
+
 @pytest.mark.parametrize("weight, logits_dtype, error, message", [
     (lambda: torch.ones(9), "float32", ValueError,
      r"weight must be a 1-D tensor of vocab = 10 class weights, got shape \(9,\)"),

@@ -59,7 +59,8 @@ def dataset(model):
     return datasets.Dataset.from_list(rows)
 
 
-def train(model, trainer_class, tmp_path, steps=3, cpu=True, **config):
+def train(model, trainer_class, tmp_path, steps=3, cpu=True, fallback_warnings="ignore",
+          **config):
     logged = []
 
     class Logged(transformers.TrainerCallback):
@@ -75,7 +76,7 @@ def train(model, trainer_class, tmp_path, steps=3, cpu=True, **config):
     trainer = trainer_class(model=model, args=args, train_dataset=dataset(model),
                             processing_class=tokenizer(), callbacks=[Logged()])
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", kt.KjitFallbackWarning)
+        warnings.simplefilter(fallback_warnings, kt.KjitFallbackWarning)
         trainer.train()
     return [log for log in logged if "loss" in log]
 
@@ -156,3 +157,24 @@ def test_a_loss_kjit_does_not_compute_is_trls_and_says_so(tmp_path, kjit_loss_on
     assert not kjit_loss_on_cpu
     for got, want in zip(logs, expected):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "lm_head_fused"])
+def test_trls_own_trainer_on_a_patched_model_says_kjits_loss_never_runs(tmp_path, fused,
+                                                                          request):
+    """Issue 45, defect 15: TRL's SFTTrainer computes its loss through its own fused LM head,
+    which calls the decoder itself, so the model's loss (kjit's) never runs; nothing said so."""
+    calls = request.getfixturevalue("fused_with_metrics_on_cpu" if fused else "kjit_loss_on_cpu")
+    model = tiny()
+    kt.apply_to(model, rms_norm=False, metrics=True, linear_cross_entropy=fused)
+    with pytest.warns(kt.KjitFallbackWarning) as said:
+        train(model, trl.SFTTrainer, tmp_path / "trl", steps=2, fallback_warnings="always")
+    never_runs = [str(w.message) for w in said if "kjit's loss never runs" in str(w.message)]
+    assert len(never_runs) == 1 and "kjit.torch.trl.KjitSFTTrainer" in never_runs[0], never_runs
+    assert not calls, "kjit's loss ran"
+    # KjitSFTTrainer's steps are the model's forward with labels: nothing to say.
+    train(model, KjitSFTTrainer, tmp_path / "kjit", steps=1, fallback_warnings="error")
+    assert calls, "kjit's loss did not run"
+    kt.apply_to(model, rms_norm=False, metrics=True, linear_cross_entropy=fused, strict=True)
+    with pytest.raises(kt.KjitFallbackError, match="kjit's loss never runs"):
+        train(model, trl.SFTTrainer, tmp_path / "strict", steps=1)

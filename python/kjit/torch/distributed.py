@@ -98,6 +98,69 @@ def shard_of(vocab: int, rank: int, world: int) -> tuple:
     return start, min(start + chunk, vocab)
 
 
+# What every rank must pass alike, as _check_ranks_agree gathers it after each rank's slice
+# [start, end): the name in errors and how a value is shown.
+_SAME_ON_EVERY_RANK = (("vocab", int), ("rows", int), ("ignore_index", int),
+                       ("reduction", lambda code: repr(_REDUCTION_CODES[int(code)])),
+                       ("label_smoothing", float), ("z_loss", float), ("softcap", float),
+                       ("class weights", lambda given: "given" if given else "none"))
+_REDUCTION_CODES = ("none", "sum", "mean")
+_RANKS_SHOWN = 8  # ranks an error lists, at most
+
+
+def _by_rank(values: list) -> str:
+    """"rank 0: v0, rank 1: v1, ..." for the first _RANKS_SHOWN ranks."""
+    shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values[:_RANKS_SHOWN]))
+    return shown + (f", ... ({len(values)} ranks)" if len(values) > _RANKS_SHOWN else "")
+
+
+def _check_ranks_agree(group, spec: ShardSpec, rows: int, has_weight: bool, device,
+                       default_start: bool) -> None:
+    """Before the statistics: one all-reduce (the sum of a [ranks, 10] float64 table in which each
+    rank fills its own row) gives every rank every rank's slice, vocab, row count and options. Each
+    rank checks them alike and raises the same ValueError where the slices overlap, leave a gap or
+    overrun the vocab (the statistics would combine into a wrong loss) or the rest differs (a row
+    count that differs would hang the all-reduces)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    mine = [spec.shard_start, spec.shard_end, spec.vocab, rows, spec.ignore_index,
+            _REDUCTION_CODES.index(spec.reduction), spec.label_smoothing, spec.z_loss,
+            spec.softcap, float(has_weight)]
+    table = torch.zeros(world, len(mine), dtype=torch.float64, device=device)
+    table[rank] = torch.tensor(mine, dtype=torch.float64)
+    dist.all_reduce(table, group=group)
+    records = table.tolist()
+    hint = (" By default rank r's slice starts at r * width and the vocab is width * ranks; with "
+            "slices of unequal widths pass vocab_start and vocab." if default_start else "")
+    for column, (name, show) in enumerate(_SAME_ON_EVERY_RANK, start=2):
+        values = [record[column] for record in records]
+        if any(v != values[0] for v in values):
+            raise ValueError(f"kjit: vocab_parallel_cross_entropy's ranks disagree on {name} "
+                             f"({_by_rank([show(v) for v in values])}); every rank must pass "
+                             "the same rows, vocab and options, which meet in the all-reduces."
+                             + (hint if name == "vocab" else ""))
+    vocab = int(records[0][2])
+    slices = [(int(record[0]), int(record[1])) for record in records]
+    problem = None
+    covered = 0
+    for start, end, r in sorted((start, end, r) for r, (start, end) in enumerate(slices)):
+        if not 0 <= start < end <= vocab:
+            problem = f"rank {r}'s slice [{start}, {end}) is " + (
+                "empty" if end <= start else "not inside the vocab")
+        elif start > covered:
+            problem = f"classes [{covered}, {start}) are on no rank"
+        elif start < covered:
+            problem = f"rank {r}'s slice [{start}, {end}) overlaps classes before {covered}"
+        if problem:
+            break
+        covered = end
+    if problem is None and covered < vocab:
+        problem = f"classes [{covered}, {vocab}) are on no rank"
+    if problem is not None:
+        raise ValueError(f"kjit: the ranks' vocab slices must tile [0, {vocab}) once, but "
+                         f"{problem} (slices {_by_rank([f'[{a}, {b})' for a, b in slices])}; "
+                         f"a slice is [vocab_start, vocab_start + its logits' columns)).{hint}")
+
+
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                                  weight: Optional[torch.Tensor] = None, *,
                                  group: Optional[dist.ProcessGroup] = None,
@@ -125,6 +188,10 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
       has a buffer of its own (no in-place variant yet).
     - The forward runs two all-reduces (max: rows floats; sums: 3 * rows floats) through
       torch.distributed._functional_collectives, so torch.compile(fullgraph=True) traces them.
+    - Before them one more all-reduce ([ranks, 10] float64, read on the host) checks that the
+      ranks' slices tile the vocab once and that their vocab, row counts and options are the
+      same: else every rank raises the same ValueError, rather than combining into a wrong loss
+      or hanging. A call torch.compile traces skips it (its graph cannot read the result).
     """
     for what, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):
@@ -162,13 +229,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         start = rank * width if vocab_start is None else int(vocab_start)
         vocab = width * world if vocab is None else int(vocab)
         end = start + width
-        if not 0 <= start < end <= vocab:
-            raise ValueError(f"kjit: this rank's slice [{start}, {end}) (vocab_start, plus the "
-                             f"logits' {width} columns) is not inside the vocab of {vocab}")
-    if end <= start:
-        raise ValueError(f"kjit: rank {dist.get_rank(group)} holds no class of the vocab of "
-                         f"{vocab} (a shard must not be empty): use fewer ranks or a vocab "
-                         "padded to a multiple of the ranks")
     target = _replicated_local(target, "target")
     weight = _replicated_local(weight, "weight")
     if target.shape != local.shape[:-1]:
@@ -190,6 +250,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         weight = functional._class_weight(weight, flat, vocab)
     spec = ShardSpec(int(vocab), int(start), int(end), ignore_index, reduction, label_smoothing,
                      z_loss, softcap)
+    if not torch.compiler.is_compiling():
+        _check_ranks_agree(group, spec, flat.shape[0], weight is not None, flat.device,
+                           vocab_start is None and mesh is None)
     loss, _ = _VocabParallelCrossEntropy.apply(flat, flat_target, weight, spec, group)
     loss = loss.reshape(target.shape) if reduction == "none" else loss.reshape(())
     if mesh is not None:

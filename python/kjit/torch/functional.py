@@ -13,12 +13,14 @@ CUDA graphs (build the kernels first: run one step before capturing), and never 
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
 from typing import Iterable, NamedTuple, Optional, Union
 
 import torch
 
+from kjit import _capi
 from kjit.torch import _kernels
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -129,7 +131,16 @@ def _extras_wanted(extras) -> frozenset:
         return frozenset()
     if extras is True:
         return frozenset(EXTRAS)
-    names = frozenset((extras,) if isinstance(extras, str) else extras)
+    names = (extras,) if isinstance(extras, str) else extras
+    wrong = f"kjit: extras must be True, False, None, a name or an iterable of names of {EXTRAS}"
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"{wrong}; got {_capi.quoted(extras)}") from None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{wrong}; got {_capi.quoted(name)} among them")
+    names = frozenset(names)
     unknown = sorted(names - set(EXTRAS))
     if unknown:
         raise ValueError(f"kjit: extras: unknown {', '.join(map(repr, unknown))}; the extras are "
@@ -220,12 +231,37 @@ class _CrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None  # no gradient for the weights
 
 
+def _integer_option(name: str, value) -> int:
+    """An integer option (a Python or numpy int, a 0-d integer tensor): TypeError quoting what
+    was given otherwise (a str, a float)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"kjit: {name} must be an int, got {_capi.quoted(value)}") from None
+
+
+def _number_option(name: str, value) -> float:
+    """A real-valued option (an int, a float, a 0-d tensor): TypeError quoting what was given
+    otherwise (a str such as "0.1", which float() would take, is refused: pass the number)."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"kjit: {name} must be a number (float), got {_capi.quoted(value)}")
+
+
 def _loss_options(ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
                   softcap: Optional[float]) -> tuple:
     """The loss options every loss takes, checked alike, as the kernels take them: (ignore_index,
     reduction, label_smoothing, z_loss, softcap), softcap None or 0 meaning off."""
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    ignore_index = _integer_option("ignore_index", ignore_index)
+    label_smoothing, z_loss = (_number_option("label_smoothing", label_smoothing),
+                               _number_option("z_loss", z_loss))
+    softcap = None if softcap is None else _number_option("softcap", softcap)
+    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
+        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got "
+                         f"{_capi.quoted(reduction)}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
     if not z_loss >= 0:
@@ -290,6 +326,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         raise TypeError("kjit: target must hold class indices (int64 or int32); class "
                         "probabilities are not supported")
     options = _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    names = _extras_wanted(extras)
     _kernels.dtype_name(logits, "logits")
     _kernels.index_name(target, "target")
     _kernels.matrix_shape(logits, "logits")
@@ -301,7 +338,6 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     scale = _scale_tensor(grad_scale, shape, logits.device)
     # Only an intermediate's storage is reused: a leaf's values belong to the caller.
     inplace = inplace_backward and not logits.is_leaf
-    names = _extras_wanted(extras)
     if names and return_lse:
         raise ValueError("kjit: return_lse and extras: ask for extras=(..., 'lse') instead")
     wanted = _kernel_extras(names)
@@ -476,6 +512,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
             raise ValueError("kjit: give z_loss alone (lse_square_scale is its old name)")
         z_loss = lse_square_scale
     options = _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    names = _extras_wanted(extras)
     if weight_grad_accumulation not in ("fp32", "output_dtype"):
         raise ValueError("kjit: weight_grad_accumulation must be 'fp32' or 'output_dtype', got "
                          f"{weight_grad_accumulation!r}")
@@ -493,7 +530,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if class_weight is not None:
         class_weight = _class_weight(class_weight, hidden, vocab, "class_weight")
     options = (*options, weight_grad_accumulation)
-    names = _extras_wanted(extras)
     wanted = _kernel_extras(names)
     if names & {"lse", "z_loss"} and not any(wanted):
         wanted = (False, False, True)  # any per-row output makes the op compute the lse

@@ -20,8 +20,11 @@ the logits (which the fused lm_head never computes).
 
 Where kjit cannot run a call, the patched module runs the original code and says so: tensors not
 on a CUDA GPU, a dtype kjit's kernels do not take (float64), a LLaMA-style norm whose weight dtype
-differs from its input's (whose output torch would promote), and a float16 forward of the fused
-lm_head. Each reason is a KjitFallbackWarning once per model; apply_to(model, strict=True) raises
+differs from its input's (whose output torch would promote), a float16 forward of the fused
+lm_head, and a final_logit_softcapping that is not > 0 (left to the model's forward). So is a
+training forward that reaches the decoder outside the model's forward with labels (TRL's
+SFTTrainer): kjit's loss never runs there. Each reason is a KjitFallbackWarning once per model
+(under torch.compile, while the call is traced); apply_to(model, strict=True) raises
 KjitFallbackError instead. apply_to's "runs" says what runs for the model as it is then.
 
 With linear_cross_entropy=True a training forward with labels computes no logits at all: the
@@ -46,9 +49,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -57,65 +62,37 @@ from torch import nn
 from kjit._runtime import KjitWarning
 from kjit.torch.functional import _is_dtensor, cross_entropy, linear_cross_entropy, rms_norm
 
+# The model families apply_to supports, by model_type: kjit/model_families.json, the table kjit-tune
+# --config reads too (it embeds the file), so that kjit-tune prepares the kernels apply_to runs. The
+# file says what each entry means. Left out, and why (transformers 5.25): Cohere and Cohere 2
+# (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms by
+# pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
+# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with gated norms,
+# not checked), Qwen3-Next (gated norms, not checked). QK-norms of other sizes (OLMo 2's over all
+# heads, Gemma 3's and Qwen 3's over one, DeepSeek's over its LoRA ranks) and Qwen 2.5 VL's vision
+# norms are the same code as the family's RMSNorm.
+MODEL_FAMILIES_FILE = Path(__file__).resolve().parent.parent / "model_families.json"
+_FAMILIES = json.loads(MODEL_FAMILIES_FILE.read_text(encoding="utf-8"))["families"]
+
 # model_type -> the RMSNorm flavour its norms compute (casting, weight offset).
-# Each one's RMSNorm is LlamaRMSNorm's code ("llama": normalized x rounded to the input dtype, then
-# times the weight), Gemma's ("gemma", 1.0: fp32 times 1 + w, rounded once) or OLMo 2's ("gemma",
-# 0.0: fp32 times w, rounded once; Helium's too), checked against transformers 5.25's source, and
-# its forward hands lm_head's output to the loss unchanged, soft-capped (_SOFTCAPPED) or divided
-# by a config value (_LOGITS_DIVIDED_BY), which the fused path applies too. QK-norms of other
-# sizes (OLMo 2's over all heads, Gemma 3's and Qwen 3's over one, DeepSeek's over its LoRA ranks)
-# and Qwen 2.5 VL's vision norms are the same code. Left out, and why (transformers 5.25): Cohere
-# and Cohere 2 (LayerNorms; logits times logit_scale), Phi (LayerNorm), Gemma 3n (weightless norms
-# by pow(-0.5), not checked), Gemma 3's and Llama 4's multimodal wrappers (their text models,
-# gemma3_text and llama4_text, are in), Granite 4 (granitemoehybrid: Mamba layers with gated
-# norms, not checked), Qwen3-Next (gated norms, not checked).
-_SUPPORTED = {
-    "llama": ("llama", 0.0),
-    "llama4_text": ("llama", 0.0),
-    "mistral": ("llama", 0.0),
-    "ministral": ("llama", 0.0),
-    "mixtral": ("llama", 0.0),
-    "phi3": ("llama", 0.0),
-    "qwen2": ("llama", 0.0),
-    "qwen2_moe": ("llama", 0.0),
-    "qwen3": ("llama", 0.0),
-    "qwen3_moe": ("llama", 0.0),
-    "qwen2_5_vl": ("llama", 0.0),
-    "qwen3_vl": ("llama", 0.0),
-    "granite": ("llama", 0.0),
-    "granitemoe": ("llama", 0.0),
-    "deepseek_v2": ("llama", 0.0),
-    "deepseek_v3": ("llama", 0.0),
-    "olmoe": ("llama", 0.0),
-    "smollm3": ("llama", 0.0),
-    "glm4": ("llama", 0.0),
-    "seed_oss": ("llama", 0.0),
-    "arcee": ("llama", 0.0),
-    "apertus": ("llama", 0.0),
-    "exaone4": ("llama", 0.0),
-    "ernie4_5": ("llama", 0.0),
-    "hunyuan_v1_dense": ("llama", 0.0),
-    "gemma": ("gemma", 1.0),
-    "gemma2": ("gemma", 1.0),
-    "gemma3_text": ("gemma", 1.0),
-    "olmo2": ("gemma", 0.0),
-    "olmo3": ("gemma", 0.0),
-    "gpt_oss": ("gemma", 0.0),
-    "helium": ("gemma", 0.0),
-}
+_SUPPORTED = {name: (family["norm_casting"], float(family.get("norm_weight_offset", 0.0)))
+              for name, family in _FAMILIES.items()}
 
 # The model types whose ...ForConditionalGeneration computes the loss as a causal LM's: lm_head's
 # output to the loss, unchanged (the Qwen vision-language models on text and images).
-_CONDITIONAL_CAUSAL_LM = ("qwen2_5_vl", "qwen3_vl")
+_CONDITIONAL_CAUSAL_LM = tuple(name for name, family in _FAMILIES.items()
+                               if family.get("conditional_causal_lm", False))
 
 # The model types whose forward soft-caps the logits by config.final_logit_softcapping (when set;
 # a config of another type may carry the key without its forward reading it).
-_SOFTCAPPED = ("gemma2", "gemma3_text")
+_SOFTCAPPED = tuple(name for name, family in _FAMILIES.items()
+                    if family.get("softcaps_logits", False))
 
 # model_type -> the config value its forward divides lm_head's output by. The fused path divides
 # the hidden states instead: the same logits, bit for bit when the value is a power of two (16 in
 # Granite 3's 8B config), else within one rounding of the hidden states.
-_LOGITS_DIVIDED_BY = {"granite": "logits_scaling", "granitemoe": "logits_scaling"}
+_LOGITS_DIVIDED_BY = {name: family["logits_divided_by"] for name, family in _FAMILIES.items()
+                      if "logits_divided_by" in family}
 
 # RMSNorm classes apply_to leaves to Hugging Face's code: Llama 4's QK-norm has no weight (x in
 # fp32, normalized, rounded once), and kjit's rms_norm needs one.
@@ -161,12 +138,25 @@ class _Fallbacks:
             raise KjitFallbackError(f"kjit.apply_to(strict=True): {message}")
         if reason not in self.warned:
             self.warned.add(reason)
-            warnings.warn(f"kjit.apply_to: {message} (said once per model and cause)",
-                          KjitFallbackWarning, stacklevel=2)
+            message = f"kjit.apply_to: {message} (said once per model and cause)"
+            if torch.compiler.is_compiling():
+                # torch.compile cannot trace warnings.warn (fullgraph=True fails on it): said
+                # while the call is traced instead. (Imported here: dynamo is loaded by now.)
+                from torch._dynamo.comptime import comptime
+                comptime(_warn_while_tracing)
+            else:
+                warnings.warn(message, KjitFallbackWarning, stacklevel=2)
+
+
+def _warn_while_tracing(ctx) -> None:
+    """_Fallbacks.original_runs's warning, at torch.compile's trace of it (a comptime function:
+    ctx is the traced frame, whose `message` is a constant)."""
+    warnings.warn(ctx.get_local("message").as_python_constant(), KjitFallbackWarning)
 
 
 class KjitHFRMSNorm(nn.Module):
-    """Stands in for a Hugging Face RMSNorm module, sharing its weight."""
+    """Stands in for a Hugging Face RMSNorm module, sharing its weight; its fallback runs the
+    original's code with the weight this module holds when it runs."""
 
     def __init__(self, original: nn.Module, eps: float, casting: str, offset: float,
                  fallbacks: _Fallbacks):
@@ -187,7 +177,9 @@ class KjitHFRMSNorm(nn.Module):
                       "would promote its output")
         if cannot is not None:
             self.fallbacks.original_runs(cannot[0], "RMSNorm runs Hugging Face's code", cannot[1])
-            return self.original(x)
+            # With this module's weight as it is now, not the one the original kept:
+            # load_state_dict(assign=True), fully_shard and to() may have replaced it since.
+            return torch.func.functional_call(self.original, {"weight": self.weight}, (x,))
         return rms_norm(x, self.weight, self.eps, casting=self.casting, offset=self.offset)
 
     def extra_repr(self) -> str:
@@ -360,6 +352,18 @@ def _fused_class(cls: type) -> type:
         keep = kwargs.get("logits_to_keep", 0)
         fuse = (getattr(self, "_kjit_fuse_lm_head", False) and self.training
                 and isinstance(keep, int) and keep == 0)
+        # Only _SOFTCAPPED forwards soft-cap the logits (a config may carry the key regardless);
+        # one that kjit's soft-cap does not take (<= 0, NaN) is left to Hugging Face's forward.
+        model_type = self.config.model_type
+        softcap = getattr(self.config, "final_logit_softcapping", None) \
+            if model_type in _SOFTCAPPED else None
+        if fuse and softcap is not None and not softcap > 0:
+            self._kjit_fallbacks.original_runs(
+                f"final_logit_softcapping {softcap}", "lm_head computes the logits, unfused",
+                f"its config's final_logit_softcapping is {softcap}, which Hugging Face's "
+                "forward applies as it is (softcap * tanh(logits / softcap)) and kjit's fused "
+                "soft-cap does not take (it must be > 0)")
+            fuse = False
         # Armed for this model's own lm_head only, so that another model's forward inside this one
         # (a teacher's, from a hook) computes its logits; the outer state comes back afterwards.
         outer = (getattr(_fusion, "armed", None), getattr(_fusion, "softcap", 0.0),
@@ -368,10 +372,7 @@ def _fused_class(cls: type) -> type:
         _fusion.armed, _fusion.kept = (self.get_output_embeddings() if fuse else None), None
         _fusion.fallbacks = self._kjit_fallbacks
         _fusion.report = report = {}
-        # Only _SOFTCAPPED forwards soft-cap the logits (a config may carry the key regardless).
-        model_type = self.config.model_type
-        softcap = getattr(self.config, "final_logit_softcapping", None)
-        _fusion.softcap = (softcap or 0.0) if model_type in _SOFTCAPPED else 0.0
+        _fusion.softcap = softcap or 0.0
         divided_by = _LOGITS_DIVIDED_BY.get(model_type)
         _fusion.divisor = float(getattr(self.config, divided_by)) if divided_by else 1.0
         try:
@@ -425,6 +426,8 @@ def _keep_lm_head_input(head, args):
     subnormals (bf16 and fp32 have the exponent range)."""
     if getattr(_fusion, "armed", None) is not head:
         return None
+    if _fsdp_unit(head):  # refused whether the fused op or lm_head would run
+        raise ValueError(f"kjit.apply_to(linear_cross_entropy=True): {_OWN_FSDP_UNIT}")
     hidden = args[0]
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
@@ -537,6 +540,35 @@ def _fuse_lm_head_and_loss(model: nn.Module) -> None:
     _wrap_forward(model)
 
 
+class _DecoderOutsideTheModelsForward:
+    """The decoder's forward pre-hook (model.base_model's) in a model whose loss is kjit's: a
+    training forward with gradients that reaches the decoder outside the model's own forward with
+    labels computes its loss elsewhere, so kjit's never runs: said once per model (strict:
+    raised). TRL's SFTTrainer does so: its fused LM head calls the decoder itself. An object, so
+    that the model still pickles."""
+
+    def __init__(self, fallbacks: _Fallbacks):
+        self.fallbacks = fallbacks
+
+    def __call__(self, decoder, args):
+        outside = getattr(_fusion, "report", None) is None  # (set by the forward with labels)
+        if decoder.training and torch.is_grad_enabled() and outside:
+            self.fallbacks.original_runs(
+                "loss outside the model's forward", "kjit's loss never runs",
+                "a training forward reached the decoder without the model's own forward with "
+                "labels, which is where the loss is kjit's (TRL's SFTTrainer computes its own loss "
+                "through its fused LM head; a training loop may compute one from the logits): "
+                "with TRL use kjit.torch.trl.KjitSFTTrainer, else call the model with labels=")
+
+
+def _watch_the_decoder(model: nn.Module, fallbacks: _Fallbacks) -> None:
+    decoder = getattr(model, "base_model", None)
+    if isinstance(decoder, nn.Module) and decoder is not model and not any(
+            isinstance(hook, _DecoderOutsideTheModelsForward)
+            for hook in decoder._forward_pre_hooks.values()):
+        decoder.register_forward_pre_hook(_DecoderOutsideTheModelsForward(fallbacks))
+
+
 def _what_runs(model: nn.Module, norms: bool, loss_name, use_kjit: bool, fused: bool) -> dict:
     """What each patched part runs for the model's parameters as they are now (apply_to may come
     before model.cuda(); each call decides for its own tensors, as _not_for_kjit says)."""
@@ -574,8 +606,10 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
     (nothing is changed then).
 
     A call kjit cannot take (tensors not on a CUDA GPU, float64, a LLaMA norm whose weight and
-    input dtypes differ, a float16 forward of the fused lm_head) runs the original code with a
-    KjitFallbackWarning, once per model and cause; strict=True raises KjitFallbackError instead.
+    input dtypes differ, a float16 forward of the fused lm_head, a final_logit_softcapping not
+    > 0) runs the original code with a KjitFallbackWarning, once per model and cause, as does a
+    training forward that reaches the decoder outside the model's forward with labels (TRL's
+    SFTTrainer: kjit's loss never runs); strict=True raises KjitFallbackError instead.
 
     inplace_backward: False (default) gives the loss's gradient a buffer of its own ([tokens,
     vocab] in the logits' dtype, alive from the forward to the backward): the output's logits
@@ -653,6 +687,7 @@ def apply_to(model: nn.Module, *, rms_norm: bool = True, cross_entropy: bool = T
                           "in-place gradient's hidden logits need its class's forward, which "
                           "will not run unless that is called", stacklevel=2)
         _wrap_forward(model)
+        _watch_the_decoder(model, fallbacks)
     if fuse:
         _fuse_lm_head_and_loss(model)
     return changed
