@@ -191,6 +191,13 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a.float() @ b.float()
 
 
+def _lm_head(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+    """A chunk's logits in the inputs' dtype, autocast or not: the backward recomputes exactly
+    the logits the forward read (autocast does not reach a backward)."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return F.linear(hidden, weight, bias)
+
+
 class _LinearLogProbs(torch.autograd.Function):
     """The lm_head and the RL head over chunks of rows: each chunk's logits exist only while it
     is processed, in the forward and again (recomputed) in the backward, whose upstream gradients
@@ -203,7 +210,7 @@ class _LinearLogProbs(torch.autograd.Function):
         rows = hidden.shape[0]
         outs = ([], [], [])
         for start in range(0, rows, chunk):
-            logits = F.linear(hidden[start:start + chunk], weight, bias)
+            logits = _lm_head(hidden[start:start + chunk], weight, bias)
             for out, value in zip(outs, _kernels.log_probs_forward(
                     logits, target[start:start + chunk], temperature, ignore_index,
                     want_entropy)):
@@ -235,7 +242,7 @@ def _lm_head_gradients(ctx, up) -> tuple:
     for start in range(0, rows, chunk):
         end = min(rows, start + chunk)
         h = hidden[start:end]
-        d_logits = F.linear(h, weight, bias)
+        d_logits = _lm_head(h, weight, bias)
         _kernels.log_probs_backward_(
             d_logits, target[start:end], lse[start:end],
             entropy[start:end] if entropy.numel() else entropy,
@@ -274,6 +281,9 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
       chunks in fp32 and rounded to the weight's dtype once. The backward recomputes each chunk's
       logits (the upstream gradients of RL losses are known only then): 4 GEMMs a step where a
       loss whose upstream gradient is known takes 3.
+    - lm_head runs in the inputs' dtype even under autocast (so that the backward recomputes the
+      logits the forward read): cast hidden and weight to autocast's dtype first for a bf16 GEMM
+      (kjit.torch.trl does).
     """
     for what, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
