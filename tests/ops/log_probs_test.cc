@@ -18,6 +18,7 @@
 #include "kjit/kjit.h"
 #include "ops/log_probs/program.h"
 #include "ops/log_probs/reference.h"
+#include "ops/registry.h"
 #include "tests/expect_status.h"
 #include "tests/temp_dir.h"
 
@@ -228,6 +229,41 @@ TEST_F(CompileOnlyLogProbsTest, LaunchesNameEveryBadArgument) {
   auto plain = rt_->LogProbs({.vocab = V});
   ASSERT_TRUE(plain.ok());
   testing::ExpectInvalid(plain->Forward(nullptr, Good()), "entropy: given, but the op was made");
+}
+
+// The registry's view (`kjit compile --op log_probs`, `kjit bench --op log_probs`, the spec JSON).
+TEST(LogProbsRegistry, SpecJsonTuningKeyAndFlags) {
+  const ops::OpSpec op = LogProbsSpec{.vocab = 151936,
+                                      .dtype = DType::kF16,
+                                      .target_type = IndexType::kInt32,
+                                      .ignore_index = -1,
+                                      .temperature = 0.7f,
+                                      .entropy = true};
+  EXPECT_EQ(ops::OpName(op), "log_probs");
+  EXPECT_EQ(ops::TuningShape(op), "vocab=151936 entropy");
+  auto back = ops::SpecFromJson(ops::SpecToJson(op));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ops::SpecToJson(*back), ops::SpecToJson(op));
+  EXPECT_EQ(std::get<LogProbsSpec>(*back).temperature, 0.7f);
+  testing::ExpectInvalid(
+      ops::SpecFromJson(R"({"op": "log_probs", "vocab": 100, "dtype": "bf16", "target_type":)"
+                        R"( "int64", "ignore_index": -100, "temperature": 0, "entropy": false})")
+          .status(),
+      "temperature: 0 must be");
+  auto spec = ops::DefaultSpec("log_probs", DType::kBF16);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, ops::FlagValue>>{{"--vocab", {.integer = 50257}},
+                                                           {"--temperature", {.real = 1.7f}},
+                                                           {"--entropy", {.on = true}}}) {
+    ASSERT_TRUE(ops::ApplyFlag(*spec, ops::FlagCommand::kCompile, flag, value).ok()) << flag;
+  }
+  EXPECT_EQ(ops::TuningShape(*spec), "vocab=50257 entropy");
+  EXPECT_EQ(std::get<LogProbsSpec>(*spec).temperature, 1.7f);
+  testing::ExpectInvalid(
+      ops::ApplyFlag(*spec, ops::FlagCommand::kCompile, "--softcap", {.real = 30}),
+      "--softcap does not apply to --op log_probs");
+  EXPECT_TRUE(ops::TunedPasses(*spec).empty()) << "no tuning database record is read yet";
 }
 
 // ---- The fp64 reference -------------------------------------------------------------------------
