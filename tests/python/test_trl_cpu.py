@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from conftest import needs_torch, small_hf_model
+from conftest import needs_gpu, needs_torch, small_hf_model
 
 pytestmark = [needs_torch, pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("transformers", "trl", "datasets")),
@@ -53,13 +53,13 @@ def dataset(model):
         ids = torch.randint(3, VOCAB, (n,), generator=g)
         with torch.no_grad():
             for t in range(1, n if i % 2 else 1):
-                logits = model(input_ids=ids[None, :t]).logits[0, -1, 3:]
-                ids[t] = 3 + logits.argmax()
+                logits = model(input_ids=ids[None, :t].to(model.device)).logits[0, -1, 3:]
+                ids[t] = 3 + logits.argmax().cpu()
         rows.append({"input_ids": ids.tolist()})
     return datasets.Dataset.from_list(rows)
 
 
-def train(model, trainer_class, tmp_path, steps=3, **config):
+def train(model, trainer_class, tmp_path, steps=3, cpu=True, **config):
     logged = []
 
     class Logged(transformers.TrainerCallback):
@@ -70,7 +70,7 @@ def train(model, trainer_class, tmp_path, steps=3, **config):
     # gradients; Adam's first steps move tiny gradients by the learning rate, sign and all.)
     args = trl.SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2,
                          max_steps=steps, logging_steps=1, learning_rate=1e-1, optim="sgd",
-                         report_to=[], use_cpu=True, save_strategy="no", seed=0, data_seed=0,
+                         report_to=[], use_cpu=cpu, save_strategy="no", seed=0, data_seed=0,
                          dataloader_num_workers=0, **config)
     trainer = trainer_class(model=model, args=args, train_dataset=dataset(model),
                             processing_class=tokenizer(), callbacks=[Logged()])
@@ -112,6 +112,31 @@ def test_kjits_loss_and_metrics_match_trls_own(tmp_path, fused, bf16, request):
     assert any(0.1 < log["mean_token_accuracy"] < 0.95 for log in logs), "a measure that can fail"
     for (name, p), q in zip(patched.named_parameters(), base.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6 if not bf16 else 1e-4, msg=name)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "lm_head_fused"])
+def test_on_the_gpu_kjits_kernels_match_trls_own(tmp_path, fused):
+    """Three fp32 SFT steps on the GPU with kjit's RMSNorm and loss kernels (no stand-ins) against
+    TRL's own trainer on the unpatched model."""
+    base = tiny().cuda()
+    patched = copy.deepcopy(base)
+    changed = kt.apply_to(patched, metrics=True, linear_cross_entropy=fused, strict=True)
+    assert changed["runs"]["rms_norm"] == "kjit"
+    expected = train(base, trl.SFTTrainer, tmp_path / "trl", cpu=False)
+    logs = train(patched, KjitSFTTrainer, tmp_path / "kjit", cpu=False)
+    assert len(logs) == len(expected) == 3
+    for got, want in zip(logs, expected):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-3)
+        assert got["num_tokens"] == want["num_tokens"]
+        # (the fused lm_head's logits come from another GEMM: a near tie may flip)
+        assert got["mean_token_accuracy"] == pytest.approx(want["mean_token_accuracy"],
+                                                           abs=0.05)
+        assert got["entropy"] == pytest.approx(want["entropy"], rel=1e-4)
+    assert any(0.1 < log["mean_token_accuracy"] < 0.95 for log in logs), "a measure that can fail"
+    for (name, p), q in zip(patched.named_parameters(), base.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=name)
 
 
 def test_without_kjits_metrics_it_says_what_to_do(tmp_path, kjit_loss_on_cpu):

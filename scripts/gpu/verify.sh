@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# One run on a lent GPU machine that proves a commit: every GPU check kjit has, in under 9.5
+# minutes, everything written under $OUT (issue 44). Prepare it here, on the CPU, first:
+#
+#   scripts/gpu/prepare.sh          # the bundle, the wheel, the Python wheels the GPU lacks
+#
+# then, through the device tool, with carry [".device-bundle", ".device-wheel", ".whl",
+# ".device-cache"]:
+#
+#   bash scripts/gpu/verify.sh
+#
+# Stages (the first three side by side: the GPU has room for them and their time is NVRTC's and
+# the host's; the last two alone, since they measure memory or time):
+#   cpp        the whole C++ GPU suite, as gtest shards, then alone the tests that read device-wide
+#              memory or time kjit-tune;
+#   sanitizer  compute-sanitizer memcheck and racecheck on a subset with every kernel family:
+#              cross-entropy (every option family), RMSNorm (forward, backward, residual), the fused
+#              lm_head + loss, the sharded cross-entropy, and kjit's GEMM (the harness's small
+#              shapes);
+#   python     the wheel of the same commit in a virtual environment over the machine's torch, and
+#              tests/python with its GPU tests (ops and extras against torch, apply_to on Hugging
+#              Face families, the Trainer and TRL's trainer, torch.compile, CUDA graphs,
+#              kjit.torch.distributed over gloo and NCCL);
+#   bench      `kjit bench` of cross-entropy, RMSNorm and the lm_head op at their standard rows,
+#              and `python -m kjit.bench`'s lm_head row beside eager and torch.compile.
+# Then scripts/gpu/summarize.py writes $OUT/summary.json (commit, device, driver, wall_s,
+# nvrtc_s, each stage's passed / failed / skipped / wall_s) and prints it; the logs and the
+# benchmarks' JSON go back in $OUT/logs.tgz, the kernel cache in $OUT/kernels.tgz (copy it to
+# .device-cache/ for the next call: the run then spends its time running kernels, not compiling).
+#
+# Environment: STAGES (default "cpp sanitizer python bench") picks stages; SHARDS (default 12) the
+# C++ suite's processes; PYTEST_ARGS adds pytest arguments; KJIT_COLD_CACHE=1 starts without the
+# carried cache. Exit status 0 only when every stage ran with nothing failed.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+out=${OUT:-/tmp/kjit-verify}
+logs=$out/logs
+mkdir -p "$logs"
+stages=" ${STAGES:-cpp sanitizer python bench} "
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+run_start=$(now_ms)
+# The bundle's libraries (Abseil, fmt, ...); the toolkit's for the GEMM harness's cuBLASLt.
+export LD_LIBRARY_PATH=$repo/.device-bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+bin=$repo/.device-bundle/bin
+export KJIT_TUNE_BIN=$bin/kjit-tune  # TuningGpu's KJIT_AUTOTUNE test runs it
+source scripts/gpu-kernel-cache.sh
+kernel_cache_start > "$logs/cache.txt"
+cat "$logs/cache.txt"
+traces=$(mktemp -d)  # one KJIT_TRACE file a stage: its compile events give the time in NVRTC
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader \
+  > "$logs/gpu.txt" 2>&1
+cat "$logs/gpu.txt"
+
+# stage_end NAME START RC: the stage's wall time and exit status, for summarize.py.
+stage_end() {
+  printf '{"stage": "%s", "wall_s": %s, "rc": %d}\n' "$1" \
+    "$(awk -v a="$2" -v b="$(now_ms)" 'BEGIN {printf "%.1f", (b - a) / 1000}')" "$3" \
+    > "$logs/stage-$1.json"
+  echo "== $1 done (exit $3)"
+}
+wants() { [[ $stages == *" $1 "* ]]; }
+# The whole run ends by DEADLINE_S (default 560) seconds after its start, whatever the stages'
+# own limits, keeping 15 s for the summary and the archives: `limit N` is N or what is left.
+limit() {
+  local left=$((${DEADLINE_S:-560} - 15 - ($(now_ms) - run_start) / 1000))
+  [ "$left" -gt 1 ] || left=1
+  echo $(($1 < left ? $1 : left))
+}
+# checked NAME SECONDS COMMAND...: runs it with a time limit, its output in NAME.log and its exit
+# status in NAME.rc (summarize.py counts one check per .rc file).
+checked() {
+  local name=$1 limit=$2 rc=0
+  shift 2
+  timeout "$(limit "$limit")" "$@" > "$logs/$name.log" 2>&1 || rc=$?
+  echo $rc > "$logs/$name.rc"
+  [ $rc = 0 ] || echo "$name failed (exit $rc): $(tail -2 "$logs/$name.log")"
+  return $rc
+}
+
+# The C++ tests that must run alone: they read device-wide free memory or time kjit-tune.
+serial='CrossEntropyGpu.AllocatesNothingAndTheWorkspaceIsORows:LinearCrossEntropyGpu.TakesNoMemoryBeyondItsWorkspace:TuningGpu.*:GpuTimerGpu.*'
+
+cpp_shards() {
+  local t0 rc=0 pids=() shards=${SHARDS:-12}
+  t0=$(now_ms)
+  for ((i = 0; i < shards; i++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_TRACE=$traces/cpp-$i.json \
+      checked "cpp-shard$i" 300 "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" \
+      --gtest_output="json:$logs/cpp-shard$i.json" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "$t0 $rc" > "$logs/.cpp-shards"
+}
+
+# Each kernel family's thorough tests, one sanitizer process a test (they run side by side), and the
+# GEMM harness's small shapes. racecheck takes the smaller of them: it is the slower tool.
+memchecked='CrossEntropyGpu.EveryOptionCombination CrossEntropyGpu.ClassWeights CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow RmsNormGpu.EveryOptionCombination RmsNormGpu.MisalignedViewsUseNarrowerVectors LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored LinearCrossEntropyGpu.ForwardOnly ShardedCrossEntropyGpu.EveryOptionAndReduction CapiCrossEntropyGpu.*'
+racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.NanRowLeavesOtherRowsFinite RmsNormGpu.MisalignedViewsUseNarrowerVectors RmsNormGpu.NanRowLeavesOtherRowsFinite LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored ShardedCrossEntropyGpu.SplitsMatchUnshardedAndReference CapiCrossEntropyGpu.ClassWeights'
+sanitizer() {
+  local t0 rc=0 san pids=() test
+  t0=$(now_ms)
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    checked "sanitizer-$tool-gemm" 280 "$san" --tool $tool --error-exitcode 3 "$bin/gemm_harness" \
+      quick &
+    pids+=($!)
+    tests=$memchecked
+    [ $tool = racecheck ] && tests=$racechecked
+    for test in $tests; do
+      checked "sanitizer-$tool-${test//[.*]/_}" 400 "$san" --tool $tool --error-exitcode 3 \
+        "$bin/kjit_gpu_tests" --gtest_filter="$test" &
+      pids+=($!)
+    done
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  stage_end sanitizer "$t0" $rc
+}
+
+python_suite() {
+  local t0 rc=0 env_dir python
+  t0=$(now_ms)
+  # A venv over the system's packages (torch, transformers), without pip of its own: the system's
+  # pip, run by the venv's interpreter, installs the wheel and its console scripts into it.
+  # On the GPU image python3 is itself a venv (/opt/torch/.venv): a .pth file names its
+  # site-packages, which --system-site-packages alone would not reach.
+  env_dir=$(mktemp -d)/env
+  python3 -m venv --without-pip --system-site-packages "$env_dir" &&
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > \
+      "$("$env_dir/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine.pth" &&
+    "$env_dir/bin/python" -m pip install -q --no-deps --no-index --no-compile \
+      .device-wheel/kjit-*.whl $(ls .whl/*.whl 2>/dev/null) > "$logs/python-install.log" 2>&1 ||
+    { cat "$logs/python-install.log"; stage_end python "$t0" 1; return; }
+  python=$env_dir/bin/python
+  echo "$python" > "$logs/.python"
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
+  # Four pytest workers where pytest-xdist is installed (the GPU image has it).
+  local workers=()
+  "$python" -c 'import xdist' 2> /dev/null && workers=(-n 4)
+  KJIT_TRACE=$traces/python.json timeout "$(limit 400)" "$python" -m pytest -rs -q -p no:cacheprovider \
+    "${workers[@]}" --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} \
+    > "$logs/python.log" 2>&1 || rc=1
+  tail -15 "$logs/python.log"
+  stage_end python "$t0" $rc
+}
+
+bench() {
+  local t0 rc=0
+  t0=$(now_ms)
+  export KJIT_TRACE=$traces/bench.json
+  for op in cross_entropy rms_norm linear_cross_entropy; do
+    checked "bench-$op" 150 "$bin/kjit" bench --op $op --output "$logs/bench-$op.json" || rc=1
+  done
+  if [ -f "$logs/.python" ]; then
+    checked bench-python-lce 150 "$(cat "$logs/.python")" -m kjit.bench \
+      --case lce:8192x4096x128256 --json "$logs/bench-python-lce.json" || rc=1
+  fi
+  cat "$logs"/bench-*.log
+  unset KJIT_TRACE
+  stage_end bench "$t0" $rc
+}
+
+wants cpp && cpp_shards &
+wants sanitizer && sanitizer &
+wants python && python_suite &
+wait
+if wants cpp; then
+  read -r t0 rc < "$logs/.cpp-shards"
+  # A shard that ended without its report (a crash) runs again alone, to tell a crash that repeats
+  # from one that needed the company: the summary lists both, and counts the first.
+  for log in "$logs"/cpp-shard*.log; do
+    i=${log##*cpp-shard}; i=${i%.log}
+    [ -f "$logs/cpp-shard$i.json" ] && continue
+    GTEST_TOTAL_SHARDS=${SHARDS:-12} GTEST_SHARD_INDEX=$i checked "rerun-cpp-shard$i" 200 \
+      "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" --gtest_output="json:$logs/rerun-cpp-shard$i.json"
+  done
+  KJIT_TRACE=$traces/cpp-serial.json timeout "$(limit 200)" "$bin/kjit_gpu_tests" --gtest_filter="$serial" \
+    --gtest_output="json:$logs/cpp-serial.json" > "$logs/cpp-serial.log" 2>&1 || rc=1
+  grep -h -E '^\[  FAILED  \]' "$logs"/cpp-*.log | sort -u
+  stage_end cpp "$t0" "$rc"
+fi
+kernel_cache_save >> "$logs/cache.txt"  # before the benchmarks: the call's limit may end them
+tail -1 "$logs/cache.txt"
+wants bench && bench
+python3 scripts/gpu/summarize.py --logs "$logs" --traces "$traces" --stages "$stages" \
+  --wall-ms $(($(now_ms) - run_start)) --out "$out/summary.json"
+rc=$?
+cp "$traces"/*.json "$logs/" 2> /dev/null
+tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
+exit $rc
