@@ -3,15 +3,15 @@ random LLaMA on the CPU against TRL's own GRPOTrainer: the same logged loss, ent
 and trained weights, with the per-token log-probabilities and entropies (the policy's with their
 gradients, the reference policy's forward-only) computed by kjit.torch.linear_log_probs (its
 kernels replaced by float64 stand-ins on the CPU, as in test_rl_cpu.py), at temperature 0.7 and
-with TRL's entropy bonus (entropy_coef) so that the entropy's gradient reaches the weights. Skips
-without torch, transformers, trl and datasets."""
+with TRL's entropy bonus (entropy_coef) so that the entropy's gradient reaches the weights; on a
+GPU also with kjit's kernels themselves. Skips without torch, transformers, trl and datasets."""
 
 import importlib.util
 import warnings
 
 import pytest
 
-from conftest import needs_torch, small_hf_model
+from conftest import needs_gpu, needs_torch, small_hf_model
 
 pytestmark = [needs_torch, pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("transformers", "trl", "datasets")),
@@ -36,7 +36,7 @@ def reward_length(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
-def train(model, trainer_class, tmp_path, steps=2, **config):
+def train(model, trainer_class, tmp_path, steps=2, cpu=True, **config):
     logged = []
 
     class Logged(transformers.TrainerCallback):
@@ -49,7 +49,7 @@ def train(model, trainer_class, tmp_path, steps=2, **config):
     args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4,
                           num_generations=4, max_completion_length=6, temperature=0.7,
                           max_steps=steps, logging_steps=1, learning_rate=1e-1, optim="sgd",
-                          report_to=[], use_cpu=True, save_strategy="no", seed=0, data_seed=0,
+                          report_to=[], use_cpu=cpu, save_strategy="no", seed=0, data_seed=0,
                           dataloader_num_workers=0, **config)
     trainer = trainer_class(model=model, args=args, reward_funcs=reward_length,
                             train_dataset=prompts, processing_class=tokenizer(),
@@ -93,6 +93,24 @@ def test_grpo_steps_match_trls_own(kjit_on_cpu, tmp_path, config, tolerance):
             assert a[key] == pytest.approx(b[key], rel=tolerance, abs=tolerance / 10), key
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
         torch.testing.assert_close(p, q, rtol=tolerance, atol=tolerance / 10, msg=name)
+
+
+@needs_gpu
+def test_on_the_gpu_kjits_kernels_match_trls_own(tmp_path):
+    """Two fp32 GRPO steps on the GPU with kjit's RL-head kernels (no stand-ins), a reference
+    model and the entropy bonus, against TRL's own trainer (its Triton fused head)."""
+    base = str(tmp_path / "model")
+    small_hf_model("llama", vocab_size=VOCAB, hidden_size=32, max_positions=64,
+                   final_softcap=0.0).save_pretrained(base)
+    config = dict(beta=0.04, entropy_coef=0.1, bf16=False, cpu=False)
+    ours_logs, ours = train(base, ktrl.KjitGRPOTrainer, tmp_path / "kjit", **config)
+    theirs_logs, theirs = train(base, trl.GRPOTrainer, tmp_path / "trl", **config)
+    assert len(ours_logs) == len(theirs_logs) == 2
+    for a, b in zip(ours_logs, theirs_logs):
+        for key in ("loss", "grad_norm", "entropy", "reward"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), key
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4, msg=name)
 
 
 def test_the_fused_head_is_trls_again_outside_the_helper(kjit_on_cpu):
