@@ -35,6 +35,7 @@ enum class kjit_handle_kind : uint32_t {
   kCrossEntropy,
   kLinearCrossEntropy,
   kShardedCrossEntropy,
+  kLogProbs,
 };
 struct kjit_runtime {
   kjit_handle_kind kind = kjit_handle_kind::kRuntime;
@@ -55,6 +56,10 @@ struct kjit_linear_cross_entropy {
 struct kjit_sharded_cross_entropy {
   kjit_handle_kind kind = kjit_handle_kind::kShardedCrossEntropy;
   kjit::ShardedCrossEntropy op;
+};
+struct kjit_log_probs {
+  kjit_handle_kind kind = kjit_handle_kind::kLogProbs;
+  kjit::LogProbs op;
 };
 
 namespace kjit {
@@ -173,6 +178,8 @@ constexpr kjit_handle_kind kKindOf<kjit_linear_cross_entropy> =
 template <>
 constexpr kjit_handle_kind kKindOf<kjit_sharded_cross_entropy> =
     kjit_handle_kind::kShardedCrossEntropy;
+template <>
+constexpr kjit_handle_kind kKindOf<kjit_log_probs> = kjit_handle_kind::kLogProbs;
 
 const char* KindName(kjit_handle_kind kind) {
   switch (kind) {
@@ -181,6 +188,7 @@ const char* KindName(kjit_handle_kind kind) {
     case kjit_handle_kind::kCrossEntropy: return "kjit_cross_entropy";
     case kjit_handle_kind::kLinearCrossEntropy: return "kjit_linear_cross_entropy";
     case kjit_handle_kind::kShardedCrossEntropy: return "kjit_sharded_cross_entropy";
+    case kjit_handle_kind::kLogProbs: return "kjit_log_probs";
     case kjit_handle_kind::kDestroyed: break;
   }
   return nullptr;
@@ -262,6 +270,12 @@ constexpr const char* kStructName<kjit_sharded_cross_entropy_spec> =
 template <>
 constexpr const char* kStructName<kjit_sharded_cross_entropy_args> =
     "kjit_sharded_cross_entropy_args";
+template <>
+constexpr const char* kStructName<kjit_log_probs_spec> = "kjit_log_probs_spec";
+template <>
+constexpr const char* kStructName<kjit_log_probs_args> = "kjit_log_probs_args";
+template <>
+constexpr const char* kStructName<kjit_log_probs_backward_args> = "kjit_log_probs_backward_args";
 
 // The struct `name` points to was made for this library's layout of T.
 template <class T>
@@ -450,6 +464,24 @@ absl::StatusOr<ShardedCrossEntropySpec> ToSpec(const kjit_sharded_cross_entropy_
   return spec;
 }
 
+absl::StatusOr<LogProbsSpec> ToSpec(const kjit_log_probs_spec& c) {
+  Fields f;
+  LogProbsSpec spec{.vocab = c.vocab,
+                    .dtype = f.Dtype({"dtype"}, c.dtype),
+                    .target_type = IndexType(f.Choice({"target_type"}, c.target_type, kIndexNames)),
+                    .ignore_index = c.ignore_index,
+                    .temperature = c.temperature,
+                    .entropy = f.Flag("entropy", c.entropy)};
+  KJIT_RETURN_IF_ERROR(f.status());
+  KJIT_ASSIGN_OR_RETURN(spec.config, ParseConfig(c.config, ParseCrossEntropyConfig));
+  return spec;
+}
+
+absl::StatusOr<kjit::LogProbs> MakeOp(const Runtime& rt, const kjit_log_probs_spec& c) {
+  KJIT_ASSIGN_OR_RETURN(const LogProbsSpec spec, ToSpec(c));
+  return rt.LogProbs(spec);
+}
+
 absl::StatusOr<kjit::RmsNorm> MakeOp(const Runtime& rt, const kjit_rms_norm_spec& c) {
   KJIT_ASSIGN_OR_RETURN(const RmsNormSpec spec, ToSpec(c));
   return rt.RmsNorm(spec);
@@ -534,6 +566,14 @@ LinearCrossEntropyRescaleArgs ToCpp(Fields& f, const kjit_linear_cross_entropy_r
 ShardedCrossEntropyArgs ToCpp(Fields& f, const kjit_sharded_cross_entropy_args& a) {
   return {KJIT_VIEW(logits), KJIT_INDEX(targets),    KJIT_VIEW(loss),         KJIT_VIEW(lse),
           KJIT_VIEW(grad),   KJIT_VIEW(grad_output), KJIT_VIEW(class_weight), KJIT_WORKSPACE};
+}
+LogProbsArgs ToCpp(Fields& f, const kjit_log_probs_args& a) {
+  return {KJIT_VIEW(logits), KJIT_INDEX(targets), KJIT_VIEW(logprob), KJIT_VIEW(entropy),
+          KJIT_VIEW(lse)};
+}
+LogProbsBackwardArgs ToCpp(Fields& f, const kjit_log_probs_backward_args& a) {
+  return {KJIT_VIEW(logits),       KJIT_INDEX(targets),     KJIT_VIEW(lse), KJIT_VIEW(entropy),
+          KJIT_VIEW(grad_logprob), KJIT_VIEW(grad_entropy), KJIT_VIEW(grad)};
 }
 #undef KJIT_VIEW
 #undef KJIT_INDEX
@@ -1005,4 +1045,52 @@ kjit_status kjit_sharded_cross_entropy_build(const kjit_sharded_cross_entropy* o
   return kjit::QueryOp(
       __func__, op, "json_out", json_out,
       [&](const kjit::ShardedCrossEntropy& ce) { return kjit::ReturnBuild(ce.Build(), json_out); });
+}
+
+// ---- RL heads ---------------------------------------------------------------------------------
+
+void kjit_log_probs_spec_init(kjit_log_probs_spec* spec) {
+  if (spec == nullptr) return;
+  const kjit::LogProbsSpec d;
+  *spec = {.struct_size = sizeof(*spec),
+           .vocab = d.vocab,
+           .dtype = static_cast<int32_t>(d.dtype),
+           .target_type = static_cast<int32_t>(d.target_type),
+           .ignore_index = d.ignore_index,
+           .temperature = d.temperature,
+           .entropy = d.entropy,
+           .config = nullptr};
+}
+
+void kjit_log_probs_args_init(kjit_log_probs_args* args) { kjit::InitArgs(args); }
+
+void kjit_log_probs_backward_args_init(kjit_log_probs_backward_args* args) { kjit::InitArgs(args); }
+
+kjit_status kjit_log_probs_create(const kjit_runtime* runtime, const kjit_log_probs_spec* spec,
+                                  kjit_log_probs** out) {
+  return kjit::CreateOp(__func__, runtime, spec, out);
+}
+
+void kjit_log_probs_destroy(kjit_log_probs* op) { kjit::DestroyHandle(__func__, op); }
+
+kjit_status kjit_log_probs_forward(const kjit_log_probs* op, CUstream stream,
+                                   const kjit_log_probs_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::LogProbs::Forward);
+}
+
+kjit_status kjit_log_probs_backward(const kjit_log_probs* op, CUstream stream,
+                                    const kjit_log_probs_backward_args* args) {
+  return kjit::LaunchOp(__func__, op, stream, args, &kjit::LogProbs::Backward);
+}
+
+kjit_status kjit_log_probs_config(const kjit_log_probs* op, char** config_out) {
+  return kjit::QueryOp(__func__, op, "config_out", config_out, [&](const kjit::LogProbs& lp) {
+    return kjit::Return(lp.config().ToString(), config_out);
+  });
+}
+
+kjit_status kjit_log_probs_build(const kjit_log_probs* op, char** json_out) {
+  return kjit::QueryOp(__func__, op, "json_out", json_out, [&](const kjit::LogProbs& lp) {
+    return kjit::ReturnBuild(lp.Build(), json_out);
+  });
 }

@@ -28,13 +28,14 @@
 #include "ops/common/spec_flags.h"
 #include "ops/cross_entropy/trait.h"
 #include "ops/linear_cross_entropy/trait.h"
+#include "ops/log_probs/trait.h"
 #include "ops/rms_norm/trait.h"
 #include "runtime/tuning_db.h"
 
 namespace kjit::ops {
 
 // The registry: one alternative per op.
-using OpSpec = std::variant<RmsNormSpec, CrossEntropySpec, LinearCrossEntropySpec>;
+using OpSpec = std::variant<RmsNormSpec, CrossEntropySpec, LinearCrossEntropySpec, LogProbsSpec>;
 
 // The ops' names ("rms_norm", "cross_entropy", "linear_cross_entropy"), in OpSpec's order.
 std::vector<std::string> OpNames();

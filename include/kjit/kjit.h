@@ -13,6 +13,7 @@
 #include "kjit/dtype.h"
 #include "kjit/host_convert.h"
 #include "kjit/linear_cross_entropy.h"
+#include "kjit/log_probs.h"
 #include "kjit/loss_options.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"

@@ -56,8 +56,9 @@ extern "C" {
  *   3: the per-row extras (issue 35): entropy in both ops' specs, entropy and target_logprob in
  *      their args; class weights in the fused linear op (class_weight_dtype, class_weight).
  *   4: the loss options are one struct, kjit_loss_options, embedded as `loss` in both loss specs;
- *      lse_square_scale is now z_loss. */
-#define KJIT_C_ABI_VERSION 4
+ *      lse_square_scale is now z_loss.
+ *   5: the RL heads (issue 47): kjit_log_probs_* (no existing struct changed). */
+#define KJIT_C_ABI_VERSION 5
 
 #if defined(__GNUC__)
 #define KJIT_C_EXPORT __attribute__((visibility("default")))
@@ -532,6 +533,63 @@ KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_config(const kjit_sharded_c
                                                             char** config_out);
 KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_build(const kjit_sharded_cross_entropy* op,
                                                            char** json_out);
+
+/* ---- RL heads (kjit/log_probs.h says what they compute) ---------------------------------
+ * Per-token log softmax(z / T)[target] and, when asked, the entropy of softmax(z / T), fp32 per
+ * row (0 for an ignored row), and their gradient with respect to the logits for per-row upstream
+ * gradients of both (either absent). The temperature is applied as each logit is read. */
+
+typedef struct kjit_log_probs_spec {
+  uint32_t struct_size;
+  int64_t vocab;        /* 2 .. 1,048,576 */
+  int32_t dtype;        /* logits and gradient; default KJIT_BF16 */
+  int32_t target_type;  /* default KJIT_INT64 */
+  int64_t ignore_index; /* default -100 */
+  float temperature;    /* T > 0, finite; default 1 */
+  int32_t entropy;      /* 1: forward writes args.entropy */
+  /* NULL or "": the heuristic; else "vec=8 threads=256 unroll=4 cluster=0 staged=0" */
+  const char* config;
+} kjit_log_probs_spec;
+
+typedef struct kjit_log_probs_args {
+  uint32_t struct_size;
+  kjit_tensor logits;  /* [rows, vocab] */
+  kjit_index targets;  /* [rows] */
+  kjit_tensor logprob; /* fp32 [rows] */
+  kjit_tensor entropy; /* fp32 [rows]; iff spec.entropy */
+  kjit_tensor lse;     /* optional fp32 [rows]: lse(z / T), what backward needs */
+} kjit_log_probs_args;
+
+typedef struct kjit_log_probs_backward_args {
+  uint32_t struct_size;
+  kjit_tensor logits;       /* [rows, vocab], as the forward read them */
+  kjit_index targets;       /* [rows] */
+  kjit_tensor lse;          /* fp32 [rows], the forward's */
+  kjit_tensor entropy;      /* fp32 [rows], the forward's; iff grad_entropy */
+  kjit_tensor grad_logprob; /* optional fp32 [rows] */
+  kjit_tensor grad_entropy; /* optional fp32 [rows] */
+  kjit_tensor grad;         /* [rows, vocab]; may be logits (in place) */
+} kjit_log_probs_backward_args;
+
+typedef struct kjit_log_probs kjit_log_probs;
+
+KJIT_C_EXPORT void kjit_log_probs_spec_init(kjit_log_probs_spec* spec);
+KJIT_C_EXPORT void kjit_log_probs_args_init(kjit_log_probs_args* args);
+KJIT_C_EXPORT void kjit_log_probs_backward_args_init(kjit_log_probs_backward_args* args);
+/* Checks the spec; kernels are built on first use (or by kjit_log_probs_build). */
+KJIT_C_EXPORT kjit_status kjit_log_probs_create(const kjit_runtime* runtime,
+                                                const kjit_log_probs_spec* spec,
+                                                kjit_log_probs** out);
+KJIT_C_EXPORT void kjit_log_probs_destroy(kjit_log_probs* op);
+/* The per-row outputs; nothing else is written (an old or reference policy's pass). */
+KJIT_C_EXPORT kjit_status kjit_log_probs_forward(const kjit_log_probs* op, CUstream stream,
+                                                 const kjit_log_probs_args* args);
+/* The gradient from the forward's lse (and entropy) for the upstream gradients given. */
+KJIT_C_EXPORT kjit_status kjit_log_probs_backward(const kjit_log_probs* op, CUstream stream,
+                                                  const kjit_log_probs_backward_args* args);
+/* The config every launch uses with the widest vectors (text form). */
+KJIT_C_EXPORT kjit_status kjit_log_probs_config(const kjit_log_probs* op, char** config_out);
+KJIT_C_EXPORT kjit_status kjit_log_probs_build(const kjit_log_probs* op, char** json_out);
 
 #ifdef __cplusplus
 }

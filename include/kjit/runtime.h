@@ -36,10 +36,12 @@ class RmsNorm;
 class CrossEntropy;
 class ShardedCrossEntropy;
 class LinearCrossEntropy;
+class LogProbs;
 struct RmsNormSpec;
 struct CrossEntropySpec;
 struct ShardedCrossEntropySpec;
 struct LinearCrossEntropySpec;
+struct LogProbsSpec;
 
 // Receives the library's warnings (an unreadable tuning database, a cache that cannot be written,
 // a tuned record that does not fit). The default prints each distinct message once to stderr.
@@ -147,6 +149,8 @@ class Runtime {
   // The lm_head and the loss fused (kjit/linear_cross_entropy.h); needs cuBLASLt to launch.
   absl::StatusOr<kjit::LinearCrossEntropy> LinearCrossEntropy(
       const LinearCrossEntropySpec& spec) const;
+  // Per-token log-probabilities and entropy with temperature, for RL (kjit/log_probs.h).
+  absl::StatusOr<kjit::LogProbs> LogProbs(const LogProbsSpec& spec) const;
 
   // What kernels are built for: "sm_90", "sm_100a", "compute_90".
   std::string target() const;

@@ -66,14 +66,18 @@ void LossOptionsToJson(const LossOptions& loss, nlohmann::json& j) {
   if (class_weight_dtype) j["class_weight_dtype"] = Name(*class_weight_dtype);
 }
 
-absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in) {
-  LossOptions loss;
+absl::StatusOr<IndexType> TargetTypeFromJson(JsonFields& in) {
   KJIT_ASSIGN_OR_RETURN(const std::string targets, in.String("target_type"));
   if (targets != Name(IndexType::kInt32) && targets != Name(IndexType::kInt64)) {
     return absl::InvalidArgumentError(
         fmt::format("target_type: \"{}\" is not int32 or int64", targets));
   }
-  loss.target_type = targets == Name(IndexType::kInt32) ? IndexType::kInt32 : IndexType::kInt64;
+  return targets == Name(IndexType::kInt32) ? IndexType::kInt32 : IndexType::kInt64;
+}
+
+absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in) {
+  LossOptions loss;
+  KJIT_ASSIGN_OR_RETURN(loss.target_type, TargetTypeFromJson(in));
   KJIT_ASSIGN_OR_RETURN(loss.ignore_index, in.Int("ignore_index"));
   KJIT_ASSIGN_OR_RETURN(const std::string reduction, in.String("reduction"));
   bool known = false;
@@ -147,14 +151,22 @@ SpecFlag<LossOptions> SwitchFlag(std::string name, std::string help, bool LossOp
 
 }  // namespace
 
+FlagInfo TargetTypeFlag() {
+  return {.name = "--target-type",
+          .help = "Targets: int32 or int64 ({ops})",
+          .choices = {"int32", "int64"},
+          .default_text = "int64"};
+}
+
+IndexType TargetTypeOf(const FlagValue& v) {
+  return v.text == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+}
+
 std::vector<SpecFlag<LossOptions>> LossFlags() {
   return {
-      {{.name = "--target-type",
-        .help = "Targets: int32 or int64 ({ops})",
-        .choices = {"int32", "int64"},
-        .default_text = "int64"},
+      {TargetTypeFlag(),
        [](LossOptions& loss, const FlagValue& v) {
-         loss.target_type = v.text == "int32" ? IndexType::kInt32 : IndexType::kInt64;
+         loss.target_type = TargetTypeOf(v);
          return absl::OkStatus();
        }},
       {{.name = "--reduction",

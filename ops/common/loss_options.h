@@ -32,6 +32,12 @@ absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in);
 std::string LossTuningWords(const LossOptions& loss);
 LossOptions LossFromTuningWords(const TuningShapeWords& w, DType dtype);
 
+// The targets' index type from the JSON field target_type ("int32" or "int64"), and the
+// --target-type flag (its info, and its value as the index type), for every op that takes targets.
+absl::StatusOr<IndexType> TargetTypeFromJson(JsonFields& in);
+FlagInfo TargetTypeFlag();
+IndexType TargetTypeOf(const FlagValue& v);
+
 // `kjit compile`'s flags for the options (--target-type, --reduction, --label-smoothing, --z-loss,
 // --softcap, --argmax, --entropy, --class-weights), the same for every loss op.
 std::vector<SpecFlag<LossOptions>> LossFlags();

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 4  # KJIT_C_ABI_VERSION this binding was written for
+ABI_VERSION = 5  # KJIT_C_ABI_VERSION this binding was written for
 
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 
@@ -165,6 +165,24 @@ class ShardedCrossEntropyArgs(ctypes.Structure):
                 ("workspace_bytes", ctypes.c_int64)]
 
 
+class LogProbsSpec(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("vocab", ctypes.c_int64),
+                ("dtype", ctypes.c_int32), ("target_type", ctypes.c_int32),
+                ("ignore_index", ctypes.c_int64), ("temperature", ctypes.c_float),
+                ("entropy", ctypes.c_int32), ("config", ctypes.c_char_p)]
+
+
+class LogProbsArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
+                ("logprob", Tensor), ("entropy", Tensor), ("lse", Tensor)]
+
+
+class LogProbsBackwardArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("logits", Tensor), ("targets", Index),
+                ("lse", Tensor), ("entropy", Tensor), ("grad_logprob", Tensor),
+                ("grad_entropy", Tensor), ("grad", Tensor)]
+
+
 # ---- Prototypes ---------------------------------------------------------------------------------
 
 _H = ctypes.c_void_p  # every handle
@@ -249,6 +267,13 @@ _PROTOTYPES = {
     "kjit_sharded_cross_entropy_workspace_bytes": (_S, [_H, ctypes.c_int64, _I64P]),
     "kjit_sharded_cross_entropy_config": (_S, [_H, _OUT_STR]),
     "kjit_sharded_cross_entropy_build": (_S, [_H, _OUT_STR]),
+    "kjit_log_probs_spec_init": (None, [ctypes.POINTER(LogProbsSpec)]),
+    "kjit_log_probs_create": (_S, [_H, ctypes.POINTER(LogProbsSpec), ctypes.POINTER(_H)]),
+    "kjit_log_probs_destroy": (None, [_H]),
+    "kjit_log_probs_forward": (_S, [_H, _STREAM, ctypes.POINTER(LogProbsArgs)]),
+    "kjit_log_probs_backward": (_S, [_H, _STREAM, ctypes.POINTER(LogProbsBackwardArgs)]),
+    "kjit_log_probs_config": (_S, [_H, _OUT_STR]),
+    "kjit_log_probs_build": (_S, [_H, _OUT_STR]),
 }
 
 _lib = None

@@ -290,6 +290,29 @@ class ShardedCrossEntropy(_Handle):
         return json.loads(self._call_string("kjit_sharded_cross_entropy_build", self._handle))
 
 
+class LogProbs(_Handle):
+    """The RL heads of a policy's logits for one vocab, dtype and temperature (kjit/log_probs.h):
+    per row, log softmax(z / T)[target] and the entropy of softmax(z / T), and their gradient."""
+
+    _destroy = "kjit_log_probs_destroy"
+
+    def forward(self, stream, **fields) -> None:
+        """fields: logits, targets, logprob, entropy (iff the op was made with entropy=True),
+        lse (optional, what backward needs)."""
+        self._launch("kjit_log_probs_forward", _capi.LogProbsArgs, stream, fields)
+
+    def backward(self, stream, **fields) -> None:
+        """fields: logits, targets, lse, entropy (with grad_entropy), grad_logprob and
+        grad_entropy (each optional), grad (may be logits: in place)."""
+        self._launch("kjit_log_probs_backward", _capi.LogProbsBackwardArgs, stream, fields)
+
+    def config(self) -> str:
+        return self._call_string("kjit_log_probs_config", self._handle)
+
+    def build(self) -> dict:
+        return json.loads(self._call_string("kjit_log_probs_build", self._handle))
+
+
 def combine_stats(stream, shards, rows: int) -> None:
     """The reduction for shards held by this process: `shards` is a sequence of (op, workspace)
     pairs, ShardedCrossEntropy ops that tile [0, vocab) in order, each after its compute_stats on
@@ -425,6 +448,22 @@ class Runtime(_Handle):
             entropy=entropy, class_weight_dtype=class_weight_dtype))
         op = LinearCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
+                   ctypes.byref(op._handle))
+        return op
+
+    def log_probs(self, vocab: int, dtype: str = "bf16", *, target_type: str = "int64",
+                  ignore_index: int = -100, temperature: float = 1.0, entropy: bool = False,
+                  config: Optional[str] = None) -> LogProbs:
+        """Per-token log-probabilities (and entropy) of logits / temperature, for RL.
+        config: None (the heuristic) or "vec=8 threads=256 unroll=4 cluster=0 staged=0"."""
+        spec = _capi.init(_capi.LogProbsSpec, "kjit_log_probs_spec_init")
+        _capi.fill(spec, "log_probs()", dict(
+            vocab=vocab, dtype=_choice("dtype", dtype, _capi.DTYPES),
+            target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
+            ignore_index=ignore_index, temperature=temperature,
+            entropy=_capi.flag("entropy", entropy), config=_capi.c_string("config", config)))
+        op = LogProbs(ctypes.c_void_p(), keep=self)
+        self._call("kjit_log_probs_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
         return op
 

@@ -46,7 +46,8 @@ from kjit.torch import _kernels
 DEFAULT_CASES = ["ce:16384x128256", "ce:4096x128256", "ce:256x128256", "norm:16384x4096",
                  "norm:256x4096", "lce:8192x4096x128256", "hf:4x2048", "hf:4x8192"]
 CASE_SHAPES = {"ce": "ROWSxVOCAB", "norm": "ROWSxHIDDEN", "lce": "ROWSxHIDDENxVOCAB",
-               "hf": "BATCHxSEQ", "extras": "ROWSxVOCAB", "lce-extras": "ROWSxHIDDENxVOCAB"}
+               "hf": "BATCHxSEQ", "extras": "ROWSxVOCAB", "lce-extras": "ROWSxHIDDENxVOCAB",
+               "rl": "ROWSxHIDDENxVOCAB", "rl-logits": "ROWSxVOCAB"}
 CASES_HELP = """cases:
   ce:ROWSxVOCAB         cross-entropy forward + backward on bf16 logits
   norm:ROWSxHIDDEN      RMSNorm forward + backward, bf16
@@ -70,7 +71,18 @@ CASES_HELP = """cases:
                         extras a trainer logs (lse, token accuracy, mean entropy: the argmax and
                         entropy kernels), through kjit.torch and as the bare op (C API)
   lce-extras:ROWSxHIDDENxVOCAB  the same for linear_cross_entropy (issue 35's shapes:
-                        extras:16384x128256 and lce-extras:8192x4096x128256)"""
+                        extras:16384x128256 and lce-extras:8192x4096x128256)
+  rl:ROWSxHIDDENxVOCAB  RL heads from hidden states (issue 47: rl:8192x4096x151936), bf16, T 0.7:
+                        kjit.torch.linear_log_probs (log-probs + entropy, backward from both
+                        upstream gradients; and forward only) beside eager (logits / T,
+                        log_softmax in fp32, gather, entropy), torch.compile of it, TRL's
+                        ChunkedLogProbFunction when trl is installed, and the GEMMs alone (three
+                        for a step, the logits GEMM for a forward); kjit checked against eager
+                        first
+  rl-logits:ROWSxVOCAB  RL heads from bf16 logits (issue 47: rl-logits:16384x151936):
+                        kjit.torch.log_probs forward + backward (in place) and forward only,
+                        beside eager and torch.compile; "of copy" counts the logits read and the
+                        gradient written once, as the loss's does"""
 
 
 def parse_case(case: str) -> tuple:
@@ -377,6 +389,24 @@ def _lce_inputs(rows: int, hidden: int, vocab: int) -> tuple:
     return h, w, t, 6.0 * rows * hidden * vocab
 
 
+def _three_gemms(h, w) -> None:
+    """What every lm_head + loss implementation computes at least: the logits GEMM and the two
+    gradient GEMMs (the forward's output stands for dlogits: values of the right scale)."""
+    hd, wd = h.detach(), w.detach()
+    logits = torch.mm(hd, wd.T)
+    torch.mm(logits, wd, out=torch.empty_like(hd))
+    torch.mm(logits.T, hd, out=torch.empty_like(wd))
+
+
+def _ratios_to_first(results: list) -> None:
+    """Each timed row's ratio_to_gemms: its time over the first row's, the GEMMs' (None if even
+    they ran out of memory)."""
+    floor = results[0].get("ms")
+    for r in results:
+        if "ms" in r:
+            r["ratio_to_gemms"] = round(r["ms"] / floor, 3) if floor else None
+
+
 def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -> dict:
     """lm_head + loss, forward + backward, bf16: kjit.torch.linear_cross_entropy against the eager
     step a training loop runs (F.cross_entropy(h @ w.T, t), bf16 logits, and the common .float()
@@ -394,26 +424,129 @@ def bench_linear_cross_entropy(rows: int, hidden: int, vocab: int, iters: int) -
     check = check_linear_cross_entropy(h, w, t)
     _release()
 
-    def gemms():
-        # What each implementation must compute at least; the forward's output buffer stands for
-        # dlogits (the gradient GEMMs read values of the right scale).
-        hd, wd = h.detach(), w.detach()
-        logits = torch.mm(hd, wd.T)
-        torch.mm(logits, wd, out=torch.empty_like(hd))
-        torch.mm(logits.T, hd, out=torch.empty_like(wd))
-
-    results = [lce_row("three GEMMs alone (torch.mm)", gemms, iters, flops)]
+    results = [lce_row("three GEMMs alone (torch.mm)", lambda: _three_gemms(h, w), iters, flops)]
     for name, loss_fn in (("kjit.torch.linear_cross_entropy", kt.linear_cross_entropy),
                           ("torch eager (bf16 logits)", _eager_loss),
                           ("torch eager (.float() logits)", _eager_fp32_loss),
                           ("torch.compile (bf16 logits)", torch.compile(_eager_loss))):
         results.append(lce_row(name, lambda f=loss_fn: _loss_and_grads(f, h, w, t), iters, flops))
-    floor = results[0].get("ms")  # (None if even the GEMMs ran out of memory)
-    for r in results:
-        if "ms" in r:
-            r["ratio_to_gemms"] = round(r["ms"] / floor, 3) if floor else None
+    _ratios_to_first(results)
     return {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": "bf16", "flops": flops,
             "check": check, "results": results}
+
+
+RL_TEMPERATURE = 0.7
+
+
+def _eager_rl(logits, target, temperature=RL_TEMPERATURE):
+    """TRL's and verl's torch path: log-probabilities and entropy of softmax(logits / T) in fp32."""
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    lp = logp.gather(-1, target.clamp(min=0)[:, None])[:, 0]
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+def _rl_step(fn, inputs, target):
+    """A policy step's head: log-probs and entropy, backward from both (as GRPO with an entropy
+    bonus), the gradients of the inputs returned."""
+    lp, ent = fn(*inputs)
+    valid = (target >= 0).float()
+    loss = -(lp * valid).sum() - 0.01 * (ent * valid).sum()
+    return torch.autograd.grad(loss, inputs)
+
+
+def _rl_check(got, expected) -> dict:
+    """kjit's gradients against eager's (fp32 softmax of the same bf16 logits), as the lce check."""
+    check = {"reference": "torch eager, fp32 softmax", "grad_tol_of_max": LCE_CHECK_GRAD_OF_MAX}
+    ok = True
+    for i, (g, e) in enumerate(zip(got, expected)):
+        err = (g.float() - e.float()).abs().max().item()
+        largest = e.abs().max().float().item()
+        check.update({f"grad{i}_max_abs_err": err, f"grad{i}_max_abs": largest})
+        ok = ok and err <= LCE_CHECK_GRAD_OF_MAX * largest
+    check["ok"] = ok
+    return check
+
+
+def bench_rl(rows: int, hidden: int, vocab: int, iters: int) -> dict:
+    """linear_log_probs forward + backward (both upstream gradients) and forward only, bf16, against
+    eager, torch.compile, TRL's fused LM head and the GEMMs (issue 47's 1.1x / 1.05x budgets)."""
+    h, w, t, flops = _lce_inputs(rows, hidden, vocab)
+    kjit_fn = lambda h, w: kt.linear_log_probs(h, w, t, temperature=RL_TEMPERATURE,  # noqa: E731
+                                               entropy=True)
+    eager_fn = lambda h, w: _eager_rl(h @ w.T, t)  # noqa: E731
+    try:
+        check = _rl_check(_rl_step(kjit_fn, (h, w), t), _rl_step(eager_fn, (h, w), t))
+    except torch.cuda.OutOfMemoryError:
+        check = {"skipped": "out of memory"}
+    _release()
+    impls = [("kjit.torch.linear_log_probs", kjit_fn), ("torch eager (fp32 softmax)", eager_fn),
+             ("torch.compile (same)", torch.compile(eager_fn))]
+    if importlib.util.find_spec("trl") is not None:
+        try:
+            from trl.kernels import ChunkedLogProbFunction
+
+            def trl_fn(h, w):
+                out = ChunkedLogProbFunction.apply(h, w, None, t.clamp(min=0), RL_TEMPERATURE,
+                                                   4096, None, 1.0, ("log_probs", "entropy"))
+                return out[0], out[1]
+            impls.append(("TRL ChunkedLogProbFunction", trl_fn))
+        except ImportError:
+            pass
+
+    results = [lce_row("three GEMMs alone (torch.mm)", lambda: _three_gemms(h, w), iters, flops)]
+    for name, fn in impls:
+        results.append(lce_row(name, lambda f=fn: _rl_step(f, (h, w), t), iters, flops))
+    _ratios_to_first(results)
+    forward = [lce_row("logits GEMM alone (torch.mm)", lambda: torch.mm(h.detach(), w.detach().T),
+                       iters, flops / 3)]
+    for name, fn in impls:
+        def run(f=fn):
+            with torch.no_grad():
+                f(h, w)
+        forward.append(lce_row(name + ", forward only", run, iters, flops / 3))
+    _ratios_to_first(forward)
+    return {"op": "linear_log_probs", "rows": rows, "hidden": hidden, "vocab": vocab,
+            "dtype": "bf16", "temperature": RL_TEMPERATURE, "flops": flops, "check": check,
+            "results": results + forward}
+
+
+def bench_rl_logits(rows: int, vocab: int, iters: int, copy_bw: float) -> dict:
+    """log_probs from bf16 logits: forward + backward (gradient over the logits) and forward only,
+    against eager and torch.compile. "of copy": the logits read and the gradient written once
+    (the loss's bytes; the RL head reads the logits once more, in its backward)."""
+    torch.manual_seed(0)
+    base = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16) * 2
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    work = base.clone()
+
+    def kjit_step():
+        # An intermediate, as lm_head's output is, so that the gradient goes over it: `work`
+        # holds gradients after the first call (the kernels' time does not depend on the values).
+        x = work.detach().requires_grad_()
+        inter = x.view_as(x)
+        lp, ent = kt.log_probs(inter, t, RL_TEMPERATURE, entropy=True, inplace_backward=True)
+        torch.autograd.backward([lp, ent], [torch.ones_like(lp), torch.full_like(ent, 0.01)])
+
+    def eager_step(compiled=None):
+        x = base.detach().requires_grad_()
+        lp, ent = (compiled or _eager_rl)(x, t)
+        torch.autograd.backward([lp, ent], [torch.ones_like(lp), torch.full_like(ent, 0.01)])
+
+    compiled = torch.compile(_eager_rl)
+    moved = 2.0 * rows * vocab * 2
+    results = []
+    for name, fn in (("kjit.torch.log_probs (in place)", kjit_step),
+                     ("torch eager (fp32 softmax)", eager_step),
+                     ("torch.compile (same)", lambda: eager_step(compiled)),
+                     ("kjit.torch.log_probs, forward only",
+                      lambda: kt.log_probs(base, t, RL_TEMPERATURE, entropy=True)),
+                     ("torch eager, forward only", lambda: _eager_rl(base, t))):
+        row = lce_row(name, fn, iters)
+        if "ms" in row:
+            row["of_copy"] = round(moved / (row["ms"] * 1e-3) / copy_bw, 3)
+        results.append(row)
+    return {"op": "log_probs", "rows": rows, "vocab": vocab, "dtype": "bf16",
+            "temperature": RL_TEMPERATURE, "check": {"ok": True}, "results": results}
 
 
 def _ratios(results: list, key: str) -> None:
@@ -634,6 +767,8 @@ def main(argv=None) -> int:
                     f"{'of copy':>6}  extra")
     headers = {"ce": copy_columns, "norm": copy_columns, "extras": copy_columns,
                "lce-extras": f"{'case':22} {'impl':34} {'ms':>9} {'of plain':>8}  extra",
+               "rl": f"{'case':22} {'impl':34} {'ms':>9} {'of GEMMs':>8}  extra",
+               "rl-logits": f"{'case':22} {'impl':34} {'ms':>9} {'of copy':>8}  extra",
                "lce": f"{'case':22} {'impl':34} {'ms':>9} {'TFLOP/s':>8}  {'of GEMMs':>7}  extra",
                "hf": f"{'case':22} {'impl':34} {'ms/step':>9} {'of HF':>8}  extra"}
     header = None
@@ -644,6 +779,15 @@ def main(argv=None) -> int:
         if kind == "lce":
             entry = bench_linear_cross_entropy(*sizes, args.iters)
             _print_lce(case, entry)
+        elif kind in ("rl", "rl-logits"):
+            entry = (bench_rl(*sizes, args.iters) if kind == "rl"
+                     else bench_rl_logits(*sizes, args.iters, copy_bw))
+            print(f"{case:22} check: {entry['check']}")
+            for r in entry["results"]:
+                extra = r.get("peak_extra_bytes", 0) / 2**30
+                ratio = r.get("ratio_to_gemms", r.get("of_copy", "-"))
+                print(f"{case:22} {r['impl']:34} {r.get('ms', float('nan')):9.2f} "
+                      f"{ratio!s:>8}  +{extra:7.2f} GiB")
         elif kind == "hf":
             entry = bench_hf_step(*sizes, args.iters)
             _print_hf(case, entry)

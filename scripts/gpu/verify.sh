@@ -15,14 +15,15 @@
 #              memory or time kjit-tune;
 #   sanitizer  compute-sanitizer memcheck and racecheck on a subset with every kernel family:
 #              cross-entropy (every option family), RMSNorm (forward, backward, residual), the fused
-#              lm_head + loss, the sharded cross-entropy, and kjit's GEMM (the harness's small
-#              shapes);
+#              lm_head + loss, the sharded cross-entropy, the RL heads, and kjit's GEMM (the
+#              harness's small shapes);
 #   python     the wheel of the same commit in a virtual environment over the machine's torch, and
 #              tests/python with its GPU tests (ops and extras against torch, apply_to on Hugging
 #              Face families, the Trainer and TRL's trainer, torch.compile, CUDA graphs,
 #              kjit.torch.distributed over gloo and NCCL);
-#   bench      `kjit bench` of cross-entropy, RMSNorm and the lm_head op at their standard rows,
-#              and `python -m kjit.bench`'s lm_head row beside eager and torch.compile.
+#   bench      `kjit bench` of cross-entropy, RMSNorm, the lm_head op and the RL heads at their
+#              standard rows, and `python -m kjit.bench`'s lm_head row and RL rows (issue 47)
+#              beside eager and torch.compile.
 # Then scripts/gpu/summarize.py writes $OUT/summary.json (commit, device, driver, wall_s,
 # nvrtc_s, each stage's passed / failed / skipped / wall_s) and prints it; the logs and the
 # benchmarks' JSON go back in $OUT/logs.tgz, the kernel cache in $OUT/kernels.tgz (copy it to
@@ -98,8 +99,8 @@ cpp_shards() {
 
 # Each kernel family's thorough tests, one sanitizer process a test (they run side by side), and the
 # GEMM harness's small shapes. racecheck takes the smaller of them: it is the slower tool.
-memchecked='CrossEntropyGpu.EveryOptionCombination CrossEntropyGpu.ClassWeights CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow RmsNormGpu.EveryOptionCombination RmsNormGpu.MisalignedViewsUseNarrowerVectors LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored LinearCrossEntropyGpu.ForwardOnly ShardedCrossEntropyGpu.EveryOptionAndReduction CapiCrossEntropyGpu.*'
-racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.NanRowLeavesOtherRowsFinite RmsNormGpu.MisalignedViewsUseNarrowerVectors RmsNormGpu.NanRowLeavesOtherRowsFinite LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored ShardedCrossEntropyGpu.SplitsMatchUnshardedAndReference CapiCrossEntropyGpu.ClassWeights'
+memchecked='CrossEntropyGpu.EveryOptionCombination CrossEntropyGpu.ClassWeights CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow RmsNormGpu.EveryOptionCombination RmsNormGpu.MisalignedViewsUseNarrowerVectors LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored LinearCrossEntropyGpu.ForwardOnly ShardedCrossEntropyGpu.EveryOptionAndReduction CapiCrossEntropyGpu.* LogProbsGpu.*'
+racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.NanRowLeavesOtherRowsFinite RmsNormGpu.MisalignedViewsUseNarrowerVectors RmsNormGpu.NanRowLeavesOtherRowsFinite LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored ShardedCrossEntropyGpu.SplitsMatchUnshardedAndReference CapiCrossEntropyGpu.ClassWeights LogProbsGpu.ShapesDtypesAndViews'
 sanitizer() {
   local t0 rc=0 san pids=() test reserve=30
   t0=$(now_ms)
@@ -151,12 +152,16 @@ bench() {
   local t0 rc=0
   t0=$(now_ms)
   export KJIT_TRACE=$traces/bench.json
-  for op in cross_entropy rms_norm linear_cross_entropy; do
+  for op in cross_entropy rms_norm linear_cross_entropy log_probs; do
     checked "bench-$op" 150 "$bin/kjit" bench --op $op --output "$logs/bench-$op.json" || rc=1
   done
   if [ -f "$logs/.python" ]; then
     checked bench-python-lce 150 "$(cat "$logs/.python")" -m kjit.bench \
       --case lce:8192x4096x128256 --json "$logs/bench-python-lce.json" || rc=1
+    # Issue 47's RL heads: from logits against the copy, from hidden states against the GEMMs.
+    checked bench-python-rl 150 "$(cat "$logs/.python")" -m kjit.bench \
+      --case rl-logits:16384x151936 --case rl:8192x4096x151936 \
+      --json "$logs/bench-python-rl.json" || rc=1
   fi
   cat "$logs"/bench-*.log
   unset KJIT_TRACE

@@ -28,6 +28,7 @@
 #include "kjit/cross_entropy.h"
 #include "kjit/kjit_c.h"
 #include "kjit/linear_cross_entropy.h"
+#include "kjit/log_probs.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/sharded_cross_entropy.h"
@@ -227,6 +228,12 @@ TEST(CapiInit, ArgumentsStartEmpty) {
   EXPECT_TRUE(l.accumulate == 0 && l.workspace == nullptr && l.workspace_bytes == 0);
   const auto lr = Initialized(kjit_linear_cross_entropy_rescale_args_init);
   ExpectEmpty({&lr.d_hidden, &lr.d_weight, &lr.d_bias, &lr.grad_output, &lr.applied});
+  const auto lp = Initialized(kjit_log_probs_args_init);
+  ExpectEmpty({&lp.logits, &lp.logprob, &lp.entropy, &lp.lse}, {&lp.targets});
+  const auto lpb = Initialized(kjit_log_probs_backward_args_init);
+  ExpectEmpty(
+      {&lpb.logits, &lpb.lse, &lpb.entropy, &lpb.grad_logprob, &lpb.grad_entropy, &lpb.grad},
+      {&lpb.targets});
 }
 
 // ---- runtimes without a GPU -------------------------------------------------------------------
@@ -536,6 +543,58 @@ TEST_F(CapiCompileOnly, LaunchesAreAFailedPrecondition) {
   EXPECT_EQ(kjit_cross_entropy_forward(ce, nullptr, &a), KJIT_FAILED_PRECONDITION);
   a.loss.cols = 2;
   ExpectInvalid(Last(kjit_cross_entropy_forward(ce, nullptr, &a)), "loss:");
+}
+
+// The RL heads (ABI 5): the C++ defaults, a build, launches checked then refused compile-only,
+// and a spec's checks named by field.
+TEST_F(CapiCompileOnly, LogProbsBuildsAndChecksItsLaunches) {
+  kjit_log_probs_spec spec = Initialized(kjit_log_probs_spec_init);
+  const LogProbsSpec d;
+  EXPECT_EQ(spec.vocab, d.vocab);
+  EXPECT_EQ(spec.dtype, static_cast<int32_t>(d.dtype));
+  EXPECT_EQ(spec.target_type, static_cast<int32_t>(d.target_type));
+  EXPECT_EQ(spec.ignore_index, d.ignore_index);
+  EXPECT_EQ(spec.temperature, d.temperature);
+  EXPECT_EQ(spec.entropy, d.entropy);
+  EXPECT_EQ(spec.config, nullptr);
+  spec.vocab = 32000;
+  spec.temperature = 0.7f;
+  spec.entropy = 1;
+  kjit_log_probs* op = nullptr;
+  ASSERT_EQ(kjit_log_probs_create(rt_, &spec, &op), KJIT_OK) << kjit_last_error();
+  std::unique_ptr<kjit_log_probs, decltype(&kjit_log_probs_destroy)> owned(op,
+                                                                           kjit_log_probs_destroy);
+  ExpectBuilds(op, kjit_log_probs_build, cache_);
+  char* config = nullptr;
+  ASSERT_EQ(kjit_log_probs_config(op, &config), KJIT_OK) << kjit_last_error();
+  EXPECT_THAT(Take(config), HasSubstr("cluster=0 staged=0"));
+
+  std::vector<std::vector<Block>> mem;
+  const int64_t rows = 3, vocab = spec.vocab;
+  kjit_log_probs_args a = Initialized(kjit_log_probs_args_init);
+  a.logits = View(Host(mem, rows * vocab * 2), KJIT_BF16, rows, vocab);
+  a.targets = {Host(mem, rows * 8), KJIT_INT64, rows};
+  a.logprob = View(Host(mem, rows * 4), KJIT_F32, 1, rows);
+  a.entropy = View(Host(mem, rows * 4), KJIT_F32, 1, rows);
+  a.lse = View(Host(mem, rows * 4), KJIT_F32, 1, rows);
+  EXPECT_EQ(kjit_log_probs_forward(op, nullptr, &a), KJIT_FAILED_PRECONDITION);
+  kjit_log_probs_backward_args b = Initialized(kjit_log_probs_backward_args_init);
+  b.logits = a.logits;
+  b.targets = a.targets;
+  b.lse = a.lse;
+  b.entropy = a.entropy;
+  b.grad_entropy = View(Host(mem, rows * 4), KJIT_F32, 1, rows);
+  b.grad = a.logits;  // in place
+  EXPECT_EQ(kjit_log_probs_backward(op, nullptr, &b), KJIT_FAILED_PRECONDITION);
+  b.entropy = {};
+  ExpectInvalid(Last(kjit_log_probs_backward(op, nullptr, &b)), "entropy: null");
+  a.entropy = {};
+  ExpectInvalid(Last(kjit_log_probs_forward(op, nullptr, &a)), "entropy: null");
+
+  spec.temperature = 0;
+  kjit_log_probs* bad = nullptr;
+  ExpectInvalid(Last(kjit_log_probs_create(rt_, &spec, &bad)), "temperature: 0 must be");
+  EXPECT_EQ(bad, nullptr);
 }
 
 // Class weights: an op made with class_weight_dtype takes class_weight in every launch (checked by
@@ -917,6 +976,7 @@ TEST_F(CapiCompileOnly, NullArgumentsAreNamed) {
 }
 
 TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
+  const std::string kAbiText = "kjit C ABI version " + std::to_string(KJIT_C_ABI_VERSION);
   kjit_runtime_options o;
   kjit_runtime_options_init(&o);
   o.struct_size -= 8;
@@ -925,7 +985,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(options, "kjit_runtime_create: options->struct_size is " +
                              std::to_string(sizeof(o) - 8) + ", but kjit_runtime_options is " +
                              std::to_string(sizeof(o)) + " bytes in this library");
-  EXPECT_THAT(options.message, HasSubstr("kjit C ABI version 4"));
+  EXPECT_THAT(options.message, HasSubstr(kAbiText));
   EXPECT_THAT(options.message, HasSubstr("kjit_runtime_options_init"));
 
   kjit_cross_entropy_spec c = ce_spec_;
@@ -939,7 +999,7 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
                 "kjit_cross_entropy_create: spec->struct_size is " + std::to_string(c.struct_size) +
                     ", but kjit_cross_entropy_spec is " + std::to_string(sizeof(c)) +
-                    " bytes in this library (kjit C ABI version 4)");
+                    " bytes in this library (" + kAbiText + ")");
   // A version 2 binding's (version 3 appended entropy): refused too.
   c.struct_size = offsetof(kjit_cross_entropy_spec, loss.entropy);
   ExpectInvalid(Last(kjit_cross_entropy_create(rt_, &c, &ce)),
@@ -964,9 +1024,8 @@ TEST_F(CapiCompileOnly, StructSizesMustBeThisLibrarys) {
   ExpectInvalid(Last(kjit_linear_cross_entropy_create(rt_, &l, &lce)),
                 "kjit_linear_cross_entropy_create: spec->struct_size is " +
                     std::to_string(sizeof(l) - 8) + ", but kjit_linear_cross_entropy_spec is " +
-                    std::to_string(sizeof(l)) +
-                    " bytes in this library (kjit C ABI version 4); "
-                    "set it with kjit_linear_cross_entropy_spec_init");
+                    std::to_string(sizeof(l)) + " bytes in this library (" + kAbiText +
+                    "); set it with kjit_linear_cross_entropy_spec_init");
   kjit_linear_cross_entropy_args la;
   kjit_linear_cross_entropy_args_init(&la);
   la.struct_size = 0;

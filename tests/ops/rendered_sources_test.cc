@@ -1,10 +1,10 @@
 // Every standard shape's rendered programs, against tests/ops/rendered_sources.golden: each model
 // preset's RMSNorm, cross-entropy, fused linear cross-entropy and vocab-parallel cross-entropy with
 // its default config on sm_80, sm_90 and sm_100 and each option, one shape per op over its whole
-// search space, and the Hopper GEMM's configs. A line holds the program's name, its name
-// expressions and its cache key (which covers the stub and the text of every header it includes),
-// so a refactor of the rendering that changes no kernel changes no line, and one that does shows
-// which instantiation moved.
+// search space, the Hopper GEMM's configs, and last the RL heads (log_probs). A line holds the
+// program's name, its name expressions and its cache key (which covers the stub and the text of
+// every header it includes), so a refactor of the rendering that changes no kernel changes no line,
+// and one that does shows which instantiation moved.
 //
 // After a deliberate change to a template or an instantiation, rewrite the file and review its
 // diff:
@@ -25,6 +25,7 @@
 #include "ops/cross_entropy/program.h"
 #include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/program.h"
+#include "ops/log_probs/program.h"
 #include "ops/registry.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
@@ -185,6 +186,24 @@ void AddGemms(Lines& out) {
   }
 }
 
+// The RL heads (kjit/log_probs.h) of each preset's vocab, after every other line so that adding
+// them moved none: bf16 on sm_90, with and without the entropy, and fp32 on sm_80.
+void AddLogProbs(Lines& out) {
+  for (const std::string& name : autotune::ModelPresetNames()) {
+    auto m = autotune::ModelPreset(name);
+    if (!m.ok()) continue;
+    for (const auto& [dtype, arch] : {std::pair{DType::kBF16, 90}, std::pair{DType::kF32, 80}}) {
+      for (bool entropy : {false, true}) {
+        const LogProbsSpec s{.vocab = m->vocab_size, .dtype = dtype, .entropy = entropy};
+        const CrossEntropyConfig c = ops::LogProbsConfig(s, arch);
+        out.Add(fmt::format("{} log_probs {}{} sm_{} {}", m->name, Name(dtype),
+                            entropy ? " entropy" : "", arch, c.ToString()),
+                ops::RenderLogProbsPrograms(s, c));
+      }
+    }
+  }
+}
+
 std::vector<std::string> RenderEverything() {
   Lines out;
   for (const std::string& name : autotune::ModelPresetNames()) {
@@ -194,6 +213,7 @@ std::vector<std::string> RenderEverything() {
   }
   AddSearchSpaces(out);
   AddGemms(out);
+  AddLogProbs(out);
   return out.lines();
 }
 

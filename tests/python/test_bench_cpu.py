@@ -20,6 +20,8 @@ except ImportError:
     ("lce:131072x4096x128256", ("lce", (131072, 4096, 128256))),
     ("ce:16384x128256", ("ce", (16384, 128256))),
     ("norm:256x4096", ("norm", (256, 4096))),
+    ("rl:8192x4096x151936", ("rl", (8192, 4096, 151936))),
+    ("rl-logits:16384x151936", ("rl-logits", (16384, 151936))),
 ])
 def test_cases_parse_into_their_sizes(case, expected):
     assert bench.parse_case(case) == expected

@@ -29,7 +29,7 @@ def _driver_present() -> bool:
 
 
 def test_abi_and_version_match_the_native_library():
-    assert kjit.abi_version() == kjit.ABI_VERSION == 4
+    assert kjit.abi_version() == kjit.ABI_VERSION == 5
     assert kjit.version() == kjit.__version__
     assert kjit.full_version().startswith(f"kjit {kjit.__version__} (NVRTC ")
 
@@ -145,6 +145,25 @@ def test_compile_only_runtime_builds_the_linear_cross_entropy(cache_dir):
     assert lce.workspace_bytes(100) - lean.workspace_bytes(100) >= lce.accumulator_bytes(100)
     fp32_grad = rt.linear_cross_entropy(1000, 64, weight_grad_dtype="fp32", config=chunk32)
     assert fp32_grad.accumulator_bytes(100) == 0
+
+
+def test_compile_only_runtime_builds_the_rl_heads(cache_dir):
+    rt = kjit.Runtime(target="sm_90", compile_only=True, tuning_db="off")
+    op = rt.log_probs(vocab=50257, dtype="bf16", temperature=0.7, entropy=True)
+    built = op.build()
+    assert built["origin"] == "compiled" and built["params"]["op"] == "log_probs"
+    assert [p["program"] for p in built["programs"]] == ["log_probs.forward", "log_probs.backward"]
+    assert built["params"]["temperature"] == "0.7"
+    # The temperature is a launch argument: another one finds the same programs.
+    assert rt.log_probs(vocab=50257, dtype="bf16", temperature=1.7, entropy=True).build()[
+        "origin"] == "memory"
+    assert op.config().endswith("cluster=0 staged=0")
+    with pytest.raises(kjit.KjitInvalidArgument, match="temperature: 0 must be"):
+        rt.log_probs(vocab=100, temperature=0.0)
+    with pytest.raises(kjit.KjitError, match="compile-only"):
+        op.forward(None, logits=kjit.tensor(1 << 20, "bf16", 2, 50257),
+                   targets=kjit.index(1 << 24, "int64", 2), logprob=kjit.vector(1 << 25, "fp32", 2),
+                   entropy=kjit.vector(1 << 26, "fp32", 2))
 
 
 def test_linear_cross_entropy_launches_check_their_arguments(cache_dir):

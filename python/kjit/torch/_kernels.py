@@ -439,6 +439,90 @@ def linear_cross_entropy_rescale_(grad, which, grad_output, applied, vocab, hidd
                          grad_output=as_vector(grad_output), applied=as_vector(applied))
 
 
+# ---- Per-token log-probabilities and entropy (RL heads) ---------------------------------------
+
+def log_probs_op(logits: torch.Tensor, target: torch.Tensor, temperature: float,
+                 ignore_index: int, entropy: bool):
+    """The op handle (kjit/log_probs.h): one program per vocab, dtype, target type and whether
+    the entropy is computed; the temperature and ignore_index are launch arguments' values
+    compiled in as the other ops' options are."""
+    return _op("log_probs", logits.device, vocab=logits.shape[-1],
+               dtype=dtype_name(logits, "logits"), target_type=index_name(target, "target"),
+               ignore_index=int(ignore_index), temperature=float(temperature),
+               entropy=bool(entropy))
+
+
+def _row_outputs_like(rows: int, device, entropy: bool) -> tuple:
+    """logprob [rows], entropy ([rows], or empty when not asked) and lse [rows], fp32."""
+    return (torch.empty(rows, dtype=torch.float32, device=device),
+            torch.empty(rows if entropy else 0, dtype=torch.float32, device=device),
+            torch.empty(rows, dtype=torch.float32, device=device))
+
+
+@_kernel("log_probs_forward", mutates_args=(),
+         schema="(Tensor logits, Tensor target, float temperature, int ignore_index, "
+                "bool entropy) -> (Tensor, Tensor, Tensor)")
+def log_probs_forward(logits, target, temperature, ignore_index, entropy):
+    """Per row of logits [rows, vocab] (any row stride) and target [rows]: log softmax(z / T) at
+    the target, the entropy of softmax(z / T) when asked, and the lse of z / T, all fp32 [rows];
+    the first two 0 for a row whose target is ignore_index (or outside the vocab). No gradient:
+    nothing but these is written."""
+    op = log_probs_op(logits, target, temperature, ignore_index, entropy)
+    logprob, ent, lse = _row_outputs_like(logits.shape[0], logits.device, entropy)
+    op.forward(_stream(logits.device), logits=as_matrix(logits, "logits"),
+               targets=as_index(target, "target"), logprob=as_vector(logprob),
+               entropy=as_vector(ent) if entropy else _capi.Tensor(), lse=as_vector(lse))
+    return logprob, ent, lse
+
+
+@log_probs_forward.register_fake
+def _(logits, target, temperature, ignore_index, entropy):
+    return _row_outputs_like(logits.shape[0], logits.device, entropy)
+
+
+def _log_probs_backward_launch(logits, target, lse, entropy, grad_logprob, grad_entropy, grad,
+                               temperature, ignore_index):
+    op = log_probs_op(logits, target, temperature, ignore_index, entropy.numel() > 0)
+    op.backward(_stream(logits.device), logits=as_matrix(logits, "logits"),
+                targets=as_index(target, "target"), lse=as_vector(lse),
+                entropy=as_vector(entropy) if entropy.numel() else _capi.Tensor(),
+                grad_logprob=as_vector(grad_logprob), grad_entropy=as_vector(grad_entropy),
+                grad=grad if isinstance(grad, _capi.Tensor) else as_matrix(grad, "grad"))
+
+
+_LP_BACKWARD = ("Tensor target, Tensor lse, Tensor entropy, Tensor? grad_logprob, "
+                "Tensor? grad_entropy, float temperature, int ignore_index")
+
+
+@_kernel("log_probs_backward", mutates_args=(),
+         schema=f"(Tensor logits, {_LP_BACKWARD}) -> Tensor")
+def log_probs_backward(logits, target, lse, entropy, grad_logprob, grad_entropy, temperature,
+                       ignore_index):
+    """d_logits for per-row upstream gradients of the log-probability and of the entropy (fp32
+    [rows], either None: its term is left out) from the forward's lse and entropy (the entropy
+    is needed only with grad_entropy), in a new tensor in the logits' dtype:
+      d z_j = (g_lp (1[j = t] - p_j) - g_H p_j (log p_j + H)) / T,  p = softmax(z / T),
+    zeros for an ignored row."""
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    _log_probs_backward_launch(logits, target, lse, entropy, grad_logprob, grad_entropy, grad,
+                               temperature, ignore_index)
+    return grad
+
+
+@log_probs_backward.register_fake
+def _(logits, target, lse, entropy, grad_logprob, grad_entropy, temperature, ignore_index):
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+@_kernel("log_probs_backward_", mutates_args=("logits",),
+         schema=f"(Tensor(a!) logits, {_LP_BACKWARD}) -> ()")
+def log_probs_backward_(logits, target, lse, entropy, grad_logprob, grad_entropy, temperature,
+                        ignore_index):
+    """As log_probs_backward, the gradient written over the logits."""
+    _log_probs_backward_launch(logits, target, lse, entropy, grad_logprob, grad_entropy,
+                               as_matrix(logits, "logits"), temperature, ignore_index)
+
+
 # ---- RMSNorm -----------------------------------------------------------------------------------
 
 def rms_norm_op(x, weight, eps, offset, casting, fused_residual):

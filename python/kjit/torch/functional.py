@@ -53,6 +53,10 @@ _DTENSOR_HINTS = {
                             "under tensor parallelism) has no fused kjit op yet: compute its "
                             "logits and use kjit.torch.distributed.vocab_parallel_cross_entropy",
     "rms_norm": "pass .full_tensor() (or .to_local() of a replicated DTensor)",
+    "log_probs": "pass .full_tensor() (or .to_local() of a replicated DTensor); logits sharded "
+                 "on the vocab have no kjit RL head yet",
+    "linear_log_probs": "call it where lm_head's weight is unsharded, or pass "
+                        "weight.full_tensor()",
 }
 
 
@@ -433,6 +437,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return d_hidden, d_weight, None, d_bias, None, None, None, None, None
 
 
+def _check_bias_and_dtypes(hidden: torch.Tensor, weight: torch.Tensor,
+                           bias: Optional[torch.Tensor]) -> None:
+    """lm_head's bias is [vocab], and hidden, weight and bias share one dtype kjit takes."""
+    vocab = weight.shape[0]
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != vocab):
+        raise ValueError(f"kjit: bias must be [vocab] = [{vocab}], got shape {tuple(bias.shape)}")
+    _kernels.dtype_name(hidden, "hidden")
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(f"kjit: {what} must have hidden's dtype ({hidden.dtype}), got "
+                            f"{t.dtype}")
+
+
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
@@ -497,13 +514,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32); class "
                         "probabilities are not supported")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != vocab):
-        raise ValueError(f"kjit: bias must be [vocab] = [{vocab}], got shape {tuple(bias.shape)}")
-    _kernels.dtype_name(hidden, "hidden")
-    for what, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
-            raise TypeError(f"kjit: {what} must have hidden's dtype ({hidden.dtype}), got "
-                            f"{t.dtype}")
+    _check_bias_and_dtypes(hidden, weight, bias)
     _kernels.index_name(target, "target")
     if lse_square_scale is not None:
         warnings.warn("kjit: linear_cross_entropy's lse_square_scale is now z_loss (as in "

@@ -1,4 +1,4 @@
-"""TRL's SFTTrainer on kjit's loss.
+"""TRL's SFTTrainer on kjit's loss, and TRL's GRPOTrainer on kjit's RL heads.
 
     import kjit.torch
     from kjit.torch.trl import KjitSFTTrainer
@@ -23,6 +23,15 @@ adds it (TRL divides it by the gradient-accumulation steps when it counts num_it
 Where TRL's loss is not the plain token-mean cross-entropy (loss_type="dft", a compute_loss_func,
 label_smoothing_factor) or runs elsewhere (DeepSpeed's Ulysses sequence parallelism), the step is
 TRL's own, with a KjitWarning saying so once.
+
+    from kjit.torch.trl import KjitGRPOTrainer
+    KjitGRPOTrainer(model=model, reward_funcs=reward, args=trl.GRPOConfig(...),
+                    train_dataset=prompts).train()
+
+KjitGRPOTrainer (KjitGRPOMixin) computes GRPO's per-token log-probabilities and entropies (the
+policy's, and the old and reference policies' without gradients) with kjit.torch.linear_log_probs
+from the hidden states, at the trainer's temperature, in place of TRL's fused LM head; the rest of
+the step is TRL's (see KjitChunkedLogProb for what keeps TRL's head).
 """
 
 from __future__ import annotations
@@ -110,3 +119,110 @@ class KjitSFTMixin:
 
 class KjitSFTTrainer(KjitSFTMixin, trl.SFTTrainer):
     """trl.SFTTrainer whose loss, entropy and mean_token_accuracy are kjit's (KjitSFTMixin)."""
+
+
+# ---- GRPO (and every TRL trainer on TRL's fused LM head) -----------------------------------------
+
+def _trl_chunked_module():
+    """The module whose ChunkedLogProbFunction TRL's fused LM head calls (trl.trainer.utils
+    imports it as _ChunkedLogProbFunction and looks it up on each call), or None for a TRL
+    without it."""
+    import trl.trainer.utils as utils
+    return utils if hasattr(utils, "_ChunkedLogProbFunction") else None
+
+
+def _kjit_runs_on(device: torch.device) -> bool:
+    """Whether kjit's kernels run on tensors of `device` (CUDA GPUs)."""
+    return device.type == "cuda"
+
+
+class KjitChunkedLogProb:
+    """What TRL's fused LM head (trl.trainer.utils.add_fused_lm_head, TRL 1.16) calls for each
+    forward with fused_lm_head=True, ChunkedLogProbFunction.apply(hidden, weight, bias, targets,
+    temperature, chunk_size, final_logit_softcapping, logit_scale, outputs), answered by
+    kjit.torch.linear_log_probs: the log-probabilities and entropies of hidden @ weight.T + bias
+    divided by the temperature, in kjit's kernels, with their gradients. TRL's own function runs
+    (with a KjitWarning once per cause) where kjit does not compute what is asked: a soft-cap, a
+    logit scale other than 1, the outputs log_sum_sq_probs, mean_logits or is_top1, tensors not on
+    a CUDA GPU. Under autocast the lm_head runs in autocast's dtype, as TRL's does."""
+
+    original = None  # TRL's ChunkedLogProbFunction, set by use_kjit_lm_head
+    _said: set = set()
+
+    @classmethod
+    def apply(cls, hidden, weight, bias, targets, temperature, chunk_size,
+              final_logit_softcapping=None, logit_scale=1.0, outputs=("log_probs",)):
+        cannot = cls._cannot(hidden, final_logit_softcapping, logit_scale, outputs)
+        if cannot is not None:
+            if cannot not in cls._said:
+                cls._said.add(cannot)
+                warnings.warn(f"kjit.torch.trl: {cannot}: TRL's fused LM head computes the "
+                              "log-probabilities", KjitWarning, stacklevel=2)
+            return cls.original.apply(hidden, weight, bias, targets, temperature, chunk_size,
+                                      final_logit_softcapping, logit_scale, outputs)
+        from kjit.torch.rl import linear_log_probs
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+            hidden.dtype
+        entropy = "entropy" in outputs
+        result = linear_log_probs(hidden.to(dtype), weight.to(dtype), targets,
+                                  None if bias is None else bias.to(dtype),
+                                  temperature=temperature, entropy=entropy)
+        log_probs, ent = result if entropy else (result, None)
+        return log_probs, ent, None, None, None
+
+    @staticmethod
+    def _cannot(hidden, final_logit_softcapping, logit_scale, outputs):
+        if final_logit_softcapping is not None:
+            return "a final logit soft-cap"
+        if logit_scale != 1.0:
+            return f"a logit scale of {logit_scale}"
+        others = sorted(set(outputs) - {"log_probs", "entropy"})
+        if others:
+            return f"the outputs {', '.join(others)}"
+        if not _kjit_runs_on(hidden.device):
+            return f"tensors on {hidden.device.type}"
+        return None
+
+
+class use_kjit_lm_head:  # noqa: N801 (a context manager, used as a function)
+    """Within it, TRL's fused LM head (every trainer that calls model(..., fused_lm_head=True):
+    GRPO, RLOO, KTO, SFT's metrics) computes its per-token log-probabilities and entropies with
+    kjit (KjitChunkedLogProb). Re-entrant; restores TRL's function on exit."""
+
+    _depth = 0
+
+    def __enter__(self):
+        module = _trl_chunked_module()
+        if module is None:
+            raise RuntimeError("kjit.torch.trl: this TRL has no fused LM head "
+                               "(trl.trainer.utils._ChunkedLogProbFunction); TRL 1.16 has")
+        if use_kjit_lm_head._depth == 0:
+            KjitChunkedLogProb.original = module._ChunkedLogProbFunction
+            module._ChunkedLogProbFunction = KjitChunkedLogProb
+        use_kjit_lm_head._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        use_kjit_lm_head._depth -= 1
+        if use_kjit_lm_head._depth == 0:
+            _trl_chunked_module()._ChunkedLogProbFunction = KjitChunkedLogProb.original
+        return False
+
+
+class KjitGRPOMixin:
+    """Put before GRPOTrainer (or a subclass of it): class T(KjitGRPOMixin, trl.GRPOTrainer).
+    The trainer's per-token log-probability and entropy helper (_get_per_token_logps_and_
+    entropies: the policy's with gradients, and the old and reference policies' under no_grad,
+    which run kjit's forward alone) computes through kjit's RL heads from the hidden states, with
+    the trainer's temperature; everything else (generation, rewards, advantages, the loss and its
+    masking, logits_to_keep) is TRL's."""
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        with use_kjit_lm_head():
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+
+
+class KjitGRPOTrainer(KjitGRPOMixin, trl.GRPOTrainer):
+    """trl.GRPOTrainer whose per-token log-probabilities and entropies are kjit's
+    (KjitGRPOMixin)."""
