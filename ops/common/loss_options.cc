@@ -123,6 +123,8 @@ LossOptions LossFromTuningWords(const TuningShapeWords& w, DType dtype) {
           .class_weight_dtype = w.Has("class_weights") ? std::optional(dtype) : std::nullopt};
 }
 
+std::string LossValueText(float value) { return fmt::format("{}", value == 0 ? 0.0f : value); }
+
 namespace {
 
 // A flag that sets one float or bool field of the options.

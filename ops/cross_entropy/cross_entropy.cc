@@ -12,6 +12,7 @@
 
 #include "jit/dtype.h"
 #include "jit/instantiation.h"
+#include "ops/common/loss_options.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
@@ -192,9 +193,9 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"dtype", Name(spec.dtype)},
       {"target_type", Name(spec.loss.target_type)},
       {"reduction", Name(spec.loss.reduction)},
-      {"label_smoothing", fmt::format("{}", spec.loss.label_smoothing)},
-      {"lse_square_scale", fmt::format("{}", spec.loss.z_loss)},
-      {"softcap", fmt::format("{}", spec.loss.softcap)},
+      {"label_smoothing", LossValueText(spec.loss.label_smoothing)},
+      {"lse_square_scale", LossValueText(spec.loss.z_loss)},
+      {"softcap", LossValueText(spec.loss.softcap)},
       {"argmax", spec.loss.argmax ? "true" : "false"},
   };
   if (spec.loss.entropy)
