@@ -193,7 +193,7 @@ TEST(ShardedCrossEntropyCompileTest, CombineNeedsShardsTilingTheVocab) {
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {Shard{&*lo, ws[0]}}, 4), "shards:");
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {}, 4), "shards:");
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {{&*lo, nullptr}, {&*hi, ws[1]}}, 4),
-                "workspaces[0]:");
+                "shards[0].workspace:");
   EXPECT_EQ(ShardedCrossEntropy::CombineStats(nullptr, {{&*lo, ws[0]}, {&*hi, ws[1]}}, 4).code(),
             absl::StatusCode::kFailedPrecondition);  // compile-only
 }
