@@ -262,14 +262,18 @@ TEST(CapiRuntime, WithTheStubDriverIsUnavailableAndSaysWhy) {
 // needed). Before the fix NVRTC's static destructors ran under the compiles and every run died
 // (SIGSEGV, "double free or corruption", "LLVM ERROR: out of memory"); six runs at delays spread
 // over a compile's length must all exit 0.
-TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
+// kjit_exit_while_compiling with `args`, in a scratch directory of its own.
+testing::CliResult ExitWhileCompiling(const std::vector<std::string>& args) {
   testing::TempDir scratch("kjit_capi_exit");
+  return testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, args,
+                             {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+}
+
+TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
   for (int run = 0; run < 6; ++run) {
     const std::string delay_ms = std::to_string(150 + 250 * (run % 4));
     const auto start = std::chrono::steady_clock::now();
-    const testing::CliResult r =
-        testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {delay_ms},
-                            {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+    const testing::CliResult r = ExitWhileCompiling({delay_ms});
     EXPECT_EQ(r.exit_code, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
     EXPECT_EQ(r.signal, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
     // Exit waits for the builds in flight (a build's length), never for the gate's 60 s limit.
@@ -281,11 +285,8 @@ TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
 // when what NVRTC registers would run before the exit gate's handler: before ExitGate::Startup,
 // 6 of 40 such exits at 0-90 ms crashed (SIGSEGV at 10-22 ms), none of 100 at 0-40 ms after it.
 TEST(CapiRuntime, ExitWhileNvrtcStartsDoesNotCrash) {
-  testing::TempDir scratch("kjit_capi_exit");
   for (int delay = 8; delay < 24; ++delay) {
-    const testing::CliResult r =
-        testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {std::to_string(delay)},
-                            {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+    const testing::CliResult r = ExitWhileCompiling({std::to_string(delay)});
     EXPECT_EQ(r.exit_code, 0) << "exit after " << delay << " ms: " << r.Describe();
     EXPECT_EQ(r.signal, 0) << "exit after " << delay << " ms: " << r.Describe();
   }
@@ -307,11 +308,33 @@ TEST(CapiRuntime, AChildForkedWhileAThreadCompilesExitsAtOnce) {
 #ifdef KJIT_FORK_UNSAFE_ALLOCATOR
   GTEST_SKIP() << "the sanitizer's allocator is not fork-safe (see KJIT_FORK_UNSAFE_ALLOCATOR)";
 #endif
-  testing::TempDir scratch("kjit_capi_exit");
-  const testing::CliResult r =
-      testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {"300", "fork"},
-                          {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+  const testing::CliResult r = ExitWhileCompiling({"300", "fork"});
   EXPECT_EQ(r.exit_code, 0) << r.Describe();
+}
+
+// Issue 45, defect 1: a child forked while other threads compile builds kernels of its own (it hung
+// in nvrtcCompileProgram on a lock held by a parent's thread it does not have).
+TEST(CapiRuntime, AChildForkedWhileAThreadCompilesCanCompile) {
+#ifdef KJIT_FORK_UNSAFE_ALLOCATOR
+  GTEST_SKIP() << "the sanitizer's allocator is not fork-safe (see KJIT_FORK_UNSAFE_ALLOCATOR)";
+#endif
+  const testing::CliResult r = ExitWhileCompiling({"100", "fork-build"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+}
+
+// Issue 45, defect 2: SIGTERM or SIGINT within NVRTC's first compile, whose handlers call exit(),
+// must end the process by the signal (143 / 130 in a shell) at once; the exiting thread waited
+// 60 s for its own compile, then exited with NVRTC's status.
+TEST(CapiRuntime, ASignalWhileNvrtcStartsEndsTheProcessByIt) {
+  for (const auto& [mode, number] : {std::pair{"term", SIGTERM}, std::pair{"int", SIGINT}}) {
+    for (int delay = 0; delay < 40; delay += 3) {
+      const auto start = std::chrono::steady_clock::now();
+      const testing::CliResult r = ExitWhileCompiling({std::to_string(delay), mode});
+      EXPECT_EQ(r.signal, number) << mode << " after " << delay << " ms: " << r.Describe();
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+          << mode << " after " << delay << " ms";
+    }
+  }
 }
 
 TEST(CapiRuntime, CompileOnlyNeedsATarget) {
