@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 
 namespace kjit {
@@ -71,7 +72,7 @@ absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in) {
   KJIT_ASSIGN_OR_RETURN(const std::string targets, in.String("target_type"));
   if (targets != Name(IndexType::kInt32) && targets != Name(IndexType::kInt64)) {
     return absl::InvalidArgumentError(
-        fmt::format("target_type: \"{}\" is not int32 or int64", targets));
+        fmt::format("target_type: {} is not int32 or int64", jit::Quoted(targets)));
   }
   loss.target_type = targets == Name(IndexType::kInt32) ? IndexType::kInt32 : IndexType::kInt64;
   KJIT_ASSIGN_OR_RETURN(loss.ignore_index, in.Int("ignore_index"));
@@ -82,7 +83,7 @@ absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in) {
   }
   if (!known) {
     return absl::InvalidArgumentError(
-        fmt::format("reduction: \"{}\" is not none, sum or mean", reduction));
+        fmt::format("reduction: {} is not none, sum or mean", jit::Quoted(reduction)));
   }
   KJIT_ASSIGN_OR_RETURN(loss.label_smoothing, in.Float("label_smoothing"));
   // Specs written before the options were one struct name the coefficient lse_square_scale.
