@@ -96,7 +96,7 @@ class ShardedCrossEntropy {
   const CrossEntropyConfig& config() const;
 
   // The counters (16 bytes), the statistics (5 floats a row), then for sum and mean one fp32
-  // loss per row. O(rows).
+  // loss per row. O(rows); rows outside 1 .. 2^31 - 1 (what a launch takes) count as the nearer.
   int64_t WorkspaceBytes(int64_t rows) const;
   ShardStatsView StatsOf(void* workspace, int64_t rows) const;
 

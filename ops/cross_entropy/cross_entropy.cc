@@ -443,8 +443,9 @@ absl::StatusOr<BuildInfo> CrossEntropy::Build() const {
 }
 
 int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
+  // Launches check rows after this (a wild one overflowed it).
   const int64_t losses =
-      op_->spec.loss.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
+      op_->spec.loss.reduction == Reduction::kNone ? 0 : std::clamp<int64_t>(rows, 1, INT32_MAX);
   return (kCountersBytes + losses * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
 }
 

@@ -188,7 +188,8 @@ const ShardedCrossEntropySpec& ShardedCrossEntropy::spec() const { return op_->s
 const CrossEntropyConfig& ShardedCrossEntropy::config() const { return op_->config; }
 
 int64_t ShardedCrossEntropy::WorkspaceBytes(int64_t rows) const {
-  rows = std::max<int64_t>(rows, 1);
+  // Launches check rows after this (a wild one overflowed it).
+  rows = std::clamp<int64_t>(rows, 1, INT32_MAX);
   return (kStatsOffset + StatsBytes(rows) + RowLossBytes(op_->spec, rows) + 15) / 16 * 16;
 }
 

@@ -175,6 +175,13 @@ TEST(ShardedCrossEntropyCompileTest, ChecksArgumentsNamingThem) {
   a = good;
   a.loss = TensorView::Vector(ws, DType::kF32, 1);
   ExpectInvalid(op->Finish(nullptr, a), "workspace:");  // overlaps the loss
+  // Found by sharded_capi_fuzzer: the workspace's size for a wild row count overflowed (signed,
+  // undefined) before the rows were refused.
+  a = good;
+  a.logits.rows = 6691465987522092250;
+  ExpectInvalid(op->ComputeStats(nullptr, a), "logits:");
+  EXPECT_EQ(op->WorkspaceBytes(INT64_MAX), op->WorkspaceBytes(INT32_MAX));
+  EXPECT_EQ(op->WorkspaceBytes(INT64_MIN), op->WorkspaceBytes(1));
 }
 
 TEST(ShardedCrossEntropyCompileTest, CombineNeedsShardsTilingTheVocab) {
