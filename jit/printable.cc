@@ -1,5 +1,6 @@
 #include "jit/printable.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -63,6 +64,17 @@ std::string Escape(std::string_view text, bool quoting) {
 }  // namespace
 
 std::string Printable(std::string_view text) { return Escape(text, /*quoting=*/false); }
+
+std::string PrintableLines(std::string_view text) {
+  std::string out;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    out += Printable(text.substr(start, end - start));
+    if (end < text.size()) out += '\n';
+    start = end + 1;
+  }
+  return out;
+}
 
 std::string Quoted(std::string_view text, size_t max) {
   if (text.size() <= max) return "\"" + Escape(text, /*quoting=*/true) + "\"";

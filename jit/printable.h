@@ -17,6 +17,8 @@
 namespace kjit::jit {
 
 std::string Printable(std::string_view text);
+// Printable, line by line: a message's own line breaks stay ("...\nfix: ...").
+std::string PrintableLines(std::string_view text);
 
 // "\"mean\\u0000x\"", or "\"aaaa...\" (100000 bytes)" when cut.
 std::string Quoted(std::string_view text, size_t max = 64);

@@ -142,7 +142,7 @@ int RunCompile(const CompileFlags& f) {
           "{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} "
           "bytes\n",
           f.op, jit::FormatParams(built->params), built->target, built->key, config, built->origin,
-          built->path.empty() ? "(memory only)" : built->path, built->bytes);
+          built->path.empty() ? "(memory only)" : jit::Printable(built->path), built->bytes);
       if (built->programs.size() > 1) {
         for (const BuildInfo& p : built->programs) {
           fmt::print("  program {} {} ({}, {} bytes)\n", p.program, p.key, p.origin, p.bytes);

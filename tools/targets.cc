@@ -227,7 +227,8 @@ int Finish(const ParsedCommandLine& cli) {
 }
 
 int Fail(const absl::Status& status) {
-  fmt::print(stderr, "{}: {}\n", ToolName(), ToStd(status.message()));
+  // Messages quote paths and values from outside kjit.
+  fmt::print(stderr, "{}: {}\n", ToolName(), jit::PrintableLines(ToStd(status.message())));
   return 1;
 }
 

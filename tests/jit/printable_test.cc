@@ -24,6 +24,12 @@ TEST(Printable, EscapesControlCharactersAndInvalidUtf8) {
   EXPECT_EQ(Printable("a \"b\" \\c"), "a \"b\" \\c");
 }
 
+TEST(Printable, PrintableLinesKeepsLineBreaks) {
+  EXPECT_EQ(PrintableLines("no NVRTC: \x1b[2J\nfix: set X\n"), "no NVRTC: \\x1b[2J\nfix: set X\n");
+  EXPECT_EQ(PrintableLines(""), "");
+  EXPECT_EQ(PrintableLines("\n\t"), "\n\\t");
+}
+
 TEST(Printable, QuotedEscapesQuotesAndCutsLongValues) {
   EXPECT_EQ(Quoted("mean"), "\"mean\"");
   EXPECT_EQ(Quoted(std::string("mean\0x", 6)), "\"mean\\x00x\"");

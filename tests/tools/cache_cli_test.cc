@@ -158,6 +158,16 @@ TEST_F(CacheCliTest, LsVerifyAndDoctorEscapeWhatTheCacheHolds) {
     EXPECT_TRUE(Contains(r.all(), "cache\\x1b]0;title\\x07")) << args[0] << ": " << r.Describe();
   }
   EXPECT_TRUE(Contains(Kjit({"cache", "ls"}).out, "hidden=512\\x1b[2J\\x1b[31m"));
+  // The entry's path in `kjit compile`'s report, and a failure naming the directory.
+  const CliResult compiled = CompileRmsNorm(1024);
+  EXPECT_EQ(compiled.exit_code, 0) << compiled.Describe();
+  env_["KJIT_CACHE_DIR"] = root_ + "/missing\x1b[2J";
+  const CliResult missing = Kjit({"cache", "ls"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.Describe();
+  for (const CliResult& r : {compiled, missing}) {
+    EXPECT_FALSE(Contains(r.all(), "\x1b")) << r.Describe();
+    EXPECT_TRUE(Contains(r.all(), "\\x1b")) << r.Describe();
+  }
 }
 
 // Defect 2: every kjit-tune worker aborted writing its answer ("crashed: signal 6", 0 of 3
