@@ -1,20 +1,26 @@
 #include "autotune/launch_tuner.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "jit/printable.h"
 
 namespace kjit::autotune {
 namespace {
@@ -32,9 +38,40 @@ std::string TuneBinary() {
   return "";
 }
 
-// Runs argv with stdout discarded (the JSON report) and stderr shared (its progress) and waits:
-// its exit status (128 + the signal that ended it), or the error that kept it from starting.
-absl::StatusOr<int> RunChild(const std::vector<std::string>& args) {
+// How long a tuning may take: $KJIT_AUTOTUNE_TIMEOUT seconds, else 15 minutes (a model's whole
+// preset takes about one on an H200).
+absl::StatusOr<int> TimeoutSeconds() {
+  const char* env = std::getenv("KJIT_AUTOTUNE_TIMEOUT");
+  if (env == nullptr || *env == '\0') return 900;
+  const std::string_view text(env);
+  int seconds = 0;
+  const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+  if (err != std::errc() || end != text.data() + text.size() || seconds < 1 || seconds > 86400) {
+    return absl::InvalidArgumentError(fmt::format(
+        "KJIT_AUTOTUNE_TIMEOUT: {} is not a number of seconds from 1 to 86400", jit::Quoted(text)));
+  }
+  return seconds;
+}
+
+// Waits for pid for at most `seconds`, then kills it: its wait status, or nullopt when killed.
+std::optional<int> WaitAtMost(pid_t pid, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid || (done < 0 && errno != EINTR)) return status;
+    ::usleep(20000);
+  }
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return std::nullopt;
+}
+
+// Runs argv with stdout discarded (the JSON report) and stderr shared (its progress) and waits
+// at most `seconds`: its exit status (128 + the signal that ended it), the error that kept it from
+// starting, or DeadlineExceeded.
+absl::StatusOr<int> RunChild(const std::vector<std::string>& args, int seconds) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -47,10 +84,12 @@ absl::StatusOr<int> RunChild(const std::vector<std::string>& args) {
   if (err != 0) {
     return absl::InternalError(fmt::format("{} could not start: {}", args[0], std::strerror(err)));
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  const std::optional<int> status = WaitAtMost(pid, seconds);
+  if (!status) {
+    return absl::DeadlineExceededError(fmt::format(
+        "{} did not finish within {} s (KJIT_AUTOTUNE_TIMEOUT); it was stopped", args[0], seconds));
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
 }
 
 }  // namespace
@@ -61,12 +100,14 @@ absl::Status ChildProcessTuner::Tune(const TuneRequest& request) {
     return absl::NotFoundError(
         "KJIT_AUTOTUNE is set but kjit-tune is not on PATH (or in KJIT_TUNE_BIN)");
   }
+  KJIT_ASSIGN_OR_RETURN(const int seconds, TimeoutSeconds());
   request.warnings(
       fmt::format("tuning {} at {} rows with {} (KJIT_AUTOTUNE); the launch waits for it",
                   request.spec_json, request.rows, bin));
   const absl::StatusOr<int> status =
       RunChild({bin, "--spec", request.spec_json, "--tokens", std::to_string(request.rows), "--db",
-                request.tuning_db, "--device", std::to_string(request.device)});
+                request.tuning_db, "--device", std::to_string(request.device)},
+               seconds);
   if (!status.ok()) return status.status();
   if (*status != 0)
     return absl::InternalError(fmt::format("{} exited with status {}", bin, *status));

@@ -988,9 +988,11 @@ kjit_status kjit_sharded_cross_entropy_combine_stats(CUstream stream,
                                                      int64_t rows) {
   return kjit::Call(__func__, [&](const char* fn) -> absl::Status {
     KJIT_RETURN_IF_ERROR(kjit::NotNull(fn, {{"ops", ops}, {"workspaces", workspaces}}));
-    if (count < 1) {
+    // Before the arrays are read: a count past their end would read past them.
+    constexpr int32_t kMax = kjit::ShardedCrossEntropy::kMaxCombinedShards;
+    if (count < 1 || count > kMax) {
       return absl::InvalidArgumentError(
-          fmt::format("{}: count: {} shards, expected 1 to 32", fn, count));
+          fmt::format("{}: count: {} shards, expected 1 to {}", fn, count, kMax));
     }
     std::vector<kjit::ShardedCrossEntropy::Shard> shards;
     for (int32_t i = 0; i < count; ++i) {

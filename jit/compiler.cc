@@ -60,8 +60,17 @@ void WarmUp(const Nvrtc& nvrtc, const std::vector<const char*>& options) {
 
 absl::StatusOr<Binary> Compile(const Nvrtc& nvrtc, const Source& source, const Target& target) {
   KJIT_RETURN_IF_ERROR(CheckNvrtcSupports(target, nvrtc.supported_archs()));
-  // exit() on another thread waits for this pass before NVRTC's destructors run (exit_gate.h).
+  // exit() on another thread waits for this pass before NVRTC's destructors run, and fork() for
+  // the use (exit_gate.h).
   ExitGate::Pass pass;
+  ExitGate::NvrtcUse use;
+  if (ExitGate::nvrtc_unusable()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "cannot compile '{}': this process was forked while another thread of its parent "
+        "compiled for over {} s, and NVRTC's locks stayed with that thread; build the kernels "
+        "before forking, or start workers with spawn instead of fork",
+        source.name, ExitGate::kMaxWait.count()));
+  }
   std::vector<const char*> header_texts, header_names;
   for (const auto& [name, text] : source.headers) {
     header_names.push_back(name.c_str());

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
+
 namespace kjit {
 
 size_t SizeOf(DType t) { return t == DType::kF32 ? 4 : 2; }
@@ -48,7 +50,7 @@ absl::StatusOr<DType> ParseDType(std::string_view text) {
   if (text == "fp16" || text == "f16" || text == "float16" || text == "half") return DType::kF16;
   if (text == "bf16" || text == "bfloat16") return DType::kBF16;
   return absl::InvalidArgumentError(
-      fmt::format("dtype: '{}' is not supported; expected fp32, fp16 or bf16", text));
+      fmt::format("dtype: {} is not supported; expected fp32, fp16 or bf16", jit::Quoted(text)));
 }
 
 }  // namespace kjit

@@ -12,12 +12,16 @@
 // and passes nested in another (or in a thread started for one: Inherited) never hold a thread,
 // so that a call waiting for its own workers is waited for, not deadlocked.
 //
+// fork() waits for the compiles in flight (NvrtcUse) and holds new ones back until it returns.
+//
 // NVRTC's own start (its load, and its first compile, when it registers more destructors) is a
 // window that handler cannot cover: what NVRTC registers then runs before the handler. Those run
 // in a Startup instead, and exit() waits for them before any exit handler runs: glibc's exit()
 // first runs the exiting thread's thread_local destructors, and every thread that loads kjit or
 // calls it holds one whose destructor waits for the Startups in flight (at most tens of
-// milliseconds, once per process; a thread that merely ends during one waits for it too).
+// milliseconds, once per process; a thread that merely ends during one waits for it too). NVRTC's
+// first compile also installs SIGINT and SIGTERM handlers that call exit(): an exit from one of
+// them ends the process by the signal instead.
 //
 //   {
 //     ExitGate::Pass pass;                       // exit() waits for it
@@ -63,6 +67,20 @@ class ExitGate {
     Startup(const Startup&) = delete;
     Startup& operator=(const Startup&) = delete;
   };
+
+  // Around every use of an NVRTC program (a compile): fork() waits for those in flight on other
+  // threads (up to kMaxWait) and holds new ones back until it returns, since its child would find
+  // NVRTC's locks held by threads it does not have (its first compile hung).
+  class NvrtcUse {
+   public:
+    NvrtcUse();
+    ~NvrtcUse();
+    NvrtcUse(const NvrtcUse&) = delete;
+    NvrtcUse& operator=(const NvrtcUse&) = delete;
+  };
+  // Whether this process was forked while another thread compiled for longer than the fork
+  // waited: NVRTC must not be used in it.
+  static bool nvrtc_unusable();
 
   // Whether this thread holds a pass.
   static bool held();

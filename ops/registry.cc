@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "ops/common/json_fields.h"
 #include "runtime/runtime_state.h"
@@ -39,7 +40,7 @@ bool ForOpNamed(std::string_view name, F&& f) {
 
 absl::Status UnknownOp(std::string_view name) {
   return absl::InvalidArgumentError(
-      fmt::format("op: \"{}\" is not one of {}", name, fmt::join(OpNames(), ", ")));
+      fmt::format("op: {} is not one of {}", jit::Quoted(name), fmt::join(OpNames(), ", ")));
 }
 
 template <typename Spec>
@@ -179,9 +180,9 @@ absl::Status CheckTuningRecord(const internal::TuningRecord& r,
   std::optional<OpSpec> spec;
   if (dtype.ok()) spec = SpecForTuningKey(r.key, *dtype, TuningShapeWords::Parse(r.key.shape));
   if (!spec) {
-    return absl::NotFoundError(
-        fmt::format("op \"{}\" with shape \"{}\" and dtype \"{}\" is none of kjit's ops ({})",
-                    r.key.op, r.key.shape, r.key.dtype, fmt::join(OpNames(), ", ")));
+    return absl::NotFoundError(fmt::format(
+        "op {} with shape {} and dtype {} is none of kjit's ops ({})", jit::Quoted(r.key.op),
+        jit::Quoted(r.key.shape), jit::Quoted(r.key.dtype), fmt::join(OpNames(), ", ")));
   }
   KJIT_ASSIGN_OR_RETURN(const OpSpec with_config, WithConfig(*spec, r.config));
   auto twin = twins.find(r.key.arch);

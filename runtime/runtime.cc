@@ -1,6 +1,7 @@
 #include "kjit/runtime.h"
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string_view>
 #include <vector>
@@ -116,6 +117,14 @@ std::shared_ptr<const internal::TuningDb> LoadTuningDb(const std::string& path,
   return std::make_shared<const internal::TuningDb>(std::move(*db));
 }
 
+// One tuning at a time per GPU, whichever runtime asks: tunings at once would time each other.
+std::mutex& TuningLockFor(int device) {
+  static std::mutex mu;
+  static auto* locks = new std::map<int, std::mutex>();  // never destroyed, as the threads may run
+  std::lock_guard<std::mutex> lock(mu);
+  return (*locks)[device];
+}
+
 }  // namespace
 
 void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows) const {
@@ -128,11 +137,15 @@ void internal::RuntimeState::TuneNow(const std::string& spec_json, int64_t rows)
     });
     return;
   }
-  const absl::Status tuned = tuner->Tune({.spec_json = spec_json,
-                                          .rows = rows,
-                                          .tuning_db = tuning_path,
-                                          .device = device.ordinal,
-                                          .warnings = warnings});
+  absl::Status tuned;
+  {
+    std::lock_guard<std::mutex> one_at_a_time(TuningLockFor(device.ordinal));
+    tuned = tuner->Tune({.spec_json = spec_json,
+                         .rows = rows,
+                         .tuning_db = tuning_path,
+                         .device = device.ordinal,
+                         .warnings = warnings});
+  }
   if (!tuned.ok()) Warn(fmt::format("{}; launching untuned", ToStd(tuned.message())));
   std::shared_ptr<const internal::TuningDb> db = LoadTuningDb(tuning_path, warnings);
   std::lock_guard<std::mutex> lock(tuning_mu);

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "kjit/dtype.h"
 #include "runtime/runtime_state.h"
@@ -68,8 +69,10 @@ class TunedConfigs {
     absl::StatusOr<Config> c = parse_(r->config);
     absl::Status fits = c.ok() ? validate_(*c) : c.status();
     if (!fits.ok()) {
-      rt_.Warn(fmt::format("tuning database record {} {} rows<={}: \"{}\" ignored: {}", r->key.op,
-                           r->key.shape, r->key.rows_bucket, r->config, ToStd(fits.message())));
+      rt_.Warn(fmt::format("tuning database record {} {} rows<={}: {} ignored: {}",
+                           jit::Printable(r->key.op), jit::Printable(r->key.shape),
+                           r->key.rows_bucket, jit::Quoted(r->config),
+                           jit::Printable(ToStd(fits.message()))));
       return std::nullopt;
     }
     return *c;

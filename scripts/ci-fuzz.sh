@@ -16,7 +16,7 @@ root=$(pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
 jobs=${JOBS:-$(nproc)}
-fuzzers=${FUZZERS:-"cache_entry cache_max_bytes dtype hf_config target tuning_db op_spec kjit_cli kjit_tune_cli"}
+fuzzers=${FUZZERS:-"cache_entry cache_max_bytes dtype hf_config target tuning_db op_spec kjit_cli kjit_tune_cli sharded_capi"}
 
 if ! command -v clang++-14 >/dev/null || ! ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
     >/dev/null 2>&1; then

@@ -8,6 +8,7 @@
 
 #include "jit/disk_cache.h"
 #include "jit/json_text.h"
+#include "jit/printable.h"
 #include "jit/source.h"
 #include "tools/commands.h"
 #include "tools/targets.h"
@@ -43,7 +44,7 @@ int RunCache(const CacheFlags& f) {
       fmt::print("{}\n",
                  jit::JsonText(nlohmann::json{{"dir", cache->dir()}, {"removed", *removed}}, 2));
     } else {
-      fmt::print("{}: removed {} file(s)\n", cache->dir(), *removed);
+      fmt::print("{}: removed {} file(s)\n", jit::Printable(cache->dir()), *removed);
     }
     return 0;
   }
@@ -65,9 +66,11 @@ int RunCache(const CacheFlags& f) {
     }
     list.push_back(std::move(j));
     if (!f.json && (f.action == "ls" || !e.valid)) {
-      fmt::print("{} {:>9} {:<10} {}\n", e.key, e.size_bytes,
-                 e.binary ? e.binary->target.ToString() : "-",
-                 e.valid ? jit::FormatParams(e.binary->params) : "INVALID: " + e.problem);
+      // An entry's parameters are its file's bytes: a crafted one (checksummed anew) holds any.
+      fmt::print(
+          "{} {:>9} {:<10} {}\n", jit::Printable(e.key), e.size_bytes,
+          e.binary ? jit::Printable(e.binary->target.ToString()) : "-",
+          jit::Printable(e.valid ? jit::FormatParams(e.binary->params) : "INVALID: " + e.problem));
     }
   }
   if (f.json) {
@@ -79,8 +82,8 @@ int RunCache(const CacheFlags& f) {
                                                     {"invalid", invalid}},
                                      2));
   } else {
-    fmt::print("{}: {} entries, {} bytes, {} invalid{}\n", cache->dir(), entries.size(), bytes,
-               invalid, cache->read_only() ? " (read-only)" : "");
+    fmt::print("{}: {} entries, {} bytes, {} invalid{}\n", jit::Printable(cache->dir()),
+               entries.size(), bytes, invalid, cache->read_only() ? " (read-only)" : "");
   }
   return f.action == "verify" && invalid > 0 ? 1 : 0;
 }

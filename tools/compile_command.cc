@@ -1,5 +1,6 @@
 // `kjit compile`: render, compile (or find in the cache) one op's kernels and say where they lie.
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jit/json_text.h"
+#include "jit/printable.h"
 #include "jit/source.h"
 #include "jit/status_helpers.h"
 #include "kjit/kjit.h"
@@ -42,6 +44,25 @@ absl::StatusOr<ops::OpSpec> SpecFromFlags(const CompileFlags& f) {
   return spec;
 }
 
+// The spec's error about o's field, naming o's flag instead; for a number, with the text given
+// beside the float it became ("--label-smoothing: \"0.9999999999\" (1 as a float) must be in
+// [0, 1)").
+absl::Status FlagError(const absl::Status& spec, const ops::CommandFlag& o, const CLI::App& cmd) {
+  const absl::Status renamed = ops::Renamed(spec, o.info.name);
+  const CLI::Option* option = cmd.get_option_no_throw(o.info.name);
+  if (o.info.kind != ops::FlagKind::kFloat || option == nullptr || option->results().empty()) {
+    return renamed;
+  }
+  const std::string& given = option->results().back();
+  const std::string_view problem = ops::WithoutField(ToStd(spec.message()));
+  const size_t space = problem.find(' ');
+  const std::string_view value = problem.substr(0, space);
+  if (space == std::string_view::npos || given == value) return renamed;
+  return absl::Status(
+      spec.code(), fmt::format("{}: {} ({} as a float) {}", o.info.name, jit::Quoted(given), value,
+                               problem.substr(space + 1)));
+}
+
 // What CLI11 cannot check once it has parsed the flags: that each belongs to --op, that the op's
 // size is given, that its dtypes compile for the targets, and that the op accepts the values (its
 // spec validates; an error naming a spec field names the flag that sets it instead, e.g.
@@ -68,7 +89,7 @@ absl::Status CheckCompileFlags(const CompileFlags& f, const CLI::App& cmd) {
   for (const ops::CommandFlag& o : f.op_flags.flags()) {
     if (!o.info.field.empty() &&
         ToStd(spec.message()).starts_with(fmt::format("{}: ", o.info.field))) {
-      return ops::Renamed(spec, o.info.name);
+      return FlagError(spec, o, cmd);
     }
   }
   return spec;
@@ -121,7 +142,7 @@ int RunCompile(const CompileFlags& f) {
           "{} {} -> {}\n  key     {}\n  config  {}\n  from    {}\n  path    {}\n  size    {} "
           "bytes\n",
           f.op, jit::FormatParams(built->params), built->target, built->key, config, built->origin,
-          built->path.empty() ? "(memory only)" : built->path, built->bytes);
+          built->path.empty() ? "(memory only)" : jit::Printable(built->path), built->bytes);
       if (built->programs.size() > 1) {
         for (const BuildInfo& p : built->programs) {
           fmt::print("  program {} {} ({}, {} bytes)\n", p.program, p.key, p.origin, p.bytes);

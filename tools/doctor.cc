@@ -11,6 +11,7 @@
 
 #include "jit/disk_cache.h"
 #include "jit/json_text.h"
+#include "jit/printable.h"
 #include "jit/target.h"
 
 namespace kjit::tools {
@@ -972,8 +973,9 @@ std::string FormatText(const std::vector<Finding>& findings) {
     const char* tag = f.status == Status::kOk     ? "[ OK ]"
                       : f.status == Status::kWarn ? "[WARN]"
                                                   : "[FAIL]";
-    out += fmt::format("{} {}: {}\n", tag, f.check, f.message);
-    if (!f.fix.empty()) out += fmt::format("       fix: {}\n", f.fix);
+    // Findings quote paths, environment variables and files: none may reach a terminal raw.
+    out += fmt::format("{} {}: {}\n", tag, f.check, jit::Printable(f.message));
+    if (!f.fix.empty()) out += fmt::format("       fix: {}\n", jit::Printable(f.fix));
   }
   out += fmt::format("{} ok, {} warn, {} fail\n", counts[0], counts[1], counts[2]);
   return out;

@@ -28,6 +28,7 @@
 #include "jit/dynlib.h"
 #include "jit/file_io.h"
 #include "jit/nvrtc.h"
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "jit/target.h"
 #include "kjit/device_buffer.h"
@@ -525,8 +526,9 @@ TuningFacts ProbeTuning() {
            .arch = r.key.arch,
            .driver = r.key.driver,
            .nvrtc = r.key.nvrtc,
-           .what = fmt::format("{} {} {} rows<={}: \"{}\"", r.key.op, r.key.shape, r.key.dtype,
-                               r.key.rows_bucket, r.config),
+           .what = fmt::format("{} {} {} rows<={}: {}", jit::Printable(r.key.op),
+                               jit::Printable(r.key.shape), jit::Printable(r.key.dtype),
+                               r.key.rows_bucket, jit::Quoted(r.config)),
            .refused = why.ok() || absl::IsUnavailable(why) ? "" : std::string(why.message())});
     }
     return t;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/trace.h"
 #include "kjit/version.h"
 #include "tools/commands.h"
@@ -27,8 +28,8 @@ std::string KjitUsageMessage(const CLI::App* app, const CLI::Error& e) {
   const std::vector<std::string> rest = app->remaining();
   std::string what = "a command is required";
   if (!rest.empty()) {
-    what =
-        fmt::format("unknown {} \"{}\"", rest[0].starts_with("-") ? "option" : "command", rest[0]);
+    what = fmt::format("unknown {} {}", rest[0].starts_with("-") ? "option" : "command",
+                       jit::Quoted(rest[0]));
   }
   return UsageMessage(
       app, CLI::ValidationError(fmt::format("{}; commands: {}", what, fmt::join(names, ", "))));

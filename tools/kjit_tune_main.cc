@@ -30,6 +30,8 @@
 #include "autotune/model_config.h"
 #include "autotune/tune_worker.h"
 #include "autotune/tuner.h"
+#include "jit/json_text.h"
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "jit/trace.h"
 #include "kjit/kjit.h"
@@ -165,8 +167,9 @@ class Progress {
     failed_ += failed;
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const std::string line = fmt::format("[{} {}/{}] {}{} ({:.1f} s, {} failed)", phase_, done_,
-                                         total_, what, failed ? ": FAILED" : "", s, failed_);
+    const std::string line =
+        fmt::format("[{} {}/{}] {}{} ({:.1f} s, {} failed)", phase_, done_, total_,
+                    jit::Printable(what), failed ? ": FAILED" : "", s, failed_);
     if (tty_) {
       fmt::print(stderr, "\r\033[K{}{}", line.substr(0, 160), done_ == total_ ? "\n" : "");
     } else {
@@ -197,7 +200,7 @@ void PrintSummary(const nlohmann::json& report) {
                k["from_database"].get<bool>() ? " (from the database)" : "");
   }
   for (const auto& f : report["failures"]) {
-    fmt::print(stderr, "kjit-tune: failed: {}\n", f.dump());
+    fmt::print(stderr, "kjit-tune: failed: {}\n", jit::JsonText(f));
   }
 }
 
@@ -240,7 +243,7 @@ int RunTune(const TuneFlags& f) {
   for (const Runtime& rt : *runtimes) plan.targets.push_back(&rt);
   if (gpu) {
     fmt::print(stderr, "kjit-tune: tuning on {} ({}) at {} token counts; database {}\n",
-               gpu->device().name, gpu->target(), f.tokens.size(), plan.db_path);
+               gpu->device().name, gpu->target(), f.tokens.size(), jit::Printable(plan.db_path));
   } else {
     fmt::print(stderr, "kjit-tune: no GPU in use: compiling {} only, nothing is timed\n",
                f.all_candidates ? "every candidate config" : "the heuristic configs");
@@ -255,15 +258,16 @@ int RunTune(const TuneFlags& f) {
   report["dtype"] = Name(dtype);
   report["tokens"] = f.tokens;
   report["wall_s"] = seconds;
-  if (f.json) fmt::print("{}\n", report.dump(2));
+  if (f.json) fmt::print("{}\n", jit::JsonText(report, 2));
   PrintSummary(report);
   size_t ready = 0;
   // A kernel compiled but not stored (a read-only cache) is not ready for the next run.
   for (const auto& k : report["kernels"])
     ready += !k.value("tuned", false) && k.value("stored", true);
   const size_t wanted = plan.ops.size() * plan.targets.size();
-  fmt::print(stderr, "kjit-tune: {} {}: {} of {} kernels ready{} in {:.1f} s{}\n", model->name,
-             Name(dtype), ready, wanted, gpu ? ", tuned" : "", seconds,
+  // The name may be a config.json's _name_or_path: anything.
+  fmt::print(stderr, "kjit-tune: {} {}: {} of {} kernels ready{} in {:.1f} s{}\n",
+             jit::Printable(model->name), Name(dtype), ready, wanted, gpu ? ", tuned" : "", seconds,
              report["ok"].get<bool>() ? "" : "; FAILED, see above");
   return report["ok"].get<bool>() ? 0 : 1;
 }

@@ -14,6 +14,7 @@
 
 #include "jit/dtype.h"
 #include "jit/nvrtc.h"
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "jit/target.h"
 #include "ops/common/json_fields.h"
@@ -137,7 +138,14 @@ void ThrowIfUsageError(const absl::Status& status) {
 }
 
 std::string UsageMessage(const CLI::App* app, const CLI::Error& e) {
-  return app->get_name() + ": " + CLI::FailureMessage::simple(app, e);
+  // CLI11 quotes what was typed: a 100 KB argument whole, its escape sequences raw.
+  constexpr size_t kMax = 400;
+  std::string what = jit::Printable(e.what());
+  if (what.size() > kMax) what = fmt::format("{}... ({} bytes)", what.substr(0, kMax), what.size());
+  const CLI::Option* help = app->get_help_ptr();
+  return fmt::format(
+      "{}: {}\n{}", app->get_name(), what,
+      help ? fmt::format("Run with {} for more information.\n", help->get_name()) : "");
 }
 
 std::optional<int> ParseFlags(CLI::App& app, int argc, const char* const* argv, std::ostream& out,
@@ -219,7 +227,8 @@ int Finish(const ParsedCommandLine& cli) {
 }
 
 int Fail(const absl::Status& status) {
-  fmt::print(stderr, "{}: {}\n", ToolName(), ToStd(status.message()));
+  // Messages quote paths and values from outside kjit.
+  fmt::print(stderr, "{}: {}\n", ToolName(), jit::PrintableLines(ToStd(status.message())));
   return 1;
 }
 

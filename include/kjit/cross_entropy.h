@@ -171,7 +171,8 @@ class CrossEntropy {
   // See CrossEntropyRescaleArgs.
   absl::Status RescaleGradient(CUstream stream, const CrossEntropyRescaleArgs& args) const;
 
-  // The counters (16 bytes), then for sum and mean one fp32 loss per row. O(rows).
+  // The counters (16 bytes), then for sum and mean one fp32 loss per row. O(rows); rows outside
+  // 1 .. 2^31 - 1 (what a launch takes) count as the nearer.
   int64_t WorkspaceBytes(int64_t rows) const;
 
   // Compiles (or finds in the caches) the programs for the widest config, each a cache entry of

@@ -497,7 +497,9 @@ KJIT_C_EXPORT kjit_status
 kjit_sharded_cross_entropy_compute_stats(const kjit_sharded_cross_entropy* op, CUstream stream,
                                          const kjit_sharded_cross_entropy_args* args);
 /* Step 2 over NCCL: `nccl_comm` is an ncclComm_t of the ranks that hold the shards (libnccl is
- * opened on first use: $KJIT_NCCL_LIBRARY, else libnccl.so.2, then libnccl.so). */
+ * opened on first use: $KJIT_NCCL_LIBRARY, else libnccl.so.2, then libnccl.so). Everything is
+ * checked (rows, workspace, a compile-only runtime: FAILED_PRECONDITION) before the first
+ * all-reduce is issued, so that a rank that fails never leaves its peers waiting in one. */
 KJIT_C_EXPORT kjit_status
 kjit_sharded_cross_entropy_all_reduce_stats(const kjit_sharded_cross_entropy* op, CUstream stream,
                                             void* workspace, int64_t rows, void* nccl_comm);
@@ -511,9 +513,10 @@ KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_stats_of(const kjit_sharded
  */
 KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_rescale_stats(
     const kjit_sharded_cross_entropy* op, CUstream stream, void* workspace, int64_t rows);
-/* Step 2 for `count` shards held by this process (1 .. 32), which tile [0, vocab) in order, each
- * after its compute_stats on `stream`: afterwards each shard's finish gives what it would after
- * the all-reduces. */
+/* Step 2 for `count` shards held by this process (1 .. 32, checked before the arrays are read),
+ * which tile [0, vocab) in order, each after its compute_stats on `stream`: afterwards each
+ * shard's finish gives what it would after the all-reduces. The shards must be of one problem
+ * (specs alike but for the shard), of one runtime, each with a workspace of its own. */
 KJIT_C_EXPORT kjit_status kjit_sharded_cross_entropy_combine_stats(
     CUstream stream, const kjit_sharded_cross_entropy* const* ops, void* const* workspaces,
     int32_t count, int64_t rows);

@@ -83,7 +83,8 @@ struct TuneRequest {
 
 // Tunes for a runtime's launch (RuntimeOptions::autotune, KJIT_AUTOTUNE). Tune blocks until the
 // request's op and bucket are in request.tuning_db, or fails: the runtime warns with the error's
-// message and launches untuned.
+// message and launches untuned. Runtimes call it for one device at a time (their timings would
+// disturb each other); it should bound its own wait, as the default tuner does.
 class Tuner {
  public:
   virtual ~Tuner() = default;

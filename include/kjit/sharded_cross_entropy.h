@@ -96,7 +96,7 @@ class ShardedCrossEntropy {
   const CrossEntropyConfig& config() const;
 
   // The counters (16 bytes), the statistics (5 floats a row), then for sum and mean one fp32
-  // loss per row. O(rows).
+  // loss per row. O(rows); rows outside 1 .. 2^31 - 1 (what a launch takes) count as the nearer.
   int64_t WorkspaceBytes(int64_t rows) const;
   ShardStatsView StatsOf(void* workspace, int64_t rows) const;
 
@@ -113,9 +113,11 @@ class ShardedCrossEntropy {
     const ShardedCrossEntropy* op = nullptr;
     void* workspace = nullptr;
   };
-  // The reduction for shards that tile [0, vocab) in order (at most 32): afterwards each shard's
+  // The reduction for shards that tile [0, vocab) in order (at most 32), of one problem (specs
+  // alike but for the shard), one runtime and workspaces of their own: afterwards each shard's
   // Finish gives what it would after the all-reduces. Launched with shards[0]'s program.
   static absl::Status CombineStats(CUstream stream, const std::vector<Shard>& shards, int64_t rows);
+  static constexpr int kMaxCombinedShards = 32;
 
   // Compiles (or finds in the caches) the program for the widest config; works compile-only.
   absl::StatusOr<BuildInfo> Build() const;
@@ -126,8 +128,6 @@ class ShardedCrossEntropy {
                       std::shared_ptr<internal::ShardedCrossEntropyState> op)
       : rt_(std::move(rt)), op_(std::move(op)) {}
   absl::Status CheckArgs(const ShardedCrossEntropyArgs& args) const;
-  absl::Status LaunchOnStats(CUstream stream, int which, const std::vector<void*>& workspaces,
-                             int64_t rows) const;
   std::shared_ptr<internal::RuntimeState> rt_;
   std::shared_ptr<internal::ShardedCrossEntropyState> op_;
 };

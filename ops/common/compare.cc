@@ -7,14 +7,29 @@
 
 namespace kjit::ops {
 
+namespace {
+
+// "NaN" whatever its sign bit (fmt writes "-nan"), else as fmt writes it ("inf", "-0.5").
+std::string ValueText(double v) { return std::isnan(v) ? "NaN" : fmt::format("{}", v); }
+
+}  // namespace
+
 std::string CompareResult::Describe(const std::string& name) const {
   if (ok)
     return fmt::format("{}: {} elements ok (worst {:.3g} of tolerance)", name, checked,
                        worst_ratio);
-  return fmt::format(
-      "{}: {} of {} elements out of tolerance; first at {}: got {} expected {}; "
-      "worst {:.3g}x tolerance",
-      name, mismatches, checked, first_bad, out_at_first, ref_at_first, worst_ratio);
+  // The ratio is over finite elements only: it says nothing of a NaN.
+  std::string how;
+  if (nonfinite > 0) {
+    how = fmt::format("; {} NaN or infinite where the reference is not (or the other way)",
+                      nonfinite);
+  }
+  if (mismatches > nonfinite) {
+    how += fmt::format("; worst {:.3g}x tolerance among the finite", worst_ratio);
+  }
+  return fmt::format("{}: {} of {} elements out of tolerance; first at {}: got {} expected {}{}",
+                     name, mismatches, checked, first_bad, ValueText(out_at_first),
+                     ValueText(ref_at_first), how);
 }
 
 void CompareResult::Merge(const CompareResult& part, int64_t offset) {
@@ -26,6 +41,7 @@ void CompareResult::Merge(const CompareResult& part, int64_t offset) {
   ok = ok && part.ok;
   checked += part.checked;
   mismatches += part.mismatches;
+  nonfinite += part.nonfinite;
   worst_ratio = std::max(worst_ratio, part.worst_ratio);
 }
 
@@ -41,10 +57,9 @@ CompareResult Compare(std::span<const double> out, std::span<const double> ref,
     ++r.checked;
     const double o = out[i], e = ref[i];
     bool good;
-    if (std::isnan(e) || std::isnan(o)) {
-      good = std::isnan(e) && std::isnan(o);
-    } else if (std::isinf(e) || std::isinf(o)) {
-      good = o == e;
+    if (!std::isfinite(e) || !std::isfinite(o)) {
+      good = std::isnan(e) ? std::isnan(o) : o == e;
+      r.nonfinite += good ? 0 : 1;
     } else {
       const double atol = tol.atol + (atol_per_element.empty() ? 0.0 : atol_per_element[i]);
       const double allowed = atol + tol.rtol * std::fabs(e);

@@ -29,6 +29,7 @@ struct CompareResult {
   double out_at_first = 0;
   double ref_at_first = 0;
   double worst_ratio = 0;  // max |out-ref| / (atol + rtol|ref|) over finite elements
+  int64_t nonfinite = 0;   // mismatches where out or ref is NaN or infinite
   std::string Describe(const std::string& name) const;
   // Adds the result of comparing the elements from `offset` on, as one comparison would have.
   void Merge(const CompareResult& part, int64_t offset);

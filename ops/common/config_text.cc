@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
+
 namespace kjit::ops {
 
 absl::StatusOr<ConfigText> ConfigText::Split(std::string_view what, std::string_view text,
@@ -19,15 +21,15 @@ absl::StatusOr<ConfigText> ConfigText::Split(std::string_view what, std::string_
     if (token.empty()) continue;  // a run of spaces
     const size_t eq = token.find('=');
     if (eq == std::string_view::npos) {
-      return t.Error(fmt::format("\"{}\" is not name=value", token));
+      return t.Error(fmt::format("{} is not name=value", jit::Quoted(token)));
     }
     const std::string_view name = token.substr(0, eq);
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       return t.Error(
-          fmt::format("unknown field \"{}\"; expected {}", name, fmt::join(names, ", ")));
+          fmt::format("unknown field {}; expected {}", jit::Quoted(name), fmt::join(names, ", ")));
     }
     if (!t.fields_.emplace(name, token.substr(eq + 1)).second) {
-      return t.Error(fmt::format("field \"{}\" appears twice", name));
+      return t.Error(fmt::format("field {} appears twice", jit::Quoted(name)));
     }
   }
   for (std::string_view name : names) {
@@ -48,11 +50,15 @@ absl::StatusOr<int> ConfigText::Int(std::string_view name) const {
 }
 
 absl::Status ConfigText::Invalid(std::string_view name, std::string_view expected) const {
-  return Error(fmt::format("{}={}: expected {}", name, Value(name), expected));
+  // The whole text is quoted before: the value is shown as typed, escaped and cut short.
+  constexpr size_t kMax = 64;
+  const std::string_view value = Value(name);
+  return Error(fmt::format("{}={}{}: expected {}", name, jit::Printable(value.substr(0, kMax)),
+                           value.size() > kMax ? "..." : "", expected));
 }
 
 absl::Status ConfigText::Error(std::string_view problem) const {
-  return absl::InvalidArgumentError(fmt::format("{} \"{}\": {}", what_, text_, problem));
+  return absl::InvalidArgumentError(fmt::format("{} {}: {}", what_, jit::Quoted(text_), problem));
 }
 
 std::optional<int> ParseInt(std::string_view text) {

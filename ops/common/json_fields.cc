@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 
 namespace kjit::ops {
@@ -24,6 +25,12 @@ std::string Shown(const nlohmann::json& v) {
   size_t cut = kMax;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
   return text.substr(0, cut) + "...";
+}
+
+// A key from the input as an error names it: escaped, and cut short as a value is.
+std::string ShownKey(std::string_view key) {
+  constexpr size_t kMax = 40;
+  return jit::Printable(key.substr(0, kMax)) + (key.size() > kMax ? "..." : "");
 }
 
 absl::Status Invalid(std::string_view name, std::string_view problem) {
@@ -98,8 +105,8 @@ absl::Status JsonFields::NoOthers(std::string_view what,
     if (asked_.contains(name) || std::find(also.begin(), also.end(), name) != also.end()) continue;
     std::vector<std::string_view> fields(also);
     fields.insert(fields.end(), asked_.begin(), asked_.end());
-    return Invalid(
-        name, fmt::format("is not a field of {} (its fields: {})", what, fmt::join(fields, ", ")));
+    return Invalid(ShownKey(name), fmt::format("is not a field of {} (its fields: {})", what,
+                                               fmt::join(fields, ", ")));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 
 namespace kjit {
@@ -70,7 +71,7 @@ absl::StatusOr<IndexType> TargetTypeFromJson(JsonFields& in) {
   KJIT_ASSIGN_OR_RETURN(const std::string targets, in.String("target_type"));
   if (targets != Name(IndexType::kInt32) && targets != Name(IndexType::kInt64)) {
     return absl::InvalidArgumentError(
-        fmt::format("target_type: \"{}\" is not int32 or int64", targets));
+        fmt::format("target_type: {} is not int32 or int64", jit::Quoted(targets)));
   }
   return targets == Name(IndexType::kInt32) ? IndexType::kInt32 : IndexType::kInt64;
 }
@@ -86,7 +87,7 @@ absl::StatusOr<LossOptions> LossOptionsFromJson(JsonFields& in) {
   }
   if (!known) {
     return absl::InvalidArgumentError(
-        fmt::format("reduction: \"{}\" is not none, sum or mean", reduction));
+        fmt::format("reduction: {} is not none, sum or mean", jit::Quoted(reduction)));
   }
   KJIT_ASSIGN_OR_RETURN(loss.label_smoothing, in.Float("label_smoothing"));
   // Specs written before the options were one struct name the coefficient lse_square_scale.
@@ -126,6 +127,8 @@ LossOptions LossFromTuningWords(const TuningShapeWords& w, DType dtype) {
           .entropy = w.Has("entropy"),
           .class_weight_dtype = w.Has("class_weights") ? std::optional(dtype) : std::nullopt};
 }
+
+std::string LossValueText(float value) { return fmt::format("{}", value == 0 ? 0.0f : value); }
 
 namespace {
 

@@ -38,6 +38,10 @@ absl::StatusOr<IndexType> TargetTypeFromJson(JsonFields& in);
 FlagInfo TargetTypeFlag();
 IndexType TargetTypeOf(const FlagValue& v);
 
+// An option's value as a program's params (its cache key) and messages write it: -0 is 0, so that
+// the same options never compile twice.
+std::string LossValueText(float value);
+
 // `kjit compile`'s flags for the options (--target-type, --reduction, --label-smoothing, --z-loss,
 // --softcap, --argmax, --entropy, --class-weights), the same for every loss op.
 std::vector<SpecFlag<LossOptions>> LossFlags();

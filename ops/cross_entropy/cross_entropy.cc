@@ -12,6 +12,7 @@
 
 #include "jit/dtype.h"
 #include "jit/instantiation.h"
+#include "ops/common/loss_options.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
@@ -192,9 +193,9 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
       {"dtype", Name(spec.dtype)},
       {"target_type", Name(spec.loss.target_type)},
       {"reduction", Name(spec.loss.reduction)},
-      {"label_smoothing", fmt::format("{}", spec.loss.label_smoothing)},
-      {"lse_square_scale", fmt::format("{}", spec.loss.z_loss)},
-      {"softcap", fmt::format("{}", spec.loss.softcap)},
+      {"label_smoothing", LossValueText(spec.loss.label_smoothing)},
+      {"lse_square_scale", LossValueText(spec.loss.z_loss)},
+      {"softcap", LossValueText(spec.loss.softcap)},
       {"argmax", spec.loss.argmax ? "true" : "false"},
   };
   if (spec.loss.entropy)
@@ -442,8 +443,9 @@ absl::StatusOr<BuildInfo> CrossEntropy::Build() const {
 }
 
 int64_t CrossEntropy::WorkspaceBytes(int64_t rows) const {
+  // Launches check rows after this (a wild one overflowed it).
   const int64_t losses =
-      op_->spec.loss.reduction == Reduction::kNone ? 0 : std::max<int64_t>(rows, 1);
+      op_->spec.loss.reduction == Reduction::kNone ? 0 : std::clamp<int64_t>(rows, 1, INT32_MAX);
   return (kCountersBytes + losses * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
 }
 

@@ -9,6 +9,7 @@
 
 #include "jit/dtype.h"
 #include "jit/instantiation.h"
+#include "ops/common/loss_options.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/nccl.h"
@@ -28,6 +29,7 @@ constexpr int kReduceThreads = 1024;
 constexpr int kStatsThreads = 256;
 constexpr int64_t kCountersBytes = kCrossEntropyRowLossOffset;
 constexpr int64_t kStatsOffset = kCountersBytes;
+static_assert(ShardedCrossEntropy::kMaxCombinedShards == kMaxCombinedShards);
 
 // The program's kernels, in the order RenderShardedCrossEntropy names them.
 enum Kernel { kCount, kStats, kRescale, kCombine, kFinishForward, kFinishGradient, kReduce };
@@ -186,7 +188,8 @@ const ShardedCrossEntropySpec& ShardedCrossEntropy::spec() const { return op_->s
 const CrossEntropyConfig& ShardedCrossEntropy::config() const { return op_->config; }
 
 int64_t ShardedCrossEntropy::WorkspaceBytes(int64_t rows) const {
-  rows = std::max<int64_t>(rows, 1);
+  // Launches check rows after this (a wild one overflowed it).
+  rows = std::clamp<int64_t>(rows, 1, INT32_MAX);
   return (kStatsOffset + StatsBytes(rows) + RowLossBytes(op_->spec, rows) + 15) / 16 * 16;
 }
 
@@ -257,38 +260,99 @@ absl::Status ShardedCrossEntropy::Finish(CUstream stream, const ShardedCrossEntr
   return rt_->Launch((*k)[kReduce], 1, kReduceThreads, stream, &r);
 }
 
-absl::Status ShardedCrossEntropy::LaunchOnStats(CUstream stream, int which,
-                                                const std::vector<void*>& workspaces,
-                                                int64_t rows) const {
+namespace {
+
+using StatsKernels = internal::ShardedCrossEntropyKernels;
+
+// Everything a step on the statistics checks, and its kernels loaded, before anything is
+// launched or reduced: a rank that fails after its first all-reduce never joins the second, and
+// its peers wait for it for ever.
+absl::StatusOr<const StatsKernels*> PrepareStats(
+    const internal::RuntimeState& rt, internal::ShardedCrossEntropyState& op,
+    const std::vector<std::pair<std::string, void*>>& workspaces, int64_t rows) {
   KJIT_RETURN_IF_ERROR(CheckStatsRows(rows));
-  ShardStatsParams p{};
-  for (size_t i = 0; i < workspaces.size(); ++i) {
-    KJIT_RETURN_IF_ERROR(CheckWorkspacePointer(fmt::format("workspaces[{}]", i), workspaces[i]));
-    p.stats[i] = StatsIn(workspaces[i]);
+  for (const auto& [name, workspace] : workspaces) {
+    KJIT_RETURN_IF_ERROR(CheckWorkspacePointer(name, workspace));
   }
+  KJIT_RETURN_IF_ERROR(rt.NeedsDevice());
+  return KernelsFor(rt, op, op.config.vec);
+}
+
+absl::Status LaunchOnStats(const internal::RuntimeState& rt, const StatsKernels& k, int which,
+                           CUstream stream, const std::vector<void*>& workspaces, int64_t rows) {
+  ShardStatsParams p{};
+  for (size_t i = 0; i < workspaces.size(); ++i) p.stats[i] = StatsIn(workspaces[i]);
   p.shards = static_cast<int>(workspaces.size());
   p.rows = rows;
-  KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
-  KJIT_ASSIGN_OR_RETURN(const internal::ShardedCrossEntropyKernels* k,
-                        KernelsFor(*rt_, *op_, op_->config.vec));
-  return rt_->Launch((*k)[which], (rows + kStatsThreads - 1) / kStatsThreads, kStatsThreads, stream,
-                     &p);
+  return rt.Launch(k[which], (rows + kStatsThreads - 1) / kStatsThreads, kStatsThreads, stream, &p);
 }
+
+// The fields of the problem every shard of one split must share, by name, as text.
+std::vector<std::pair<const char*, std::string>> ProblemFields(const ShardedCrossEntropySpec& s) {
+  const LossOptions& l = s.loss;
+  return {{"vocab", std::to_string(s.vocab)},
+          {"dtype", Name(s.dtype)},
+          {"loss.target_type", Name(l.target_type)},
+          {"loss.ignore_index", std::to_string(l.ignore_index)},
+          {"loss.reduction", Name(l.reduction)},
+          {"loss.label_smoothing", ops::LossValueText(l.label_smoothing)},
+          {"loss.z_loss", ops::LossValueText(l.z_loss)},
+          {"loss.softcap", ops::LossValueText(l.softcap)},
+          {"loss.class_weight_dtype", l.class_weight_dtype ? Name(*l.class_weight_dtype) : "none"}};
+}
+
+// Shard i of a CombineStats: of shards[0]'s problem, next in the vocab, its workspace its own.
+absl::Status CheckCombinedShard(const std::vector<ShardedCrossEntropy::Shard>& shards, size_t i,
+                                int64_t next, int64_t workspace_bytes) {
+  const ShardedCrossEntropySpec& s = shards[i].op->spec();
+  const auto first = ProblemFields(shards[0].op->spec()), fields = ProblemFields(s);
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (fields[f].second != first[f].second) {
+      return absl::InvalidArgumentError(fmt::format(
+          "shards[{}]: {}: {}, but shards[0]'s is {} (the shards of one split share a problem)", i,
+          fields[f].first, fields[f].second, first[f].second));
+    }
+  }
+  if (s.shard_start != next) {
+    return absl::InvalidArgumentError(fmt::format(
+        "shards[{}]: classes [{}, {}) of vocab {}, expected the next shard from {} (the shards "
+        "must tile the vocab in order)",
+        i, s.shard_start, s.shard_end, s.vocab, next));
+  }
+  KJIT_RETURN_IF_ERROR(
+      CheckWorkspacePointer(fmt::format("shards[{}].workspace", i), shards[i].workspace));
+  const auto mine = reinterpret_cast<uintptr_t>(shards[i].workspace);
+  for (size_t j = 0; j < i; ++j) {
+    const auto other = reinterpret_cast<uintptr_t>(shards[j].workspace);
+    if (mine < other + workspace_bytes && other < mine + workspace_bytes) {
+      return absl::InvalidArgumentError(fmt::format(
+          "shards[{}].workspace: overlaps shards[{}]'s ({} and {}, {} bytes each): each shard "
+          "needs a workspace of its own",
+          i, j, shards[i].workspace, shards[j].workspace, workspace_bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ShardedCrossEntropy::RescaleStats(CUstream stream, void* workspace,
                                                int64_t rows) const {
-  return LaunchOnStats(stream, kRescale, {workspace}, rows);
+  KJIT_ASSIGN_OR_RETURN(const StatsKernels* k,
+                        PrepareStats(*rt_, *op_, {{"workspace", workspace}}, rows));
+  return LaunchOnStats(*rt_, *k, kRescale, stream, {workspace}, rows);
 }
 
 absl::Status ShardedCrossEntropy::AllReduceStats(CUstream stream, void* workspace, int64_t rows,
                                                  NcclComm comm) const {
-  KJIT_RETURN_IF_ERROR(CheckStatsRows(rows));
-  KJIT_ASSIGN_OR_RETURN(const Nccl* loaded, Nccl::Get());
-  const Nccl& nccl = *loaded;
+  KJIT_ASSIGN_OR_RETURN(const StatsKernels* k,
+                        PrepareStats(*rt_, *op_, {{"workspace", workspace}}, rows));
+  if (comm == nullptr) return absl::InvalidArgumentError("comm: null NCCL communicator");
+  KJIT_ASSIGN_OR_RETURN(const Nccl* nccl, Nccl::Get());
   const ShardStatsView v = StatsOf(workspace, rows);
-  KJIT_RETURN_IF_ERROR(nccl.AllReduce(v.max, rows, NcclOp::kMax, comm, stream));
-  KJIT_RETURN_IF_ERROR(RescaleStats(stream, workspace, rows));
-  return nccl.AllReduce(v.sums, 3 * rows, NcclOp::kSum, comm, stream);
+  KJIT_RETURN_IF_ERROR(nccl->AllReduce(v.max, rows, NcclOp::kMax, comm, stream));
+  KJIT_RETURN_IF_ERROR(LaunchOnStats(*rt_, *k, kRescale, stream, {workspace}, rows));
+  return nccl->AllReduce(v.sums, 3 * rows, NcclOp::kSum, comm, stream);
 }
 
 absl::Status ShardedCrossEntropy::Run(CUstream stream, const ShardedCrossEntropyArgs& args,
@@ -304,30 +368,33 @@ absl::Status ShardedCrossEntropy::CombineStats(CUstream stream, const std::vecto
     return absl::InvalidArgumentError(
         fmt::format("shards: {} given, expected 1 to {}", shards.size(), kMaxCombinedShards));
   }
-  std::vector<void*> workspaces;
+  KJIT_RETURN_IF_ERROR(CheckStatsRows(rows));
   int64_t next = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     if (shards[i].op == nullptr) {
       return absl::InvalidArgumentError(fmt::format("shards[{}].op: null", i));
     }
-    const ShardedCrossEntropySpec& s = shards[i].op->spec();
-    const ShardedCrossEntropySpec& first = shards[0].op->spec();
-    if (s.shard_start != next || s.vocab != first.vocab ||
-        s.loss.reduction != first.loss.reduction) {
+    if (shards[i].op->rt_ != shards[0].op->rt_) {
       return absl::InvalidArgumentError(fmt::format(
-          "shards[{}]: classes [{}, {}) of vocab {}, expected the next shard of vocab {} from {} "
-          "with the same reduction (the shards must tile the vocab in order)",
-          i, s.shard_start, s.shard_end, s.vocab, first.vocab, next));
+          "shards[{}].op: made by another runtime than shards[0].op (one CombineStats launches "
+          "on one runtime's GPU)",
+          i));
     }
-    next = s.shard_end;
-    workspaces.push_back(shards[i].workspace);
+    const int64_t bytes = shards[0].op->WorkspaceBytes(rows);
+    KJIT_RETURN_IF_ERROR(CheckCombinedShard(shards, i, next, bytes));
+    next = shards[i].op->spec().shard_end;
   }
-  if (next != shards[0].op->spec().vocab) {
+  const ShardedCrossEntropy& first = *shards[0].op;
+  if (next != first.spec().vocab) {
     return absl::InvalidArgumentError(
         fmt::format("shards: cover classes [0, {}) of {}; the last shard must end at the vocab",
-                    next, shards[0].op->spec().vocab));
+                    next, first.spec().vocab));
   }
-  return shards[0].op->LaunchOnStats(stream, kCombine, workspaces, rows);
+  // The workspaces were checked with their shards.
+  KJIT_ASSIGN_OR_RETURN(const StatsKernels* k, PrepareStats(*first.rt_, *first.op_, {}, rows));
+  std::vector<void*> workspaces;
+  for (const Shard& shard : shards) workspaces.push_back(shard.workspace);
+  return LaunchOnStats(*first.rt_, *k, kCombine, stream, workspaces, rows);
 }
 
 absl::StatusOr<kjit::ShardedCrossEntropy> Runtime::ShardedCrossEntropy(

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "ops/common/config_text.h"
 #include "templates/gemm_sm90_params.h"
@@ -29,7 +30,8 @@ absl::StatusOr<GemmConfig> ParseGemmConfig(std::string_view text) {
   c.along_n = along_n == 1;
   const absl::Status valid = ValidateGemmConfig(c);
   if (!valid.ok())
-    return absl::InvalidArgumentError(fmt::format("\"{}\": {}", text, ToStd(valid.message())));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", jit::Quoted(text), ToStd(valid.message())));
   return c;
 }
 

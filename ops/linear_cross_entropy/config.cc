@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "ops/common/config_text.h"
 #include "ops/gemm/gemm_args.h"
@@ -51,7 +52,8 @@ absl::StatusOr<LinearCrossEntropyConfig> ParseLinearCrossEntropyConfig(std::stri
   KJIT_ASSIGN_OR_RETURN(c.d_weight_algo, algo("d_weight_algo"));
   const absl::Status valid = ops::ValidateLinearCrossEntropyConfig(c);
   if (!valid.ok())
-    return absl::InvalidArgumentError(fmt::format("\"{}\": {}", text, ToStd(valid.message())));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", jit::Quoted(text), ToStd(valid.message())));
   return c;
 }
 

@@ -111,6 +111,10 @@ absl::StatusOr<jit::Source> ops::RenderLinearCrossEntropy(const LinearCrossEntro
       {"target_type", Name(s.loss.target_type)},
       {"reduction", Name(s.loss.reduction)},
   };
+  // What else the program's text depends on (the count kernel's), so that `kjit cache ls` tells
+  // such entries apart; absent when off, as older entries were made.
+  if (s.loss.label_smoothing > 0) params["label_smoothing"] = "on";
+  if (s.loss.class_weight_dtype) params["class_weight_dtype"] = Name(*s.loss.class_weight_dtype);
   // Order matters: LinearCrossEntropyKernels reads them back by position.
   std::vector<std::string> kernels = {
       CrossEntropyCountExpr(loss, kCountThreads),

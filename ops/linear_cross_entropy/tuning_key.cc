@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/printable.h"
 #include "jit/status_helpers.h"
 #include "ops/common/json_fields.h"
 #include "ops/common/loss_options.h"
@@ -59,7 +60,7 @@ absl::StatusOr<LinearCrossEntropySpec> LinearCrossEntropyFromJson(const nlohmann
   if (acc != Name(WeightGradAccumulation::kFloat32) &&
       acc != Name(WeightGradAccumulation::kOutputDtype)) {
     return absl::InvalidArgumentError(
-        fmt::format("weight_grad_accumulation: \"{}\" is not fp32 or output_dtype", acc));
+        fmt::format("weight_grad_accumulation: {} is not fp32 or output_dtype", jit::Quoted(acc)));
   }
   s.weight_grad_accumulation = acc == Name(WeightGradAccumulation::kFloat32)
                                    ? WeightGradAccumulation::kFloat32

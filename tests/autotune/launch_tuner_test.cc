@@ -6,12 +6,17 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "jit/status_helpers.h"
@@ -50,10 +55,11 @@ class LaunchTunerTest : public ::testing::Test {
 
   // A script standing in for kjit-tune: writes its arguments, one a line, to args.txt and exits
   // with `exit_code`.
-  std::string FakeKjitTune(int exit_code) {
+  std::string FakeKjitTune(int exit_code, const std::string& before_exit = "") {
     const std::string path = tmp_.path() + "/kjit-tune";
     std::ofstream(path) << "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > " << tmp_.path()
-                        << "/args.txt\nexit " << exit_code << "\n";
+                        << "/args.txt\n"
+                        << before_exit << "exit " << exit_code << "\n";
     ::chmod(path.c_str(), 0755);
     return path;
   }
@@ -123,6 +129,69 @@ TEST_F(LaunchTunerTest, ChildProcessTunerReportsANonZeroExit) {
   const absl::Status s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   EXPECT_EQ(ToStd(s.message()), bin + " exited with status 3");
+}
+
+// Issue 45, defect 7: several threads launching untuned ops tuned at once on one GPU, each
+// disturbing the others' timings; one device's tunings now run one at a time.
+class OverlapCountingTuner : public Tuner {
+ public:
+  absl::Status Tune(const TuneRequest&) override {
+    const int now = ++running_;
+    int seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    --running_;
+    return absl::OkStatus();
+  }
+  std::atomic<int> most{0};
+
+ private:
+  std::atomic<int> running_{0};
+};
+
+TEST_F(LaunchTunerTest, OneDevicesTuningsRunOneAtATime) {
+  auto tuner = std::make_shared<OverlapCountingTuner>();
+  SetDefaultTuner(tuner);
+  std::vector<std::unique_ptr<internal::RuntimeState>> runtimes;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    internal::RuntimeState* rt =
+        runtimes.emplace_back(std::make_unique<internal::RuntimeState>()).get();
+    rt->tuning_path = state_.tuning_path;
+    rt->device.ordinal = 2;
+    rt->warnings = [](std::string_view) {};
+    threads.emplace_back([rt, i] { rt->TuneNow("{}", 64 << i); });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(tuner->most.load(), 1);
+}
+
+// Issue 45, defect 7: a kjit-tune that never returns held the launch for ever; it is stopped
+// after KJIT_AUTOTUNE_TIMEOUT seconds, and the launch goes on untuned with a warning.
+TEST_F(LaunchTunerTest, ChildProcessTunerStopsAKjitTuneThatNeverReturns) {
+  const std::string bin = FakeKjitTune(0, "exec sleep 600\n");
+  kjit::testing::ScopedEnv tune_bin("KJIT_TUNE_BIN", bin.c_str());
+  kjit::testing::ScopedEnv timeout("KJIT_AUTOTUNE_TIMEOUT", "1");
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(ToStd(s.message()),
+            bin + " did not finish within 1 s (KJIT_AUTOTUNE_TIMEOUT); it was stopped");
+}
+
+TEST_F(LaunchTunerTest, ChildProcessTunerRefusesABadTimeout) {
+  const std::string bin = FakeKjitTune(0);
+  kjit::testing::ScopedEnv tune_bin("KJIT_TUNE_BIN", bin.c_str());
+  for (const char* bad : {"0", "-3", "soon", "1e99"}) {
+    kjit::testing::ScopedEnv timeout("KJIT_AUTOTUNE_TIMEOUT", bad);
+    const absl::Status s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(ToStd(s.message()), fmt::format("KJIT_AUTOTUNE_TIMEOUT: \"{}\" is not a number of "
+                                              "seconds from 1 to 86400",
+                                              bad));
+  }
 }
 
 TEST_F(LaunchTunerTest, ChildProcessTunerReportsAMissingBinary) {

@@ -4,6 +4,10 @@
 // fields, the thread-local last error, a runtime without a driver or with the stub driver, and a
 // compile-only runtime that builds the ops, checks their arguments (class weights included),
 // refuses launches and reports warnings.
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -265,14 +269,18 @@ TEST(CapiRuntime, WithTheStubDriverIsUnavailableAndSaysWhy) {
 // needed). Before the fix NVRTC's static destructors ran under the compiles and every run died
 // (SIGSEGV, "double free or corruption", "LLVM ERROR: out of memory"); six runs at delays spread
 // over a compile's length must all exit 0.
-TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
+// kjit_exit_while_compiling with `args`, in a scratch directory of its own.
+testing::CliResult ExitWhileCompiling(const std::vector<std::string>& args) {
   testing::TempDir scratch("kjit_capi_exit");
+  return testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, args,
+                             {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+}
+
+TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
   for (int run = 0; run < 6; ++run) {
     const std::string delay_ms = std::to_string(150 + 250 * (run % 4));
     const auto start = std::chrono::steady_clock::now();
-    const testing::CliResult r =
-        testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {delay_ms},
-                            {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+    const testing::CliResult r = ExitWhileCompiling({delay_ms});
     EXPECT_EQ(r.exit_code, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
     EXPECT_EQ(r.signal, 0) << "exit after " << delay_ms << " ms: " << r.Describe();
     // Exit waits for the builds in flight (a build's length), never for the gate's 60 s limit.
@@ -284,11 +292,8 @@ TEST(CapiRuntime, ExitWhileOtherThreadsCompileDoesNotCrash) {
 // when what NVRTC registers would run before the exit gate's handler: before ExitGate::Startup,
 // 6 of 40 such exits at 0-90 ms crashed (SIGSEGV at 10-22 ms), none of 100 at 0-40 ms after it.
 TEST(CapiRuntime, ExitWhileNvrtcStartsDoesNotCrash) {
-  testing::TempDir scratch("kjit_capi_exit");
   for (int delay = 8; delay < 24; ++delay) {
-    const testing::CliResult r =
-        testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {std::to_string(delay)},
-                            {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+    const testing::CliResult r = ExitWhileCompiling({std::to_string(delay)});
     EXPECT_EQ(r.exit_code, 0) << "exit after " << delay << " ms: " << r.Describe();
     EXPECT_EQ(r.signal, 0) << "exit after " << delay << " ms: " << r.Describe();
   }
@@ -310,11 +315,33 @@ TEST(CapiRuntime, AChildForkedWhileAThreadCompilesExitsAtOnce) {
 #ifdef KJIT_FORK_UNSAFE_ALLOCATOR
   GTEST_SKIP() << "the sanitizer's allocator is not fork-safe (see KJIT_FORK_UNSAFE_ALLOCATOR)";
 #endif
-  testing::TempDir scratch("kjit_capi_exit");
-  const testing::CliResult r =
-      testing::RunProgram(KJIT_EXIT_WHILE_COMPILING, {"300", "fork"},
-                          {{"KJIT_CACHE_DIR", scratch.path() + "/cache"}}, scratch.path());
+  const testing::CliResult r = ExitWhileCompiling({"300", "fork"});
   EXPECT_EQ(r.exit_code, 0) << r.Describe();
+}
+
+// Issue 45, defect 1: a child forked while other threads compile builds kernels of its own (it hung
+// in nvrtcCompileProgram on a lock held by a parent's thread it does not have).
+TEST(CapiRuntime, AChildForkedWhileAThreadCompilesCanCompile) {
+#ifdef KJIT_FORK_UNSAFE_ALLOCATOR
+  GTEST_SKIP() << "the sanitizer's allocator is not fork-safe (see KJIT_FORK_UNSAFE_ALLOCATOR)";
+#endif
+  const testing::CliResult r = ExitWhileCompiling({"100", "fork-build"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+}
+
+// Issue 45, defect 2: SIGTERM or SIGINT within NVRTC's first compile, whose handlers call exit(),
+// must end the process by the signal (143 / 130 in a shell) at once; the exiting thread waited
+// 60 s for its own compile, then exited with NVRTC's status.
+TEST(CapiRuntime, ASignalWhileNvrtcStartsEndsTheProcessByIt) {
+  for (const auto& [mode, number] : {std::pair{"term", SIGTERM}, std::pair{"int", SIGINT}}) {
+    for (int delay = 0; delay < 40; delay += 3) {
+      const auto start = std::chrono::steady_clock::now();
+      const testing::CliResult r = ExitWhileCompiling({std::to_string(delay), mode});
+      EXPECT_EQ(r.signal, number) << mode << " after " << delay << " ms: " << r.Describe();
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+          << mode << " after " << delay << " ms";
+    }
+  }
 }
 
 TEST(CapiRuntime, CompileOnlyNeedsATarget) {
@@ -355,12 +382,8 @@ class CapiCompileOnly : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(tmp_.ok());
-    kjit_runtime_options o;
-    kjit_runtime_options_init(&o);
-    o.target = "sm_90";
-    o.compile_only = 1;
-    o.cache_dir = cache_.c_str();
-    ASSERT_EQ(kjit_runtime_create(&o, &rt_), KJIT_OK) << kjit_last_error();
+    rt_ = CompileOnlyRuntime();
+    ASSERT_NE(rt_, nullptr);
     kjit_rms_norm_spec_init(&norm_spec_);
     norm_spec_.hidden = 4096;
     kjit_cross_entropy_spec_init(&ce_spec_);
@@ -370,6 +393,18 @@ class CapiCompileOnly : public ::testing::Test {
     lce_spec_.hidden = 64;
   }
   void TearDown() override { kjit_runtime_destroy(rt_); }
+
+  // A compile-only sm_90 runtime on the fixture's cache; the caller destroys it.
+  kjit_runtime* CompileOnlyRuntime() {
+    kjit_runtime_options o;
+    kjit_runtime_options_init(&o);
+    o.target = "sm_90";
+    o.compile_only = 1;
+    o.cache_dir = cache_.c_str();
+    kjit_runtime* rt = nullptr;
+    EXPECT_EQ(kjit_runtime_create(&o, &rt), KJIT_OK) << kjit_last_error();
+    return rt;
+  }
 
   kjit_rms_norm* Norm(const kjit_rms_norm_spec& spec) {
     kjit_rms_norm* op = nullptr;
@@ -1177,10 +1212,22 @@ TEST(CapiInit, ShardedCrossEntropyDefaultsAreTheCppDefaults) {
   EXPECT_TRUE(a.workspace == nullptr && a.workspace_bytes == 0);
 }
 
-// A compile-only runtime with the second of two shards of a 1000-class vocab.
+// The all-reduces kjit asked the fake NCCL (KJIT_FAKE_NCCL) for in this process.
+int AllReducesIssued() {
+  void* lib = ::dlopen(KJIT_FAKE_NCCL, RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return 0;  // never opened: nothing issued
+  const auto count = reinterpret_cast<int (*)()>(::dlsym(lib, "fake_nccl_all_reduces"));
+  const int issued = count != nullptr ? count() : -1;
+  ::dlclose(lib);
+  return issued;
+}
+
+// A compile-only runtime with the second of two shards of a 1000-class vocab; NCCL is the fake,
+// which counts collectives and issues none.
 class CapiSharded : public CapiCompileOnly {
  protected:
   void SetUp() override {
+    ::setenv("KJIT_NCCL_LIBRARY", KJIT_FAKE_NCCL, 1);
     CapiCompileOnly::SetUp();
     kjit_sharded_cross_entropy_spec_init(&spec_);
     spec_.vocab = 1000;
@@ -1369,6 +1416,96 @@ TEST_F(CapiSharded, CombineStatsChecksTheShards) {
   ExpectInvalid(Last(kjit_sharded_cross_entropy_combine_stats(nullptr, wrong, workspaces, 2, rows)),
                 "kjit_sharded_cross_entropy_combine_stats: ops[1] is a kjit_runtime handle; "
                 "expected a kjit_sharded_cross_entropy");
+}
+
+// Issue 45, defects 3 and 4: a rank that fails after its first all-reduce never joins the
+// second and its peers block; a compile-only runtime must not reach NCCL with a bogus
+// communicator (a real NCCL crashes on it).
+TEST_F(CapiSharded, AllReduceChecksEverythingBeforeItsFirstCollective) {
+  const int64_t rows = 3;
+  kjit_sharded_cross_entropy* op = Sharded(spec_);
+  const kjit_sharded_cross_entropy_args good = Args(op, rows);
+  void* comm = &mem_;  // not a communicator
+  for (const Result& r :
+       {Last(kjit_sharded_cross_entropy_all_reduce_stats(op, nullptr, good.workspace, rows, comm)),
+        Last(kjit_sharded_cross_entropy_run(op, nullptr, &good, comm))}) {
+    EXPECT_EQ(r.status, KJIT_FAILED_PRECONDITION) << r.message;
+    EXPECT_THAT(r.message, HasSubstr("compile-only"));
+  }
+  void* misaligned = static_cast<char*>(good.workspace) + 4;
+  ExpectInvalid(
+      Last(kjit_sharded_cross_entropy_all_reduce_stats(op, nullptr, misaligned, rows, comm)),
+      "workspace: 0x");
+  ExpectInvalid(
+      Last(kjit_sharded_cross_entropy_all_reduce_stats(op, nullptr, good.workspace, 0, comm)),
+      "rows: 0 must be from 1");
+  EXPECT_EQ(AllReducesIssued(), 0);
+}
+
+// Issue 45, defect 5: shards of different problems, runtimes or one workspace twice combine
+// into wrong statistics; each is refused, naming the shard and what differs.
+TEST_F(CapiSharded, CombineStatsRefusesShardsThatDoNotBelongTogether) {
+  const int64_t rows = 4;
+  kjit_sharded_cross_entropy_spec first = spec_;
+  first.shard_start = 0;
+  first.shard_end = 500;
+  const auto combine = [&](kjit_sharded_cross_entropy* second, void* ws0, void* ws1) {
+    kjit_sharded_cross_entropy* ops[2] = {Sharded(first), second};
+    void* workspaces[2] = {ws0, ws1};
+    return Last(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, workspaces, 2, rows));
+  };
+  void* ws0 = Args(Sharded(first), rows).workspace;
+  void* ws1 = Args(Sharded(spec_), rows).workspace;
+  const std::vector<std::pair<std::function<void(kjit_sharded_cross_entropy_spec&)>, std::string>>
+      cases = {
+          {[](auto& s) { s.dtype = KJIT_F16; }, "dtype: fp16, but shards[0]'s is bf16"},
+          {[](auto& s) { s.loss.target_type = KJIT_INT32; }, "loss.target_type: int32, but"},
+          {[](auto& s) { s.loss.ignore_index = -1; }, "loss.ignore_index: -1, but shards[0]'s"},
+          {[](auto& s) { s.loss.label_smoothing = 0.1f; }, "loss.label_smoothing: 0.1, but"},
+          {[](auto& s) { s.loss.z_loss = 1e-4f; }, "loss.z_loss: 0.0001, but shards[0]'s is 0"},
+          {[](auto& s) { s.loss.softcap = 30; }, "loss.softcap: 30, but shards[0]'s is 0"},
+          {[](auto& s) { s.loss.class_weight_dtype = KJIT_F32; },
+           "loss.class_weight_dtype: fp32, but shards[0]'s is none"},
+      };
+  for (const auto& [change, message] : cases) {
+    kjit_sharded_cross_entropy_spec s = spec_;
+    change(s);
+    ExpectInvalid(combine(Sharded(s), ws0, ws1), "shards[1]: " + message);
+  }
+  ExpectInvalid(combine(Sharded(spec_), ws0, ws0), "shards[1].workspace: overlaps shards[0]'s");
+  ExpectInvalid(combine(Sharded(spec_), ws0, static_cast<char*>(ws0) + 16),
+                "shards[1].workspace: overlaps");
+  kjit_runtime* other = CompileOnlyRuntime();
+  ASSERT_NE(other, nullptr);
+  kjit_sharded_cross_entropy* foreign = nullptr;
+  ASSERT_EQ(kjit_sharded_cross_entropy_create(other, &spec_, &foreign), KJIT_OK);
+  ExpectInvalid(combine(foreign, ws0, ws1),
+                "shards[1].op: made by another runtime than shards[0].op");
+  kjit_sharded_cross_entropy_destroy(foreign);
+  kjit_runtime_destroy(other);
+  const Result ok = combine(Sharded(spec_), ws0, ws1);
+  EXPECT_EQ(ok.status, KJIT_FAILED_PRECONDITION) << ok.message;
+}
+
+// Issue 45, defect 10: a huge count is refused before ops[] or workspaces[] is read past its
+// end (here into a page that may not be read).
+TEST_F(CapiSharded, CombineStatsChecksTheCountBeforeReadingTheArrays) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  void* pages =
+      ::mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(pages, MAP_FAILED);
+  ASSERT_EQ(::mprotect(static_cast<char*>(pages) + page, page, PROT_NONE), 0);
+  // Two valid entries just before the unreadable page, in both arrays.
+  auto** ops = reinterpret_cast<kjit_sharded_cross_entropy**>(static_cast<char*>(pages) + page) - 2;
+  ops[0] = ops[1] = Sharded(spec_);
+  void* const* workspaces = reinterpret_cast<void* const*>(ops);
+  for (const int32_t count : {33, 1 << 20, INT32_MAX}) {
+    ExpectInvalid(
+        Last(kjit_sharded_cross_entropy_combine_stats(nullptr, ops, workspaces, count, 1)),
+        "kjit_sharded_cross_entropy_combine_stats: count: " + std::to_string(count) +
+            " shards, expected 1 to 32");
+  }
+  ::munmap(pages, 2 * page);
 }
 
 TEST_F(CapiSharded, NullArgumentsAndOtherKindsAreNamed) {

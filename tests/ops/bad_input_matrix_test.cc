@@ -459,8 +459,8 @@ TEST_F(BadInputMatrixTest, ShardedCrossEntropyStatisticsSteps) {
   using kjit::testing::ExpectInvalid;
   EXPECT_EQ(a->RescaleStats(nullptr, Slot(1), kRows).code(), absl::StatusCode::kFailedPrecondition);
   ExpectInvalid(a->RescaleStats(nullptr, Slot(1), 0), "rows:");
-  ExpectInvalid(a->RescaleStats(nullptr, Offset(Slot(1), 8), kRows), "workspaces[0]:");
-  ExpectInvalid(a->RescaleStats(nullptr, nullptr, kRows), "workspaces[0]:");
+  ExpectInvalid(a->RescaleStats(nullptr, Offset(Slot(1), 8), kRows), "workspace:");
+  ExpectInvalid(a->RescaleStats(nullptr, nullptr, kRows), "workspace:");
   ExpectInvalid(a->AllReduceStats(nullptr, Slot(1), -1, nullptr), "rows:");
 
   using Shard = ShardedCrossEntropy::Shard;
@@ -476,7 +476,7 @@ TEST_F(BadInputMatrixTest, ShardedCrossEntropyStatisticsSteps) {
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}}, kRows), "shards:");
   ExpectInvalid(ShardedCrossEntropy::CombineStats(
                     nullptr, {{&*a, Slot(1)}, {&*b, Offset(Slot(2), 4)}}, kRows),
-                "workspaces[1]:");
+                "shards[1].workspace:");
 }
 
 // DeviceBuffer on a compile-only runtime: a clear error, not a crash.

@@ -27,6 +27,22 @@ TEST(CompareTest, NanAndInfMustMatchExactly) {
   EXPECT_FALSE(Compare({1e300}, {INFINITY}, {1e9, 1e9}).ok);
 }
 
+// Issue 45, defect 15: `kjit bench` on kernels that wrote NaN said "got -nan ... worst 0x
+// tolerance"; the ratio is over finite elements, so a NaN is named as such.
+TEST(CompareTest, DescribesNanMismatchesAsSuch) {
+  const double minus_nan = std::copysign(NAN, -1.0);
+  const CompareResult nan_only = Compare({0.5, minus_nan, minus_nan}, {0.5, 0.25, 1.0}, {0, 1e-3});
+  EXPECT_EQ(nan_only.Describe("loss"),
+            "loss: 2 of 3 elements out of tolerance; first at 1: got NaN expected 0.25; 2 NaN or "
+            "infinite where the reference is not (or the other way)");
+  CompareResult both = Compare({1.0, 2.0}, {1.0, 2.5}, {0, 0.1});
+  both.Merge(nan_only, 2);
+  EXPECT_EQ(both.Describe("grad"),
+            "grad: 3 of 5 elements out of tolerance; first at 1: got 2 expected 2.5; 2 NaN or "
+            "infinite where the reference is not (or the other way); worst 5x tolerance among the "
+            "finite");
+}
+
 TEST(CompareTest, PerElementAtolAddsToTheScalar) {
   EXPECT_TRUE(Compare({0.1, 0.0}, {0.0, 0.0}, {0, 0.0}, {0.2, 0.0}).ok);
   EXPECT_FALSE(Compare({0.0, 0.1}, {0.0, 0.0}, {0, 0.05}, {0.2, 0.0}).ok);

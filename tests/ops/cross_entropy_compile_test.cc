@@ -144,6 +144,23 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
 }
 
 // A cluster compiled for a GPU without clusters is refused by the template, with a reason.
+// Issue 45, defect 13: -0 is the option off, as 0: the same programs, the same cache entries.
+TEST(CrossEntropyCompileTest, NegativeZeroOptionsAreKeyedAsZero) {
+  CrossEntropySpec zero{.vocab = 50257}, minus = zero;
+  minus.loss.label_smoothing = -0.0f;
+  minus.loss.z_loss = -0.0f;
+  minus.loss.softcap = -0.0f;
+  const CrossEntropyConfig config = ops::DefaultCrossEntropyConfig(50257, 8, 90, 2);
+  auto a = ops::RenderCrossEntropyPrograms(zero, config);
+  auto b = ops::RenderCrossEntropyPrograms(minus, config);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t i = 0; i < a->size(); ++i) {
+    EXPECT_EQ((*a)[i].text, (*b)[i].text);
+    EXPECT_EQ((*a)[i].params, (*b)[i].params);
+  }
+}
+
 TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
   auto src = ops::RenderCrossEntropy({.vocab = 128256},
                                      CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4},

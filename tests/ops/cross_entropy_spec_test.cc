@@ -672,6 +672,8 @@ TEST_F(CompileOnlyCrossEntropyTest, WorkspaceIsCountersPlusOneFloatPerRow) {
   auto none = rt_->CrossEntropy({.vocab = V, .loss = {.reduction = Reduction::kNone}});
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->WorkspaceBytes(1 << 20), 16) << "only the counters";
+  // A wild row count (launches refuse it after sizing the workspace) does not overflow.
+  EXPECT_EQ(ce_->WorkspaceBytes(INT64_MAX), ce_->WorkspaceBytes(INT32_MAX));
   EXPECT_EQ(sizeof(CrossEntropyCounters), 16u);
   EXPECT_EQ(offsetof(CrossEntropyCounters, out_of_range_rows), 4u);
   EXPECT_EQ(offsetof(CrossEntropyCounters, mean_divisor), 8u);

@@ -10,15 +10,18 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "jit/compiler.h"
 #include "jit/dtype.h"
 #include "jit/embedded_templates.h"
+#include "jit/source.h"
 #include "jit/status_helpers.h"
 #include "kjit/runtime.h"
 #include "ops/linear_cross_entropy/config.h"
@@ -527,6 +530,23 @@ TEST(LinearCrossEntropyCompileTest, Options) {
     ExpectCompiles(s, "sm_90");
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// Issue 45, defect 13: programs whose text differs are described apart (their params are what
+// `kjit cache ls` shows).
+TEST(LinearCrossEntropyCompileTest, ProgramsThatDifferHaveParamsThatDiffer) {
+  std::vector<LinearCrossEntropySpec> specs(3, {.vocab = 50257, .hidden = 1000});
+  specs[1].loss.label_smoothing = 0.1f;
+  specs[2].loss.class_weight_dtype = DType::kF32;
+  std::set<std::string> texts, described;
+  for (const LinearCrossEntropySpec& s : specs) {
+    auto src = ops::RenderLinearCrossEntropy(s);
+    ASSERT_TRUE(src.ok()) << src.status();
+    texts.insert(fmt::format("{}", fmt::join(src->name_expressions, ";")));
+    described.insert(jit::FormatParams(src->params));
+  }
+  EXPECT_EQ(texts.size(), 3u);
+  EXPECT_EQ(described.size(), 3u) << fmt::format("{}", fmt::join(described, "\n"));
 }
 
 // --- The op on a compile-only runtime ------------------------------------------------------------

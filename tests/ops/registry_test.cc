@@ -196,7 +196,7 @@ TEST(Registry, SpecNumbersAreCheckedAndTheFieldNamed) {
       {ce, "reduction", "0", "reduction: must be a string, got 0"},
       {rms, "eps", "null", "eps: must be a number, got null"},
       {rms, "fused_residual", R"("yes")", R"(fused_residual: must be true or false, got "yes")"},
-      {rms, "weight_dtype", R"("bf17")", "weight_dtype: 'bf17' is not supported"},
+      {rms, "weight_dtype", R"("bf17")", "weight_dtype: \"bf17\" is not supported"},
       {rms, "vocab", "1000", "vocab: is not a field of rms_norm (its fields: op, "},
       {rms, "casting", R"("t5")", "casting: 't5' is not a casting (llama, gemma, none)"},
       {rms, "casting", "true", "casting: must be a string, got true"},

@@ -175,6 +175,13 @@ TEST(ShardedCrossEntropyCompileTest, ChecksArgumentsNamingThem) {
   a = good;
   a.loss = TensorView::Vector(ws, DType::kF32, 1);
   ExpectInvalid(op->Finish(nullptr, a), "workspace:");  // overlaps the loss
+  // Found by sharded_capi_fuzzer: the workspace's size for a wild row count overflowed (signed,
+  // undefined) before the rows were refused.
+  a = good;
+  a.logits.rows = 6691465987522092250;
+  ExpectInvalid(op->ComputeStats(nullptr, a), "logits:");
+  EXPECT_EQ(op->WorkspaceBytes(INT64_MAX), op->WorkspaceBytes(INT32_MAX));
+  EXPECT_EQ(op->WorkspaceBytes(INT64_MIN), op->WorkspaceBytes(1));
 }
 
 TEST(ShardedCrossEntropyCompileTest, CombineNeedsShardsTilingTheVocab) {
@@ -193,7 +200,7 @@ TEST(ShardedCrossEntropyCompileTest, CombineNeedsShardsTilingTheVocab) {
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {Shard{&*lo, ws[0]}}, 4), "shards:");
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {}, 4), "shards:");
   ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {{&*lo, nullptr}, {&*hi, ws[1]}}, 4),
-                "workspaces[0]:");
+                "shards[0].workspace:");
   EXPECT_EQ(ShardedCrossEntropy::CombineStats(nullptr, {{&*lo, ws[0]}, {&*hi, ws[1]}}, 4).code(),
             absl::StatusCode::kFailedPrecondition);  // compile-only
 }

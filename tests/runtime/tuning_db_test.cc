@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@
 #include "ops/cross_entropy/search_space.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/search_space.h"
+#include "runtime/runtime_state.h"
+#include "runtime/tuned_configs.h"
 
 namespace kjit::internal {
 
@@ -229,6 +232,32 @@ TEST(ParseRmsNormConfigTest, RejectsNamingTheFieldAndTheText) {
 }
 
 // ---- in memory --------------------------------------------------------------------------------
+
+// Issue 45, defect 11: a record that does not parse is ignored with a warning quoting it; the
+// database is a file anyone may have written, so the quote is escaped and cut.
+TEST(TunedConfigsTest, AnIgnoredRecordsWarningEscapesAndCutsItsText) {
+  RuntimeState rt;
+  rt.compile_only = true;  // keys without a device's fields
+  std::vector<std::string> warnings;
+  rt.warnings = [&](std::string_view m) { warnings.emplace_back(m); };
+  TuningRecord r = Record("cross_entropy", 64, "vocab=1000");
+  r.key = TuningKeyFor(rt, "cross_entropy", "vocab=1000", DType::kBF16, 64);
+  r.config = "vec=8\x1b]0;title\x07 threads=" + std::string(100000, '5');
+  auto db = std::make_shared<TuningDb>();
+  db->Put(r);
+  rt.tuning = db;
+  TunedConfigs<CrossEntropyConfig> tuned(
+      rt, "cross_entropy", "vocab=1000", DType::kBF16, "{}", ParseCrossEntropyConfig,
+      [](const CrossEntropyConfig&) { return absl::OkStatus(); });
+  EXPECT_FALSE(tuned.For(64, /*may_tune=*/false).has_value());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_TRUE(warnings[0].starts_with(
+      "tuning database record cross_entropy vocab=1000 rows<=64: \"vec=8\\x1b]0;title\\x07 "
+      "threads=5"))
+      << warnings[0].substr(0, 400);
+  EXPECT_EQ(warnings[0].find('\x1b'), std::string::npos);
+  EXPECT_LT(warnings[0].size(), 1000u);
+}
 
 TEST(TuningDbTest, RowsBucketIsTheNextPowerOfTwo) {
   EXPECT_EQ(RowsBucket(1), 1);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "jit/disk_cache.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 
@@ -102,6 +104,14 @@ class CacheCliTest : public ::testing::Test {
     return Kjit(
         {"compile", "--op", "rms_norm", "--hidden", std::to_string(hidden), "--arch", "sm_90"});
   }
+  // Makes `dir` the cache and compiles RMSNorm (hidden 512) into it: the entry's key.
+  std::string CompileRmsNormInto(const std::string& dir) {
+    cache_ = dir;
+    env_["KJIT_CACHE_DIR"] = cache_;
+    const CliResult compiled = CompileRmsNorm(512);
+    EXPECT_EQ(compiled.exit_code, 0) << compiled.Describe();
+    return Field(compiled.out, "key");
+  }
 
   testing::TempDir tmp_{"kjit_cache_cli_test"};
   std::string root_, cache_;
@@ -111,11 +121,7 @@ class CacheCliTest : public ::testing::Test {
 // Defect 2: every `--json` of `kjit cache` aborted (uncaught nlohmann type_error, exit 134) when
 // the cache path was not UTF-8. The byte is written as U+FFFD.
 TEST_F(CacheCliTest, CacheJsonWithANonUtf8PathIsValidJson) {
-  cache_ = root_ + "/caf\xe9";
-  env_["KJIT_CACHE_DIR"] = cache_;
-  const CliResult compiled = CompileRmsNorm(512);
-  ASSERT_EQ(compiled.exit_code, 0) << compiled.Describe();
-  const std::string key = Field(compiled.out, "key");
+  const std::string key = CompileRmsNormInto(root_ + "/caf\xe9");
   const std::string shown = root_ + "/caf\xef\xbf\xbd";
   for (const char* action : {"ls", "verify", "prune"}) {
     SCOPED_TRACE(action);
@@ -130,6 +136,37 @@ TEST_F(CacheCliTest, CacheJsonWithANonUtf8PathIsValidJson) {
       EXPECT_EQ(j["entries"][0]["key"], key);
       EXPECT_EQ(j["entries"][0]["valid"], true);
     }
+  }
+}
+
+// Issue 45, defect 11: an entry's parameters (a crafted entry, validly checksummed) and the
+// cache's path reached the terminal raw from `kjit cache ls`, `verify` and `kjit doctor`.
+TEST_F(CacheCliTest, LsVerifyAndDoctorEscapeWhatTheCacheHolds) {
+  const std::string key = CompileRmsNormInto(root_ + "/cache\x1b]0;title\x07");
+  absl::StatusOr<jit::DiskCache> cache = jit::DiskCache::Open({.dir = cache_});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  std::optional<jit::Binary> entry = cache->Lookup(key);
+  ASSERT_TRUE(entry.has_value()) << key;
+  entry->params["hidden"] = "512\x1b[2J\x1b[31m";
+  ASSERT_TRUE(cache->Remove(key).ok());
+  ASSERT_TRUE(cache->Store(key, *entry).ok());
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"cache", "ls"}, {"cache", "verify"}, {"doctor"}}) {
+    const CliResult r = Kjit(args);
+    EXPECT_FALSE(Contains(r.all(), "\x1b")) << args[0] << ": " << r.Describe();
+    EXPECT_FALSE(Contains(r.all(), "\x07")) << args[0] << ": " << r.Describe();
+    EXPECT_TRUE(Contains(r.all(), "cache\\x1b]0;title\\x07")) << args[0] << ": " << r.Describe();
+  }
+  EXPECT_TRUE(Contains(Kjit({"cache", "ls"}).out, "hidden=512\\x1b[2J\\x1b[31m"));
+  // The entry's path in `kjit compile`'s report, and a failure naming the directory.
+  const CliResult compiled = CompileRmsNorm(1024);
+  EXPECT_EQ(compiled.exit_code, 0) << compiled.Describe();
+  env_["KJIT_CACHE_DIR"] = root_ + "/missing\x1b[2J";
+  const CliResult missing = Kjit({"cache", "ls"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.Describe();
+  for (const CliResult& r : {compiled, missing}) {
+    EXPECT_FALSE(Contains(r.all(), "\x1b")) << r.Describe();
+    EXPECT_TRUE(Contains(r.all(), "\\x1b")) << r.Describe();
   }
 }
 

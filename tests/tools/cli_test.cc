@@ -528,9 +528,9 @@ TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
     std::string message;
   } cases[] = {
       {Rms({"--dtype", "bf17"}),
-       "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
+       "kjit: --dtype: \"bf17\" is not supported; expected fp32, fp16 or bf16\n"},
       {Rms({"--weight-dtype", "bf17"}),
-       "kjit: --weight-dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
+       "kjit: --weight-dtype: \"bf17\" is not supported; expected fp32, fp16 or bf16\n"},
       {{"compile", "--op", "rms_norm", "--hidden", "64", "--arch", "sm_10"},
        "kjit: --arch: 'sm_10' is not a target; expected sm_XY"},
       // Parses, but no NVRTC can compile for it: as much a mistake in the flags.
@@ -546,7 +546,7 @@ TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
       {{"doctor", "--arch", ","},
        "kjit: --arch: no target; expected a list such as sm_90,sm_100\n"},
       {{"bench", "--dtype", "bf17"},
-       "kjit: --dtype: 'bf17' is not supported; expected fp32, fp16 or bf16\n"},
+       "kjit: --dtype: \"bf17\" is not supported; expected fp32, fp16 or bf16\n"},
       {{"bench", "--op", "cross_entropy", "--hidden", "64"},
        "kjit: --hidden does not apply to --op cross_entropy\n"},
       // Issue 34: 2^31 was accepted, though a launch takes at most 2^31 - 1 rows.
@@ -554,6 +554,36 @@ TEST_F(CliTest, UsageErrorsSayWhatIsWrongWithTheFlag) {
        "kjit: --rows: Value 2147483648 not in range 1 to 2147483647\n"},
   };
   for (const auto& c : cases) ExpectUsageError(c.args, c.message);
+}
+
+// Issue 45, defects 11 and 12: a number is quoted as given beside the float it became (it said "1
+// must be in [0, 1)" of 0.9999999999 and "inf must be finite" of 1e39); a 100 KB --config came
+// back twice, whole (200 KB), and any argument CLI11 did not expect once, whole; escape sequences
+// in them reached the terminal raw.
+TEST_F(CliTest, UsageErrorsQuoteWhatWasGivenEscapedAndCut) {
+  const std::string big(100000, 'x');
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {Ce({"--label-smoothing", "0.9999999999"}),
+       "kjit: --label-smoothing: \"0.9999999999\" (1 as a float) must be in [0, 1)\n"},
+      {Ce({"--z-loss", "1e39"}),
+       "kjit: --z-loss: \"1e39\" (inf as a float) must be finite and not negative\n"},
+      {Ce({big}), "kjit: The following argument was not expected: xxxxxxxxxx"},
+      {Ce({"\x1b[2J"}), "kjit: The following argument was not expected: \\x1b[2J\n"},
+      {{"bench", "--op", "cross_entropy", "--vocab", "1000", "--config", "vec=8\x1b[2J"},
+       "kjit: --config: cross-entropy config \"vec=8\\x1b[2J\": field \"threads\" is "
+       "missing\n"},
+      {{"bench", "--op", "cross_entropy", "--vocab", "1000", "--config", big},
+       "kjit: --config: cross-entropy config \"" + std::string(64, 'x') + "...\" (100000 bytes): "},
+  };
+  for (const auto& c : cases) {
+    ExpectUsageError(c.args, c.message);
+    const CliResult r = Run(c.args);
+    EXPECT_LT(r.err.size(), 1000u) << r.err.substr(0, 1000);
+    EXPECT_FALSE(Contains(r.err, "\x1b")) << r.Describe();
+  }
 }
 
 // Issue 18, defect 12: `--argmax --softcap 30` on rms_norm and `--residual --casting gemma` on

@@ -373,6 +373,38 @@ TEST_F(KjitTuneTest, SpecNumbersAreCheckedNamingTheField) {
   EXPECT_FALSE(fs::exists(root_ + "/cache")) << "nothing was compiled";
 }
 
+// Issue 45, defects 11 and 12: what a config.json or a spec holds reaches the terminal escaped,
+// and a value echoed in a message is quoted and cut (a NUL cut it; 100 KB came back whole).
+TEST_F(KjitTuneTest, WhatTheUserGaveIsEscapedAndCutInWhatItPrints) {
+  const std::string path = root_ + "/config.json";
+  std::ofstream(path) << R"({"_name_or_path": "evil\u001b]0;title\u0007\u001b[2J",
+                             "hidden_size": 256, "vocab_size": 1000})";
+  CliResult r = Run({"--config", path, "--arch", "sm_90", "--compile-only"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_FALSE(testing::Contains(r.all(), "\x1b")) << r.Describe();
+  EXPECT_TRUE(testing::Contains(r.err, "kjit-tune: evil\\x1b]0;title\\x07\\x1b[2J bf16: "))
+      << r.Describe();
+  const struct {
+    std::string spec, message;
+  } cases[] = {
+      {With(kCeSpec, "\x1b[2J", "1"), "kjit-tune: --spec: \\x1b[2J: is not a field of"},
+      {With(kCeSpec, "reduction", R"("mean\u0000x")"),
+       "kjit-tune: --spec: reduction: \"mean\\x00x\" is not none, sum or mean\n"},
+      {With(kCeSpec, "reduction", "\"" + std::string(100000, 'm') + "\""),
+       "kjit-tune: --spec: reduction: \"" + std::string(64, 'm') +
+           "...\" (100000 bytes) is not none, sum or mean\n"},
+      {With(kCeSpec, "op", R"("\u001b[2J")"), "kjit-tune: --spec: op: \"\\x1b[2J\" is not one of"},
+      {With(kCeSpec, "dtype", R"("\u001b[2J")"), "kjit-tune: --spec: dtype: \"\\x1b[2J\" is not"},
+  };
+  for (const auto& c : cases) {
+    r = Run({"--spec", c.spec, "--arch", "sm_90"});
+    EXPECT_EQ(r.exit_code, 2) << r.Describe();
+    EXPECT_TRUE(r.err.starts_with(c.message)) << r.Describe();
+    EXPECT_FALSE(testing::Contains(r.all(), "\x1b")) << r.Describe();
+    EXPECT_LT(r.all().size(), 2000u) << r.Describe();
+  }
+}
+
 // Issue 18: failures that kjit-tune shares with kjit (a missing GPU, a target) said "kjit:".
 TEST_F(KjitTuneTest, ItsMessagesStartWithItsName) {
   CliResult r = Run({"--model", "llama-3.2-1b", "--device", "0"});
