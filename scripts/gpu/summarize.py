@@ -78,7 +78,7 @@ def pytest_counts(logs):
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as e:
-        return counts(failed=1, failures=[f"no pytest report ({e})"])
+        return pytest_log_counts(logs, f"no pytest report ({e})")
     result = counts()
     for case in root.iter("testcase"):
         name = f"{case.get('classname')}.{case.get('name')}"
@@ -89,6 +89,27 @@ def pytest_counts(logs):
             result["skipped"] += 1
         else:
             result["passed"] += 1
+    return result
+
+
+def pytest_log_counts(logs, why):
+    """A pytest run cut off before its report: the verbose log's per-test lines ("[gw0] [ 3%]
+    PASSED tests/python/x.py::test" or "tests/python/x.py::test PASSED [ 3%]") still tell what ran;
+    the missing report itself counts as a failure."""
+    keys = {"PASSED": "passed", "XPASS": "passed", "SKIPPED": "skipped", "XFAIL": "skipped",
+            "FAILED": "failed", "ERROR": "failed"}
+    outcomes = {}  # a test's last word: the short summary repeats failures
+    for line in read(os.path.join(logs, "python.log")).splitlines():
+        words = line.split()
+        names = [w for w in words if "::" in w]
+        found = [keys[w] for w in words[:5] if w in keys]
+        if names and found:
+            outcomes[names[0]] = found[0]
+    result = counts(failed=1, failures=[why])
+    for name, key in sorted(outcomes.items()):
+        result[key] += 1
+        if key == "failed":
+            result["failures"].append(name)
     return result
 
 

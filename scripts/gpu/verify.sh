@@ -89,7 +89,7 @@ cpp_shards() {
   t0=$(now_ms)
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_TRACE=$traces/cpp-$i.json \
-      checked "cpp-shard$i" 300 "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" \
+      checked "cpp-shard$i" 300 nice -n 5 "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" \
       --gtest_output="json:$logs/cpp-shard$i.json" &
     pids+=($!)
   done
@@ -106,13 +106,13 @@ sanitizer() {
   t0=$(now_ms)
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
-    checked "sanitizer-$tool-gemm" 280 "$san" --tool $tool --error-exitcode 3 "$bin/gemm_harness" \
+    checked "sanitizer-$tool-gemm" 280 nice -n 10 "$san" --tool $tool --error-exitcode 3 "$bin/gemm_harness" \
       quick &
     pids+=($!)
     tests=$memchecked
     [ $tool = racecheck ] && tests=$racechecked
     for test in $tests; do
-      checked "sanitizer-$tool-${test//[.*]/_}" 400 "$san" --tool $tool --error-exitcode 3 \
+      checked "sanitizer-$tool-${test//[.*]/_}" 400 nice -n 10 "$san" --tool $tool --error-exitcode 3 \
         "$bin/kjit_gpu_tests" --gtest_filter="$test" &
       pids+=($!)
     done
@@ -141,10 +141,10 @@ python_suite() {
   # Four pytest workers where pytest-xdist is installed (the GPU image has it).
   local workers=()
   "$python" -c 'import xdist' 2> /dev/null && workers=(-n 4)
-  KJIT_TRACE=$traces/python.json timeout "$(limit 400 30)" "$python" -m pytest -rs -q -p no:cacheprovider \
+  KJIT_TRACE=$traces/python.json timeout "$(limit 400 30)" "$python" -m pytest -rs -v -p no:cacheprovider \
     "${workers[@]}" --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} \
     > "$logs/python.log" 2>&1 || rc=1
-  tail -15 "$logs/python.log"
+  grep -E '^(FAILED|ERROR) ' "$logs/python.log"; tail -3 "$logs/python.log"
   stage_end python "$t0" $rc
 }
 
@@ -168,6 +168,18 @@ bench() {
   stage_end bench "$t0" $rc
 }
 
+# The summary and the archives, also when the call's own limit ends the run early (SIGTERM).
+finish() {
+  trap - TERM INT
+  python3 scripts/gpu/summarize.py --logs "$logs" --traces "$traces" --stages "$stages" \
+    --wall-ms $(($(now_ms) - run_start)) --out "$out/summary.json"
+  local rc=$?
+  cp "$traces"/*.json "$logs/" 2> /dev/null
+  tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
+  exit $rc
+}
+trap 'echo "verify: ended early by a signal"; kernel_cache_save >> "$logs/cache.txt"; finish' TERM INT
+
 wants cpp && cpp_shards &
 wants sanitizer && sanitizer &
 wants python && python_suite &
@@ -190,9 +202,4 @@ fi
 kernel_cache_save >> "$logs/cache.txt"  # before the benchmarks: the call's limit may end them
 tail -1 "$logs/cache.txt"
 wants bench && bench
-python3 scripts/gpu/summarize.py --logs "$logs" --traces "$traces" --stages "$stages" \
-  --wall-ms $(($(now_ms) - run_start)) --out "$out/summary.json"
-rc=$?
-cp "$traces"/*.json "$logs/" 2> /dev/null
-tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
-exit $rc
+finish
