@@ -74,7 +74,7 @@ TEST_F(FinetuneStepTest, BadFlagsAreUsageErrorsNamingTheFlag) {
       {{"--batch", "0"}, "--batch"},
       {{"--steps", "0"}, "--steps"},
       {{"--model", "no-such-model"}, "no preset named 'no-such-model'"},
-      {{"--model", "gemma-2-9b"}, "--model gemma-2-9b: uses Gemma's"},
+      {{"--model", "gemma-2-9b"}, "--model gemma-2-9b: uses Gemma-style RMSNorm"},
       {{"--model", "mistral-7b", "--config", "config.json"}, "--model and --config"},
       {{"--batch", "65536", "--seq", "65536"}, "--batch x --seq"},
   };
