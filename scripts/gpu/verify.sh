@@ -26,8 +26,9 @@
 #              beside eager and torch.compile.
 # Then scripts/gpu/summarize.py writes $OUT/summary.json (commit, device, driver, wall_s,
 # nvrtc_s, each stage's passed / failed / skipped / wall_s) and prints it; the logs and the
-# benchmarks' JSON go back in $OUT/logs.tgz, the kernel cache in $OUT/kernels.tgz (copy it to
-# .device-cache/ for the next call: the run then spends its time running kernels, not compiling).
+# benchmarks' JSON go back in $OUT/logs.tgz, the kernel cache in $OUT/kernels.tgz. The run's cache
+# starts from .device-cache/kernels.tgz: prepare.sh's compile-only pass, or a kernels.tgz an earlier
+# run returned (copy it there), so that the run spends its time running kernels, not compiling.
 #
 # Environment: STAGES (default "cpp sanitizer python bench") picks stages; SHARDS (default 12) the
 # C++ suite's processes; PYTEST_ARGS adds pytest arguments; KJIT_COLD_CACHE=1 starts without the
