@@ -585,6 +585,49 @@ def test_logits_exist_one_chunk_of_one_slice_at_a_time(tmp_path):
         assert r["failures"] == [], f"rank {rank}: " + "; ".join(r["failures"])
 
 
+def _compile_worker(rank, world, store_dir, out_dir):
+    """torch.compile(fullgraph=True) traces the op (aot_eager: no C++ compiler needed), its
+    all-reduces included, the backward's d_hidden one too, with extras; eager's loss, extras and
+    gradients."""
+    _init(rank, world, store_dir)
+    try:
+        distributed = _use_reference()
+        data = _inputs(IGNORE)
+        start, end = distributed.shard_of(VOCAB, rank, world)
+
+        def step(hidden, weight, bias):
+            return distributed.vocab_parallel_linear_cross_entropy(
+                hidden, weight, data["target"], bias, group=dist.group.WORLD,
+                vocab_start=start, vocab=VOCAB, label_smoothing=0.1, z_loss=1e-3,
+                class_weight=data["class_weight"], chunk_rows=3,
+                extras=("entropy", "predicted", "target_logprob"))
+
+        eager = [data["hidden"].clone(), data["weight"][start:end].clone(),
+                 data["bias"][start:end].clone()]
+        compiled = [t.clone().requires_grad_() for t in eager]
+        eager = [t.requires_grad_() for t in eager]
+        want = step(*eager)
+        want.loss.backward()
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled)
+        got.loss.backward()
+        failures = [f"{field} differs from eager's" for field, a, b in
+                    zip(want._fields, want, got) if (a is None) != (b is None) or
+                    (a is not None and not torch.allclose(a.double(), b.double(), rtol=1e-6))]
+        failures += [f"gradient {i} differs from eager's" for i, (a, b) in
+                     enumerate(zip(eager, compiled))
+                     if not torch.allclose(a.grad, b.grad, rtol=1e-6, atol=1e-8)]
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump({"failures": failures}, f)
+        dist.barrier()  # no rank tears down while a peer still uses the connection
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_compile_fullgraph_traces_the_collectives(tmp_path):
+    for rank, r in enumerate(_spawn(_compile_worker, 2, tmp_path)):
+        assert r["failures"] == [], f"rank {rank}: {r['failures']}"
+
+
 # ---- On a GPU: kjit's kernels themselves ----------------------------------------------------
 
 def _gpu_worker(rank, world, store_dir, out_dir, backend):

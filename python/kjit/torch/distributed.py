@@ -630,10 +630,11 @@ def vocab_parallel_linear_cross_entropy(
         out = functional._loss_output(names, loss, flat_target, *per_row, vocab=vocab,
                                       ignore_index=ignore_index, reduction=reduction,
                                       z_loss=z_loss, weight=class_weight)
-        out = out._replace(**{
-            name: value.reshape(target.shape) for name, value in out._asdict().items()
-            if value is not None and name != "loss" and value.dim() == 1 and
-            value.shape[0] == rows})
+        # (per-row fields in target's shape; built anew, as torch.compile traces a NamedTuple)
+        out = functional.LossOutput(*(
+            value.reshape(target.shape) if value is not None and name != "loss" and
+            value.dim() == 1 and value.shape[0] == rows else value
+            for name, value in zip(out._fields, out)))
     else:
         out = loss
     if mesh is None:
@@ -644,5 +645,5 @@ def vocab_parallel_linear_cross_entropy(
         return None if t is None else DTensor.from_local(t, mesh, [Replicate()], run_check=False)
 
     if names:
-        return type(out)(*(replicated(t) for t in out))
+        return functional.LossOutput(*(replicated(t) for t in out))
     return replicated(out)
