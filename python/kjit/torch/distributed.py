@@ -1,4 +1,6 @@
-"""Vocab-parallel cross-entropy over torch.distributed, for tensor-parallel lm_heads.
+"""Vocab-parallel cross-entropy over torch.distributed, for tensor-parallel lm_heads; and the
+lm_head fused in (vocab_parallel_linear_cross_entropy, at the end: the weight split over the
+vocab, each rank's logits slice made chunk by chunk and never gathered).
 
 Each rank holds the logits of its slice of the vocab (a column-parallel lm_head's output). The loss
 and each slice's gradient equal kjit.torch.cross_entropy's on the whole logits, as inside torch's
