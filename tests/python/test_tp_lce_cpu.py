@@ -137,42 +137,33 @@ def _local_call(distributed, data, options, reduction, start, end, **more):
 
 def _dtensor_call(distributed, data, options, reduction, mesh, hidden_dtensor=False, **more):
     """The op on a DTensor weight (and bias) Shard(0): (loss, d_hidden, this rank's d_weight and
-    d_bias shards), the gradients read as they leave the op (torch 2.11's AccumulateGrad gathers
-    an unevenly sharded leaf's gradient; see test_distributed_cpu.py)."""
+    d_bias shards). The gradients come from torch.autograd.grad, as they leave the op: torch
+    2.11's AccumulateGrad would gather an unevenly sharded leaf's gradient (over gloo on CUDA
+    tensors, a crash; see test_distributed_cpu.py)."""
     from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard,
                                           distribute_tensor)
     kw, bias, class_weight = _split(options, data)
-    grads = {}
-
-    def leaf(t, placement, name):
-        d = distribute_tensor(t, mesh, [placement]).requires_grad_()
-        d.register_hook(lambda g: grads.setdefault(name, g))
-        return d
-
-    weight = leaf(data["weight"], Shard(0), "weight")
-    bias = None if bias is None else leaf(bias, Shard(0), "bias")
-    if hidden_dtensor:
-        hidden = leaf(data["hidden"], Replicate(), "hidden")
-    else:
-        hidden = data["hidden"].clone().requires_grad_()
+    weight = distribute_tensor(data["weight"], mesh, [Shard(0)]).requires_grad_()
+    bias = None if bias is None else distribute_tensor(bias, mesh, [Shard(0)]).requires_grad_()
+    hidden = (distribute_tensor(data["hidden"], mesh, [Replicate()]) if hidden_dtensor else
+              data["hidden"].clone()).requires_grad_()
     loss = distributed.vocab_parallel_linear_cross_entropy(
         hidden, weight, data["target"], bias, class_weight=class_weight, reduction=reduction,
         **kw, **more)
     assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
     up = data["up_rows"] if reduction == "none" else data["up_scalar"]
-    loss.backward(DTensor.from_local(up, mesh, [Replicate()], run_check=False))
-    for name in ("weight", "bias"):
-        if name in grads:
-            assert grads[name].placements == (Shard(0),), grads[name].placements
+    inputs = [t for t in (hidden, weight, bias) if t is not None]
+    d_hidden, d_weight, *d_bias = torch.autograd.grad(
+        loss, inputs, DTensor.from_local(up, mesh, [Replicate()], run_check=False))
+    for g in (d_weight, *d_bias):
+        assert g.placements == (Shard(0),), g.placements
     if hidden_dtensor:
         reduced = more.get("reduce_hidden_grad", True)
-        assert grads["hidden"].placements == ((Replicate(),) if reduced else (Partial(),)), \
-            grads["hidden"].placements
-        d_hidden = grads["hidden"].full_tensor()
-    else:
-        d_hidden = hidden.grad
-    return (loss.to_local(), d_hidden, grads["weight"].to_local(),
-            grads["bias"].to_local() if "bias" in grads else None)
+        assert d_hidden.placements == ((Replicate(),) if reduced else (Partial(),)), \
+            d_hidden.placements
+        d_hidden = d_hidden.full_tensor()
+    return (loss.to_local(), d_hidden, d_weight.to_local(),
+            d_bias[0].to_local() if d_bias else None)
 
 
 def _run_cases(rank, world, device, distributed, tol=TOL, options_by_name=OPTIONS):
