@@ -21,33 +21,24 @@ ranks. The vocab must divide by the world size (the gathered logits are equal sl
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 import torch.distributed as dist
 from torch.distributed import _functional_collectives as funcol
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vocab_parallel_bench import median_ms  # noqa: E402 (beside this script)
 
-def median_ms(fn, repeats: int, together: bool = True) -> tuple:
-    """(median ms of fn on the current stream, peak MiB allocated during it); `together`: all
-    ranks start each repeat at once (a barrier first)."""
-    for _ in range(3):
-        fn()
+
+def timed(fn, repeats: int, together: bool = True) -> tuple:
+    """(vocab_parallel_bench.median_ms of fn, the peak MiB allocated during it over what was
+    allocated before)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if together:
-            dist.barrier()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = median_ms(fn, repeats, together)
+    return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def main() -> int:
@@ -119,7 +110,7 @@ def main() -> int:
     results = {"world": world, "vocab": args.vocab, "hidden": args.hidden, "rows": args.rows,
                "dtype": args.dtype, "gpu": torch.cuda.get_device_name(device)}
     for name, fn in (("tp_fused", fused), ("tp_gather", gathered), ("tp_unfused", unfused)):
-        results[f"{name}_ms"], results[f"{name}_peak_mib"] = median_ms(fn, args.repeats)
+        results[f"{name}_ms"], results[f"{name}_peak_mib"] = timed(fn, args.repeats)
         results[f"{name}_tokens_per_s_per_gpu"] = \
             args.rows / (results[f"{name}_ms"] / 1e3) / world
     del shard
@@ -130,7 +121,7 @@ def main() -> int:
             h, w = hidden.clone().requires_grad_(), whole.clone().requires_grad_()
             kjit.torch.linear_cross_entropy(h, w, target).backward()
 
-        results["tp1_ms"], results["tp1_peak_mib"] = median_ms(tp1, args.repeats, together=False)
+        results["tp1_ms"], results["tp1_peak_mib"] = timed(tp1, args.repeats, together=False)
         results["tp1_tokens_per_s"] = args.rows / (results["tp1_ms"] / 1e3)
         results["tp_over_tp1"] = (results["tp_fused_tokens_per_s_per_gpu"] /
                                   results["tp1_tokens_per_s"])

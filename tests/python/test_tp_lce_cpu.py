@@ -32,7 +32,8 @@ try:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from test_distributed_cpu import IGNORE, _init, _spawn, _use_reference, expected_loss
+    from test_distributed_cpu import (IGNORE, _init, _report, _spawn, _use_reference,
+                                      _worker, expected_loss)
 except ImportError:
     pass
 
@@ -308,24 +309,10 @@ def _run_extras(rank, world, device, distributed, mesh, tol):
 CASES = len(OPTIONS) * len(REDUCTIONS) * 2 + len(REDUCTIONS) * 4 + 1 + 2 * len(REDUCTIONS) * 2
 
 
-def _worker(rank, world, store_dir, out_dir):
-    _init(rank, world, store_dir)
-    try:
-        distributed = _use_reference()
-        failures, checked = _run_cases(rank, world, "cpu", distributed)
-        errors, error_cases = _check_errors(rank, world, distributed)
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures, "checked": checked, "errors": errors,
-                       "error_cases": error_cases}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_matches_cross_entropy_of_the_whole_lm_head(world, tmp_path):
     """Also: bad arguments raise before any collective, naming what to change (_check_errors)."""
-    results = _spawn(_worker, world, tmp_path)
+    results = _spawn(_worker, world, tmp_path, _run_cases, _check_errors)
     for rank, r in enumerate(results):
         assert r["checked"] == CASES, f"rank {rank} checked {r['checked']} of {CASES} cases"
         assert r["failures"] == [], f"rank {rank}: " + "; ".join(r["failures"])
@@ -522,9 +509,7 @@ def _mismatch_worker(rank, world, store_dir, out_dir):
             want = reference(data, {}, "mean")
             failures.append(_compare("after the errors", got, (
                 want[0], want[1], want[2][start:end], None), TOL))
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": [f for f in failures if f]}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": [f for f in failures if f]})
     finally:
         dist.destroy_process_group()
 
@@ -564,9 +549,7 @@ def _no_full_logits_worker(rank, world, store_dir, out_dir):
         # 4 chunks in the forward and 4 recomputed in the backward
         if widest != [(min(3, ROWS - i), end - start) for i in range(0, ROWS, 3)] * 2:
             failures.append(f"logits GEMMs {widest}")
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": [f for f in failures if f]}, f)
-        dist.barrier()
+        _report(out_dir, rank, {"failures": [f for f in failures if f]})
     finally:
         dist.destroy_process_group()
 
@@ -607,9 +590,7 @@ def _compile_worker(rank, world, store_dir, out_dir):
         failures += [f"gradient {i} differs from eager's" for i, (a, b) in
                      enumerate(zip(eager, compiled))
                      if not torch.allclose(a.grad, b.grad, rtol=1e-6, atol=1e-8)]
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": failures})
     finally:
         dist.destroy_process_group()
 
@@ -675,9 +656,7 @@ def _gpu_worker(rank, world, store_dir, out_dir, backend):
                     failures.append(_compare(f"single-GPU op {dtype}/{name}/{reduction}", got,
                                              want, tol))
                     checked += 1
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": [f for f in failures if f], "checked": checked}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": [f for f in failures if f], "checked": checked})
     finally:
         dist.destroy_process_group()
 

@@ -36,7 +36,7 @@ from torch.distributed import _functional_collectives as funcol
 from kjit.torch import _kernels, functional
 from kjit.torch._sharded_kernels import KJIT_KERNELS, ShardSpec
 from kjit.torch.functional import _check_bias_and_dtypes
-from kjit.torch.rl import _chunk_rows, _lm_head, _mm_fp32
+from kjit.torch.rl import _add_chunk_grads, _chunk_rows, _lm_head
 
 # The per-shard steps by device type: an object with stats, max_of, sums_of, rescale and finish
 # (kjit.torch._sharded_kernels.KjitShardKernels says what each takes and returns).
@@ -92,6 +92,12 @@ def _replicated_local(t, what: str):
         raise ValueError(f"kjit: {what} must be replicated (every rank holds all of it), got a "
                          f"DTensor with placements {t.placements}; call .full_tensor() first")
     return t.to_local()
+
+
+def _no_placement_with_dtensor(what: str, group, vocab_start, vocab) -> None:
+    if group is not None or vocab_start is not None or vocab is not None:
+        raise ValueError(f"kjit: {what} is a DTensor: its mesh gives the group and its shape the "
+                         "vocab; pass group, vocab_start and vocab only with local shards")
 
 
 def shard_of(vocab: int, rank: int, world: int) -> tuple:
@@ -208,10 +214,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         raise ValueError("kjit: logits must have a vocab dimension, got a 0-d tensor")
     mesh = None
     if functional._is_dtensor(logits):
-        if group is not None or vocab_start is not None or vocab is not None:
-            raise ValueError("kjit: logits is a DTensor: its mesh gives the group and its shape "
-                             "the vocab; pass group, vocab_start and vocab only with local "
-                             "shards")
+        _no_placement_with_dtensor("logits", group, vocab_start, vocab)
         _, _, Shard = _dtensor_types()
         mesh = logits.device_mesh
         placements = logits.placements
@@ -418,17 +421,8 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             del logits
             if want_h:
                 torch.mm(g, weight, out=d_hidden[first:last])
-            if want_w:
-                if whole:
-                    d_weight = g.t() @ h  # (one GEMM: rounded to the dtype once)
-                elif in_dtype:
-                    d_weight = g.t() @ h if d_weight is None else d_weight.addmm_(g.t(), h)
-                else:
-                    part = _mm_fp32(g.t(), h)
-                    d_weight = part if d_weight is None else d_weight.add_(part)
-            if want_b:
-                part = g.sum(0, dtype=torch.float32)
-                d_bias = part if d_bias is None else d_bias.add_(part)
+            d_weight, d_bias = _add_chunk_grads(g, h, d_weight, d_bias, want_w, want_b, whole,
+                                                in_dtype)
             del g
         if want_h and ctx.reduce_hidden:
             d_hidden = _waited(funcol.all_reduce(d_hidden, "sum", ctx.group))
@@ -547,10 +541,7 @@ def vocab_parallel_linear_cross_entropy(
         raise TypeError(f"kjit: reduce_hidden_grad must be a bool, got {reduce_hidden_grad!r}")
     mesh = None
     if functional._is_dtensor(weight):
-        if group is not None or vocab_start is not None or vocab is not None:
-            raise ValueError("kjit: weight is a DTensor: its mesh gives the group and its shape "
-                             "the vocab; pass group, vocab_start and vocab only with local "
-                             "shards")
+        _no_placement_with_dtensor("weight", group, vocab_start, vocab)
         mesh = weight.device_mesh
         if mesh.ndim != 1:
             raise ValueError(f"kjit: weight must be sharded on a 1-D mesh, got a {mesh.ndim}-D "
