@@ -304,11 +304,13 @@ def _capped_fp32(logits: torch.Tensor, softcap: float) -> torch.Tensor:
     return softcap * torch.tanh(x / softcap) if softcap else x
 
 
-def _owned_target_logit(x: torch.Tensor, target: torch.Tensor, start: int) -> torch.Tensor:
-    """Per row, the (capped) target logit where this shard holds the target, else 0."""
+def _owned_target_logit(logits: torch.Tensor, target: torch.Tensor, start: int,
+                        softcap: float) -> torch.Tensor:
+    """Per row, the (capped, fp32) target logit where this shard holds the target, else 0."""
     local = target.long() - start
-    inside = (local >= 0) & (local < x.shape[1])
-    return torch.where(inside, x.gather(1, local.clamp(0, x.shape[1] - 1)[:, None])[:, 0], 0.0)
+    inside = (local >= 0) & (local < logits.shape[1])
+    picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
+    return torch.where(inside, _capped_fp32(picked, softcap), 0.0)
 
 
 class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
@@ -332,7 +334,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             ws = kernels.stats(logits, t, class_weight, spec)
             row_max = kernels.max_of(ws, logits, t, class_weight, spec)
             # Our own extras ride along in the two all-reduces (no collective of their own).
-            x = _capped_fp32(logits, spec.softcap) if want_entropy or want_logprob else None
+            x = _capped_fp32(logits, spec.softcap) if want_entropy else None
             mine = ([x.max(dim=1).values] if want_entropy else []) + \
                 ([_argmax_key(logits, spec.shard_start)] if want_argmax else [])
             if mine:
@@ -347,7 +349,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             if want_entropy:  # this shard's sum of exp(x - M) x, M the whole row's max
                 ours.append((torch.exp(x - mine[0].float()[:, None]) * x).sum(dim=1))
             if want_logprob:
-                ours.append(_owned_target_logit(x, t, spec.shard_start))
+                ours.append(_owned_target_logit(logits, t, spec.shard_start, spec.softcap))
             if ours:
                 n = sums.numel()
                 reduced = _waited(funcol.all_reduce(
