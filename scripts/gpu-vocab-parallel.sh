@@ -9,23 +9,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-sizes=("$@")
-[ ${#sizes[@]} -eq 0 ] && sizes=(2 4 8)
-most=0
-for n in "${sizes[@]}"; do
-  case $n in '' | *[!0-9]*) echo "gpu-vocab-parallel.sh: $n is not a number of GPUs" >&2; exit 2 ;; esac
-  [ "$n" -gt "$most" ] && most=$n
-done
-gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
-if [ "$gpus" -lt "$most" ]; then
-  echo "SKIPPED: TP=$most needs $most GPUs; this machine has $gpus"
-  exit 77
-fi
-# NVLink multicast off (a program using it can take the host's shared GPUs down).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-status=0
-for n in "${sizes[@]}"; do
-  "$python" -m torch.distributed.run --standalone --nproc-per-node "$n" \
-    scripts/vocab_parallel_bench.py --vocab "${VOCAB:-128256}" --rows "${ROWS:-16384}" || status=1
-done
-exit $status
+. scripts/tp-sizes.sh
+tp_sizes gpu-vocab-parallel.sh "$@"
+torchrun_each scripts/vocab_parallel_bench.py --vocab "${VOCAB:-128256}" --rows "${ROWS:-16384}"

@@ -177,18 +177,26 @@ def _run_cases(rank, world, device, distributed, options_by_name=OPTIONS):
     return [f for f in failures if f], checked
 
 
-def _worker(rank, world, store_dir, out_dir):
+def _worker(rank, world, store_dir, out_dir, run_cases=None, check_errors=None):
+    """The cases (run_cases, default _run_cases) and the argument errors (check_errors, default
+    _check_errors) on the CPU with the reference kernels: rank<r>.json in out_dir."""
     _init(rank, world, store_dir)
     try:
         distributed = _use_reference()
-        failures, checked = _run_cases(rank, world, "cpu", distributed)
-        errors, error_cases = _check_errors(rank, world, distributed)
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures, "checked": checked, "errors": errors,
-                       "error_cases": error_cases}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        failures, checked = (run_cases or _run_cases)(rank, world, "cpu", distributed)
+        errors, error_cases = (check_errors or _check_errors)(rank, world, distributed)
+        _report(out_dir, rank, {"failures": failures, "checked": checked, "errors": errors,
+                                "error_cases": error_cases})
     finally:
         dist.destroy_process_group()
+
+
+def _report(out_dir, rank, payload: dict) -> None:
+    """This rank's results as out_dir/rank<r>.json, then a barrier: no rank tears down while a
+    peer still uses the connection."""
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(payload, f)
+    dist.barrier()
 
 
 def _spawn(worker, world, tmp_path, *extra):
@@ -228,9 +236,7 @@ def _wrong_combine_worker(rank, world, store_dir, out_dir):
         distributed.SHARD_KERNELS["cpu"] = NoRescale()
         failures, checked = _run_cases(rank, world, "cpu", distributed,
                                        {"plain": {}, "everything": OPTIONS["everything"]})
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures, "checked": checked}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": failures, "checked": checked})
     finally:
         dist.destroy_process_group()
 
@@ -308,9 +314,7 @@ def _mismatch_worker(rank, world, store_dir, out_dir):
             want = expected_loss(logits, target, None)
             if not torch.allclose(loss.double(), want, rtol=LOSS_RTOL, atol=0):
                 failures.append(f"after the errors: loss {loss.item()} != {want.item()}")
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": failures})
     finally:
         dist.destroy_process_group()
 
@@ -346,9 +350,7 @@ def _compile_worker(rank, world, store_dir, out_dir):
             failures.append(f"loss {got.item()} != eager {want.item()}")
         if not torch.allclose(compiled.grad, eager.grad, rtol=1e-6, atol=1e-8):
             failures.append("gradient differs from eager's")
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures, "checked": 1}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": failures, "checked": 1})
     finally:
         dist.destroy_process_group()
 
@@ -417,9 +419,7 @@ def _gpu_worker(rank, world, store_dir, out_dir, backend):
     try:
         from kjit.torch import distributed
         failures, checked = _run_cases(rank, world, "cuda", distributed)
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"failures": failures, "checked": checked}, f)
-        dist.barrier()  # no rank tears down while a peer still uses the connection
+        _report(out_dir, rank, {"failures": failures, "checked": checked})
     finally:
         dist.destroy_process_group()
 

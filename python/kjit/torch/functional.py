@@ -49,9 +49,9 @@ _DTENSOR_HINTS = {
                             "unsharded (inside the forward of the fully_shard unit that holds "
                             "lm_head: kjit.torch.apply_to(model, linear_cross_entropy=True) does "
                             "when lm_head is not a unit of its own), or pass "
-                            "weight.full_tensor(); a vocab-parallel lm_head (weight Shard(0) "
-                            "under tensor parallelism) has no fused kjit op yet: compute its "
-                            "logits and use kjit.torch.distributed.vocab_parallel_cross_entropy",
+                            "weight.full_tensor(); for a vocab-parallel lm_head (weight "
+                            "Shard(0) under tensor parallelism) use "
+                            "kjit.torch.distributed.vocab_parallel_linear_cross_entropy",
     "rms_norm": "pass .full_tensor() (or .to_local() of a replicated DTensor)",
     "log_probs": "pass .full_tensor() (or .to_local() of a replicated DTensor); logits sharded "
                  "on the vocab have no kjit RL head yet",

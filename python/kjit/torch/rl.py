@@ -249,20 +249,31 @@ def _lm_head_gradients(ctx, up) -> tuple:
             *(None if g is None else g[start:end] for g in up), *ctx.options)
         if want_h:
             d_hidden.append(d_logits @ weight)
-        if want_w:
-            if whole:
-                d_weight = d_logits.t() @ h  # (one GEMM: rounded to the dtype once)
-            else:
-                part = _mm_fp32(d_logits.t(), h)
-                d_weight = part if d_weight is None else d_weight.add_(part)
-        if want_b:
-            part = d_logits.sum(0, dtype=torch.float32)
-            d_bias = part if d_bias is None else d_bias.add_(part)
+        d_weight, d_bias = _add_chunk_grads(d_logits, h, d_weight, d_bias, want_w, want_b, whole)
         del d_logits
     d_hidden = (d_hidden[0] if len(d_hidden) == 1 else torch.cat(d_hidden)) if want_h else None
     d_weight = d_weight.to(weight.dtype) if want_w else None
     d_bias = d_bias.to(bias.dtype) if want_b else None
     return d_hidden, d_weight, d_bias
+
+
+def _add_chunk_grads(d_logits: torch.Tensor, h: torch.Tensor, d_weight, d_bias, want_w: bool,
+                     want_b: bool, whole: bool, in_dtype: bool = False) -> tuple:
+    """d_weight and d_bias with one chunk's d_logits.T @ h and d_logits' column sums added
+    (None where not wanted): summed in fp32 over the chunks (in_dtype: in the dtype, no fp32
+    accumulator), or one GEMM rounded to the dtype once when the chunk is `whole`."""
+    if want_w:
+        if whole:
+            d_weight = d_logits.t() @ h
+        elif in_dtype:
+            d_weight = d_logits.t() @ h if d_weight is None else d_weight.addmm_(d_logits.t(), h)
+        else:
+            part = _mm_fp32(d_logits.t(), h)
+            d_weight = part if d_weight is None else d_weight.add_(part)
+    if want_b:
+        part = d_logits.sum(0, dtype=torch.float32)
+        d_bias = part if d_bias is None else d_bias.add_(part)
+    return d_weight, d_bias
 
 
 def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
