@@ -53,7 +53,8 @@ absl::StatusOr<int> TimeoutSeconds() {
   return seconds;
 }
 
-// Waits for pid for at most `seconds`, then kills it: its wait status, or nullopt when killed.
+// Waits for pid for at most `seconds`, then kills it and every process of its group (pid leads
+// one, RunChild's): its wait status, or nullopt when killed.
 std::optional<int> WaitAtMost(pid_t pid, int seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   int status = 0;
@@ -62,15 +63,17 @@ std::optional<int> WaitAtMost(pid_t pid, int seconds) {
     if (done == pid || (done < 0 && errno != EINTR)) return status;
     ::usleep(20000);
   }
-  ::kill(pid, SIGKILL);
+  // The group, not pid alone: kjit-tune's workers (its children) would go on holding the GPU. The
+  // leader is not reaped yet, so the group's id cannot have been reused.
+  ::kill(-pid, SIGKILL);
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return std::nullopt;
 }
 
-// Runs argv with stdout discarded (the JSON report) and stderr shared (its progress) and waits
-// at most `seconds`: its exit status (128 + the signal that ended it), the error that kept it from
-// starting, or DeadlineExceeded.
+// Runs argv in a process group of its own, with stdout discarded (the JSON report) and stderr
+// shared (its progress), and waits at most `seconds`: its exit status (128 + the signal that ended
+// it), the error that kept it from starting, or DeadlineExceeded.
 absl::StatusOr<int> RunChild(const std::vector<std::string>& args, int seconds) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -78,8 +81,13 @@ absl::StatusOr<int> RunChild(const std::vector<std::string>& args, int seconds) 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // a new group, led by the child
   pid_t pid = 0;
-  const int err = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int err = ::posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) {
     return absl::InternalError(fmt::format("{} could not start: {}", args[0], std::strerror(err)));

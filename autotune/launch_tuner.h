@@ -1,8 +1,10 @@
 // The default tuner of KJIT_AUTOTUNE (kjit/runtime.h's Tuner): `kjit-tune --spec` for the one op
 // and row bucket, in a child process ($KJIT_TUNE_BIN, else kjit-tune on PATH), so that a candidate
 // that crashes or hangs takes the child down, not the training job. The launch waits for it, at
-// most $KJIT_AUTOTUNE_TIMEOUT seconds (default 900): then the child is killed and the launch goes
-// on untuned, with a warning.
+// most $KJIT_AUTOTUNE_TIMEOUT seconds (default 900): then the child is killed with its process
+// group (it runs in one of its own, so kjit-tune's workers go with it) and the launch goes on
+// untuned, with a warning. A terminal's Ctrl-C therefore reaches the program, not a tuning under
+// way: that kjit-tune finishes on its own.
 //
 // Linking the kjit_launch_tuner library installs it as kjit::DefaultTuner() before main: its link
 // interface names kjit_launch_tuner_installed as undefined (-Wl,--undefined=...), which keeps the

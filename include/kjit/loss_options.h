@@ -12,7 +12,9 @@
 // the per-row losses (none), adds them (sum) or averages them over the valid rows (mean). With
 // class weights w (class_weight_dtype set; PyTorch's `weight`), the row's terms are weighed as
 // kjit/cross_entropy.h writes out, and the mean divides by the valid rows' summed w_t. argmax and
-// entropy ask for per-row outputs (the predicted token; -sum_j p_j ln p_j).
+// entropy ask for per-row outputs (the predicted token; -sum_j p_j ln p_j). The kernels are
+// compiled for label_smoothing, z_loss and softcap on or off and take their values at launch: a
+// schedule of values costs no compile and no cache entry; switching one on or off compiles anew.
 //
 //   kjit::LossOptions loss{.ignore_index = -100, .label_smoothing = 0.1f, .z_loss = 1e-4f};
 //   KJIT_RETURN_IF_ERROR(kjit::ValidateLossOptions(loss, kjit::DType::kBF16));

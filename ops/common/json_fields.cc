@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include <fmt/format.h>
@@ -75,7 +76,27 @@ absl::StatusOr<float> JsonFields::Float(std::string_view name) {
   if (!v->is_number()) return Invalid(name, fmt::format("must be a number, got {}", Shown(*v)));
   const double d = v->get<double>();  // JSON has no NaN or infinity
   if (std::fabs(d) > FLT_MAX) return Invalid(name, fmt::format("{} is out of range", Shown(*v)));
-  return static_cast<float>(d);
+  const float f = static_cast<float>(d);
+  // A value the float no longer says (0.9999999999 is 1, 1e-50 is 0): kept for WithGiven. The
+  // float's shortest text read back is the value a message shows; 0.1 reads back as 0.1.
+  std::string as_float = fmt::format("{}", f);
+  if (std::strtod(as_float.c_str(), nullptr) != d) {
+    rounded_.insert_or_assign(std::string(name), Rounded{Shown(*v), std::move(as_float)});
+  }
+  return f;
+}
+
+absl::Status JsonFields::WithGiven(const absl::Status& status) const {
+  if (status.ok()) return status;
+  const std::string_view message = ToStd(status.message());
+  for (const auto& [name, r] : rounded_) {
+    const std::string prefix = fmt::format("{}: {} ", name, r.as_float);
+    if (message.starts_with(prefix)) {
+      return absl::Status(status.code(), fmt::format("{}: {} ({} as a float) {}", name, r.given,
+                                                     r.as_float, message.substr(prefix.size())));
+    }
+  }
+  return status;
 }
 
 absl::StatusOr<bool> JsonFields::Bool(std::string_view name) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -39,14 +40,26 @@ class JsonFields {
   // InvalidArgument naming a field that none of the above asked for and that is not in `also`: a
   // field of another op, or a typo, that would otherwise be ignored. `what` names the object.
   absl::Status NoOthers(std::string_view what, std::initializer_list<std::string_view> also) const;
+  // A spec's validation error about a float field that Float read as another value than the one
+  // given, with what was given beside the float it became, as `kjit compile`'s flags say it:
+  // "label_smoothing: 1 must be in [0, 1)" of 0.9999999999 becomes "label_smoothing: 0.9999999999
+  // (1 as a float) must be in [0, 1)". Other statuses as they are.
+  //   KJIT_RETURN_IF_ERROR(in.WithGiven(ValidateCrossEntropySpec(s)));
+  absl::Status WithGiven(const absl::Status& status) const;
 
  private:
   explicit JsonFields(const nlohmann::json& j) : j_(&j) {}
   // The field's value, or InvalidArgument "<name>: is missing".
   absl::StatusOr<const nlohmann::json*> Get(std::string_view name);
 
+  struct Rounded {
+    std::string given;     // the JSON's number, as Shown
+    std::string as_float;  // the float it became, as a message shows it
+  };
+
   const nlohmann::json* j_;
-  std::set<std::string, std::less<>> asked_;  // the op's fields, present or not
+  std::set<std::string, std::less<>> asked_;             // the op's fields, present or not
+  std::map<std::string, Rounded, std::less<>> rounded_;  // by field
 };
 
 // A message that starts by naming a field ("dtype: 'x' is not supported") without that name, for

@@ -186,16 +186,21 @@ std::vector<ops::CrossEntropyProgram> ops::CrossEntropyLaunchPrograms(CrossEntro
   return {};
 }
 
-std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpec& spec) {
+std::map<std::string, std::string> ops::CrossEntropyProgramParams(const CrossEntropySpec& spec) {
+  // The kernels take label smoothing, z-loss and softcap on or off as template arguments and their
+  // values as launch arguments (RowParams), so the params say only on or off: one program and one
+  // cache entry serve every value. Off is "0", as the value was, so entries without them keep
+  // their keys.
+  auto on_off = [](float value) { return value > 0 ? "on" : "0"; };
   std::map<std::string, std::string> params = {
       {"op", "cross_entropy"},
       {"vocab", std::to_string(spec.vocab)},
       {"dtype", Name(spec.dtype)},
       {"target_type", Name(spec.loss.target_type)},
       {"reduction", Name(spec.loss.reduction)},
-      {"label_smoothing", LossValueText(spec.loss.label_smoothing)},
-      {"lse_square_scale", LossValueText(spec.loss.z_loss)},
-      {"softcap", LossValueText(spec.loss.softcap)},
+      {"label_smoothing", on_off(spec.loss.label_smoothing)},
+      {"lse_square_scale", on_off(spec.loss.z_loss)},
+      {"softcap", on_off(spec.loss.softcap)},
       {"argmax", spec.loss.argmax ? "true" : "false"},
   };
   if (spec.loss.entropy)
@@ -205,12 +210,20 @@ std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpe
   return params;
 }
 
+std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpec& spec) {
+  std::map<std::string, std::string> params = CrossEntropyProgramParams(spec);
+  params["label_smoothing"] = LossValueText(spec.loss.label_smoothing);
+  params["lse_square_scale"] = LossValueText(spec.loss.z_loss);
+  params["softcap"] = LossValueText(spec.loss.softcap);
+  return params;
+}
+
 absl::StatusOr<jit::Source> ops::RenderCrossEntropy(const CrossEntropySpec& spec,
                                                     const CrossEntropyConfig& config,
                                                     CrossEntropyProgram program) {
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(spec));
   KJIT_RETURN_IF_ERROR(ValidateCrossEntropyConfig(spec, config, /*arch=*/0));
-  std::map<std::string, std::string> params = CrossEntropyParams(spec);
+  std::map<std::string, std::string> params = CrossEntropyProgramParams(spec);
   // The config's fields the kernels' template arguments take, and only those: they go into the
   // program's text (so its cache key), and the configs that share a kernel (kjit-tune compiles
   // dozens) share its program and cache entry.

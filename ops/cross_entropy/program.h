@@ -50,8 +50,13 @@ enum class CrossEntropyLaunch { kForward, kForwardBackward, kBackward, kRescaleG
 // parallel, they start in this order.
 std::vector<CrossEntropyProgram> CrossEntropyLaunchPrograms(CrossEntropyLaunch launch);
 
-// The op's parameters, as its programs and CrossEntropy::Build report them (no config).
+// The op's parameters as CrossEntropy::Build reports them (no config), the options' values among
+// them.
 std::map<std::string, std::string> CrossEntropyParams(const CrossEntropySpec& spec);
+// What its programs are compiled for, their params (so in their text and cache key): the same,
+// but label_smoothing, lse_square_scale and softcap only "on" or "0" (off), since the kernels read
+// their values at launch: a schedule of values compiles nothing new.
+std::map<std::string, std::string> CrossEntropyProgramParams(const CrossEntropySpec& spec);
 
 // One program: named "cross_entropy.<program>", its params the spec's and the fields of the
 // config its kernels take (none for count_reduce, vec for the rescale...), so that the configs

@@ -98,8 +98,9 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   ShardedCrossEntropySpec checked = spec;
   checked.config = config;
   KJIT_RETURN_IF_ERROR(ValidateShardedCrossEntropySpec(checked));
-  // The unsharded op's description of the problem (the config was checked with the spec above).
-  std::map<std::string, std::string> params = CrossEntropyParams(UnshardedSpec(checked));
+  // The unsharded op's description of the problem (the config was checked with the spec above),
+  // the options on or off: their values are launch arguments.
+  std::map<std::string, std::string> params = CrossEntropyProgramParams(UnshardedSpec(checked));
   params["config"] = config.ToString();
   params["op"] = "sharded_cross_entropy";
   params["width"] = std::to_string(spec.width());

@@ -37,7 +37,7 @@ absl::StatusOr<CrossEntropySpec> CrossEntropyFromJson(const nlohmann::json& j) {
   KJIT_ASSIGN_OR_RETURN(s.dtype, in.DTypeOf("dtype"));
   KJIT_ASSIGN_OR_RETURN(s.loss, LossOptionsFromJson(in));
   KJIT_RETURN_IF_ERROR(in.NoOthers(kCrossEntropyName, {"op"}));
-  KJIT_RETURN_IF_ERROR(ValidateCrossEntropySpec(s));
+  KJIT_RETURN_IF_ERROR(in.WithGiven(ValidateCrossEntropySpec(s)));
   return s;
 }
 

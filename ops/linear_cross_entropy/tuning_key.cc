@@ -67,7 +67,7 @@ absl::StatusOr<LinearCrossEntropySpec> LinearCrossEntropyFromJson(const nlohmann
                                    : WeightGradAccumulation::kOutputDtype;
   KJIT_ASSIGN_OR_RETURN(s.loss, LossOptionsFromJson(in));
   KJIT_RETURN_IF_ERROR(in.NoOthers(kLinearCrossEntropyName, {"op"}));
-  KJIT_RETURN_IF_ERROR(ValidateLinearCrossEntropySpec(s));
+  KJIT_RETURN_IF_ERROR(in.WithGiven(ValidateLinearCrossEntropySpec(s)));
   return s;
 }
 

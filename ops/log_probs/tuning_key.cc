@@ -39,7 +39,7 @@ absl::StatusOr<LogProbsSpec> LogProbsFromJson(const nlohmann::json& j) {
   KJIT_ASSIGN_OR_RETURN(s.temperature, in.Float("temperature"));
   KJIT_ASSIGN_OR_RETURN(s.entropy, in.Bool("entropy"));
   KJIT_RETURN_IF_ERROR(in.NoOthers(kLogProbsName, {"op"}));
-  KJIT_RETURN_IF_ERROR(ValidateLogProbsSpec(s));
+  KJIT_RETURN_IF_ERROR(in.WithGiven(ValidateLogProbsSpec(s)));
   return s;
 }
 

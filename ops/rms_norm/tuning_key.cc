@@ -62,7 +62,7 @@ absl::StatusOr<RmsNormSpec> RmsNormFromJson(const nlohmann::json& j) {
   KJIT_ASSIGN_OR_RETURN(s.casting, ParseRmsNormCasting(casting));
   KJIT_ASSIGN_OR_RETURN(s.fused_residual, in.Bool("fused_residual"));
   KJIT_RETURN_IF_ERROR(in.NoOthers(kRmsNormName, {"op"}));
-  KJIT_RETURN_IF_ERROR(ValidateRmsNormSpec(s));
+  KJIT_RETURN_IF_ERROR(in.WithGiven(ValidateRmsNormSpec(s)));
   return s;
 }
 

@@ -4,7 +4,9 @@
 // drive a runtime's state directly, as a launch at an untuned bucket would.
 #include "autotune/launch_tuner.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <atomic>
@@ -179,6 +181,38 @@ TEST_F(LaunchTunerTest, ChildProcessTunerStopsAKjitTuneThatNeverReturns) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(ToStd(s.message()),
             bin + " did not finish within 1 s (KJIT_AUTOTUNE_TIMEOUT); it was stopped");
+}
+
+// Alive: a process that exists and is not a zombie (a killed orphan may wait a while for its
+// reaper).
+bool Alive(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+// Its workers go with it: a kjit-tune stopped at the timeout took only itself down, and the child
+// it had started (a worker holding the GPU) lived on.
+TEST_F(LaunchTunerTest, ChildProcessTunerStopsTheChildrenOfAKjitTuneThatNeverReturns) {
+  const std::string pid_file = tmp_.path() + "/worker.pid";
+  const std::string bin =
+      FakeKjitTune(0, fmt::format("sleep 600 &\necho $! > {}\nwait\n", pid_file));
+  kjit::testing::ScopedEnv tune_bin("KJIT_TUNE_BIN", bin.c_str());
+  kjit::testing::ScopedEnv timeout("KJIT_AUTOTUNE_TIMEOUT", "1");
+  const absl::Status s = autotune::ChildProcessTuner().Tune({.warnings = state_.warnings});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  pid_t worker = 0;
+  ASSERT_TRUE(std::ifstream(pid_file) >> worker) << "the fake kjit-tune did not start its worker";
+  ASSERT_GT(worker, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (Alive(worker) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const bool survived = Alive(worker);
+  if (survived) ::kill(worker, SIGKILL);  // leave nothing behind
+  EXPECT_FALSE(survived) << "kjit-tune's child " << worker << " outlived the timeout";
 }
 
 TEST_F(LaunchTunerTest, ChildProcessTunerRefusesABadTimeout) {

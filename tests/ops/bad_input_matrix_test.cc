@@ -1,6 +1,6 @@
 // The bad-input matrix for the public API: every TensorView / IndexView / workspace argument of
-// RmsNorm::Forward/Backward, CrossEntropy::Forward/ForwardBackward/Backward/RescaleGradient and
-// ShardedCrossEntropy::ComputeStats/Finish, each made null,
+// RmsNorm::Forward/Backward, CrossEntropy::Forward/ForwardBackward/Backward/RescaleGradient,
+// ShardedCrossEntropy::ComputeStats/Finish and LogProbs::Forward/Backward, each made null,
 // zero-sized, negative, huge (over int32), misaligned, of the wrong dtype, strided shorter than
 // its row, and overlapping an argument it must not overlap. Each must be InvalidArgument whose
 // message starts with the argument's name; the checks run before the compile-only error, so
@@ -17,6 +17,7 @@
 #include "jit/status_helpers.h"
 #include "kjit/cross_entropy.h"
 #include "kjit/device_buffer.h"
+#include "kjit/log_probs.h"
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/sharded_cross_entropy.h"
@@ -477,6 +478,163 @@ TEST_F(BadInputMatrixTest, ShardedCrossEntropyStatisticsSteps) {
   ExpectInvalid(ShardedCrossEntropy::CombineStats(
                     nullptr, {{&*a, Slot(1)}, {&*b, Offset(Slot(2), 4)}}, kRows),
                 "shards[1].workspace:");
+}
+
+// Issue 45, defects 3, 4, 5 and 10 through the C++ API: an all-reduce on a compile-only runtime
+// with a communicator that is not one is refused before NCCL is reached (it crashed inside NCCL),
+// a bad workspace or row count before the first collective, and CombineStats refuses shards of
+// another problem or runtime, one workspace twice, and more shards than it holds.
+TEST_F(BadInputMatrixTest, ShardedCrossEntropyCollectivesAndCombinedShards) {
+  const ShardedCrossEntropySpec base{.vocab = 4 * kCols,
+                                     .shard_start = 0,
+                                     .shard_end = 2 * kCols,
+                                     .dtype = DType::kBF16,
+                                     .loss = {.reduction = Reduction::kMean}};
+  auto a = rt_->ShardedCrossEntropy(base);
+  ASSERT_TRUE(a.ok()) << a.status();
+  using kjit::testing::ExpectInvalid;
+  auto* bogus = reinterpret_cast<NcclComm>(Slot(30));  // never dereferenced
+  const absl::Status refused = a->AllReduceStats(nullptr, Slot(1), kRows, bogus);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  ExpectInvalid(a->AllReduceStats(nullptr, Offset(Slot(1), 8), kRows, bogus), "workspace:");
+  ExpectInvalid(a->AllReduceStats(nullptr, nullptr, kRows, bogus), "workspace:");
+  ExpectInvalid(a->AllReduceStats(nullptr, Slot(1), 0, bogus), "rows:");
+  ExpectInvalid(a->AllReduceStats(nullptr, Slot(1), kHuge, bogus), "rows:");
+
+  // The second half of the vocab, of `base`'s problem but for what `change` sets.
+  auto second = [&](const std::function<void(ShardedCrossEntropySpec&)>& change) {
+    ShardedCrossEntropySpec s = base;
+    s.shard_start = 2 * kCols;
+    s.shard_end = 4 * kCols;
+    change(s);
+    return s;
+  };
+  using Shard = ShardedCrossEntropy::Shard;
+  const std::vector<std::pair<std::string, std::function<void(ShardedCrossEntropySpec&)>>> others =
+      {{"dtype", [](auto& s) { s.dtype = DType::kF16; }},
+       {"loss.target_type", [](auto& s) { s.loss.target_type = IndexType::kInt32; }},
+       {"loss.ignore_index", [](auto& s) { s.loss.ignore_index = -1; }},
+       {"loss.reduction", [](auto& s) { s.loss.reduction = Reduction::kSum; }},
+       {"loss.label_smoothing", [](auto& s) { s.loss.label_smoothing = 0.1f; }},
+       {"loss.z_loss", [](auto& s) { s.loss.z_loss = 1e-4f; }},
+       {"loss.softcap", [](auto& s) { s.loss.softcap = 30.0f; }},
+       {"loss.class_weight_dtype", [](auto& s) { s.loss.class_weight_dtype = DType::kF32; }}};
+  for (const auto& [field, change] : others) {
+    auto b = rt_->ShardedCrossEntropy(second(change));
+    ASSERT_TRUE(b.ok()) << field << ": " << b.status();
+    ExpectInvalid(
+        ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*b, Slot(2)}}, kRows),
+        "shards[1]: " + field + ":");
+  }
+  auto b = rt_->ShardedCrossEntropy(second([](auto&) {}));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(
+      ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*b, Slot(2)}}, kRows).code(),
+      absl::StatusCode::kFailedPrecondition);
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*b, Slot(1)}}, kRows),
+                "shards[1].workspace:");
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(
+                    nullptr, {{&*a, Slot(1)}, {&*b, Offset(Slot(1), 16)}}, kRows),
+                "shards[1].workspace:");
+  auto other_rt = Runtime::Create({.target = "sm_90", .compile_only = true, .disk_cache = false});
+  ASSERT_TRUE(other_rt.ok()) << other_rt.status();
+  auto foreign = other_rt->ShardedCrossEntropy(second([](auto&) {}));
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  ExpectInvalid(
+      ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*foreign, Slot(2)}}, kRows),
+      "shards[1].op:");
+  // More shards than one combine holds: refused before any is read.
+  std::vector<Shard> many(ShardedCrossEntropy::kMaxCombinedShards + 1, Shard{&*a, Slot(1)});
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, many, kRows), "shards:");
+  ExpectInvalid(ShardedCrossEntropy::CombineStats(nullptr, {{&*a, Slot(1)}, {&*b, Slot(2)}}, 0),
+                "rows:");
+}
+
+// --- RL heads ------------------------------------------------------------------------------------
+
+LogProbsArgs GoodLogProbs(bool entropy) {
+  LogProbsArgs a{.logits = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+                 .targets = IndexView::Of(Slot(2), IndexType::kInt64, kRows),
+                 .logprob = TensorView::Vector(Slot(3), DType::kF32, kRows),
+                 .lse = TensorView::Vector(Slot(5), DType::kF32, kRows)};
+  if (entropy) a.entropy = TensorView::Vector(Slot(4), DType::kF32, kRows);
+  return a;
+}
+
+TEST_F(BadInputMatrixTest, LogProbsForward) {
+  for (bool entropy : {false, true}) {
+    SCOPED_TRACE(entropy ? "entropy" : "log-probs alone");
+    auto op = rt_->LogProbs(
+        {.vocab = kCols, .dtype = DType::kBF16, .temperature = 0.7f, .entropy = entropy});
+    ASSERT_TRUE(op.ok()) << op.status();
+    using A = LogProbsArgs;
+    std::vector<Case<A>> cases;
+    AddTensorCases<A>(cases, "logits", &A::logits, false);
+    AddIndexCases<A>(cases, "targets", &A::targets);
+    AddTensorCases<A>(cases, "logprob", &A::logprob, false, /*vector=*/true);
+    AddTensorCases<A>(cases, "lse", &A::lse, true, /*vector=*/true);
+    AddOverlapCases<A>(cases, "logprob", &A::logprob, "logits", &A::logits, false);
+    AddOverlapCases<A>(cases, "lse", &A::lse, "logits", &A::logits, false);
+    AddOverlapCases<A>(cases, "lse", &A::lse, "logprob", &A::logprob, false);
+    cases.push_back(
+        {"logprob over targets", "logprob", [](A& a) { a.logprob.data = a.targets.data; }});
+    if (entropy) {
+      AddTensorCases<A>(cases, "entropy", &A::entropy, false, /*vector=*/true);
+      AddOverlapCases<A>(cases, "entropy", &A::entropy, "logprob", &A::logprob, false);
+      AddOverlapCases<A>(cases, "entropy", &A::entropy, "logits", &A::logits, false);
+      AddOverlapCases<A>(cases, "lse", &A::lse, "entropy", &A::entropy, false);
+    } else {
+      cases.push_back({"entropy given to an op without it", "entropy",
+                       [](A& a) { a.entropy = TensorView::Vector(Slot(4), DType::kF32, kRows); }});
+    }
+    RunMatrix<A>(
+        cases, [entropy] { return GoodLogProbs(entropy); },
+        [&](const A& a) { return op->Forward(nullptr, a); });
+  }
+}
+
+TEST_F(BadInputMatrixTest, LogProbsBackward) {
+  auto op = rt_->LogProbs({.vocab = kCols, .dtype = DType::kBF16, .entropy = true});
+  ASSERT_TRUE(op.ok()) << op.status();
+  using A = LogProbsBackwardArgs;
+  auto good = [] {
+    return A{.logits = TensorView::Matrix(Slot(1), DType::kBF16, kRows, kCols),
+             .targets = IndexView::Of(Slot(2), IndexType::kInt64, kRows),
+             .lse = TensorView::Vector(Slot(3), DType::kF32, kRows),
+             .entropy = TensorView::Vector(Slot(4), DType::kF32, kRows),
+             .grad_logprob = TensorView::Vector(Slot(5), DType::kF32, kRows),
+             .grad_entropy = TensorView::Vector(Slot(6), DType::kF32, kRows),
+             .grad = TensorView::Matrix(Slot(7), DType::kBF16, kRows, kCols)};
+  };
+  std::vector<Case<A>> cases;
+  AddTensorCases<A>(cases, "logits", &A::logits, false);
+  AddIndexCases<A>(cases, "targets", &A::targets);
+  AddTensorCases<A>(cases, "lse", &A::lse, false, /*vector=*/true);
+  // entropy is required while grad_entropy is given.
+  AddTensorCases<A>(cases, "entropy", &A::entropy, false, /*vector=*/true);
+  AddTensorCases<A>(cases, "grad_logprob", &A::grad_logprob, true, /*vector=*/true);
+  AddTensorCases<A>(cases, "grad_entropy", &A::grad_entropy, true, /*vector=*/true);
+  AddTensorCases<A>(cases, "grad", &A::grad, false);
+  AddOverlapCases<A>(cases, "grad", &A::grad, "logits", &A::logits, /*alias_allowed=*/true);
+  for (const auto& input : {std::pair{std::string("lse"), &A::lse},
+                            {"entropy", &A::entropy},
+                            {"grad_logprob", &A::grad_logprob},
+                            {"grad_entropy", &A::grad_entropy}}) {
+    AddOverlapCases<A>(cases, "grad", &A::grad, input.first, input.second, false);
+  }
+  cases.push_back({"grad over targets", "grad", [](A& a) { a.grad.data = a.targets.data; }});
+  cases.push_back({"grad aliases logits with another stride", "grad", [](A& a) {
+                     a.grad.data = a.logits.data;
+                     a.grad.row_stride = a.logits.row_stride + 8;
+                   }});
+  RunMatrix<A>(cases, good, [&](const A& a) { return op->Backward(nullptr, a); });
+
+  // Without grad_entropy, entropy is optional (and neither upstream gradient is required).
+  A without = good();
+  without.entropy = {};
+  without.grad_entropy = {};
+  without.grad_logprob = {};
+  EXPECT_EQ(op->Backward(nullptr, without).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // DeviceBuffer on a compile-only runtime: a clear error, not a crash.

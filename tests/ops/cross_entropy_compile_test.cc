@@ -16,8 +16,11 @@
 #include "jit/embedded_templates.h"
 #include "jit/jit.h"
 #include "kjit/cross_entropy.h"
+#include "kjit/linear_cross_entropy.h"
+#include "kjit/sharded_cross_entropy.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/cross_entropy/program.h"
+#include "ops/linear_cross_entropy/program.h"
 #include "tests/temp_dir.h"
 
 namespace kjit {
@@ -143,7 +146,6 @@ TEST(CrossEntropyCompileTest, EveryOptionAndLaunchShape) {
                  ops::DefaultCrossEntropyConfig(1 << 20, 4, 120, 4), "sm_120");
 }
 
-// A cluster compiled for a GPU without clusters is refused by the template, with a reason.
 // Issue 45, defect 13: -0 is the option off, as 0: the same programs, the same cache entries.
 TEST(CrossEntropyCompileTest, NegativeZeroOptionsAreKeyedAsZero) {
   CrossEntropySpec zero{.vocab = 50257}, minus = zero;
@@ -161,6 +163,57 @@ TEST(CrossEntropyCompileTest, NegativeZeroOptionsAreKeyedAsZero) {
   }
 }
 
+// Issue 45, defect 13: label smoothing, z-loss and softcap are compiled on or off; their values are
+// launch arguments, so specs that differ only in them render the same programs (the same cache
+// keys) in the plain, sharded and lm_head ops, while the op's own params still say the values.
+TEST(CrossEntropyCompileTest, LossOptionValuesAreLaunchArgumentsNotKeys) {
+  CrossEntropySpec first{.vocab = 50257,
+                         .loss = {.label_smoothing = 0.1f, .z_loss = 1e-4f, .softcap = 30.0f}};
+  CrossEntropySpec second = first, off = first;
+  second.loss.label_smoothing = 0.2f;
+  second.loss.z_loss = 2e-4f;
+  second.loss.softcap = 20.0f;
+  off.loss.label_smoothing = 0;
+  const CrossEntropyConfig config = ops::DefaultCrossEntropyConfig(50257, 8, 90, 2);
+  auto a = ops::RenderCrossEntropyPrograms(first, config);
+  auto b = ops::RenderCrossEntropyPrograms(second, config);
+  auto c = ops::RenderCrossEntropyPrograms(off, config);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t i = 0; i < a->size(); ++i) {
+    EXPECT_EQ((*a)[i].text, (*b)[i].text);
+    EXPECT_EQ((*a)[i].params, (*b)[i].params);
+    EXPECT_NE((*a)[i].text, (*c)[i].text) << "smoothing on or off is compiled";
+  }
+  EXPECT_EQ((*a)[0].params.at("label_smoothing"), "on");
+  EXPECT_EQ((*c)[0].params.at("label_smoothing"), "0");
+  EXPECT_EQ(ops::CrossEntropyParams(second).at("label_smoothing"), "0.2");
+  EXPECT_EQ(ops::CrossEntropyParams(second).at("softcap"), "20");
+
+  ShardedCrossEntropySpec sharded_first{
+      .vocab = 50257, .shard_start = 0, .shard_end = 25129, .loss = first.loss};
+  ShardedCrossEntropySpec sharded_second = sharded_first;
+  sharded_second.loss = second.loss;
+  const auto sharded_config = ops::DefaultShardedCrossEntropyConfig(25129, 8);
+  auto sa = ops::RenderShardedCrossEntropy(sharded_first, sharded_config);
+  auto sb = ops::RenderShardedCrossEntropy(sharded_second, sharded_config);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ(sa->text, sb->text);
+
+  LinearCrossEntropySpec head_first{.vocab = 50257, .hidden = 1024, .loss = first.loss};
+  LinearCrossEntropySpec head_second = head_first;
+  head_second.loss = second.loss;
+  auto ha = ops::RenderLinearCrossEntropy(head_first);
+  auto hb = ops::RenderLinearCrossEntropy(head_second);
+  ASSERT_TRUE(ha.ok() && hb.ok());
+  EXPECT_EQ(ha->text, hb->text);
+  auto chunk_a = ops::RenderCrossEntropyPrograms(head_first.ChunkLoss(), config);
+  auto chunk_b = ops::RenderCrossEntropyPrograms(head_second.ChunkLoss(), config);
+  ASSERT_TRUE(chunk_a.ok() && chunk_b.ok());
+  for (size_t i = 0; i < chunk_a->size(); ++i) EXPECT_EQ((*chunk_a)[i].text, (*chunk_b)[i].text);
+}
+
+// A cluster compiled for a GPU without clusters is refused by the template, with a reason.
 TEST(CrossEntropyCompileTest, ClustersBeforeSm90FailWithTheReason) {
   auto src = ops::RenderCrossEntropy({.vocab = 128256},
                                      CrossEntropyConfig{.vec = 8, .threads = 512, .cluster = 4},
@@ -276,6 +329,25 @@ TEST_F(CrossEntropyCliTest, CompilePrebuildsAndReportsEveryProgram) {
               std::string::npos)
         << text.output;
   }
+}
+
+// Issue 45, defect 13: a schedule of option values (smoothing 0.1, then 0.2) compiles once; the
+// second compile finds every program in the cache, and its report says the values it was given.
+TEST_F(CrossEntropyCliTest, NewOptionValuesReuseTheCachedPrograms) {
+  const Result first =
+      Run("compile --op cross_entropy --vocab 1000 --arch sm_90 --label-smoothing 0.1 "
+          "--z-loss 1e-4 --softcap 30 --json");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("\"origin\": \"compiled\""), std::string::npos) << first.output;
+  const Result second =
+      Run("compile --op cross_entropy --vocab 1000 --arch sm_90 --label-smoothing 0.2 "
+          "--z-loss 2e-4 --softcap 20 --json");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const nlohmann::json j = nlohmann::json::parse(second.output, nullptr, false);
+  ASSERT_TRUE(j.is_array() && j.size() == 1u) << second.output;
+  EXPECT_EQ(j[0]["origin"], "disk cache") << second.output;
+  for (const nlohmann::json& p : j[0]["programs"]) EXPECT_EQ(p["origin"], "disk cache") << p;
+  EXPECT_NE(second.output.find("\"label_smoothing\": \"0.2\""), std::string::npos) << second.output;
 }
 
 TEST_F(CrossEntropyCliTest, SizeFlagsAreCheckedPerOp) {

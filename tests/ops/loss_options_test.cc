@@ -1,9 +1,12 @@
 // The loss options shared by every loss op: one validation, one JSON reader and writer, one set of
 // tuning words, whatever op holds them.
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "jit/status_helpers.h"
 #include "kjit/kjit.h"
 #include "ops/common/loss_options.h"
 #include "ops/registry.h"
@@ -73,6 +76,32 @@ TEST(LossOptions, TheCoefficientsOldNameIsReadButNotWithTheNewOne) {
   EXPECT_EQ(std::get<CrossEntropySpec>(*old).loss.z_loss, 0.5f);
   j["z_loss"] = 0.5;
   ExpectInvalid(SpecFromJson(j.dump()).status(), "z_loss:");
+}
+
+// Issue 45, defect 12: a spec's number that a float cannot hold as given was refused as the float
+// it became ("label_smoothing: 1 must be in [0, 1)" of 0.9999999999); the message says both, as
+// `kjit compile`'s flags do. A value the float holds as given is quoted as before.
+TEST(LossOptions, ASpecsNumberThatAFloatChangesIsQuotedAsGiven) {
+  const auto message = [](const std::string& op, const char* field, double value) {
+    nlohmann::json j = nlohmann::json::parse(
+        op == "log_probs" ? SpecToJson(LogProbsSpec{.vocab = 128})
+        : op == "lm_head" ? SpecToJson(LinearCrossEntropySpec{.vocab = 128, .hidden = 64})
+                          : SpecToJson(CrossEntropySpec{.vocab = 128}));
+    j[field] = value;
+    return std::string(ToStd(SpecFromJson(j.dump()).status().message()));
+  };
+  for (const char* op : {"cross_entropy", "lm_head"}) {
+    EXPECT_EQ(message(op, "label_smoothing", 0.9999999999),
+              "label_smoothing: 0.9999999999 (1 as a float) must be in [0, 1)")
+        << op;
+    EXPECT_EQ(message(op, "label_smoothing", 1.5), "label_smoothing: 1.5 must be in [0, 1)") << op;
+  }
+  EXPECT_EQ(message("log_probs", "temperature", 1e-46),
+            "temperature: 1e-46 (0 as a float) must be a finite number > 0");
+  EXPECT_EQ(message("log_probs", "temperature", -0.5),
+            "temperature: -0.5 must be a finite number > 0");
+  // Beyond a float's range: refused by the reader, with the value given.
+  EXPECT_EQ(message("cross_entropy", "softcap", 1e39), "softcap: 1e+39 is out of range");
 }
 
 TEST(LossOptions, TuningWordsNameEachOptionThatAddsWorkAndReadBack) {

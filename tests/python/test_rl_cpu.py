@@ -274,6 +274,41 @@ def test_arguments_are_checked_before_any_launch(launches, bad, error, match):
     assert not launches
 
 
+# Issue 45 (messages): an option of the wrong type names the type expected and quotes what was
+# given, cut ("0.7" was taken by float(), "-100" by int(), 1.5 cut to 1 by int()).
+@pytest.mark.parametrize("fn", ["log_probs", "linear_log_probs"])
+@pytest.mark.parametrize("bad, match", [
+    (dict(temperature="0.7"), r"temperature must be a number \(float\), got str '0.7'$"),
+    (dict(temperature=None), r"temperature must be a number \(float\), got NoneType None$"),
+    (dict(ignore_index="-100"), r"ignore_index must be an int, got str '-100'$"),
+    (dict(ignore_index=1.5), r"ignore_index must be an int, got float 1.5$"),
+    (dict(temperature="7" * 100000), r"got str '7{59}\.\.\. \(100002 characters\)$"),
+])
+def test_options_of_the_wrong_type_name_the_type_expected(launches, fn, bad, match):
+    if fn == "log_probs":
+        z, t = _logits()
+        call = lambda: kt.log_probs(z.float(), t, **bad)  # noqa: E731
+    else:
+        h, w, _, t = _hidden()
+        call = lambda: kt.linear_log_probs(h.float(), w.float(), t, **bad)  # noqa: E731
+    with pytest.raises(TypeError, match=match):
+        call()
+    assert not launches
+
+
+def test_a_temperature_out_of_range_is_quoted(launches):
+    z, t = _logits()
+    with pytest.raises(ValueError, match=r"> 0, got float -1.0$"):
+        kt.log_probs(z.float(), t, temperature=-1.0)
+
+
+def test_chunk_rows_of_the_wrong_type_names_the_type_expected(launches):
+    h, w, _, t = _hidden()
+    with pytest.raises(TypeError, match=r"chunk_rows must be an int, got str '2'$"):
+        kt.linear_log_probs(h.float(), w.float(), t, chunk_rows="2")
+    assert not launches
+
+
 # ---- From the hidden states -------------------------------------------------------------------
 
 def _hidden(rows=9, vocab=13, size=6, seed=0, bias=True):

@@ -62,3 +62,16 @@ def test_refuses_what_it_does_not_compute(launches):
     with pytest.raises(ValueError, match="reduction"):
         linear_cross_entropy(h, w, t, 1.0, "avg")
     assert not launches
+
+
+# Issue 45 (messages): a reduction that is not a str raised AttributeError ('int' object has no
+# attribute 'lower'); a long one was echoed whole.
+def test_a_bad_reduction_names_the_type_expected_and_is_quoted_cut(launches):
+    h, w, t = torch.randn(3, 4), torch.randn(5, 4), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"reduction must be a str, one of .*, got int 3$"):
+        linear_cross_entropy(h, w, t, 1.0, 3)
+    with pytest.raises(ValueError, match=r"got str 'x{59}\.\.\. \(100002 characters\)$"):
+        linear_cross_entropy(h, w, t, 1.0, "x" * 100000)
+    with pytest.raises(TypeError, match=r"temperature must be a number \(float\), got str"):
+        linear_cross_entropy(h, w, t, "1.0", "none")
+    assert not launches

@@ -362,6 +362,8 @@ TEST_F(KjitTuneTest, SpecNumbersAreCheckedNamingTheField) {
        "kjit-tune: --spec: vocab: 18446744073709551615 is out of range\n"},
       {With(kCeSpec, "vocab", R"("x")"), "kjit-tune: --spec: vocab: must be a number, got \"x\"\n"},
       {With(kCeSpec, "softcap", "1e39"), "kjit-tune: --spec: softcap: 1e+39 is out of range\n"},
+      {With(kCeSpec, "label_smoothing", "0.9999999999"),
+       "kjit-tune: --spec: label_smoothing: 0.9999999999 (1 as a float) must be in [0, 1)\n"},
       {With(kCeSpec, "argmax", "0"), "kjit-tune: --spec: argmax: must be true or false, got 0\n"},
       {With(kRmsSpec, "vocab", "1000"), "kjit-tune: --spec: vocab: is not a field of rms_norm"},
   };

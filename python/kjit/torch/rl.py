@@ -25,14 +25,19 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from kjit import _capi
 from kjit.torch import _kernels
-from kjit.torch.functional import _check_bias_and_dtypes, _check_on_one_gpu, _refuse_dtensors
+from kjit.torch.functional import (_check_bias_and_dtypes, _check_on_one_gpu, _integer_option,
+                                   _number_option, _refuse_dtensors)
 
 
 def _check_temperature(temperature) -> float:
-    value = float(temperature)
+    """A number (TypeError naming the type expected otherwise, a str such as "0.7" included),
+    finite and > 0."""
+    value = _number_option("temperature", temperature)
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"kjit: temperature must be a finite number > 0, got {temperature!r}")
+        raise ValueError(f"kjit: temperature must be a finite number > 0, got "
+                         f"{_capi.quoted(temperature)}")
     return value
 
 
@@ -147,6 +152,7 @@ def log_probs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1
     _kernels.dtype_name(logits, "logits")
     _check_target(target, logits.shape[:-1], "logits")
     temperature = _check_temperature(temperature)
+    ignore_index = _integer_option("ignore_index", ignore_index)
     vocab = logits.shape[-1]
     if vocab < 1:
         raise ValueError("kjit: logits have an empty vocab dimension")
@@ -162,7 +168,7 @@ def log_probs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1
         rows2d = rows2d.contiguous()
     flat_target = target.reshape(-1)
     flat_target = flat_target if flat_target.is_contiguous() else flat_target.contiguous()
-    logprob, ent = _LogProbs.apply(rows2d, flat_target, temperature, int(ignore_index),
+    logprob, ent = _LogProbs.apply(rows2d, flat_target, temperature, ignore_index,
                                    bool(entropy), bool(inplace_backward), torch.is_grad_enabled())
     return _outputs(logprob, ent, shape, entropy)
 
@@ -174,9 +180,10 @@ _CHUNK_BYTES = 512 << 20
 
 def _chunk_rows(rows: int, vocab: int, dtype: torch.dtype, chunk_rows: Optional[int]) -> int:
     if chunk_rows is not None:
-        if int(chunk_rows) < 1:
-            raise ValueError(f"kjit: chunk_rows must be >= 1 or None, got {chunk_rows!r}")
-        return min(int(chunk_rows), rows)
+        chunk_rows = _integer_option("chunk_rows", chunk_rows)
+        if chunk_rows < 1:
+            raise ValueError(f"kjit: chunk_rows must be >= 1 or None, got {chunk_rows}")
+        return min(chunk_rows, rows)
     element = torch.finfo(dtype).bits // 8
     return max(1, min(rows, _CHUNK_BYTES // max(1, vocab * element)))
 
@@ -311,6 +318,7 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
     _check_target(target, hidden.shape[:-1], "hidden")
     _check_bias_and_dtypes(hidden, weight, bias)
     temperature = _check_temperature(temperature)
+    ignore_index = _integer_option("ignore_index", ignore_index)
     _check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
                       *((("bias", bias),) if bias is not None else ()))
     shape = target.shape
@@ -323,6 +331,6 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
     flat_target = flat_target if flat_target.is_contiguous() else flat_target.contiguous()
     chunk = _chunk_rows(rows, vocab, hidden.dtype, chunk_rows)
     logprob, ent = _LinearLogProbs.apply(flat_hidden, weight, bias, flat_target, temperature,
-                                         int(ignore_index), bool(entropy), chunk,
+                                         ignore_index, bool(entropy), chunk,
                                          torch.is_grad_enabled())
     return _outputs(logprob, ent, shape, entropy)

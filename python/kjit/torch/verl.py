@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from kjit import _capi
 from kjit.torch.rl import linear_log_probs
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -37,9 +38,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         raise NotImplementedError(
             "kjit.torch.verl.linear_cross_entropy: a vocab-parallel weight (dist_process_group) "
             "is not supported; gather the weight, or use verl's own kernel there")
+    if not isinstance(reduction, str):
+        raise TypeError(f"kjit: reduction must be a str, one of {_REDUCTIONS}, got "
+                        f"{_capi.quoted(reduction)}")
+    if reduction.lower() not in _REDUCTIONS:
+        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got "
+                         f"{_capi.quoted(reduction)}")
     reduction = reduction.lower()
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     logprobs, entropy = linear_log_probs(hidden, weight, labels, temperature=temperature,
                                          entropy=True)
     if reduction == "sum":
