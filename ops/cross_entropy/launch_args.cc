@@ -23,24 +23,13 @@ absl::Status CheckLossArgs(const CrossEntropySpec& s, int64_t cols, const Args& 
   KJIT_RETURN_IF_ERROR(
       internal::CheckMatrix("logits", a.logits, s.dtype, internal::kAnyRows, cols));
   const int64_t rows = a.logits.rows;
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
-  KJIT_RETURN_IF_ERROR(internal::CheckMatrix("loss", a.loss, DType::kF32, 1, PerRowOrOne(s, rows)));
-  if (!a.lse.empty())
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (s.loss.argmax) {
-    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", argmax, s.loss.target_type, rows));
-  } else if (!argmax.empty()) {
-    return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
-  }
-  if (s.loss.entropy) {
-    KJIT_RETURN_IF_ERROR(internal::CheckMatrix("entropy", entropy, DType::kF32, 1, rows));
-  } else if (!entropy.empty()) {
-    return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
-  }
-  if (!target_logprob.empty()) {
-    KJIT_RETURN_IF_ERROR(
-        internal::CheckMatrix("target_logprob", target_logprob, DType::kF32, 1, rows));
-  }
+  KJIT_RETURN_IF_ERROR(CheckLossRowViews(s.loss, rows,
+                                         {.targets = a.targets,
+                                          .loss = a.loss,
+                                          .lse = a.lse,
+                                          .argmax = argmax,
+                                          .entropy = entropy,
+                                          .target_logprob = target_logprob}));
   if (!a.grad.empty()) {
     KJIT_RETURN_IF_ERROR(internal::CheckMatrix("grad", a.grad, s.dtype, rows, cols));
     KJIT_RETURN_IF_ERROR(CheckGradAgainstLogits(a.grad, a.logits));
@@ -81,20 +70,7 @@ absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& lo
   return internal::CheckNoPartialOverlap("grad", grad, "logits", logits);
 }
 
-absl::Status CheckClassWeight(const TensorView& class_weight, const std::optional<DType>& dtype,
-                              int64_t vocab) {
-  if (dtype) return internal::CheckMatrix("class_weight", class_weight, *dtype, 1, vocab);
-  if (!class_weight.empty()) {
-    return absl::InvalidArgumentError(
-        "class_weight: given, but the op was created without class weights (set the spec's "
-        "class_weight_dtype)");
-  }
-  return absl::OkStatus();
-}
-
-int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) {
-  return s.loss.reduction == Reduction::kNone ? rows : 1;
-}
+int64_t PerRowOrOne(const CrossEntropySpec& s, int64_t rows) { return PerRowOrOne(s.loss, rows); }
 
 CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& logits,
                                 const IndexView& targets, const TensorView& grad,

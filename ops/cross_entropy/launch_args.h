@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "kjit/cross_entropy.h"
+#include "ops/common/loss_args.h"
 #include "templates/cross_entropy_params.h"
 
 namespace kjit::ops {
@@ -28,12 +29,7 @@ absl::Status CheckLossArgs(const CrossEntropySpec& spec, int64_t cols, const Arg
 // The gradient is the logits themselves (same data and stride: in place) or shares no element.
 absl::Status CheckGradAgainstLogits(const TensorView& grad, const TensorView& logits);
 
-// A launch's class_weight against the op's class_weight_dtype: a [vocab] vector of it when that
-// is set, else absent.
-absl::Status CheckClassWeight(const TensorView& class_weight, const std::optional<DType>& dtype,
-                              int64_t vocab);
-
-// The loss, grad_output and lse shapes depend on the reduction: per row for none, else one value.
+// ops::PerRowOrOne of the spec's loss options (ops/common/loss_args.h).
 int64_t PerRowOrOne(const CrossEntropySpec& spec, int64_t rows);
 
 // The row kernels' parameters every launch sets; the outputs are left null.

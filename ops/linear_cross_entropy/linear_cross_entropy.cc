@@ -1,7 +1,6 @@
 #include "kjit/linear_cross_entropy.h"
 
 #include <algorithm>
-#include <climits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -11,11 +10,11 @@
 #include "jit/dtype.h"
 #include "jit/instantiation.h"
 #include "jit/status_helpers.h"
-#include "ops/cross_entropy/launch_args.h"
 #include "ops/cross_entropy/program.h"
 #include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
+#include "ops/linear_cross_entropy/launch_args.h"
 #include "ops/linear_cross_entropy/program.h"
 #include "ops/linear_cross_entropy/tuning_key.h"
 #include "runtime/op_kernels.h"
@@ -282,6 +281,240 @@ absl::Status Prepare(const internal::RuntimeState& rt, internal::LinearCrossEntr
   return absl::OkStatus();
 }
 
+// One Run's launches, once its arguments are checked and the op prepared (under its mutex): each
+// kernel and GEMM a named step, all on `stream` but the loss kernels, which run on the op's second
+// stream when the config has two.
+struct ChunkedRun {
+  ChunkedRun(const internal::RuntimeState& rt, internal::LinearCrossEntropyState& op,
+             CUstream stream, const LinearCrossEntropyArgs& a, bool gradient,
+             const LinearCrossEntropyConfig& config, const WorkspaceLayout& l);
+
+  // The whole batch's counters, and for sum and mean the scale every chunk's gradient takes.
+  absl::Status Count();
+  absl::Status Scale();
+  // chunk_rows ones in dtype, which the bias gradient's GEMM sums a chunk's rows with.
+  absl::Status FillOnes();
+  // Every chunk's logits GEMM, loss kernel and (with the gradient) gradient GEMMs.
+  absl::Status ChunkLoop();
+  // The chunks' losses into the loss (sum, mean).
+  absl::Status Reduce();
+  // The fp32 accumulator `sum` into the gradient `out` (absent: nothing).
+  absl::Status Store(const TensorView& sum, const TensorView& out);
+
+  TensorView ChunkView(int64_t c) const;
+  // kjit's own GEMM where the config asks for it and it applies; else cuBLASLt (loudly when asked).
+  absl::Status RunGemm(const ops::GemmArgs& args);
+  absl::Status LogitsGemm(int64_t c);
+  absl::Status LossKernel(int64_t c);
+  absl::Status GradientGemms(int64_t c);
+  absl::Status StartChunk(int64_t c);
+  absl::Status Record(CUevent e, CUstream on);
+  absl::Status Wait(CUstream on, CUevent e);
+
+  const internal::RuntimeState& rt;
+  internal::LinearCrossEntropyState& op;
+  const internal::LinearCrossEntropyKernels& k;
+  const jit::Driver& cu;
+  const CUstream stream;
+  const LinearCrossEntropyArgs& a;
+  const bool gradient;
+  const LinearCrossEntropySpec& s;
+  const LinearCrossEntropyConfig& config;
+  const WorkspaceLayout& l;
+  const int64_t rows, chunk_rows, chunks;
+  char* const ws;
+  CrossEntropyCounters* const counters;
+  float* const scale;
+  float* const parts;
+  void* const lt_workspace;
+  const bool reduced;
+  const bool acc;
+  const TensorView weight_sum, bias_sum;
+  // Adding to what d_weight holds from the first chunk on when it is the accumulator itself.
+  const bool add_first;
+  const bool want_bias_grad;
+  const int64_t stride;
+  const CUstream loss_stream;
+};
+
+ChunkedRun::ChunkedRun(const internal::RuntimeState& rt_in,
+                       internal::LinearCrossEntropyState& op_in, CUstream stream_in,
+                       const LinearCrossEntropyArgs& a_in, bool gradient_in,
+                       const LinearCrossEntropyConfig& config_in, const WorkspaceLayout& l_in)
+    : rt(rt_in),
+      op(op_in),
+      k(*op.kernels),
+      cu(*rt.driver),
+      stream(stream_in),
+      a(a_in),
+      gradient(gradient_in),
+      s(op.spec),
+      config(config_in),
+      l(l_in),
+      rows(a.hidden_states.rows),
+      chunk_rows(ChunkRows(config, rows)),
+      chunks((rows + chunk_rows - 1) / chunk_rows),
+      ws(static_cast<char*>(a.workspace)),
+      counters(reinterpret_cast<CrossEntropyCounters*>(ws + l.counters)),
+      scale(reinterpret_cast<float*>(ws + l.counters + sizeof(CrossEntropyCounters))),
+      parts(reinterpret_cast<float*>(ws + l.parts)),
+      lt_workspace(ws + l.lt),
+      reduced(s.loss.reduction != Reduction::kNone),
+      acc(NeedsWeightAccumulator(s, chunks)),
+      weight_sum(acc ? TensorView::Matrix(ws + l.weight_acc, DType::kF32, s.vocab, s.hidden)
+                     : a.d_weight),
+      bias_sum(acc ? TensorView::Vector(ws + l.bias_acc, DType::kF32, s.vocab) : a.d_bias),
+      add_first(a.accumulate && !acc),
+      want_bias_grad(gradient && !a.d_bias.empty()),
+      stride(ops::ChunkRowStride(s.vocab, s.dtype)),
+      loss_stream(config.streams > 1 ? op.side : stream) {}
+
+absl::Status ChunkedRun::Count() {
+  CrossEntropyCountParams count{a.targets.data, rows, s.loss.ignore_index, a.class_weight.data,
+                                counters};
+  return rt.Launch(k[k.kCount], 1, kCountThreads, stream, &count);
+}
+
+absl::Status ChunkedRun::Scale() {
+  LinearCrossEntropyScaleParams p{counters, static_cast<const float*>(a.grad_output.data), scale};
+  return rt.Launch(k[k.kScale], 1, 32, stream, &p, 1, 0, true);
+}
+
+absl::Status ChunkedRun::FillOnes() {
+  void* ones = ws + l.ones;
+  const CUresult r =
+      s.dtype == DType::kF32
+          ? cu.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ones), 0x3f800000u, chunk_rows,
+                                stream)
+          : cu.cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(ones),
+                                s.dtype == DType::kBF16 ? 0x3f80 : 0x3c00, chunk_rows, stream);
+  return cu.Check(r, s.dtype == DType::kF32 ? "cuMemsetD32Async" : "cuMemsetD16Async");
+}
+
+TensorView ChunkedRun::ChunkView(int64_t c) const {
+  const int64_t first = c * chunk_rows;
+  return TensorView::Matrix(ws + l.chunks + (c % config.streams) * l.chunk_bytes, s.dtype,
+                            std::min(chunk_rows, rows - first), s.vocab, stride);
+}
+
+absl::Status ChunkedRun::RunGemm(const ops::GemmArgs& args) {
+  if (args.algo == ops::kOwnGemm) {
+    const absl::Status applies = ops::HopperGemm::Supports(args, rt.target);
+    if (applies.ok()) {
+      KJIT_ASSIGN_OR_RETURN(const ops::GemmShape shape, ops::ShapeOf(args));
+      return op.own_gemm->Run(args, ops::DefaultGemmConfig(shape.m, shape.n, shape.k), stream);
+    }
+    rt.Warn(
+        fmt::format("linear cross-entropy: a GEMM runs on cuBLASLt: {}", ToStd(applies.message())));
+  }
+  return op.gemm->Run(args, lt_workspace, stream);
+}
+
+absl::Status ChunkedRun::LogitsGemm(int64_t c) {
+  const TensorView logits = ChunkView(c);
+  return RunGemm({.a = RowsOf(a.hidden_states, c * chunk_rows, logits.rows),
+                  .b = a.weight,
+                  .transpose_b = true,
+                  .out = logits,
+                  .bias = a.bias,
+                  .algo = config.logits_algo});
+}
+
+absl::Status ChunkedRun::LossKernel(int64_t c) {
+  const TensorView logits = ChunkView(c);
+  const int64_t first = c * chunk_rows, n = logits.rows;
+  CrossEntropyArgs ce{
+      .logits = logits,
+      .targets = PartOf(a.targets, first, n),
+      .loss = reduced ? TensorView::Vector(parts + c, DType::kF32, 1) : ColsOf(a.loss, first, n),
+      .lse = ColsOf(a.lse, first, n),
+      .argmax = PartOf(a.argmax, first, n),
+      .entropy = ColsOf(a.entropy, first, n),
+      .target_logprob = ColsOf(a.target_logprob, first, n),
+      .class_weight = a.class_weight,
+      .workspace = ws + l.loss_workspace,
+      .workspace_bytes = op.loss->WorkspaceBytes(chunk_rows)};
+  if (!gradient) return op.loss->Forward(loss_stream, ce);
+  ce.grad = logits;  // in place
+  ce.grad_output =
+      reduced ? TensorView::Vector(scale, DType::kF32, 1) : ColsOf(a.grad_output, first, n);
+  return op.loss->ForwardBackward(loss_stream, ce);
+}
+
+absl::Status ChunkedRun::GradientGemms(int64_t c) {
+  const TensorView dlogits = ChunkView(c);
+  const int64_t first = c * chunk_rows;
+  const TensorView h = RowsOf(a.hidden_states, first, dlogits.rows);
+  if (!a.d_hidden.empty()) {
+    KJIT_RETURN_IF_ERROR(RunGemm({.a = dlogits,
+                                  .b = a.weight,
+                                  .out = RowsOf(a.d_hidden, first, dlogits.rows),
+                                  .algo = config.d_hidden_algo}));
+  }
+  const float beta = c > 0 || add_first ? 1.0f : 0.0f;
+  if (!a.d_weight.empty()) {
+    KJIT_RETURN_IF_ERROR(RunGemm({.a = dlogits,
+                                  .transpose_a = true,
+                                  .b = h,
+                                  .out = weight_sum,
+                                  .beta = beta,
+                                  .algo = config.d_weight_algo}));
+  }
+  if (want_bias_grad) {
+    const TensorView ones = TensorView::Matrix(ws + l.ones, s.dtype, 1, dlogits.rows);
+    KJIT_RETURN_IF_ERROR(RunGemm({.a = ones, .b = dlogits, .out = bias_sum, .beta = beta}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkedRun::Record(CUevent e, CUstream on) {
+  return cu.Check(cu.cuEventRecord(e, on), "cuEventRecord");
+}
+
+absl::Status ChunkedRun::Wait(CUstream on, CUevent e) {
+  return cu.Check(cu.cuStreamWaitEvent(on, e, 0), "cuStreamWaitEvent");
+}
+
+absl::Status ChunkedRun::StartChunk(int64_t c) {
+  KJIT_RETURN_IF_ERROR(LogitsGemm(c));
+  if (config.streams == 1) return LossKernel(c);
+  KJIT_RETURN_IF_ERROR(Record(op.logits_ready[c % 2], stream));
+  KJIT_RETURN_IF_ERROR(Wait(op.side, op.logits_ready[c % 2]));
+  KJIT_RETURN_IF_ERROR(LossKernel(c));
+  return Record(op.loss_done[c % 2], op.side);
+}
+
+// One stream: logits, loss, gradients, chunk after chunk. Two: chunk c + 1's logits GEMM is
+// enqueued before chunk c's gradient GEMMs, so that c's loss kernel (on the second stream) runs
+// beside it; each buffer's reuse two chunks later follows its gradient GEMMs on `stream`.
+absl::Status ChunkedRun::ChunkLoop() {
+  KJIT_RETURN_IF_ERROR(StartChunk(0));
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (config.streams > 1) {
+      if (c + 1 < chunks) KJIT_RETURN_IF_ERROR(StartChunk(c + 1));
+      KJIT_RETURN_IF_ERROR(Wait(stream, op.loss_done[c % 2]));  // joins the second stream
+    }
+    if (gradient) KJIT_RETURN_IF_ERROR(GradientGemms(c));
+    if (config.streams == 1 && c + 1 < chunks) KJIT_RETURN_IF_ERROR(StartChunk(c + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkedRun::Reduce() {
+  CrossEntropyReduceParams r{parts, chunks, counters, static_cast<float*>(a.loss.data)};
+  return rt.Launch(k[k.kReduce], 1, kReduceThreads, stream, &r);
+}
+
+absl::Status ChunkedRun::Store(const TensorView& sum, const TensorView& out) {
+  if (out.empty()) return absl::OkStatus();
+  const MatrixLaunch m = MatrixLaunchFor(out, rt.device.sm_count);
+  const auto kernel = m.wide ? (a.accumulate ? k.kStoreVecAccumulate : k.kStoreVec)
+                             : (a.accumulate ? k.kStoreAccumulate : k.kStore);
+  LinearCrossEntropyStoreParams p{static_cast<const float*>(sum.data), out.data, out.rows, out.cols,
+                                  out.row_stride};
+  return rt.Launch(k[kernel], m.blocks, kStoreThreads, stream, &p);
+}
+
 }  // namespace
 
 const LinearCrossEntropySpec& LinearCrossEntropy::spec() const { return op_->spec; }
@@ -339,253 +572,29 @@ absl::Status LinearCrossEntropy::ForwardBackward(CUstream stream,
 
 absl::Status LinearCrossEntropy::Run(CUstream stream, const LinearCrossEntropyArgs& a,
                                      bool gradient) const {
-  using internal::CheckMatrix;
   const LinearCrossEntropySpec& s = op_->spec;
-  KJIT_RETURN_IF_ERROR(
-      CheckMatrix("hidden_states", a.hidden_states, s.dtype, internal::kAnyRows, s.hidden));
+  KJIT_RETURN_IF_ERROR(ops::CheckLinearCrossEntropyArgs(s, a, gradient));
   const int64_t rows = a.hidden_states.rows;
-  if (rows > INT_MAX) {
-    return absl::InvalidArgumentError(
-        fmt::format("hidden_states: {} rows exceed the {} a launch handles", rows, INT_MAX));
-  }
-  KJIT_RETURN_IF_ERROR(CheckMatrix("weight", a.weight, s.dtype, s.vocab, s.hidden));
-  if (s.bias) {
-    KJIT_RETURN_IF_ERROR(CheckMatrix("bias", a.bias, s.dtype, 1, s.vocab));
-  } else if (!a.bias.empty() || !a.d_bias.empty()) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: given, but the op was created without a bias (set the spec's bias)",
-                    a.bias.empty() ? "d_bias" : "bias"));
-  }
-  KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("targets", a.targets, s.loss.target_type, rows));
-  const int64_t per_row_or_one = s.loss.reduction == Reduction::kNone ? rows : 1;
-  KJIT_RETURN_IF_ERROR(CheckMatrix("loss", a.loss, DType::kF32, 1, per_row_or_one));
-  if (!a.lse.empty()) KJIT_RETURN_IF_ERROR(CheckMatrix("lse", a.lse, DType::kF32, 1, rows));
-  if (s.loss.argmax) {
-    KJIT_RETURN_IF_ERROR(internal::CheckIndexVector("argmax", a.argmax, s.loss.target_type, rows));
-  } else if (!a.argmax.empty()) {
-    return absl::InvalidArgumentError("argmax: given, but the op was created without argmax");
-  }
-  if (s.loss.entropy) {
-    KJIT_RETURN_IF_ERROR(CheckMatrix("entropy", a.entropy, DType::kF32, 1, rows));
-  } else if (!a.entropy.empty()) {
-    return absl::InvalidArgumentError("entropy: given, but the op was created without entropy");
-  }
-  if (!a.target_logprob.empty()) {
-    KJIT_RETURN_IF_ERROR(CheckMatrix("target_logprob", a.target_logprob, DType::kF32, 1, rows));
-  }
-  KJIT_RETURN_IF_ERROR(ops::CheckClassWeight(a.class_weight, s.loss.class_weight_dtype, s.vocab));
-  if (gradient) {
-    if (!a.grad_output.empty()) {
-      KJIT_RETURN_IF_ERROR(
-          CheckMatrix("grad_output", a.grad_output, DType::kF32, 1, per_row_or_one));
-    }
-    if (!a.d_hidden.empty())
-      KJIT_RETURN_IF_ERROR(CheckMatrix("d_hidden", a.d_hidden, s.dtype, rows, s.hidden));
-    if (!a.d_weight.empty())
-      KJIT_RETURN_IF_ERROR(CheckMatrix("d_weight", a.d_weight, s.weight_grad(), s.vocab, s.hidden));
-    if (!a.d_bias.empty())
-      KJIT_RETURN_IF_ERROR(CheckMatrix("d_bias", a.d_bias, s.weight_grad(), 1, s.vocab));
-  } else {
-    for (const auto& [name, v] :
-         {std::pair<const char*, const TensorView*>{"grad_output", &a.grad_output},
-          {"d_hidden", &a.d_hidden},
-          {"d_weight", &a.d_weight},
-          {"d_bias", &a.d_bias}}) {
-      if (!v->empty()) {
-        return absl::InvalidArgumentError(fmt::format(
-            "{}: given to Forward, which computes no gradient; use ForwardBackward", name));
-      }
-    }
-  }
   // One lookup: the layout and the size checked are the same config's.
   const LinearCrossEntropyConfig config = ConfigFor(rows);
   const int64_t chunk_rows = ChunkRows(config, rows);
   const WorkspaceLayout l = LayoutFor(s, config, rows, op_->loss->WorkspaceBytes(chunk_rows));
-  const int64_t ws_bytes = l.total;
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckWorkspace(a.workspace, a.workspace_bytes, ws_bytes, "WorkspaceBytes(rows)"));
-  if (reinterpret_cast<uintptr_t>(a.workspace) % kAlign != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "workspace: must be {}-byte aligned (cuBLASLt's and the chunks' buffers)", kAlign));
-  }
-  KJIT_RETURN_IF_ERROR(
-      internal::CheckDisjoint({{"loss", a.loss},
-                               {"lse", a.lse},
-                               {"argmax", internal::BytesOf(a.argmax)},
-                               {"entropy", a.entropy},
-                               {"target_logprob", a.target_logprob},
-                               {"d_hidden", a.d_hidden},
-                               {"d_weight", a.d_weight},
-                               {"d_bias", a.d_bias},
-                               {"workspace", internal::BytesOf(a.workspace, ws_bytes)}},
-                              {{"hidden_states", a.hidden_states},
-                               {"weight", a.weight},
-                               {"bias", a.bias},
-                               {"targets", internal::BytesOf(a.targets)},
-                               {"grad_output", a.grad_output},
-                               {"class_weight", a.class_weight}}));
+  KJIT_RETURN_IF_ERROR(ops::CheckLinearCrossEntropyWorkspace(a, l.total, kAlign));
   KJIT_RETURN_IF_ERROR(rt_->NeedsDevice());
   KJIT_RETURN_IF_ERROR(rt_->MakeCurrent());
 
   internal::LinearCrossEntropyState& op = *op_;
   std::lock_guard<std::mutex> lock(op.mu);
   KJIT_RETURN_IF_ERROR(Prepare(*rt_, op, config.streams));
-  const internal::LinearCrossEntropyKernels& k = *op.kernels;
-  const jit::Driver& cu = *rt_->driver;
-  char* ws = static_cast<char*>(a.workspace);
-  auto* counters = reinterpret_cast<CrossEntropyCounters*>(ws + l.counters);
-  auto* scale = reinterpret_cast<float*>(ws + l.counters + sizeof(CrossEntropyCounters));
-  auto* parts = reinterpret_cast<float*>(ws + l.parts);
-  void* lt_workspace = ws + l.lt;
-  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-  const bool reduced = s.loss.reduction != Reduction::kNone;
-
-  // The whole batch's counters, and for sum and mean the scale every chunk's gradient takes.
-  CrossEntropyCountParams count{a.targets.data, rows, s.loss.ignore_index, a.class_weight.data,
-                                counters};
-  KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kCount], 1, kCountThreads, stream, &count));
-  if (gradient && reduced) {
-    LinearCrossEntropyScaleParams p{counters, static_cast<const float*>(a.grad_output.data), scale};
-    KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kScale], 1, 32, stream, &p, 1, 0, true));
-  }
-  const bool acc = NeedsWeightAccumulator(s, chunks);
-  const TensorView weight_sum =
-      acc ? TensorView::Matrix(ws + l.weight_acc, DType::kF32, s.vocab, s.hidden) : a.d_weight;
-  const TensorView bias_sum =
-      acc ? TensorView::Vector(ws + l.bias_acc, DType::kF32, s.vocab) : a.d_bias;
-  // Adding to what d_weight holds from the first chunk on when it is the accumulator itself.
-  const bool add_first = a.accumulate && !acc;
-  const bool want_bias_grad = gradient && !a.d_bias.empty();
-  if (want_bias_grad) {
-    void* ones = ws + l.ones;
-    const CUresult r =
-        s.dtype == DType::kF32
-            ? cu.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ones), 0x3f800000u, chunk_rows,
-                                  stream)
-            : cu.cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(ones),
-                                  s.dtype == DType::kBF16 ? 0x3f80 : 0x3c00, chunk_rows, stream);
-    KJIT_RETURN_IF_ERROR(
-        cu.Check(r, s.dtype == DType::kF32 ? "cuMemsetD32Async" : "cuMemsetD16Async"));
-  }
-
-  const int64_t stride = ops::ChunkRowStride(s.vocab, s.dtype);
-  auto chunk_view = [&](int64_t c) {
-    const int64_t first = c * chunk_rows;
-    return TensorView::Matrix(ws + l.chunks + (c % config.streams) * l.chunk_bytes, s.dtype,
-                              std::min(chunk_rows, rows - first), s.vocab, stride);
-  };
-  // kjit's own GEMM where the config asks for it and it applies; else cuBLASLt (loudly when asked).
-  auto run_gemm = [&](const ops::GemmArgs& args) -> absl::Status {
-    if (args.algo == ops::kOwnGemm) {
-      const absl::Status applies = ops::HopperGemm::Supports(args, rt_->target);
-      if (applies.ok()) {
-        KJIT_ASSIGN_OR_RETURN(const ops::GemmShape shape, ops::ShapeOf(args));
-        return op.own_gemm->Run(args, ops::DefaultGemmConfig(shape.m, shape.n, shape.k), stream);
-      }
-      rt_->Warn(fmt::format("linear cross-entropy: a GEMM runs on cuBLASLt: {}",
-                            ToStd(applies.message())));
-    }
-    return op.gemm->Run(args, lt_workspace, stream);
-  };
-  auto logits_gemm = [&](int64_t c) {
-    const TensorView logits = chunk_view(c);
-    return run_gemm({.a = RowsOf(a.hidden_states, c * chunk_rows, logits.rows),
-                     .b = a.weight,
-                     .transpose_b = true,
-                     .out = logits,
-                     .bias = a.bias,
-                     .algo = config.logits_algo});
-  };
-  CUstream loss_stream = config.streams > 1 ? op.side : stream;
-  auto loss_kernel = [&](int64_t c) {
-    const TensorView logits = chunk_view(c);
-    const int64_t first = c * chunk_rows, n = logits.rows;
-    CrossEntropyArgs ce{
-        .logits = logits,
-        .targets = PartOf(a.targets, first, n),
-        .loss = reduced ? TensorView::Vector(parts + c, DType::kF32, 1) : ColsOf(a.loss, first, n),
-        .lse = ColsOf(a.lse, first, n),
-        .argmax = PartOf(a.argmax, first, n),
-        .entropy = ColsOf(a.entropy, first, n),
-        .target_logprob = ColsOf(a.target_logprob, first, n),
-        .class_weight = a.class_weight,
-        .workspace = ws + l.loss_workspace,
-        .workspace_bytes = op.loss->WorkspaceBytes(chunk_rows)};
-    if (!gradient) return op.loss->Forward(loss_stream, ce);
-    ce.grad = logits;  // in place
-    ce.grad_output =
-        reduced ? TensorView::Vector(scale, DType::kF32, 1) : ColsOf(a.grad_output, first, n);
-    return op.loss->ForwardBackward(loss_stream, ce);
-  };
-  auto gradient_gemms = [&](int64_t c) -> absl::Status {
-    const TensorView dlogits = chunk_view(c);
-    const int64_t first = c * chunk_rows;
-    const TensorView h = RowsOf(a.hidden_states, first, dlogits.rows);
-    if (!a.d_hidden.empty()) {
-      KJIT_RETURN_IF_ERROR(run_gemm({.a = dlogits,
-                                     .b = a.weight,
-                                     .out = RowsOf(a.d_hidden, first, dlogits.rows),
-                                     .algo = config.d_hidden_algo}));
-    }
-    const float beta = c > 0 || add_first ? 1.0f : 0.0f;
-    if (!a.d_weight.empty()) {
-      KJIT_RETURN_IF_ERROR(run_gemm({.a = dlogits,
-                                     .transpose_a = true,
-                                     .b = h,
-                                     .out = weight_sum,
-                                     .beta = beta,
-                                     .algo = config.d_weight_algo}));
-    }
-    if (want_bias_grad) {
-      const TensorView ones = TensorView::Matrix(ws + l.ones, s.dtype, 1, dlogits.rows);
-      KJIT_RETURN_IF_ERROR(run_gemm({.a = ones, .b = dlogits, .out = bias_sum, .beta = beta}));
-    }
-    return absl::OkStatus();
-  };
-
-  // One stream: logits, loss, gradients, chunk after chunk. Two: chunk c + 1's logits GEMM is
-  // enqueued before chunk c's gradient GEMMs, so that c's loss kernel (on the second stream) runs
-  // beside it; each buffer's reuse two chunks later follows its gradient GEMMs on `stream`.
-  auto record = [&](CUevent e, CUstream on) {
-    return cu.Check(cu.cuEventRecord(e, on), "cuEventRecord");
-  };
-  auto wait = [&](CUstream on, CUevent e) {
-    return cu.Check(cu.cuStreamWaitEvent(on, e, 0), "cuStreamWaitEvent");
-  };
-  auto start_chunk = [&](int64_t c) -> absl::Status {
-    KJIT_RETURN_IF_ERROR(logits_gemm(c));
-    if (config.streams == 1) return loss_kernel(c);
-    KJIT_RETURN_IF_ERROR(record(op.logits_ready[c % 2], stream));
-    KJIT_RETURN_IF_ERROR(wait(op.side, op.logits_ready[c % 2]));
-    KJIT_RETURN_IF_ERROR(loss_kernel(c));
-    return record(op.loss_done[c % 2], op.side);
-  };
-  KJIT_RETURN_IF_ERROR(start_chunk(0));
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (config.streams > 1) {
-      if (c + 1 < chunks) KJIT_RETURN_IF_ERROR(start_chunk(c + 1));
-      KJIT_RETURN_IF_ERROR(wait(stream, op.loss_done[c % 2]));  // joins the second stream
-    }
-    if (gradient) KJIT_RETURN_IF_ERROR(gradient_gemms(c));
-    if (config.streams == 1 && c + 1 < chunks) KJIT_RETURN_IF_ERROR(start_chunk(c + 1));
-  }
-
-  if (reduced) {
-    CrossEntropyReduceParams r{parts, chunks, counters, static_cast<float*>(a.loss.data)};
-    KJIT_RETURN_IF_ERROR(rt_->Launch(k[k.kReduce], 1, kReduceThreads, stream, &r));
-  }
-  if (!acc || !gradient) return absl::OkStatus();
-  auto store = [&](const TensorView& sum, const TensorView& out) -> absl::Status {
-    if (out.empty()) return absl::OkStatus();
-    const MatrixLaunch m = MatrixLaunchFor(out, rt_->device.sm_count);
-    const auto kernel = m.wide ? (a.accumulate ? k.kStoreVecAccumulate : k.kStoreVec)
-                               : (a.accumulate ? k.kStoreAccumulate : k.kStore);
-    LinearCrossEntropyStoreParams p{static_cast<const float*>(sum.data), out.data, out.rows,
-                                    out.cols, out.row_stride};
-    return rt_->Launch(k[kernel], m.blocks, kStoreThreads, stream, &p);
-  };
-  KJIT_RETURN_IF_ERROR(store(weight_sum, a.d_weight));
-  return store(bias_sum, a.d_bias);
+  ChunkedRun run(*rt_, op, stream, a, gradient, config, l);
+  KJIT_RETURN_IF_ERROR(run.Count());
+  if (gradient && run.reduced) KJIT_RETURN_IF_ERROR(run.Scale());
+  if (run.want_bias_grad) KJIT_RETURN_IF_ERROR(run.FillOnes());
+  KJIT_RETURN_IF_ERROR(run.ChunkLoop());
+  if (run.reduced) KJIT_RETURN_IF_ERROR(run.Reduce());
+  if (!run.acc || !gradient) return absl::OkStatus();
+  KJIT_RETURN_IF_ERROR(run.Store(run.weight_sum, a.d_weight));
+  return run.Store(run.bias_sum, a.d_bias);
 }
 
 absl::Status LinearCrossEntropy::RescaleGradients(CUstream stream,
