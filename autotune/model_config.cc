@@ -1,15 +1,15 @@
 #include "autotune/model_config.h"
 
 #include <cmath>
-#include <fstream>
+#include <limits>
 #include <map>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "autotune/model_families.h"
+#include "jit/file_io.h"
 
 namespace kjit::autotune {
 
@@ -178,11 +178,9 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text, std::strin
 }
 
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(fmt::format("--config {}: cannot be read", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseHfConfig(text.str(), path);
+  absl::StatusOr<std::string> text = jit::ReadRegularFile(path, std::numeric_limits<size_t>::max());
+  if (!text.ok()) return absl::NotFoundError(fmt::format("--config {}: cannot be read", path));
+  return ParseHfConfig(*text, path);
 }
 
 }  // namespace kjit::autotune

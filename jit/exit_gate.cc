@@ -11,6 +11,8 @@
 #include <new>
 #include <thread>
 
+#include "jit/glibc_compat.h"
+
 namespace kjit::jit {
 
 namespace {

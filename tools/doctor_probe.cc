@@ -12,12 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <regex>
-#include <sstream>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -69,11 +67,10 @@ const T* KeepLoaded(T value) {
   return owned.get();
 }
 
+// The text of a small file under /proc; "" when it cannot be read.
 std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  absl::StatusOr<std::string> text = jit::ReadRegularFile(path, size_t{1} << 20);
+  return text.ok() ? *std::move(text) : "";
 }
 
 // The kernel module's release from /proc/driver/nvidia/version ("... Kernel Module  580.65.06

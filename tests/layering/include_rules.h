@@ -1,7 +1,7 @@
-// The include checker behind tests/layering_test.cc: reads a table of allowed include edges
-// (tests/layering/allowed_includes.txt), scans every C++/CUDA file under a source root, resolves
-// each quoted #include to a file of that tree and reports every include the table does not allow,
-// every file no group of the table claims, and every "known violation" entry that no longer
+// The include checker behind tests/layering/layering_test.cc: reads a table of allowed include
+// edges (tests/layering/allowed_includes.txt), scans every C++/CUDA file under a source root,
+// resolves each quoted #include to a file of that tree and reports every include the table does not
+// allow, every file no group of the table claims, and every "known violation" entry that no longer
 // happens (so the list of violations only shrinks).
 //
 //   std::vector<std::string> problems;

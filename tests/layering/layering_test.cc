@@ -1,5 +1,5 @@
-// The folder and file direction of ARCHITECTURE.md, checked on every quoted #include in the tree
-// against tests/layering/allowed_includes.txt (tools -> autotune -> ops -> runtime -> jit ->
+// The folder and file direction of README.md's "Layout", checked on every quoted #include in the
+// tree against tests/layering/allowed_includes.txt (tools -> autotune -> ops -> runtime -> jit ->
 // templates; within an op, what users link apart from what only the tuner needs). A new include
 // the table does not allow fails here, naming the file; the checker itself is tested on planted
 // trees, so that it can fail.
