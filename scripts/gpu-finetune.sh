@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (README.md, "GPU"): bench/finetune_step, the baseline
+# Runs on the lent GPU machine (README.md, "Tests and benchmarks"): bench/finetune_step, the baseline
 # against kjit, everything written under $OUT:
 #   1. a smoke run at a small shape (llama-3.2-1b, batch 1 x seq 256);
 #   2. the default shape (llama-3.1-8b, batch 4 x seq 2048, bf16) with --json and --trace: the

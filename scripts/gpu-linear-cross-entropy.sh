@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (README.md, "GPU"): the fused linear + cross-entropy's GPU
+# Runs on the lent GPU machine (README.md, "Tests and benchmarks"): the fused linear + cross-entropy's GPU
 # tests (C++ and C API), compute-sanitizer on its small cases, `kjit bench --op
 # linear_cross_entropy` (the standard set beside the GEMMs alone, the unfused path and the loss
 # kernel; then, with SWEEP=1, the configs around the heuristic's at 8192 rows), a tuning run of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (README.md, "GPU"): installs the kjit wheel carried in
+# Runs on the lent GPU machine (README.md, "Tests and benchmarks"): installs the kjit wheel carried in
 # .device-wheel/ into a private environment over the system's packages (the machine reaches no
 # registry; torch, transformers and pytest are there), so that the wheel's console scripts are
 # installed beside that environment's interpreter as for a user, runs the Python suite with its GPU

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (README.md, "GPU"): the autotuner end to end. Build here
+# Runs on the lent GPU machine (README.md, "Tests and benchmarks"): the autotuner end to end. Build here
 # and bundle kjit-tune and kjit:
 #   scripts/device-bundle build/tools/kjit-tune build/tools/kjit
 # then, through the device tool, with carry [".device-bundle"]:
