@@ -12,7 +12,8 @@
 #                    stay in the cache, which verify.sh seeds its own with. An entry is keyed by its
 #                    source, NVRTC's version and the target, so a program the GPU machine builds
 #                    differently is simply a miss. At most KERNEL_PASS_S seconds (default 1200).
-#                    A kernels.tgz returned by a GPU run can take its place (copy it there).
+#                    A kernels.tgz already there (one a GPU run returned, copied there) is kept:
+#                    the pass adds to it.
 #
 #   scripts/gpu/prepare.sh [--no-wheel] [--no-kernels]
 #
@@ -47,6 +48,8 @@ compile_kernels() {
   local cache shards=$(nproc) start=$SECONDS i
   cache=$(mktemp -d)/kjit
   mkdir -p "$cache" .device-cache
+  # What is there already (an earlier pass, or a cache a GPU run returned) is kept and added to.
+  [ -f .device-cache/kernels.tgz ] && tar -xzf .device-cache/kernels.tgz -C "$cache" --wildcards '*.kjit'
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_CACHE_DIR=$cache \
       KJIT_LIBCUDA_PATH=$PWD/build/tests/libkjit_stand_in_driver.so KJIT_STAND_IN_MEMORY_MIB=4096 \
