@@ -191,6 +191,21 @@ def _worker(rank, world, store_dir, out_dir, run_cases=None, check_errors=None):
         dist.destroy_process_group()
 
 
+def _expect_value_error(failures: list, name: str, message: str, call) -> bool:
+    """Runs call(), which must raise a ValueError matching `message`; what does not goes into
+    failures. False when it failed otherwise (a collective that timed out, a gloo size mismatch):
+    the group is out of step then, and the caller stops."""
+    try:
+        failures.append(f"{name}: no error, loss {call()}")
+    except ValueError as e:
+        if not re.search(message, str(e)):
+            failures.append(f"{name}: {message!r} not in {e}")
+    except Exception as e:
+        failures.append(f"{name}: {type(e).__name__}: {e}")
+        return False
+    return True
+
+
 def _report(out_dir, rank, payload: dict) -> None:
     """This rank's results as out_dir/rank<r>.json, then a barrier: no rank tears down while a
     peer still uses the connection."""
@@ -297,16 +312,11 @@ def _mismatch_worker(rank, world, store_dir, out_dir):
             (start, end), kw = arguments(rank, world)
             rows = kw.pop("rows", flat_target.shape[0])
             w = weight if kw.pop("weight", False) else None
-            try:
-                loss = distributed.vocab_parallel_cross_entropy(
-                    flat_logits[:rows, start:end], flat_target[:rows], w, **kw)
-                failures.append(f"{name}: no error, loss {loss.item()}")
-            except ValueError as e:
-                if not re.search(message, str(e)):
-                    failures.append(f"{name}: {message!r} not in {e}")
-            except Exception as e:  # a collective that timed out, a gloo size mismatch
-                failures.append(f"{name}: {type(e).__name__}: {e}")
-                break  # the group is out of step now
+            def call():
+                return distributed.vocab_parallel_cross_entropy(
+                    flat_logits[:rows, start:end], flat_target[:rows], w, **kw).item()
+            if not _expect_value_error(failures, name, message, call):
+                break
         else:
             start, end = distributed.shard_of(VOCAB, rank, world)
             loss = distributed.vocab_parallel_cross_entropy(
