@@ -105,21 +105,21 @@ absl::Status NotNull(const char* fn,
                      std::initializer_list<std::pair<const char*, const void*>> pointers);
 
 template <class Handle>
-constexpr kjit_handle_kind kKindOf = kjit_handle_kind::kDestroyed;
+inline constexpr kjit_handle_kind kKindOf = kjit_handle_kind::kDestroyed;
 template <>
-constexpr kjit_handle_kind kKindOf<kjit_runtime> = kjit_handle_kind::kRuntime;
+inline constexpr kjit_handle_kind kKindOf<kjit_runtime> = kjit_handle_kind::kRuntime;
 template <>
-constexpr kjit_handle_kind kKindOf<kjit_rms_norm> = kjit_handle_kind::kRmsNorm;
+inline constexpr kjit_handle_kind kKindOf<kjit_rms_norm> = kjit_handle_kind::kRmsNorm;
 template <>
-constexpr kjit_handle_kind kKindOf<kjit_cross_entropy> = kjit_handle_kind::kCrossEntropy;
+inline constexpr kjit_handle_kind kKindOf<kjit_cross_entropy> = kjit_handle_kind::kCrossEntropy;
 template <>
-constexpr kjit_handle_kind kKindOf<kjit_linear_cross_entropy> =
+inline constexpr kjit_handle_kind kKindOf<kjit_linear_cross_entropy> =
     kjit_handle_kind::kLinearCrossEntropy;
 template <>
-constexpr kjit_handle_kind kKindOf<kjit_sharded_cross_entropy> =
+inline constexpr kjit_handle_kind kKindOf<kjit_sharded_cross_entropy> =
     kjit_handle_kind::kShardedCrossEntropy;
 template <>
-constexpr kjit_handle_kind kKindOf<kjit_log_probs> = kjit_handle_kind::kLogProbs;
+inline constexpr kjit_handle_kind kKindOf<kjit_log_probs> = kjit_handle_kind::kLogProbs;
 
 // The kind's handle type ("kjit_runtime"); nullptr for kDestroyed or a value no kind has.
 const char* KindName(kjit_handle_kind kind);
