@@ -374,9 +374,13 @@ __device__ __forceinline__ S block_combine(S v, S* smem) {
   return v;
 }
 
-// What the options do to one logit and its gradient.
-template <bool kSmoothing, bool kZLoss, bool kSoftcap>
-struct CeMath {
+// The loss terms a kernel is compiled with, each on or off, and what they do to one logit and its
+// gradient. The kernels take it as one template argument (the host renders
+// kjit::CeLossTerms<label_smoothing, z_loss, softcap>); the terms' values arrive at launch
+// (CrossEntropyRowParams), so one program serves every value.
+template <bool kSmoothingOn, bool kZLossOn, bool kSoftcapOn>
+struct CeLossTerms {
+  static constexpr bool kSmoothing = kSmoothingOn, kZLoss = kZLossOn, kSoftcap = kSoftcapOn;
   float cap = 0, inv_cap = 0;
   float eps = 0;                 // label smoothing
   float z = 0;                   // z-loss coefficient
@@ -424,29 +428,29 @@ struct AddToStats {
 // class weights w (row weight w_t, all weights summed W):
 //   grad_j = scale * (p_j (A + 2 z w_t lse) - eps w_j / V - (1 - eps) w_t onehot_j)
 // with A = (1 - eps) w_t + eps W / V (w_t without smoothing); without them w = 1 and A = 1.
-template <int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap, typename W>
+template <int kVocab, typename Loss, typename W>
 struct Gradient {
-  CeMath<kSmoothing, kZLoss, kSoftcap> mt;
+  Loss mt;
   const W* w;  // the class weights of the row's columns
   int target;
   float lse2;
   float c1, c0, hit;  // p's factor, the smoothing term (w_j's factor) and the target's, times scale
 
-  __device__ __forceinline__ Gradient(const CeMath<kSmoothing, kZLoss, kSoftcap>& m, const W* cw,
+  __device__ __forceinline__ Gradient(const Loss& m, const W* cw,
                                       int t, float l2, float scale, float w_t, float w_total)
       : mt(m), w(cw), target(t), lse2(l2),
         c1(scale * p_factor(m, l2, w_t, w_total)),
-        c0(scale * (kSmoothing ? m.eps / kVocab : 0.0f)),
-        hit(scale * (kSmoothing ? 1.0f - m.eps : 1.0f) * w_t) {}
+        c0(scale * (Loss::kSmoothing ? m.eps / kVocab : 0.0f)),
+        hit(scale * (Loss::kSmoothing ? 1.0f - m.eps : 1.0f) * w_t) {}
 
   // A + 2 z w_t lse: d(z w_t lse^2)/dx_j = 2 z w_t lse p_j.
-  static __device__ __forceinline__ float p_factor(const CeMath<kSmoothing, kZLoss, kSoftcap>& m,
+  static __device__ __forceinline__ float p_factor(const Loss& m,
                                                    float l2, float w_t, float w_total) {
     if constexpr (!kHasClassWeights<W>) {
-      return kZLoss ? 1.0f + 2.0f * m.z * (l2 * kLn2) : 1.0f;
+      return Loss::kZLoss ? 1.0f + 2.0f * m.z * (l2 * kLn2) : 1.0f;
     } else {
-      const float a = kSmoothing ? (1.0f - m.eps) * w_t + m.eps * w_total / kVocab : w_t;
-      return kZLoss ? a + 2.0f * m.z * w_t * (l2 * kLn2) : a;
+      const float a = Loss::kSmoothing ? (1.0f - m.eps) * w_t + m.eps * w_total / kVocab : w_t;
+      return Loss::kZLoss ? a + 2.0f * m.z * w_t * (l2 * kLn2) : a;
     }
   }
 
@@ -458,7 +462,7 @@ struct Gradient {
     for (int k = 0; k < N; ++k) {
       d[k] = fast_exp2(fmaf(mt.capped(x.v[k]), kLog2e, -lse2)) * c1;
       // (c0 = scale * 0 otherwise: NaN for scale = inf)
-      if constexpr (kSmoothing) {
+      if constexpr (Loss::kSmoothing) {
         d[k] -= kHasClassWeights<W> ? c0 * class_weight_at(w, col + k) : c0;
       }
     }
@@ -467,7 +471,7 @@ struct Gradient {
       for (int k = 0; k < N; ++k) d[k] -= col + k == target ? hit : 0.0f;
     }
 #pragma unroll
-    for (int k = 0; k < N; ++k) x.v[k] = kSoftcap ? d[k] * mt.cap_slope(x.v[k]) : d[k];
+    for (int k = 0; k < N; ++k) x.v[k] = Loss::kSoftcap ? d[k] * mt.cap_slope(x.v[k]) : d[k];
   }
 };
 
@@ -486,14 +490,13 @@ __device__ __forceinline__ float gradient_scale(const CrossEntropyRowParams& p, 
 
 // What every kernel knows of its row before reading it. W: the class weights' type, or
 // NoClassWeight.
-template <typename T, typename I, int kVocab, bool kSmoothing, bool kZLoss, bool kSoftcap,
-          typename W>
+template <typename T, typename I, int kVocab, typename Loss, typename W>
 struct CeRow {
   const T* x;
   T* g;
   long long target;
   bool valid;
-  CeMath<kSmoothing, kZLoss, kSoftcap> mt;
+  Loss mt;
   const W* w;  // the class weights of the row's columns (a shard's first class at w[0])
   float w_t;   // the target's class weight: 1 without class weights, 0 for an ignored row
 
@@ -502,7 +505,7 @@ struct CeRow {
         g(static_cast<T*>(p.grad) + row * p.grad_stride),
         target(static_cast<const I*>(p.targets)[row]),
         valid(target_is_valid<kVocab>(target, p.ignore_index)),
-        mt{p.softcap, kSoftcap ? 1.0f / p.softcap : 0.0f, p.label_smoothing, p.lse_square_scale},
+        mt{p.softcap, Loss::kSoftcap ? 1.0f / p.softcap : 0.0f, p.label_smoothing, p.z_loss},
         w(static_cast<const W*>(p.class_weight) + p.class_weight_offset),
         w_t(valid ? class_weight_at(static_cast<const W*>(p.class_weight), target) : 0.0f) {}
 
@@ -512,29 +515,29 @@ struct CeRow {
   // All vocab weights summed (label smoothing with class weights): the count kernel's, so read
   // only after wait_for_previous_kernel.
   __device__ __forceinline__ float class_weight_total(const CrossEntropyRowParams& p) const {
-    if constexpr (kHasClassWeights<W> && kSmoothing) return p.counters->class_weight_total;
+    if constexpr (kHasClassWeights<W> && Loss::kSmoothing) return p.counters->class_weight_total;
     return 0.0f;
   }
 
   // The loss of a valid row from its lse, capped target logit x_t and sum_x (CeStats):
   //   w_t ((1 - eps)(lse - x_t) + z lse^2) + eps / V * sum_j w_j (lse - x_j)
   // (torch.nn.functional.cross_entropy with `weight`, plus the z-loss weighted by the row's
-  // weight); without class weights CeMath::loss, the same with w = 1.
+  // weight); without class weights CeLossTerms::loss, the same with w = 1.
   __device__ __forceinline__ float loss(const CrossEntropyRowParams& p, float lse, float x_t,
                                         float sum_x) const {
     if constexpr (!kHasClassWeights<W>) {
       return mt.loss(lse, x_t, sum_x, kVocab);
     } else {
-      float l = kSmoothing ? (1.0f - mt.eps) * w_t * (lse - x_t) +
+      float l = Loss::kSmoothing ? (1.0f - mt.eps) * w_t * (lse - x_t) +
                                  mt.eps / kVocab * (class_weight_total(p) * lse - sum_x)
                            : w_t * (lse - x_t);
-      if constexpr (kZLoss) l += mt.z * w_t * lse * lse;
+      if constexpr (Loss::kZLoss) l += mt.z * w_t * lse * lse;
       return l;
     }
   }
 
   // first_col: the class of the row's first column (a vocab shard's start; 0 for the whole row).
-  __device__ __forceinline__ Gradient<kVocab, kSmoothing, kZLoss, kSoftcap, W> gradient(
+  __device__ __forceinline__ Gradient<kVocab, Loss, W> gradient(
       const CrossEntropyRowParams& p, float lse2, float scale, long long first_col = 0) const {
     return {mt, w, static_cast<int>(target - first_col), lse2, scale, w_t, class_weight_total(p)};
   }
@@ -592,16 +595,16 @@ __device__ __forceinline__ float finish_row(const CrossEntropyRowParams& p, long
 // Forward, and with kGradient the fused backward, streaming the row: one block per row, the row
 // read twice for the gradient (the second time mostly from L2 when rows are short).
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
-          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          CrossEntropyReduction kReduction, typename Loss,
           bool kArgmax, bool kEntropy, bool kGradient, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_forward(const CrossEntropyRowParams p) {
   using L = CeLayout<kVocab, kThreads, kVec>;
-  using Stats = CeStats<kSmoothing, kArgmax, kEntropy>;
+  using Stats = CeStats<Loss::kSmoothing, kArgmax, kEntropy>;
   __shared__ Stats smem[32];
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
+  const CeRow<T, I, kVocab, Loss, W> r(p, row);
 
   // Issued first so that its latency hides behind pass 1.
   float x_t = 0.0f;
@@ -628,7 +631,7 @@ constexpr int kResidentMinBlocks =
 // their statistics to each other (ClusterMailbox). Every block combines the kCluster partial
 // states in rank order, so all of them get the same lse, bit for bit.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
-          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          CrossEntropyReduction kReduction, typename Loss,
           bool kArgmax, bool kEntropy, typename W>
 __global__ void __launch_bounds__(
     kThreads, (kResidentMinBlocks<kThreads, CeLayout<kVocab, kThreads * kCluster, kVec>::kIters *
@@ -639,14 +642,14 @@ cross_entropy_resident(const CrossEntropyRowParams p) {
 #endif
   static_assert(kCluster >= 1 && kCluster <= 8, "a portable cluster has 1 to 8 blocks");
   using L = CeLayout<kVocab, kThreads * kCluster, kVec>;
-  using Stats = CeStats<kSmoothing, kArgmax, kEntropy>;
+  using Stats = CeStats<Loss::kSmoothing, kArgmax, kEntropy>;
   __shared__ Stats smem[32];
   __shared__ ClusterMailbox<Stats, kCluster> parts;
   const unsigned rank = kCluster > 1 ? cluster_rank() : 0;
   const long long row = blockIdx.x / kCluster;
   const int tid = static_cast<int>(rank) * kThreads + threadIdx.x;
   const bool writer = rank == 0 && threadIdx.x == 0;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
+  const CeRow<T, I, kVocab, Loss, W> r(p, row);
   if constexpr (kCluster > 1) {
     if (threadIdx.x == 0) parts.init();
     cluster_arrive();  // publishes parts' mbarrier
@@ -756,7 +759,7 @@ constexpr int kStagedPrefetchRows = 24;
 // the statistics in rank order, so all get the same lse, bit for bit. Each grad row must share its
 // logits row's misalignment (CeStageLayout).
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kCluster,
-          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          CrossEntropyReduction kReduction, typename Loss,
           bool kArgmax, bool kEntropy, typename W>
 __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntropyRowParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -765,7 +768,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   static_assert(kCluster >= 1 && kCluster <= 8, "a portable cluster has 1 to 8 blocks");
   static_assert(kVec * sizeof(T) == 16, "bulk copies move whole 16-byte vectors");
   using S = CeStageLayout<kVocab, kVec, kCluster>;
-  using Stats = CeStats<kSmoothing, kArgmax, kEntropy>;
+  using Stats = CeStats<Loss::kSmoothing, kArgmax, kEntropy>;
   using V = Vec<T, kVec>;
   struct BlockPart {
     Stats stats;
@@ -780,7 +783,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
   const int tid = threadIdx.x;
   const bool writer = rank == 0 && tid == 0;
   V* buf = reinterpret_cast<V*>(staged_row);
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
+  const CeRow<T, I, kVocab, Loss, W> r(p, row);
   const S l(r.x, rank);
   const int begin = l.begin, body = l.body;
   const bool lse_or_argmax = p.lse != nullptr || kArgmax || kEntropy;  // read for every row
@@ -875,13 +878,13 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
 
 // The gradient alone, from the lse a forward saved.
 template <typename T, typename I, int kVocab, int kThreads, int kVec, int kUnroll,
-          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap, typename W>
+          CrossEntropyReduction kReduction, typename Loss, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 cross_entropy_backward(const CrossEntropyRowParams p) {
   using L = CeLayout<kVocab, kThreads, kVec>;
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p, row);
+  const CeRow<T, I, kVocab, Loss, W> r(p, row);
   // lse_in is read for valid rows only, as the gradient is.
   write_row_gradient<L, kUnroll, kReduction>(p, row, r, tid, r.valid ? p.lse_in[row] * kLog2e : 0.0f);
 }

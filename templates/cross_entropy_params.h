@@ -47,7 +47,7 @@ struct CrossEntropyRowParams {
   long long rows;
   long long ignore_index;
   float label_smoothing;                 // epsilon, when kSmoothing
-  float lse_square_scale;                // z-loss coefficient, when kZLoss
+  float z_loss;                          // z-loss coefficient, when kZLoss
   float softcap;                         // cap, when kSoftcap
   float* row_loss;                       // [rows]: the loss output (none) or the workspace's losses
   float* lse;                            // [rows] or null

@@ -25,15 +25,15 @@ namespace kjit {
 
 // Phase 1. Ignored rows are read only when the lse is wanted, as in cross_entropy_forward.
 template <typename T, typename I, int kVocab, int kWidth, int kThreads, int kVec, int kUnroll,
-          bool kSmoothing, bool kZLoss, bool kSoftcap, typename W>
+          typename Loss, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 sharded_cross_entropy_stats(const ShardedCrossEntropyParams p) {
   using L = CeLayout<kWidth, kThreads, kVec>;
-  using Stats = CeStats<kSmoothing, false>;
+  using Stats = CeStats<Loss::kSmoothing, false>;
   __shared__ Stats smem[32];
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p.row, row);
+  const CeRow<T, I, kVocab, Loss, W> r(p.row, row);
 
   const long long col_t = r.target - p.shard_start;
   float x_t = 0.0f;  // 0 where another shard holds the target: the sum over shards is exact
@@ -95,17 +95,17 @@ __global__ void __launch_bounds__(kThreads) sharded_cross_entropy_combine(const 
 // Phase 2: the row's lse and loss (identical on every rank) and, with kGradient, the shard's
 // columns of the gradient, whose target column is the target minus the shard's start.
 template <typename T, typename I, int kVocab, int kWidth, int kThreads, int kVec, int kUnroll,
-          CrossEntropyReduction kReduction, bool kSmoothing, bool kZLoss, bool kSoftcap,
+          CrossEntropyReduction kReduction, typename Loss,
           bool kGradient, typename W>
 __global__ void __launch_bounds__(kThreads, kStreamingMinBlocks<kThreads>)
 sharded_cross_entropy_finish(const ShardedCrossEntropyParams p) {
   using L = CeLayout<kWidth, kThreads, kVec>;
   const long long row = blockIdx.x;
   const int tid = threadIdx.x;
-  const CeRow<T, I, kVocab, kSmoothing, kZLoss, kSoftcap, W> r(p.row, row);
+  const CeRow<T, I, kVocab, Loss, W> r(p.row, row);
   const float* s = p.stats + row;
   const long long n = p.row.rows;
-  CeStats<kSmoothing, false> st = CeStats<kSmoothing, false>::identity();
+  CeStats<Loss::kSmoothing, false> st = CeStats<Loss::kSmoothing, false>::identity();
   st.m = s[kShardMax * n];
   st.s = s[kShardSumExp * n];
   st.sum_x = s[kShardSumX * n];

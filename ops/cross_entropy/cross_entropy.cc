@@ -50,9 +50,7 @@ jit::TemplateArgs RowArgs(const CrossEntropySpec& s, const CrossEntropyConfig& c
           c.vec,
           c.unroll,
           ops::ReductionArg(s.loss.reduction),
-          s.loss.label_smoothing > 0,
-          s.loss.z_loss > 0,
-          s.loss.softcap > 0};
+          ops::LossTermsArg(s.loss)};
 }
 std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, bool gradient) {
   return jit::Instantiate("kjit::cross_entropy_forward", RowArgs(s, c), s.loss.argmax,
@@ -62,8 +60,8 @@ std::string ForwardExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c, 
 std::string ClusterExpr(const char* kernel, const CrossEntropySpec& s,
                         const CrossEntropyConfig& c) {
   return jit::Instantiate(kernel, s.dtype, s.loss.target_type, s.vocab, c.threads, c.vec, c.cluster,
-                          ops::ReductionArg(s.loss.reduction), s.loss.label_smoothing > 0,
-                          s.loss.z_loss > 0, s.loss.softcap > 0, s.loss.argmax, s.loss.entropy,
+                          ops::ReductionArg(s.loss.reduction), ops::LossTermsArg(s.loss),
+                          s.loss.argmax, s.loss.entropy,
                           ops::ClassWeightArg(s.loss.class_weight_dtype));
 }
 std::string FusedExpr(const CrossEntropySpec& s, const CrossEntropyConfig& c) {
@@ -84,6 +82,11 @@ jit::TemplateArg ops::ReductionArg(Reduction r) {
     case Reduction::kMean: return jit::TemplateArg::Name("kjit::kCeMean");
   }
   return jit::TemplateArg::Name("?");
+}
+
+jit::TemplateArg ops::LossTermsArg(const LossOptions& loss) {
+  return jit::TemplateArg::Name(jit::Instantiate("kjit::CeLossTerms", loss.label_smoothing > 0,
+                                                 loss.z_loss > 0, loss.softcap > 0));
 }
 
 jit::TemplateArg ops::ClassWeightArg(const std::optional<DType>& class_weight_dtype) {
@@ -199,7 +202,7 @@ std::map<std::string, std::string> ops::CrossEntropyProgramParams(const CrossEnt
       {"target_type", Name(spec.loss.target_type)},
       {"reduction", Name(spec.loss.reduction)},
       {"label_smoothing", on_off(spec.loss.label_smoothing)},
-      {"lse_square_scale", on_off(spec.loss.z_loss)},
+      {"z_loss", on_off(spec.loss.z_loss)},
       {"softcap", on_off(spec.loss.softcap)},
       {"argmax", spec.loss.argmax ? "true" : "false"},
   };
@@ -213,7 +216,7 @@ std::map<std::string, std::string> ops::CrossEntropyProgramParams(const CrossEnt
 std::map<std::string, std::string> ops::CrossEntropyParams(const CrossEntropySpec& spec) {
   std::map<std::string, std::string> params = CrossEntropyProgramParams(spec);
   params["label_smoothing"] = LossValueText(spec.loss.label_smoothing);
-  params["lse_square_scale"] = LossValueText(spec.loss.z_loss);
+  params["z_loss"] = LossValueText(spec.loss.z_loss);
   params["softcap"] = LossValueText(spec.loss.softcap);
   return params;
 }

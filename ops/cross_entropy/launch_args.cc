@@ -83,7 +83,7 @@ CrossEntropyRowParams RowParams(const CrossEntropySpec& s, const TensorView& log
   p.rows = logits.rows;
   p.ignore_index = s.loss.ignore_index;
   p.label_smoothing = s.loss.label_smoothing;
-  p.lse_square_scale = s.loss.z_loss;
+  p.z_loss = s.loss.z_loss;
   p.softcap = s.loss.softcap;
   p.grad_output = static_cast<const float*>(grad_output.data);
   p.counters = static_cast<const CrossEntropyCounters*>(workspace);

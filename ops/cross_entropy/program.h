@@ -54,7 +54,7 @@ std::vector<CrossEntropyProgram> CrossEntropyLaunchPrograms(CrossEntropyLaunch l
 // them.
 std::map<std::string, std::string> CrossEntropyParams(const CrossEntropySpec& spec);
 // What its programs are compiled for, their params (so in their text and cache key): the same,
-// but label_smoothing, lse_square_scale and softcap only "on" or "0" (off), since the kernels read
+// but label_smoothing, z_loss and softcap only "on" or "0" (off), since the kernels read
 // their values at launch: a schedule of values compiles nothing new.
 std::map<std::string, std::string> CrossEntropyProgramParams(const CrossEntropySpec& spec);
 
@@ -77,9 +77,11 @@ std::string CrossEntropyCountExpr(const CrossEntropySpec& spec, int threads);
 // The kernel that reduces the per-row losses into one (sum or mean), one block of `threads`.
 std::string CrossEntropyReduceExpr(Reduction reduction, int threads);
 
-// The loss kernels' template arguments for a reduction ("kjit::kCeMean") and for the class
-// weights' type (their device type, or "kjit::NoClassWeight" without them).
+// The loss kernels' template arguments for a reduction ("kjit::kCeMean"), for the loss terms
+// compiled in ("kjit::CeLossTerms<true, false, false>": label smoothing, z-loss, softcap, each on
+// or off) and for the class weights' type (their device type, or "kjit::NoClassWeight").
 jit::TemplateArg ReductionArg(Reduction reduction);
+jit::TemplateArg LossTermsArg(const LossOptions& loss);
 jit::TemplateArg ClassWeightArg(const std::optional<DType>& class_weight_dtype);
 
 absl::StatusOr<jit::Source> RenderShardedCrossEntropy(const ShardedCrossEntropySpec& spec,

@@ -38,9 +38,6 @@ enum Kernel { kCount, kStats, kRescale, kCombine, kFinishForward, kFinishGradien
 jit::TemplateArgs ShapeArgs(const ShardedCrossEntropySpec& s, const CrossEntropyConfig& c) {
   return {s.dtype, s.loss.target_type, s.vocab, s.width(), c.threads, c.vec, c.unroll};
 }
-jit::TemplateArgs OptionArgs(const ShardedCrossEntropySpec& s) {
-  return {s.loss.label_smoothing > 0, s.loss.z_loss > 0, s.loss.softcap > 0};
-}
 
 CrossEntropySpec UnshardedSpec(const ShardedCrossEntropySpec& s) {
   return {.vocab = s.vocab, .dtype = s.dtype, .loss = s.loss, .config = s.config};
@@ -105,16 +102,17 @@ absl::StatusOr<jit::Source> ops::RenderShardedCrossEntropy(const ShardedCrossEnt
   params["op"] = "sharded_cross_entropy";
   params["width"] = std::to_string(spec.width());
   params.erase("argmax");
-  const jit::TemplateArgs shape = ShapeArgs(spec, config), options = OptionArgs(spec);
+  const jit::TemplateArgs shape = ShapeArgs(spec, config);
+  const jit::TemplateArg loss_terms = LossTermsArg(spec.loss);
   const jit::TemplateArg class_weight = ClassWeightArg(spec.loss.class_weight_dtype);
   auto finish = [&](bool gradient) {
     return jit::Instantiate("kjit::sharded_cross_entropy_finish", shape,
-                            ReductionArg(spec.loss.reduction), options, gradient, class_weight);
+                            ReductionArg(spec.loss.reduction), loss_terms, gradient, class_weight);
   };
   // Order matters: the Kernel enum reads them back by position.
   std::vector<std::string> kernels = {
       CrossEntropyCountExpr(UnshardedSpec(checked), kCountThreads),
-      jit::Instantiate("kjit::sharded_cross_entropy_stats", shape, options, class_weight),
+      jit::Instantiate("kjit::sharded_cross_entropy_stats", shape, loss_terms, class_weight),
       jit::Instantiate("kjit::sharded_cross_entropy_rescale", kStatsThreads),
       jit::Instantiate("kjit::sharded_cross_entropy_combine", kStatsThreads),
       finish(false),

@@ -214,14 +214,15 @@ TEST(CrossEntropySpecTest, RenderSpecializesEverythingAsTemplateArguments) {
                    "kjit::cross_entropy_loss_reduce<1024, kjit::kCeSum>"}));
   EXPECT_EQ(k.at("forward"),
             Names{"kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, "
-                  "true, false, true, true, false, false, "
+                  "kjit::CeLossTerms<true, false, true>, true, false, false, "
                   "kjit::NoClassWeight>"});
   EXPECT_EQ(k.at("forward_backward"),
             Names{"kjit::cross_entropy_forward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, "
-                  "true, false, true, true, false, true, kjit::NoClassWeight>"});
+                  "kjit::CeLossTerms<true, false, true>, true, false, true, "
+                  "kjit::NoClassWeight>"});
   EXPECT_EQ(k.at("backward"),
             Names{"kjit::cross_entropy_backward<kjit::f16, int, 50257, 256, 1, 2, kjit::kCeSum, "
-                  "true, false, true, kjit::NoClassWeight>"});
+                  "kjit::CeLossTerms<true, false, true>, kjit::NoClassWeight>"});
   EXPECT_EQ(k.at("rescale_gradient"),
             Names{"kjit::cross_entropy_rescale_gradient<kjit::f16, 50257, 256, 1, 4>"});
   for (const jit::Source& src : *programs) {
