@@ -2,7 +2,7 @@
 // label smoothing, z-loss and soft-capping, the gradient as the derivative of the loss (finite
 // differences), NaN/Inf rules, and tolerances that accept the reference and reject an all-zero or
 // slightly perturbed output.
-#include "ops/cross_entropy/reference.h"
+#include "ops/cross_entropy/tuning/reference.h"
 
 #include <cmath>
 #include <random>

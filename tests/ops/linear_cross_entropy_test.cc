@@ -27,8 +27,8 @@
 #include "ops/linear_cross_entropy/config.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/linear_cross_entropy/program.h"
-#include "ops/linear_cross_entropy/reference.h"
-#include "ops/linear_cross_entropy/search_space.h"
+#include "ops/linear_cross_entropy/tuning/reference.h"
+#include "ops/linear_cross_entropy/tuning/search_space.h"
 #include "tests/expect_status.h"
 
 namespace kjit {

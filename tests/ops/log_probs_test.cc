@@ -17,7 +17,7 @@
 #include "jit/jit.h"
 #include "kjit/kjit.h"
 #include "ops/log_probs/program.h"
-#include "ops/log_probs/reference.h"
+#include "ops/log_probs/tuning/reference.h"
 #include "ops/registry.h"
 #include "tests/expect_status.h"
 #include "tests/temp_dir.h"

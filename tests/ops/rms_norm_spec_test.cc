@@ -9,7 +9,7 @@
 #include "kjit/runtime.h"
 #include "ops/rms_norm/config.h"
 #include "ops/rms_norm/program.h"
-#include "ops/rms_norm/search_space.h"
+#include "ops/rms_norm/tuning/search_space.h"
 #include "tests/expect_status.h"
 #include "tests/temp_dir.h"
 
