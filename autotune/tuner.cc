@@ -69,9 +69,11 @@ struct Batch {
   }
 };
 
-class Tuner {
+// One call of Tune(): the plan's problems through the stages (compile, check, time, choose, store)
+// and the report they add to.
+class TuneRun {
  public:
-  Tuner(const TunePlan& plan, const TuneProgress& progress) : p_(plan), progress_(progress) {}
+  TuneRun(const TunePlan& plan, const TuneProgress& progress) : p_(plan), progress_(progress) {}
 
   json Run() {
     report_ = {{"ok", true},
@@ -493,7 +495,7 @@ class Tuner {
 }  // namespace
 
 json Tune(const TunePlan& plan, const TuneProgress& progress) {
-  return Tuner(plan, progress).Run();
+  return TuneRun(plan, progress).Run();
 }
 
 }  // namespace kjit::autotune

@@ -1,9 +1,9 @@
 // OpTrait<Spec>: what the rest of kjit needs to know about one op, so that the tuner, its
 // workers, `kjit compile`, `kjit bench` and doctor handle every op the same way (ops/registry.h
 // dispatches on the spec's type; nothing branches on an op's name). Each op's folder specializes
-// it in its trait.h; a specialization holds:
+// it in its tuning/trait.h; a specialization holds:
 //
-//   using Spec, Config, Op, Trial;          // kjit/<op>.h's spec, config and op; its trial.h
+//   using Spec, Config, Op, Trial;          // kjit/<op>.h's spec, config and op; tuning/trial.h
 //   static constexpr std::string_view kName;       // "rms_norm": JSON, CLI and report name
 //   static std::string TuningOp(const Spec&);      // the tuning database's op and shape fields
 //   static std::string TuningShape(const Spec&);
@@ -36,7 +36,7 @@
 
 #include <string>
 
-#include "ops/common/trial.h"
+#include "ops/common/tuning/trial.h"
 #include "ops/common/tuning_shape_words.h"
 
 namespace kjit::ops {

@@ -3,8 +3,8 @@
 // (ops/op_trait.h), so no code branches on an op's name and an op without a complete trait does
 // not compile.
 //
-// Adding an op: its folder under ops/ with a trait.h, and its spec in OpSpec below; the CLI's
-// flags, kjit-tune's model ops, `kjit bench`'s shapes and the spec JSON follow from its trait
+// Adding an op: its folder under ops/ with a tuning/trait.h, and its spec in OpSpec below; the
+// CLI's flags, kjit-tune's model ops, `kjit bench`'s shapes and the spec JSON follow from its trait
 // (docs/ADDING_AN_OP.md).
 //
 //   KJIT_ASSIGN_OR_RETURN(OpSpec op, SpecFromJson(R"({"op": "rms_norm", ...})"));
@@ -26,10 +26,10 @@
 
 #include "kjit/kjit.h"
 #include "ops/common/spec_flags.h"
-#include "ops/cross_entropy/trait.h"
-#include "ops/linear_cross_entropy/trait.h"
-#include "ops/log_probs/trait.h"
-#include "ops/rms_norm/trait.h"
+#include "ops/cross_entropy/tuning/trait.h"
+#include "ops/linear_cross_entropy/tuning/trait.h"
+#include "ops/log_probs/tuning/trait.h"
+#include "ops/rms_norm/tuning/trait.h"
 #include "runtime/tuning_db.h"
 
 namespace kjit::ops {
@@ -85,8 +85,9 @@ std::optional<std::string> Combine(const OpSpec& op, const std::string& heuristi
                                    const std::string& fastest_forward,
                                    const std::string& fastest_backward);
 
-// One problem's inputs on the GPU for any op (ops/common/trial.h), for the tuner's GPU worker and
-// `kjit bench`: the op for a config is made, checked against the fp64 reference, then timed.
+// One problem's inputs on the GPU for any op (ops/common/tuning/trial.h), for the tuner's GPU
+// worker and `kjit bench`: the op for a config is made, checked against the fp64 reference, then
+// timed.
 class AnyTrial {
  public:
   virtual ~AnyTrial() = default;

@@ -15,11 +15,11 @@
 
 #include <fmt/format.h>
 
-#include "ops/common/compare.h"
-#include "ops/common/trial.h"
+#include "ops/common/tuning/compare.h"
+#include "ops/common/tuning/trial.h"
 #include "ops/gemm/hopper_gemm.h"
 #include "ops/linear_cross_entropy/config.h"
-#include "ops/linear_cross_entropy/unfused.h"
+#include "ops/linear_cross_entropy/tuning/unfused.h"
 #include "runtime/runtime_state.h"
 #include "tools/bench.h"
 

@@ -23,8 +23,8 @@
 #include "jit/file_io.h"
 #include "jit/status_helpers.h"
 #include "kjit/host_convert.h"
-#include "ops/common/random_values.h"
-#include "ops/cross_entropy/reference.h"
+#include "ops/common/tuning/random_values.h"
+#include "ops/cross_entropy/tuning/reference.h"
 #include "tools/bench.h"
 
 namespace kjit::tools {

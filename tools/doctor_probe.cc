@@ -34,7 +34,7 @@
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/version.h"
-#include "ops/common/random_values.h"
+#include "ops/common/tuning/random_values.h"
 #include "ops/linear_cross_entropy/cublaslt.h"
 #include "ops/registry.h"
 #include "runtime/tuning_db.h"

@@ -30,7 +30,7 @@
 #include "bench/finetune_step/step.h"
 #include "jit/status_helpers.h"
 #include "jit/trace.h"
-#include "ops/common/compare.h"
+#include "ops/common/tuning/compare.h"
 
 namespace finetune {
 namespace {

@@ -1,6 +1,6 @@
 // Cross-entropy's keys in the tuning database and its spec JSON: what a launch looks its tuned
-// configs up by and hands the tuner with KJIT_AUTOTUNE; its trait (ops/cross_entropy/trait.h)
-// answers the same for the tools.
+// configs up by and hands the tuner with KJIT_AUTOTUNE; its trait
+// (ops/cross_entropy/tuning/trait.h) answers the same for the tools.
 //
 //   CrossEntropyTuningShape({.vocab = 256000, .loss = {.softcap = 30}});  // "vocab=256000 softcap"
 //   CrossEntropyStreamingTuningOp(spec);                                 // "cross_entropy.forward"

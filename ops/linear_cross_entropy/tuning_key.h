@@ -1,6 +1,6 @@
 // The fused linear + cross-entropy's key in the tuning database and its spec JSON: what a launch
 // looks its tuned configs up by and what the tuner reads back; its trait
-// (ops/linear_cross_entropy/trait.h) answers the same for the tools.
+// (ops/linear_cross_entropy/tuning/trait.h) answers the same for the tools.
 //
 //   LinearCrossEntropyTuningShape({.vocab = 128256, .hidden = 4096});  // "vocab=128256
 //   hidden=4096" LinearCrossEntropyToJson(spec).dump();   // {"op": "linear_cross_entropy", ...}

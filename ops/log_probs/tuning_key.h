@@ -1,6 +1,6 @@
 // The RL heads' keys in the tuning database and their spec JSON (what `kjit-tune --spec` and the
-// tools read); the trait (ops/log_probs/trait.h) answers the same for the tools. The temperature
-// and ignore_index do not change the work, so the shape leaves them out.
+// tools read); the trait (ops/log_probs/tuning/trait.h) answers the same for the tools. The
+// temperature and ignore_index do not change the work, so the shape leaves them out.
 //
 //   LogProbsTuningShape({.vocab = 151936, .entropy = true});   // "vocab=151936 entropy"
 //   LogProbsToJson(spec).dump();   // {"op": "log_probs", "vocab": 151936, "temperature": 0.7, ...}

@@ -1,6 +1,6 @@
 // RMSNorm's key in the tuning database and its spec JSON: what a launch looks its tuned configs up
-// by and hands the tuner with KJIT_AUTOTUNE; its trait (ops/rms_norm/trait.h) answers the same
-// for the tools.
+// by and hands the tuner with KJIT_AUTOTUNE; its trait (ops/rms_norm/tuning/trait.h) answers the
+// same for the tools.
 //
 //   RmsNormTuningOp({.hidden = 4096, .fused_residual = true});             // "rms_norm+residual"
 //   RmsNormTuningShape({.hidden = 3584, .casting = RmsNormCasting::kGemma});  // "hidden=3584

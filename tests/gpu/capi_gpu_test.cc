@@ -26,7 +26,7 @@
 #include "kjit/host_convert.h"
 #include "kjit/kjit_c.h"
 #include "kjit/sharded_cross_entropy.h"
-#include "ops/common/random_values.h"
+#include "ops/common/tuning/random_values.h"
 #include "tests/gpu/gpu_test_env.h"
 #include "tests/temp_dir.h"
 

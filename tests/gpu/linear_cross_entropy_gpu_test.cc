@@ -1,6 +1,6 @@
 // The fused linear + cross-entropy on the GPU: loss, lse, argmax, d_hidden, d_weight and d_bias
-// against the fp64 reference (ops/linear_cross_entropy/reference.h) on small and odd shapes with
-// every option, chunk boundaries inside the batch, one and two streams, both weight-gradient
+// against the fp64 reference (ops/linear_cross_entropy/tuning/reference.h) on small and odd shapes
+// with every option, chunk boundaries inside the batch, one and two streams, both weight-gradient
 // accumulations, accumulation into existing gradients; bit-for-bit repeatability; a graph capture;
 // and the whole LLaMA 3 lm_head shape against the unfused path (cuBLASLt logits, kjit's
 // cross-entropy, cuBLASLt gradients).
@@ -17,12 +17,12 @@
 
 #include "jit/driver.h"
 #include "kjit/kjit.h"
-#include "ops/common/compare.h"
-#include "ops/common/random_values.h"
-#include "ops/common/trial.h"
+#include "ops/common/tuning/compare.h"
+#include "ops/common/tuning/random_values.h"
+#include "ops/common/tuning/trial.h"
 #include "ops/linear_cross_entropy/config.h"
-#include "ops/linear_cross_entropy/reference.h"
-#include "ops/linear_cross_entropy/unfused.h"
+#include "ops/linear_cross_entropy/tuning/reference.h"
+#include "ops/linear_cross_entropy/tuning/unfused.h"
 #include "runtime/runtime_state.h"
 #include "tests/gpu/gpu_test_env.h"
 

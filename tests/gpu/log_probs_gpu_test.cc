@@ -1,9 +1,9 @@
 // The RL heads (kjit/log_probs.h) on the GPU against the fp64 reference
-// (ops/log_probs/reference.h): log-prob, entropy and lse of every row, and every gradient entry for
-// the log-prob's upstream gradient alone, the entropy's alone and both, at temperatures 0.3, 1
-// and 1.7, over odd and large vocabs, one row, all rows ignored, three dtypes, in place and into
-// another buffer, with a row stride and a misaligned start. Outputs are poisoned with NaN before
-// each launch; a second launch must give the same bits. Skipped (visibly) without a GPU.
+// (ops/log_probs/tuning/reference.h): log-prob, entropy and lse of every row, and every gradient
+// entry for the log-prob's upstream gradient alone, the entropy's alone and both, at temperatures
+// 0.3, 1 and 1.7, over odd and large vocabs, one row, all rows ignored, three dtypes, in place and
+// into another buffer, with a row stride and a misaligned start. Outputs are poisoned with NaN
+// before each launch; a second launch must give the same bits. Skipped (visibly) without a GPU.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -15,7 +15,7 @@
 
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
-#include "ops/log_probs/reference.h"
+#include "ops/log_probs/tuning/reference.h"
 #include "tests/gpu/gpu_test_env.h"
 
 namespace kjit {

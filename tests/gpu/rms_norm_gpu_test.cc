@@ -14,10 +14,10 @@
 #include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
-#include "ops/common/compare.h"
+#include "ops/common/tuning/compare.h"
 #include "ops/rms_norm/config.h"
-#include "ops/rms_norm/reference.h"
-#include "ops/rms_norm/search_space.h"
+#include "ops/rms_norm/tuning/reference.h"
+#include "ops/rms_norm/tuning/search_space.h"
 #include "runtime/runtime_state.h"
 #include "tests/gpu/gpu_test_env.h"
 
@@ -209,7 +209,7 @@ void RunCase(const Runtime& rt, const Case& c, uint64_t seed) {
   HostImage y = read(dy_m), rstd = read(drstd), dx = read(dx_out), dw = read(d_dw);
 
   // References. Casting none's rstd may round a near-tie mean either way: the check bounds it, and
-  // y and the backward are computed with the kernel's own (ops/rms_norm/reference.h).
+  // y and the backward are computed with the kernel's own (ops/rms_norm/tuning/reference.h).
   const ops::RmsNormMath math{
       .hidden = H, .dtype = c.dtype, .eps = 1e-6, .weight_offset = c.offset, .casting = c.casting};
   const std::vector<double>* kernel_rstd =

@@ -25,10 +25,10 @@
 #include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
-#include "ops/common/compare.h"
-#include "ops/common/random_values.h"
+#include "ops/common/tuning/compare.h"
+#include "ops/common/tuning/random_values.h"
 #include "ops/cross_entropy/nccl.h"
-#include "ops/cross_entropy/reference.h"
+#include "ops/cross_entropy/tuning/reference.h"
 #include "runtime/runtime_state.h"
 #include "tests/gpu/gpu_test_env.h"
 

@@ -27,9 +27,9 @@
 #include "kjit/device_buffer.h"
 #include "kjit/host_convert.h"
 #include "kjit/kjit.h"
-#include "ops/common/random_values.h"
+#include "ops/common/tuning/random_values.h"
 #include "ops/cross_entropy/nccl.h"
-#include "ops/cross_entropy/reference.h"
+#include "ops/cross_entropy/tuning/reference.h"
 #include "runtime/runtime_state.h"
 
 namespace kjit {

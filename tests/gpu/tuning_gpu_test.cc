@@ -17,7 +17,7 @@
 #include "autotune/gpu_timer.h"
 #include "jit/status_helpers.h"
 #include "kjit/device_buffer.h"
-#include "ops/common/trial.h"
+#include "ops/common/tuning/trial.h"
 #include "ops/cross_entropy/config.h"
 #include "ops/registry.h"
 #include "runtime/runtime_state.h"

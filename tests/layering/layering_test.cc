@@ -147,9 +147,9 @@ TEST(IncludeRules, MalformedLinesAreReportedWithTheirNumber) {
 
 TEST(IncludeRules, PatternsMatchSegmentsAndBindTheOpFolder) {
   std::string op;
-  EXPECT_TRUE(MatchPath("ops/{op}/trait.*", "ops/rms_norm/trait.h", &op));
+  EXPECT_TRUE(MatchPath("ops/{op}/tuning/*", "ops/rms_norm/tuning/trait.h", &op));
   EXPECT_EQ(op, "rms_norm");
-  EXPECT_FALSE(MatchPath("ops/{op}/trait.*", "ops/rms_norm/config.h", &op));
+  EXPECT_FALSE(MatchPath("ops/{op}/tuning/*", "ops/rms_norm/config.h", &op));
   EXPECT_FALSE(MatchPath("jit/*", "jit/sub/a.h", &op));
   EXPECT_TRUE(MatchPath("tests/**", "tests/a/b/c.cc", &op));
   EXPECT_TRUE(MatchPath("tests/**", "tests/c.cc", &op));

@@ -1,11 +1,11 @@
-#include "ops/common/compare.h"
+#include "ops/common/tuning/compare.h"
 
 #include <cmath>
 
 #include <gtest/gtest.h>
 
 #include "kjit/host_convert.h"
-#include "ops/rms_norm/reference.h"
+#include "ops/rms_norm/tuning/reference.h"
 
 namespace kjit::ops {
 namespace {

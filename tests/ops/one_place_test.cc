@@ -183,7 +183,7 @@ TEST_F(PlantedSharedFiles, ABranchOnAnOpsNameOrSpecFails) {
 TEST_F(PlantedSharedFiles, CommentsOpFoldersAndTheAllowListPass) {
   ASSERT_TRUE(tmp_.ok());
   Write("runtime/doc.h", "// e.g. rms_norm\n/* CrossEntropySpec\n */ int x;  // rms_norm\n");
-  Write("ops/rms_norm/trait.cc", "RmsNormSpec s;\n");  // an op's own folder is not shared
+  Write("ops/rms_norm/tuning/trait.cc", "RmsNormSpec s;\n");  // an op's own folder is not shared
   Write("tools/own_bench.cc", "RmsNorm norm;\n");
   Write("tools/run.cc", "Use(\"// not a comment\"); Name(\"rms_norm\");\n");
   EXPECT_EQ(Joined(Found({{"tools/own_bench.cc", ""}})),

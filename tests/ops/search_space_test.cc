@@ -1,7 +1,7 @@
 // The search spaces: every unpruned config is one the runtime accepts for the shape, every pruned
 // one says why, the heuristic is always a candidate, and the arch and register limits prune.
-#include "ops/cross_entropy/search_space.h"
-#include "ops/rms_norm/search_space.h"
+#include "ops/cross_entropy/tuning/search_space.h"
+#include "ops/rms_norm/tuning/search_space.h"
 
 #include <algorithm>
 #include <map>

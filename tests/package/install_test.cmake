@@ -36,7 +36,7 @@ foreach(h IN LISTS installed)
   if(bad)
     message(FATAL_ERROR "install: ${h} includes an internal or CUDA header: ${bad}")
   endif()
-  # kjit's own helpers (jit/status_helpers.h, ops/common/random_values.h) are not for users.
+  # kjit's own helpers (jit/status_helpers.h, ops/common/tuning/random_values.h) are not for users.
   file(STRINGS ${prefix}/include/${h} internal REGEX "ToStd|ToAbsl|Annotate|KJIT_CONCAT|RandomValues")
   if(internal)
     message(FATAL_ERROR "install: ${h} holds an internal helper: ${internal}")

@@ -29,11 +29,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "ops/common/search_space.h"
+#include "ops/common/tuning/search_space.h"
 #include "ops/cross_entropy/config.h"
-#include "ops/cross_entropy/search_space.h"
+#include "ops/cross_entropy/tuning/search_space.h"
 #include "ops/rms_norm/config.h"
-#include "ops/rms_norm/search_space.h"
+#include "ops/rms_norm/tuning/search_space.h"
 #include "runtime/runtime_state.h"
 #include "runtime/tuned_configs.h"
 
