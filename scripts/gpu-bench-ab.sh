@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: `kjit bench` of two builds alternating (before/after a change), so
 # that both are measured on the same card, in one call, under the same clocks. Bundle each build
-# here first (scripts/device-bundle --out .device-ab/base BASE/build/tools/kjit, and likewise head),
+# here first (scripts/package/device-bundle --out .device-ab/base BASE/build/tools/kjit, and likewise head),
 # then, through the device tool, with carry [".device-ab", ".device-cache"]:
 #   ROUNDS=4 bash scripts/gpu-bench-ab.sh .device-ab/base .device-ab/head -- --op rms_norm
 #   ... -- --op rms_norm --rows 256 --hidden 4096 --repeats 2000 -- --op cross_entropy

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (README.md, "Tests and benchmarks"): the GPU suite, compute-sanitizer on a
 # subset, and the benchmark, everything written under $OUT. Build here first and bundle:
-#   scripts/device-bundle build/tests/kjit_gpu_tests build/tools/kjit
+#   scripts/package/device-bundle build/tests/kjit_gpu_tests build/tools/kjit
 # then, through the device tool, with carry [".device-bundle", ".device-cache"]:
 #   bash scripts/gpu-check.sh [gtest-filter]
 # and copy the kernels.tgz it returns into .device-cache/ for the next call (gpu-kernel-cache.sh).

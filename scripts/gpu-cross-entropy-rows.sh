@@ -7,7 +7,7 @@
 #  3. `kjit bench --op cross_entropy` at 50257, 32001 and 128256 x 16384 rows with the previous
 #     build (bin/kjit-base, if bundled) and this one, each beside the copy it measures.
 # Build and bundle here first:
-#   scripts/device-bundle build/tools/kjit build/tests/kjit_gpu_tests
+#   scripts/package/device-bundle build/tools/kjit build/tests/kjit_gpu_tests
 #   cp <the previous build>/tools/kjit .device-bundle/bin/kjit-base   # optional
 # then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu-cross-entropy-rows.sh
 set -uo pipefail

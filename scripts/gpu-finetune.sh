@@ -8,7 +8,7 @@
 #      at least 163 GiB, measured): it must say so and exit 3 while the kjit paths still run.
 # Build here first and bundle (cuBLASLt is not bundled: the GPU machine has its own CUDA 13):
 #   cmake --build build --target finetune_step
-#   scripts/device-bundle build/bench/finetune_step/finetune_step
+#   scripts/package/device-bundle build/bench/finetune_step/finetune_step
 # then, through the device tool, with carry [".device-bundle"]:
 #   bash scripts/gpu-finetune.sh
 # The three runs fit the device tool's 10 minutes per command (about 2 minutes in all, mostly

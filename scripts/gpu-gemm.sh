@@ -11,7 +11,7 @@
 # Build here first:
 #   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -Itemplates \
 #     -o .device-bundle/bin/gemm_harness bench/gemm_sm90/harness.cu -lcublasLt -lcuda
-#   (after scripts/device-bundle build/tools/kjit build/tests/kjit_gpu_tests)
+#   (after scripts/package/device-bundle build/tools/kjit build/tests/kjit_gpu_tests)
 # then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu-gemm.sh
 set -uo pipefail
 out=${OUT:-/tmp/kjit-out}

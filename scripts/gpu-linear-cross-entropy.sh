@@ -6,7 +6,7 @@
 # op at 8192 rows, and the fine-tuning harness whose kjit path is the op. Everything under $OUT.
 # Build here first and bundle (cuBLASLt is the GPU machine's own CUDA 13's):
 #   cmake --build build --target kjit_gpu_tests kjit_cli kjit_tune finetune_step
-#   scripts/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune \
+#   scripts/package/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune \
 #     build/bench/finetune_step/finetune_step
 # then, through the device tool, with carry [".device-bundle", ".device-cache"]:
 #   bash scripts/gpu-linear-cross-entropy.sh

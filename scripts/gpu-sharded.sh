@@ -6,7 +6,7 @@
 # $OUT. Build here first and bundle:
 #   cmake --build build-shard -j1 --target kjit_gpu_tests kjit_sharded_nccl_ranks \
 #     kjit_shared_cache_ranks kjit_bench_sharded
-#   scripts/device-bundle build-shard/tests/kjit_gpu_tests \
+#   scripts/package/device-bundle build-shard/tests/kjit_gpu_tests \
 #     build-shard/tests/kjit_sharded_nccl_ranks build-shard/tests/kjit_shared_cache_ranks \
 #     build-shard/tools/kjit-bench-sharded
 #   strip --strip-unneeded .device-bundle/bin/*     # 67 MiB with debug info, 4 MiB without

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (README.md, "Tests and benchmarks"): the autotuner end to end. Build here
 # and bundle kjit-tune and kjit:
-#   scripts/device-bundle build/tools/kjit-tune build/tools/kjit
+#   scripts/package/device-bundle build/tools/kjit-tune build/tools/kjit
 # then, through the device tool, with carry [".device-bundle"]:
 #   bash scripts/gpu-tune.sh
 # Writes under $OUT: the first and second `kjit-tune --model llama-3.1-8b` reports with their wall

@@ -3,9 +3,9 @@
 # RMSNorm program of the rendered-sources golden set with two builds of kjit (no GPU needed),
 # disassembles each CUBIN with cuobjdump and compares the SASS kernel by kernel.
 #
-#   scripts/compare-sass.sh BASE_KJIT HEAD_KJIT [WORK_DIR]
+#   scripts/dev/compare-sass.sh BASE_KJIT HEAD_KJIT [WORK_DIR]
 #   # e.g. with main's tools copied aside before the change:
-#   scripts/compare-sass.sh /tmp/base/kjit build/tools/kjit /tmp/sass
+#   scripts/dev/compare-sass.sh /tmp/base/kjit build/tools/kjit /tmp/sass
 #
 # BASE_KJIT and HEAD_KJIT are the `kjit` executables of the two builds; the `kjit-tune` beside
 # each compiles the search spaces. The programs: each preset's hidden size (2048, 3072, 3584,
