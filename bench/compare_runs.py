@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compares `kjit bench` reports of two builds taken in alternating rounds (scripts/gpu-bench-ab.sh).
+"""Compares `kjit bench` reports of two builds taken in alternating rounds
+(scripts/gpu/bench-ab.sh).
 
     python3 bench/compare_runs.py ab/            # a folder of BENCH-INDEX-{base,head}-ROUND.json
     python3 bench/compare_runs.py ab/ --json summary.json --limit 1.0

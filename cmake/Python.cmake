@@ -15,8 +15,8 @@ install(TARGETS ${kjit_python_targets}
 # Only what a GPU machine with a driver and NVRTC lacks; the C and C++ runtimes are the system's.
 # Each once, under the name the loader asks for (its soname): install(RUNTIME_DEPENDENCY_SET)
 # follows the symlink chain, and a wheel (a zip) holds each link as a second copy of the library.
-# scripts/build-wheel.sh turns this off and lets `auditwheel repair` bundle them instead (into
-# kjit.libs/, each with an RPATH to the others): auditwheel resolves each library's dependencies
+# scripts/package/build-wheel.sh turns this off and lets `auditwheel repair` bundle them instead
+# (into kjit.libs/, each with an RPATH to the others): auditwheel resolves each library's dependencies
 # through that library's own RPATH, which the copies made here lack (they find each other through
 # the RPATH of the program that loads them), so it would bundle every one a second time.
 option(KJIT_BUNDLE_DEPENDENCIES "Copy the shared libraries kjit needs into the wheel" ON)

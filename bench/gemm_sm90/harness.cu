@@ -1,4 +1,4 @@
-// kjit's sm_90a GEMM template (compiled in by nvcc, see scripts/gpu-gemm.sh) against cuBLASLt's
+// kjit's sm_90a GEMM template (compiled in by nvcc, see scripts/gpu/gemm.sh) against cuBLASLt's
 // best heuristic algorithm and an fp64 reference on sampled elements.
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -2,9 +2,9 @@
 # Prepares, on this (CPU) machine, everything scripts/gpu/verify.sh carries to the GPU machine,
 # which has no Abseil, no compiler for kjit and no package registry:
 #   .device-bundle/  kjit_gpu_tests, kjit, kjit-tune and the Hopper GEMM harness with the shared
-#                    libraries they need (scripts/device-bundle), and COMMIT: the commit they were
-#                    built from ("-dirty" when the tree had changes);
-#   .device-wheel/   the kjit wheel of the same tree (scripts/build-wheel.sh);
+#                    libraries they need (scripts/package/device-bundle), and COMMIT: the commit
+#                    they were built from ("-dirty" when the tree had changes);
+#   .device-wheel/   the kjit wheel of the same tree (scripts/package/build-wheel.sh);
 #   .whl/            the Python packages the GPU machine lacks for the TRL tests (pinned below);
 #   .device-cache/   kernels.tgz: the C++ GPU suite's kernels, compiled here (the compile-only pass):
 #                    the suite runs under a libcuda stand-in (tests/gpu/stand_in_driver.c: one H100
@@ -37,7 +37,7 @@ cmake --build build -j"$(nproc)" --target kjit_gpu_tests kjit_cli kjit_tune kjit
 harness=$(mktemp -d)/gemm_harness
 nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -Itemplates -o "$harness" \
   bench/gemm_sm90/harness.cu -lcublasLt -lcuda
-scripts/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune "$harness"
+scripts/package/device-bundle build/tests/kjit_gpu_tests build/tools/kjit build/tools/kjit-tune "$harness"
 commit=$(git rev-parse HEAD)
 git diff --quiet HEAD -- . ':!bench/results' || commit=$commit-dirty
 echo "$commit" > .device-bundle/COMMIT
@@ -66,7 +66,7 @@ compile_kernels() {
 [ $kernels = 1 ] && compile_kernels
 
 if [ $wheel = 1 ]; then
-  scripts/build-wheel.sh --out .device-wheel --build-dir build-python | tail -1
+  scripts/package/build-wheel.sh --out .device-wheel --build-dir build-python | tail -1
 fi
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

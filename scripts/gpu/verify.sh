@@ -34,26 +34,23 @@
 # C++ suite's processes; PYTEST_ARGS adds pytest arguments; KJIT_COLD_CACHE=1 starts without the
 # carried cache. Exit status 0 only when every stage ran with nothing failed.
 set -uo pipefail
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$repo"
-out=${OUT:-/tmp/kjit-verify}
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh
+gpu_output /tmp/kjit-verify
 logs=$out/logs
 mkdir -p "$logs"
 stages=" ${STAGES:-cpp sanitizer python bench} "
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 run_start=$(now_ms)
 # The bundle's libraries (Abseil, fmt, ...); the toolkit's for the GEMM harness's cuBLASLt.
-export LD_LIBRARY_PATH=$repo/.device-bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-bin=$repo/.device-bundle/bin
+gpu_bundle --toolkit
+export PYTHONUNBUFFERED=1
+no_nvlink_multicast
 export KJIT_TUNE_BIN=$bin/kjit-tune  # TuningGpu's KJIT_AUTOTUNE test runs it
-source scripts/gpu-kernel-cache.sh
-kernel_cache_start > "$logs/cache.txt"
+kernel_cache_start > "$logs/cache.txt"  # not through a pipe: it sets KJIT_CACHE_DIR
 cat "$logs/cache.txt"
 traces=$(mktemp -d)  # one KJIT_TRACE file a stage: its compile events give the time in NVRTC
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader \
-  > "$logs/gpu.txt" 2>&1
-cat "$logs/gpu.txt"
+gpu_info "$logs/gpu.txt" name,driver_version,memory.total,clocks.sm,temperature.gpu csv,noheader
 
 # stage_end NAME START RC: the stage's wall time and exit status, for summarize.py.
 stage_end() {
@@ -105,7 +102,7 @@ racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTai
 sanitizer() {
   local t0 rc=0 san pids=() test reserve=30
   t0=$(now_ms)
-  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  san=$(compute_sanitizer)
   for tool in memcheck racecheck; do
     checked "sanitizer-$tool-gemm" 280 nice -n 10 "$san" --tool $tool --error-exitcode 3 "$bin/gemm_harness" \
       quick &
@@ -123,20 +120,9 @@ sanitizer() {
 }
 
 python_suite() {
-  local t0 rc=0 env_dir python
+  local t0 rc=0 python
   t0=$(now_ms)
-  # A venv over the system's packages (torch, transformers), without pip of its own: the system's
-  # pip, run by the venv's interpreter, installs the wheel and its console scripts into it.
-  # On the GPU image python3 is itself a venv (/opt/torch/.venv): a .pth file names its
-  # site-packages, which --system-site-packages alone would not reach.
-  env_dir=$(mktemp -d)/env
-  python3 -m venv --without-pip --system-site-packages "$env_dir" &&
-    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > \
-      "$("$env_dir/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine.pth" &&
-    "$env_dir/bin/python" -m pip install -q --no-deps --no-index --no-compile \
-      .device-wheel/kjit-*.whl $(ls .whl/*.whl 2>/dev/null) > "$logs/python-install.log" 2>&1 ||
-    { cat "$logs/python-install.log"; stage_end python "$t0" 1; return; }
-  python=$env_dir/bin/python
+  wheel_env "$logs/python-install.log" || { stage_end python "$t0" 1; return; }
   echo "$python" > "$logs/.python"
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
   # Four pytest workers where pytest-xdist is installed (the GPU image has it).

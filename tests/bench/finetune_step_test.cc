@@ -1,7 +1,7 @@
 // examples/finetune_step on a machine without a GPU: it starts (cuBLASLt is linked, the driver is
 // not), rejects bad flags as usage errors, exits 77 (skipped) with a clear message when there is no
 // usable driver, and its baseline kernels compile through NVRTC for the archs kjit targets. The
-// runs themselves are GPU work: scripts/gpu-finetune.sh.
+// runs themselves are GPU work: scripts/gpu/finetune.sh.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -167,7 +167,7 @@ TEST_F(TuningGpu, ACorruptDatabaseOrARecordThatDoesNotFitLeavesTheHeuristic) {
 
 // KJIT_AUTOTUNE: the first launch at an untuned bucket runs kjit-tune for that op (a child
 // process), the database gains the record, and the launch uses it. Needs the kjit-tune binary:
-// KJIT_TUNE_BIN (scripts/gpu-check.sh sets it).
+// KJIT_TUNE_BIN (scripts/gpu/check.sh sets it).
 TEST_F(TuningGpu, AutotuneTunesANewBucketAtItsFirstLaunch) {
   KJIT_REQUIRE_GPU(gpu);
   const char* bin = std::getenv("KJIT_TUNE_BIN");

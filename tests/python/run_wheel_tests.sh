@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the kjit wheel from this checkout with scripts/build-wheel.sh (auditwheel checks its
-# manylinux tag and bundles Abseil, fmt and xxhash), installs it into a fresh virtual environment
+# Builds the kjit wheel from this checkout with scripts/package/build-wheel.sh (auditwheel checks
+# its manylinux tag and bundles Abseil, fmt and xxhash), installs it into a fresh virtual environment
 # that has nothing else of kjit's, runs the commands a new user runs first (the console scripts
 # `kjit doctor --arch sm_90` and `kjit compile`, and `import kjit` compiling a kernel without
 # torch), then the Python suite. Tests that need torch or a GPU skip visibly (pytest -rs lists
@@ -24,7 +24,7 @@ if [ -z "$build" ]; then
   mkdir -p "$build" 2>/dev/null && [ -w "$build" ] || build=$work/build
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
-"$src/scripts/build-wheel.sh" --out "$work/dist" --build-dir "$build"
+"$src/scripts/package/build-wheel.sh" --out "$work/dist" --build-dir "$build"
 python3 -m venv "$work/venv-test"
 "$work/venv-test/bin/pip" install -q --disable-pip-version-check pytest
 "$work/venv-test/bin/pip" install -q --disable-pip-version-check --no-deps --no-index \

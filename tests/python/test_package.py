@@ -60,8 +60,9 @@ def test_ctypes_structs_have_the_librarys_layout(struct, init):
 
 
 def _bundle_dirs() -> list:
-    # Where the wheel keeps the libraries it bundles: kjit.libs/ beside the package for a wheel made
-    # by scripts/build-wheel.sh (auditwheel repair), kjit/_native/ for a plain `pip install .`.
+    # Where the wheel keeps the libraries it bundles: kjit.libs/ beside the package for a wheel
+    # made by scripts/package/build-wheel.sh (auditwheel repair), kjit/_native/ for a plain
+    # `pip install .`.
     native = _capi.NATIVE_DIR.resolve()
     return [native, native.parent.parent / "kjit.libs"]
 

@@ -598,15 +598,15 @@ def test_torch_compile_fullgraph_traces_the_collectives(tmp_path):
 
 
 def test_the_benchmark_skips_with_too_few_gpus():
-    """scripts/gpu-tp-linear-cross-entropy.sh and the torchrun script exit 77 (skipped) when
+    """scripts/gpu/tp-linear-cross-entropy.sh and the torchrun script exit 77 (skipped) when
     the node has fewer GPUs than ranks, before starting anything."""
     import subprocess
     import sys
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     too_many = str(torch.cuda.device_count() + 1)
     env = dict(os.environ, PYTHON=sys.executable, WORLD_SIZE=too_many)
-    for command in (["bash", "scripts/gpu-tp-linear-cross-entropy.sh", too_many],
-                    [sys.executable, "scripts/tp_linear_cross_entropy_bench.py"]):
+    for command in (["bash", "scripts/gpu/tp-linear-cross-entropy.sh", too_many],
+                    [sys.executable, "scripts/gpu/tp_linear_cross_entropy_bench.py"]):
         run = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 77 and "SKIPPED" in run.stdout, (command, run.stdout,

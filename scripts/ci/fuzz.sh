@@ -6,12 +6,12 @@
 # reproducer is left in build-fuzz/fuzz-artifacts/<name>/ (turn it into a regression test in
 # tests/jit/ and fix the parser).
 #
-#   scripts/ci-fuzz.sh                 # 60 s per fuzzer
-#   FUZZ_SECONDS=10 scripts/ci-fuzz.sh
-#   FUZZERS="target dtype" scripts/ci-fuzz.sh
+#   scripts/ci/fuzz.sh                 # 60 s per fuzzer
+#   FUZZ_SECONDS=10 scripts/ci/fuzz.sh
+#   FUZZERS="target dtype" scripts/ci/fuzz.sh
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$(pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-60}

@@ -1,8 +1,8 @@
-"""The multi-GPU rows of issue 37, run by scripts/gpu-vocab-parallel.sh under torchrun: kjit's
+"""The multi-GPU rows of issue 37, run by scripts/gpu/vocab-parallel.sh under torchrun: kjit's
 vocab-parallel cross-entropy (forward + backward) at TP = world size against kjit.torch's
 cross_entropy on the whole vocab on one GPU (TP=1), and the cost of its two all-reduces alone.
 
-    torchrun --nproc-per-node 4 scripts/vocab_parallel_bench.py --vocab 128256 --rows 16384
+    torchrun --nproc-per-node 4 scripts/gpu/vocab_parallel_bench.py --vocab 128256 --rows 16384
 
 Rank 0 prints one JSON line: per configuration the median milliseconds of a step and tokens per
 second per GPU; "tp_over_tp1" is TP's tokens/s per GPU over TP=1's (1.0: linear scaling).

@@ -3,11 +3,11 @@
 # RMSNorm and cross-entropy programs with two builds of kjit (no GPU needed), disassembles each
 # CUBIN with cuobjdump and compares the SASS kernel by kernel.
 #
-#   scripts/compare-sass.sh BASE_KJIT HEAD_KJIT [WORK_DIR]
+#   scripts/dev/compare-sass.sh BASE_KJIT HEAD_KJIT [WORK_DIR]
 #   # e.g. with main's tools copied aside before the change:
-#   scripts/compare-sass.sh /tmp/base/kjit build/tools/kjit /tmp/sass
+#   scripts/dev/compare-sass.sh /tmp/base/kjit build/tools/kjit /tmp/sass
 #   # a change that renamed a param (the cache key's "lse_square_scale" became "z_loss"):
-#   OPS=cross_entropy PARAM_RENAMES=lse_square_scale=z_loss scripts/compare-sass.sh ...
+#   OPS=cross_entropy PARAM_RENAMES=lse_square_scale=z_loss scripts/dev/compare-sass.sh ...
 #
 # BASE_KJIT and HEAD_KJIT are the `kjit` executables of the two builds; the `kjit-tune` beside
 # each compiles the search spaces. OPS picks the sets (default: rms_norm cross_entropy):

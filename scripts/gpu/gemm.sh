@@ -11,31 +11,30 @@
 # Build here first:
 #   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -Itemplates \
 #     -o .device-bundle/bin/gemm_harness bench/gemm_sm90/harness.cu -lcublasLt -lcuda
-#   (after scripts/device-bundle build/tools/kjit build/tests/kjit_gpu_tests)
-# then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu-gemm.sh
+#   (after scripts/package/device-bundle build/tools/kjit build/tests/kjit_gpu_tests)
+# then, through the device tool, with carry [".device-bundle"]: bash scripts/gpu/gemm.sh
 set -uo pipefail
-out=${OUT:-/tmp/kjit-out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$PWD/.device-bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-bin=.device-bundle/bin
+source "$(dirname "$0")/common.sh"
+gpu_output
+gpu_bundle --toolkit
 status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$out/gpu.txt"
+gpu_info "$out/gpu.txt" name,driver_version,clocks.sm,clocks.max.sm,power.draw
 echo "== harness: small shapes against fp64"
-timeout 120 $bin/gemm_harness quick > "$out/gemm-quick.log" 2>&1 || status=1
+timeout 120 "$bin/gemm_harness" quick > "$out/gemm-quick.log" 2>&1 || status=1
 grep -E "FAIL|correctness" "$out/gemm-quick.log" | tail -8
 echo "== harness: the lm_head's GEMMs against cuBLASLt"
-timeout 300 $bin/gemm_harness > "$out/gemm-full.log" 2>&1 || status=1
+timeout 300 "$bin/gemm_harness" > "$out/gemm-full.log" 2>&1 || status=1
 grep -vE "^  L" "$out/gemm-full.log" | tail -45
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
-    timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 3 $bin/gemm_harness quick \
+    timeout 200 "$(compute_sanitizer)" --tool $tool --error-exitcode 3 "$bin/gemm_harness" quick \
       > "$out/gemm-$tool.log" 2>&1
     rc=$?; echo "$tool exit $rc: $(tail -1 "$out/gemm-$tool.log")"; [ $rc = 0 ] || status=1
   done
 fi
-if [ -x $bin/kjit ] && [ "${BENCH:-1}" = 1 ]; then
+if [ -x "$bin/kjit" ] && [ "${BENCH:-1}" = 1 ]; then
   echo "== kjit bench --sweep (8192 rows)"
-  timeout 240 $bin/kjit bench --op linear_cross_entropy --rows 8192 --sweep \
+  timeout 240 "$bin/kjit" bench --op linear_cross_entropy --rows 8192 --sweep \
     --output "$out/bench-lce-sweep.json" > "$out/sweep.txt" 2>&1 || status=1
   grep -E "kjit|gemm|fused|unfused" "$out/sweep.txt" | head -40
 fi

@@ -1,4 +1,4 @@
-"""Issue 50's multi-GPU rows, run by scripts/gpu-tp-linear-cross-entropy.sh under torchrun: kjit's
+"""Issue 50's multi-GPU rows, run by scripts/gpu/tp-linear-cross-entropy.sh under torchrun: kjit's
 vocab-parallel fused lm_head + cross-entropy (forward + backward: d_hidden all-reduced, d_weight
 shard) at TP = world size, against
 
@@ -10,7 +10,7 @@ shard) at TP = world size, against
   - tp_unfused:   each rank's logits slice and kjit's vocab-parallel cross-entropy on it (no
                   gather; the [rows, vocab / tp] logits in memory).
 
-    torchrun --nproc-per-node 4 scripts/tp_linear_cross_entropy_bench.py --rows 8192
+    torchrun --nproc-per-node 4 scripts/gpu/tp_linear_cross_entropy_bench.py --rows 8192
 
 Rank 0 prints one JSON line: per configuration the median milliseconds of a step, tokens per
 second per GPU and the peak memory a rank allocated in it; "tp_over_tp1" is the fused TP's tokens/s

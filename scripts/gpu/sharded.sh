@@ -6,20 +6,18 @@
 # $OUT. Build here first and bundle:
 #   cmake --build build-shard -j1 --target kjit_gpu_tests kjit_sharded_nccl_ranks \
 #     kjit_shared_cache_ranks kjit_bench_sharded
-#   scripts/device-bundle build-shard/tests/kjit_gpu_tests \
+#   scripts/package/device-bundle build-shard/tests/kjit_gpu_tests \
 #     build-shard/tests/kjit_sharded_nccl_ranks build-shard/tests/kjit_shared_cache_ranks \
 #     build-shard/tools/kjit-bench-sharded
 #   strip --strip-unneeded .device-bundle/bin/*     # 67 MiB with debug info, 4 MiB without
 # then, through the device tool, with carry [".device-bundle"]:
-#   bash scripts/gpu-sharded.sh
+#   bash scripts/gpu/sharded.sh
 set -uo pipefail
-out=${OUT:-/tmp/kjit-out}
-mkdir -p "$out"
-bin=.device-bundle/bin
-export LD_LIBRARY_PATH=$PWD/.device-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export KJIT_CACHE_DIR=$(mktemp -d)/kjit
-# NVLink multicast off everywhere (a program using it can take the host's shared GPUs down).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "$0")/common.sh"
+gpu_output
+gpu_bundle
+fresh_kernel_cache
+no_nvlink_multicast
 # NCCL is not bundled (200 MB): take the machine's, from the CUDA install, the loader's cache or the
 # nvidia-nccl wheel PyTorch uses.
 if [ -z "${KJIT_NCCL_LIBRARY:-}" ]; then
@@ -29,29 +27,30 @@ if [ -z "${KJIT_NCCL_LIBRARY:-}" ]; then
   ) | while read -r f; do [ -f "$f" ] && echo "$f" && break; done)
   [ -n "$KJIT_NCCL_LIBRARY" ] && export KJIT_NCCL_LIBRARY
 fi
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "NCCL: ${KJIT_NCCL_LIBRARY:-not found}"; } | tee "$out/gpu.txt"
+gpu_info "$out/gpu.txt" name,driver_version,clocks.sm,clocks.mem
+echo "NCCL: ${KJIT_NCCL_LIBRARY:-not found}" | tee -a "$out/gpu.txt"
 status=0
 echo "== GPU tests (sharded cross-entropy)"
-timeout ${TEST_TIMEOUT:-420} $bin/kjit_gpu_tests --gtest_filter='ShardedCrossEntropyGpu.*' 2>&1 \
+timeout ${TEST_TIMEOUT:-420} "$bin/kjit_gpu_tests" --gtest_filter='ShardedCrossEntropyGpu.*' 2>&1 \
   | tee "$out/sharded-gpu-tests.log" | grep -E '^\[|checked|NCCL|SKIP|Failure|Expected|Which|vs' | tail -60 || status=1
 if [ "${SKIP_UNSHARDED:-0}" != 1 ]; then
   echo "== GPU tests (unsharded cross-entropy: cross_entropy.cuh's shared pieces were factored out)"
-  timeout ${TEST_TIMEOUT:-420} $bin/kjit_gpu_tests --gtest_filter='CrossEntropyGpu.*' --gtest_brief=1 2>&1 \
+  timeout ${TEST_TIMEOUT:-420} "$bin/kjit_gpu_tests" --gtest_filter='CrossEntropyGpu.*' --gtest_brief=1 2>&1 \
     | tee "$out/unsharded-gpu-tests.log" | tail -15 || status=1
 fi
 echo "== NCCL, one process per GPU"
 for n in 2 4; do
-  timeout 300 $bin/kjit_sharded_nccl_ranks --ranks $n 2>&1 | tee -a "$out/nccl-ranks.log"
+  timeout 300 "$bin/kjit_sharded_nccl_ranks" --ranks $n 2>&1 | tee -a "$out/nccl-ranks.log"
   rc=${PIPESTATUS[0]}; echo "ranks $n exit $rc"; [ $rc = 0 ] || [ $rc = 77 ] || status=1
 done
 echo "== 8 ranks, one shared cache"
 gpus=$(nvidia-smi -L | wc -l)
-timeout 300 $bin/kjit_shared_cache_ranks --ranks 8 --gpus "$gpus" --json "$out/shared-cache-ranks.json" \
+timeout 300 "$bin/kjit_shared_cache_ranks" --ranks 8 --gpus "$gpus" --json "$out/shared-cache-ranks.json" \
   > "$out/shared-cache-ranks.log" 2>&1 || status=1
 grep -E 'rank0_ms|slowest_ms|compiled_once|nvrtc_compiles|cache_entries|FAIL' "$out/shared-cache-ranks.log"
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== benchmark"
-  timeout 300 $bin/kjit-bench-sharded --output "$out/bench-sharded.json" > "$out/bench-sharded.log" 2>&1 || status=1
+  timeout 300 "$bin/kjit-bench-sharded" --output "$out/bench-sharded.json" > "$out/bench-sharded.log" 2>&1 || status=1
   grep -E '"(op|ways|median_us|gbps|ratio_to_copy|ratio_to_copy_of_min_bytes|speedup_vs_unsharded)"' "$out/bench-sharded.log" || tail -5 "$out/bench-sharded.log"
 fi
 exit $status

@@ -4,10 +4,10 @@
 # runs them with ctest. Without a GPU the GPU suite skips, saying why. Exits non-zero on any build
 # or test failure and on any sanitizer report (every sanitizer here halts on its first finding).
 #
-# Usage: scripts/ci-sanitizers.sh [asan] [tsan]   (both when none is named)
+# Usage: scripts/ci/sanitizers.sh [asan] [tsan]   (both when none is named)
 # Takes about 10 minutes on a 2-core machine; KJIT_SANITIZER_JOBS sets the parallelism (default 2).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 jobs=${KJIT_SANITIZER_JOBS:-2}
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(asan tsan)
@@ -54,7 +54,7 @@ stage setup install_clang
 # Sanitizer run-time options; they reach the test binaries (and the kjit CLI the tests run) both
 # under ctest and during gtest's test discovery at build time. halt_on_error and
 # -fno-sanitize-recover make every finding fatal. No test is excluded; the one suppression is of
-# NVRTC's own (uninstrumented) calls under TSan, scripts/tsan-suppressions.txt says why.
+# NVRTC's own (uninstrumented) calls under TSan, scripts/ci/tsan-suppressions.txt says why.
 #
 # intercept_tls_get_addr=0: up to LLVM 16 the runtime's __tls_get_addr interceptor takes a dynamic
 # TLS block whose address is 16 bytes past a page boundary for one with a pre-2.25 glibc header and
@@ -66,7 +66,7 @@ stage setup install_clang
 # still reported; only pointers held solely in dynamic TLS go unscanned.
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export ASAN_OPTIONS="detect_leaks=1:intercept_tls_get_addr=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan-suppressions.txt"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/ci/tsan-suppressions.txt"
 
 build_and_test() {  # build_and_test NAME SANITIZE_FLAGS
   local name=$1 flags=$2 dir=build-$1
