@@ -22,6 +22,7 @@ try:
     import torch
     import torch.nn.functional as F
     import kjit.torch as kt
+    from kjit._loss_options import LossOptions
     from kjit.torch import functional, hf
 except ImportError:
     pass
@@ -40,8 +41,9 @@ def _extras(logits, target, ignore_index, loss, names, reduction, weight=None):
         return functional._loss_output(names, loss, target, lse.float(),
                                        logits.argmax(-1).to(target.dtype), entropy.float(),
                                        torch.where(valid, x_t - lse, 0.0).float(),
-                                       vocab=logits.shape[-1], ignore_index=ignore_index,
-                                       reduction=reduction, z_loss=0.0, weight=weight)
+                                       vocab=logits.shape[-1],
+                                       options=LossOptions(ignore_index, reduction),
+                                       weight=weight)
 
 
 @pytest.fixture

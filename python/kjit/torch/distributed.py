@@ -71,7 +71,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_lse):
         logits, target, weight, ws, sums = ctx.saved_tensors
         spec = ctx.spec
-        shape = (logits.shape[0],) if spec.reduction == "none" else (1,)
+        shape = (logits.shape[0],) if spec.options.reduction == "none" else (1,)
         grad_output = functional._per_row(grad_loss, shape)
         _, _, grad = _kernels_for(logits).finish(logits, target, weight, ws, sums, grad_output,
                                                  True, spec)
@@ -135,9 +135,10 @@ def _check_ranks_agree(group, spec: ShardSpec, rows: int, has_weight: bool, devi
     value) fields every rank must pass alike (`op`'s own: value a float, show how to print it);
     `slice_is` says in errors what a slice's width is."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    mine = [spec.shard_start, spec.shard_end, spec.vocab, rows, spec.ignore_index,
-            _REDUCTION_CODES.index(spec.reduction), spec.label_smoothing, spec.z_loss,
-            spec.softcap, float(has_weight)] + [float(value) for _, _, value in extra]
+    options = spec.options
+    mine = [spec.shard_start, spec.shard_end, spec.vocab, rows, options.ignore_index,
+            _REDUCTION_CODES.index(options.reduction), options.label_smoothing, options.z_loss,
+            options.softcap, float(has_weight)] + [float(value) for _, _, value in extra]
     fields = _SAME_ON_EVERY_RANK + tuple((name, show) for name, show, _ in extra)
     table = torch.zeros(world, len(mine), dtype=torch.float64, device=device)
     table[rank] = torch.tensor(mine, dtype=torch.float64)
@@ -247,8 +248,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                          f"{tuple(local.shape[:-1])}, got {tuple(target.shape)}")
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32)")
-    ignore_index, reduction, label_smoothing, z_loss, softcap = functional._loss_options(
-        ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = functional._loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     _kernels.dtype_name(local, "logits")
     _kernels.index_name(target, "target")
     _kernels_for(local)
@@ -259,13 +259,12 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     functional._same_device("target", flat_target, flat)
     if weight is not None:
         weight = functional._class_weight(weight, flat, vocab)
-    spec = ShardSpec(int(vocab), int(start), int(end), ignore_index, reduction, label_smoothing,
-                     z_loss, softcap)
+    spec = ShardSpec(int(vocab), int(start), int(end), options)
     if not torch.compiler.is_compiling():
         _check_ranks_agree(group, spec, flat.shape[0], weight is not None, flat.device,
                            vocab_start is None and mesh is None)
     loss, _ = _VocabParallelCrossEntropy.apply(flat, flat_target, weight, spec, group)
-    loss = loss.reshape(target.shape) if reduction == "none" else loss.reshape(())
+    loss = loss.reshape(target.shape) if options.reduction == "none" else loss.reshape(())
     if mesh is not None:
         DTensor, Replicate, _ = _dtensor_types()
         return DTensor.from_local(loss, mesh, [Replicate()], run_check=False)
@@ -334,7 +333,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             ws = kernels.stats(logits, t, class_weight, spec)
             row_max = kernels.max_of(ws, logits, t, class_weight, spec)
             # Our own extras ride along in the two all-reduces (no collective of their own).
-            x = _capped_fp32(logits, spec.softcap) if want_entropy else None
+            x = _capped_fp32(logits, spec.options.softcap) if want_entropy else None
             mine = ([x.max(dim=1).values] if want_entropy else []) + \
                 ([_argmax_key(logits, spec.shard_start)] if want_argmax else [])
             if mine:
@@ -349,7 +348,8 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             if want_entropy:  # this shard's sum of exp(x - M) x, M the whole row's max
                 ours.append((torch.exp(x - mine[0].float()[:, None]) * x).sum(dim=1))
             if want_logprob:
-                ours.append(_owned_target_logit(logits, t, spec.shard_start, spec.softcap))
+                ours.append(_owned_target_logit(logits, t, spec.shard_start,
+                                                spec.options.softcap))
             if ours:
                 n = sums.numel()
                 reduced = _waited(funcol.all_reduce(
@@ -435,7 +435,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
 
 def _valid_rows(target: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     t = target.long()
-    return (t != spec.ignore_index) & (t >= 0) & (t < spec.vocab)
+    return (t != spec.options.ignore_index) & (t >= 0) & (t < spec.vocab)
 
 
 def _replicated_input(t, what: str, partial_grad: bool):
@@ -591,8 +591,7 @@ def vocab_parallel_linear_cross_entropy(
     for what, t in (("weight", local_weight), ("target", target), ("bias", local_bias)):
         if t is not None:
             functional._same_device(what, t, flat)
-    ignore_index, reduction, label_smoothing, z_loss, softcap = functional._loss_options(
-        ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = functional._loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     names = functional._extras_wanted(extras)
     if weight_grad_accumulation not in ("fp32", "output_dtype"):
         raise ValueError("kjit: weight_grad_accumulation must be 'fp32' or 'output_dtype', got "
@@ -604,8 +603,7 @@ def vocab_parallel_linear_cross_entropy(
     world = dist.get_world_size(group)
     chunk = _chunk_rows(rows, -(-vocab // world), flat.dtype, chunk_rows)
     wanted = functional._kernel_extras(names)
-    spec = ShardSpec(int(vocab), int(start), int(end), ignore_index, reduction, label_smoothing,
-                     z_loss, softcap)
+    spec = ShardSpec(int(vocab), int(start), int(end), options)
     if not torch.compiler.is_compiling():
         grad_code = 0 if not needs_hidden_grad else (1 if reduce_hidden_grad else 2)
         _check_ranks_agree(
@@ -617,14 +615,13 @@ def vocab_parallel_linear_cross_entropy(
                    ("extras", _extras_shown, sum(int(w) << bit for bit, w in enumerate(wanted))),
                    ("hidden's gradient", lambda code: _HIDDEN_GRAD[int(code)], grad_code)))
     loss, *per_row = _VocabParallelLinearCrossEntropy.apply(
-        flat, local_weight, local_bias, flat_target, class_weight, spec._replace(reduction="none"),
-        reduction, group, chunk, wanted, reduce_hidden_grad, weight_grad_accumulation,
-        torch.is_grad_enabled())
-    loss = loss.reshape(target.shape) if reduction == "none" else loss
+        flat, local_weight, local_bias, flat_target, class_weight,
+        spec._replace(options=options._replace(reduction="none")), options.reduction, group,
+        chunk, wanted, reduce_hidden_grad, weight_grad_accumulation, torch.is_grad_enabled())
+    loss = loss.reshape(target.shape) if options.reduction == "none" else loss
     if names:
         out = functional._loss_output(names, loss, flat_target, *per_row, vocab=vocab,
-                                      ignore_index=ignore_index, reduction=reduction,
-                                      z_loss=z_loss, weight=class_weight)
+                                      options=options, weight=class_weight)
         # (per-row fields in target's shape; built anew, as torch.compile traces a NamedTuple)
         out = functional.LossOutput(*(
             value.reshape(target.shape) if value is not None and name != "loss" and

@@ -21,6 +21,7 @@ from typing import Iterable, NamedTuple, Optional, Union
 import torch
 
 from kjit import _capi
+from kjit._loss_options import LossOptions
 from kjit.torch import _kernels
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -159,10 +160,9 @@ def _kernel_extras(names: frozenset) -> tuple:
 
 
 def _loss_output(names, loss, target, lse, argmax, entropy, logprob, *, vocab: int,
-                 ignore_index: int, reduction: str, z_loss: float,
-                 weight: Optional[torch.Tensor]) -> LossOutput:
+                 options: LossOptions, weight: Optional[torch.Tensor]) -> LossOutput:
     """The LossOutput of the kernels' per-row outputs: reductions by torch ops on the device."""
-    valid = (target != ignore_index) & (target >= 0) & (target < vocab)
+    valid = (target != options.ignore_index) & (target >= 0) & (target < vocab)
     count = valid.sum()
     out = {}
     if "lse" in names:
@@ -180,10 +180,10 @@ def _loss_output(names, loss, target, lse, argmax, entropy, logprob, *, vocab: i
         out["mean_entropy"] = torch.where(valid, entropy, 0.0).sum() / count.to(torch.float32)
     if "z_loss" in names:
         w_t = 1.0 if weight is None else weight.float()[torch.where(valid, target, 0)]
-        per_row = torch.where(valid, z_loss * lse.square() * w_t, 0.0)
-        if reduction == "none":
+        per_row = torch.where(valid, options.z_loss * lse.square() * w_t, 0.0)
+        if options.reduction == "none":
             out["z_loss"] = per_row
-        elif reduction == "sum":
+        elif options.reduction == "sum":
             out["z_loss"] = per_row.sum()
         else:
             divisor = (count.to(torch.float32) if weight is None
@@ -216,7 +216,6 @@ class _CrossEntropy(torch.autograd.Function):
             # The weight only picks the backward's op handle: the rescale reads no weights.
             ctx.save_for_backward(grad, target, weight, grad_scale)
         ctx.options, ctx.extras = options, extras
-        ctx.reduction = options[1]
         return tuple(results)
 
     @staticmethod
@@ -229,7 +228,7 @@ class _CrossEntropy(torch.autograd.Function):
         if not torch.compiler.is_compiling():
             ctx.ran = True
         grad, target, weight, grad_scale = ctx.saved_tensors
-        shape = (grad.shape[0],) if ctx.reduction == "none" else (1,)
+        shape = (grad.shape[0],) if ctx.options.reduction == "none" else (1,)
         _kernels.cross_entropy_rescale_(grad, target, weight, _per_row(grad_loss, shape),
                                         grad_scale, *ctx.extras, *ctx.options)
         return grad, None, None, None, None, None, None, None  # no gradient for the weights
@@ -256,9 +255,9 @@ def _number_option(name: str, value) -> float:
 
 
 def _loss_options(ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
-                  softcap: Optional[float]) -> tuple:
-    """The loss options every loss takes, checked alike, as the kernels take them: (ignore_index,
-    reduction, label_smoothing, z_loss, softcap), softcap None or 0 meaning off."""
+                  softcap: Optional[float]) -> LossOptions:
+    """The loss options every loss takes, checked alike, as the kernels take them (softcap None
+    or 0 meaning off: 0)."""
     ignore_index = _integer_option("ignore_index", ignore_index)
     label_smoothing, z_loss = (_number_option("label_smoothing", label_smoothing),
                                _number_option("z_loss", z_loss))
@@ -273,7 +272,8 @@ def _loss_options(ignore_index: int, reduction: str, label_smoothing: float, z_l
     softcap = 0.0 if softcap is None else float(softcap)
     if not softcap >= 0:
         raise ValueError(f"kjit: softcap must be None or >= 0 (None or 0: off), got {softcap}")
-    return int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap
+    return LossOptions(int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+                       softcap)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
@@ -349,8 +349,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                                               torch.is_grad_enabled(), wanted)
     if names:
         return _loss_output(names, loss, target, lse, *per_row, vocab=logits.shape[1],
-                            ignore_index=int(ignore_index), reduction=reduction,
-                            z_loss=float(z_loss), weight=weight)
+                            options=options, weight=weight)
     return (loss, lse) if return_lse else loss
 
 
@@ -372,24 +371,25 @@ def _class_weight(weight, logits: torch.Tensor, vocab: int, what: str = "weight"
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, class_weight, grad_scale, options, grad_enabled,
-                extras):
+    def forward(ctx, hidden, weight, target, bias, class_weight, grad_scale, options, accumulation,
+                grad_enabled, extras):
         # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
         want = (grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1],
                 grad_enabled and bias is not None and ctx.needs_input_grad[3])
-        ctx.want, ctx.options, ctx.reduction = want, options, options[1]
+        ctx.want, ctx.options, ctx.accumulation = want, options, accumulation
         ctx.class_weight = class_weight
         # The forward's op handle, which the backward's rescale takes its kernels from.
         ctx.op_spec = (weight.shape[0], weight.shape[1], bias is not None,
                        _kernels.index_name(target, "target"), want[1] or want[2],
                        None if class_weight is None else
                        _kernels.dtype_name(class_weight, "class_weight"), extras[0], extras[1])
-        if not any(want) or ctx.reduction == "none":
+        if not any(want) or options.reduction == "none":
             # With "none", each row's loss gets its own upstream gradient and d_weight sums over
             # the rows, so a gradient computed now could not be rescaled: the backward runs the
             # fused pass with the upstream gradient instead (the logits GEMM runs twice).
             results = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias,
-                                                            class_weight, *extras, *options)
+                                                            class_weight, *extras, *options,
+                                                            accumulation)
             if any(want):
                 ctx.save_for_backward(hidden, weight, target, bias)
         else:
@@ -397,7 +397,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # Liger-Kernel's fused linear cross-entropy does): the backward rescales them to the
             # upstream gradient it gets, on the device, touching nothing when the two are equal.
             *results, d_hidden, d_weight, d_bias = _kernels.linear_cross_entropy_forward_backward(
-                hidden, weight, target, bias, class_weight, grad_scale, *extras, *want, *options)
+                hidden, weight, target, bias, class_weight, grad_scale, *extras, *want, *options,
+                accumulation)
             ctx.save_for_backward(d_hidden, d_weight, d_bias, grad_scale)
         ctx.mark_non_differentiable(*results[1:])
         return tuple(results)
@@ -412,12 +413,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                "instead")
         if not torch.compiler.is_compiling():
             ctx.ran = True
-        if ctx.reduction == "none":
+        if ctx.options.reduction == "none":
             hidden, weight, target, bias = ctx.saved_tensors
             grads = _kernels.linear_cross_entropy_forward_backward(
                 hidden, weight, target, bias, ctx.class_weight,
                 _per_row(grad_loss, (hidden.shape[0],)), False, False, False, *ctx.want,
-                *ctx.options)[-3:]
+                *ctx.options, ctx.accumulation)[-3:]
         else:
             *saved, applied = ctx.saved_tensors
             grad_output = _per_row(grad_loss, (1,))
@@ -431,10 +432,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 for which, g, wanted in zip(("d_hidden", "d_weight", "d_bias"), saved, ctx.want):
                     if wanted:
                         _kernels.linear_cross_entropy_rescale_(g, which, grad_output, applied,
-                                                               *ctx.op_spec, *ctx.options)
+                                                               *ctx.op_spec, *ctx.options,
+                                                               ctx.accumulation)
                 grads = saved
         d_hidden, d_weight, d_bias = (g if wanted else None for g, wanted in zip(grads, ctx.want))
-        return d_hidden, d_weight, None, d_bias, None, None, None, None, None
+        return d_hidden, d_weight, None, d_bias, None, None, None, None, None, None
 
 
 def _check_bias_and_dtypes(hidden: torch.Tensor, weight: torch.Tensor,
@@ -540,17 +542,15 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     scale = _scale_tensor(grad_scale, (1,), hidden.device)
     if class_weight is not None:
         class_weight = _class_weight(class_weight, hidden, vocab, "class_weight")
-    options = (*options, weight_grad_accumulation)
     wanted = _kernel_extras(names)
     if names & {"lse", "z_loss"} and not any(wanted):
         wanted = (False, False, True)  # any per-row output makes the op compute the lse
     loss, lse, *per_row = _LinearCrossEntropy.apply(hidden, weight, target, bias, class_weight,
-                                                    scale, options, torch.is_grad_enabled(),
-                                                    wanted)
+                                                    scale, options, weight_grad_accumulation,
+                                                    torch.is_grad_enabled(), wanted)
     if names:
-        return _loss_output(names, loss, target, lse, *per_row, vocab=vocab,
-                            ignore_index=int(ignore_index), reduction=reduction,
-                            z_loss=float(z_loss), weight=class_weight)
+        return _loss_output(names, loss, target, lse, *per_row, vocab=vocab, options=options,
+                            weight=class_weight)
     return loss
 
 
