@@ -99,7 +99,8 @@ def _stats(logits, target, weight, *spec):
     op = _op(logits, target, weight, spec)
     rows = logits.shape[0]
     workspace = _workspace_like(op, rows, logits.device)
-    loss = _loss_like(rows, spec.options.reduction, logits.device)  # checked, written by finish only
+    # (checked here, written by finish only)
+    loss = _loss_like(rows, spec.options.reduction, logits.device)
     op.compute_stats(_kernels._stream(logits.device),
                      **_fields(op, logits, target, weight, workspace, loss))
     return workspace

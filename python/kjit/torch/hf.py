@@ -60,7 +60,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kjit._runtime import KjitWarning
-from kjit.torch.functional import _is_dtensor, cross_entropy, linear_cross_entropy, rms_norm
+from kjit.torch._common import is_dtensor
+from kjit.torch.functional import cross_entropy, linear_cross_entropy, rms_norm
 
 # The model families apply_to supports, by model_type: kjit/model_families.json, the table kjit-tune
 # --config reads too (it embeds the file), so that kjit-tune prepares the kernels apply_to runs. The
@@ -487,7 +488,7 @@ def _zero3_partitioned(weight: torch.Tensor) -> bool:
 
 def _fused_loss(kept, labels, num_items_in_batch, ignore_index, shift_labels, extras=False):
     hidden, head, softcap = kept
-    if _is_dtensor(head.weight):
+    if is_dtensor(head.weight):
         raise ValueError(f"kjit.apply_to(linear_cross_entropy=True): lm_head's weight is a "
                          f"DTensor (placements {tuple(head.weight.placements)}) when the loss "
                          f"runs. {_OWN_FSDP_UNIT}")
