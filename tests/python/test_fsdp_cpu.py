@@ -85,7 +85,7 @@ def _worker(rank, world, store_dir, out_dir):
     failures = []
     try:
         import kjit.torch as kt
-        from kjit.torch import hf
+        from kjit.torch.integrations import hf
         from kjit.torch._common import is_dtensor
         from test_hf_fusion_cpu import reference_lce
         from torch.distributed.device_mesh import init_device_mesh

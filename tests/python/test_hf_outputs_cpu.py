@@ -23,7 +23,8 @@ try:
     import torch.nn.functional as F
     import kjit.torch as kt
     from kjit._loss_options import LossOptions
-    from kjit.torch import _common, hf
+    from kjit.torch import _common
+    from kjit.torch.integrations import hf
 except ImportError:
     pass
 

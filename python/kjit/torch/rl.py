@@ -250,7 +250,7 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
       loss whose upstream gradient is known takes 3.
     - lm_head runs in the inputs' dtype even under autocast (so that the backward recomputes the
       logits the forward read): cast hidden and weight to autocast's dtype first for a bf16 GEMM
-      (kjit.torch.trl does).
+      (kjit.torch.integrations.trl does).
     """
     for what, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
