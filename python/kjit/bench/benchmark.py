@@ -31,12 +31,7 @@ import sys
 import time
 from typing import Optional
 
-try:
-    import torch
-except ImportError:
-    if __name__ == "__main__":  # a message, not a traceback, for `python -m kjit.bench`
-        sys.exit("python -m kjit.bench needs PyTorch: pip install torch")
-    raise
+import torch
 import torch.nn.functional as F
 
 import kjit
@@ -825,6 +820,3 @@ def main(argv=None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
