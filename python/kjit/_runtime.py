@@ -20,6 +20,7 @@ import warnings as _warnings
 from typing import Callable, Optional, Union
 
 from kjit import _capi
+from kjit._loss_options import LossOptions
 
 
 PathArg = Union[str, bytes, os.PathLike]
@@ -36,19 +37,23 @@ def _choice(what: str, value: str, table: dict) -> int:
     return table[value]
 
 
-def _fill_loss(loss, what: str, options: dict) -> None:
-    """Sets a spec's embedded kjit_loss_options from the loss keywords, which are its field names
-    (a name it lacks raises TypeError)."""
-    options = dict(options)
-    options["target_type"] = _choice("target_type", options["target_type"], _capi.INDEX_TYPES)
-    options["reduction"] = _choice("reduction", options["reduction"], _capi.REDUCTIONS)
-    options["softcap"] = 0.0 if options["softcap"] is None else options["softcap"]
-    options["argmax"] = _capi.flag("argmax", options["argmax"])
-    options["entropy"] = _capi.flag("entropy", options["entropy"])
-    weights = options["class_weight_dtype"]
-    options["class_weight_dtype"] = -1 if weights is None else _choice(
-        "class_weight_dtype", weights, _capi.DTYPES)
-    _capi.fill(loss, what, options)
+def _fill_loss(loss, what: str, options: LossOptions, *, target_type: str, argmax, entropy,
+               class_weight_dtype: Optional[str]) -> None:
+    """Sets a spec's embedded kjit_loss_options: the loss options and the fields that pick the
+    program (the target type, the per-row outputs, the class weights' dtype)."""
+    _capi.fill(loss, what, dict(
+        options._asdict(), target_type=_choice("target_type", target_type, _capi.INDEX_TYPES),
+        reduction=_choice("reduction", options.reduction, _capi.REDUCTIONS),
+        argmax=_capi.flag("argmax", argmax), entropy=_capi.flag("entropy", entropy),
+        class_weight_dtype=-1 if class_weight_dtype is None else _choice(
+            "class_weight_dtype", class_weight_dtype, _capi.DTYPES)))
+
+
+def _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> LossOptions:
+    """The loss keywords as one value, softcap None meaning off (0); checked where they fill the
+    spec."""
+    return LossOptions(ignore_index, reduction, label_smoothing, z_loss,
+                       0.0 if softcap is None else softcap)
 
 
 def tensor(data: int, dtype: str, rows: int, cols: int, row_stride: Optional[int] = None):
@@ -97,11 +102,10 @@ class _Handle:
             self._destroy_function(handle)
             self._handle = None
 
-    def _launch(self, function: str, struct_type, stream, fields: dict) -> None:
+    def _launch(self, method: str, function: str, struct_type, stream, fields: dict) -> None:
+        """`method` (the Python name, for errors) calls C `function` with an args struct of
+        `fields`."""
         # An args struct's defaults are all zero (kjit_*_args_init), so the constructor sets it.
-        # `function` is the C name of the method ("kjit_rms_norm_" + "forward"), the class's
-        # prefix as in _destroy.
-        method = function[len(self._destroy) - len("destroy"):]
         args = _capi.fill(struct_type(ctypes.sizeof(struct_type)),
                           f"{type(self).__name__}.{method}()", fields)
         self._call(function, self._handle, _capi.stream(stream), ctypes.byref(args))
@@ -114,11 +118,12 @@ class RmsNorm(_Handle):
 
     def forward(self, stream, **fields) -> None:
         """fields: x, weight, y, rstd, residual, residual_out (kjit.tensor values)."""
-        self._launch("kjit_rms_norm_forward", _capi.RmsNormForwardArgs, stream, fields)
+        self._launch("forward", "kjit_rms_norm_forward", _capi.RmsNormForwardArgs, stream, fields)
 
     def backward(self, stream, **fields) -> None:
         """fields: dy, x, weight, rstd, dx, dw, dresidual, workspace, workspace_bytes."""
-        self._launch("kjit_rms_norm_backward", _capi.RmsNormBackwardArgs, stream, fields)
+        self._launch("backward", "kjit_rms_norm_backward",
+                     _capi.RmsNormBackwardArgs, stream, fields)
 
     def backward_workspace_bytes(self, rows: int) -> int:
         return self._call_int64("kjit_rms_norm_backward_workspace_bytes", self._handle,
@@ -142,24 +147,25 @@ class CrossEntropy(_Handle):
         """fields: logits, targets, loss, lse, argmax, entropy (iff the op was made with
         entropy=True), target_logprob (optional), workspace, workspace_bytes, and class_weight (a
         [vocab] vector) iff the op was made with class_weight_dtype."""
-        self._launch("kjit_cross_entropy_forward", _capi.CrossEntropyArgs, stream, fields)
+        self._launch("forward", "kjit_cross_entropy_forward",
+                     _capi.CrossEntropyArgs, stream, fields)
 
     def forward_backward(self, stream, **fields) -> None:
         """forward's fields plus grad (may be logits: in place) and grad_output."""
-        self._launch("kjit_cross_entropy_forward_backward", _capi.CrossEntropyArgs, stream,
-                     fields)
+        self._launch("forward_backward", "kjit_cross_entropy_forward_backward",
+                     _capi.CrossEntropyArgs, stream, fields)
 
     def backward(self, stream, **fields) -> None:
         """fields: logits, targets, lse, grad_output, grad, workspace, workspace_bytes,
         class_weight (as for forward)."""
-        self._launch("kjit_cross_entropy_backward", _capi.CrossEntropyBackwardArgs, stream,
-                     fields)
+        self._launch("backward", "kjit_cross_entropy_backward",
+                     _capi.CrossEntropyBackwardArgs, stream, fields)
 
     def rescale_gradient(self, stream, **fields) -> None:
         """fields: grad, grad_output, applied (see kjit_cross_entropy_rescale_args); no class
         weights, even for an op that has them."""
-        self._launch("kjit_cross_entropy_rescale_gradient", _capi.CrossEntropyRescaleArgs, stream,
-                     fields)
+        self._launch("rescale_gradient", "kjit_cross_entropy_rescale_gradient",
+                     _capi.CrossEntropyRescaleArgs, stream, fields)
 
     def workspace_bytes(self, rows: int) -> int:
         return self._call_int64("kjit_cross_entropy_workspace_bytes", self._handle,
@@ -184,19 +190,19 @@ class LinearCrossEntropy(_Handle):
         """fields: hidden_states, weight, bias (iff the op has one), targets, loss, lse, argmax
         (iff the op has it), entropy (iff the op has it), target_logprob (optional), class_weight
         (iff the op has class_weight_dtype), workspace, workspace_bytes (kjit.tensor / kjit.index values)."""
-        self._launch("kjit_linear_cross_entropy_forward", _capi.LinearCrossEntropyArgs, stream,
-                     fields)
+        self._launch("forward", "kjit_linear_cross_entropy_forward",
+                     _capi.LinearCrossEntropyArgs, stream, fields)
 
     def forward_backward(self, stream, **fields) -> None:
         """forward's fields plus grad_output and the gradients wanted, each optional: d_hidden,
         d_weight, d_bias; accumulate=1 adds d_weight and d_bias to what they hold."""
-        self._launch("kjit_linear_cross_entropy_forward_backward", _capi.LinearCrossEntropyArgs,
-                     stream, fields)
+        self._launch("forward_backward", "kjit_linear_cross_entropy_forward_backward",
+                     _capi.LinearCrossEntropyArgs, stream, fields)
 
     def rescale_gradients(self, stream, **fields) -> None:
         """fields: d_hidden, d_weight, d_bias (each optional), grad_output and applied (see
         kjit_linear_cross_entropy_rescale_args): nothing is touched when they are equal."""
-        self._launch("kjit_linear_cross_entropy_rescale_gradients",
+        self._launch("rescale_gradients", "kjit_linear_cross_entropy_rescale_gradients",
                      _capi.LinearCrossEntropyRescaleArgs, stream, fields)
 
     def workspace_bytes(self, rows: int) -> int:
@@ -240,14 +246,14 @@ class ShardedCrossEntropy(_Handle):
         vocab), loss, lse, class_weight (the whole [vocab], iff the op has class_weight_dtype),
         workspace, workspace_bytes; grad and grad_output are finish's, and may be given here too
         (the same fields for every step)."""
-        self._launch("kjit_sharded_cross_entropy_compute_stats", _capi.ShardedCrossEntropyArgs,
-                     stream, fields)
+        self._launch("compute_stats", "kjit_sharded_cross_entropy_compute_stats",
+                     _capi.ShardedCrossEntropyArgs, stream, fields)
 
     def finish(self, stream, **fields) -> None:
         """compute_stats's fields, plus grad (the shard's gradient, may be logits) and
         grad_output: the whole row's loss and lse, the shard's gradient."""
-        self._launch("kjit_sharded_cross_entropy_finish", _capi.ShardedCrossEntropyArgs, stream,
-                     fields)
+        self._launch("finish", "kjit_sharded_cross_entropy_finish",
+                     _capi.ShardedCrossEntropyArgs, stream, fields)
 
     def run(self, stream, nccl_comm: int, **fields) -> None:
         """compute_stats, the all-reduces over `nccl_comm` (an ncclComm_t's address) and
@@ -299,12 +305,13 @@ class LogProbs(_Handle):
     def forward(self, stream, **fields) -> None:
         """fields: logits, targets, logprob, entropy (iff the op was made with entropy=True),
         lse (optional, what backward needs)."""
-        self._launch("kjit_log_probs_forward", _capi.LogProbsArgs, stream, fields)
+        self._launch("forward", "kjit_log_probs_forward", _capi.LogProbsArgs, stream, fields)
 
     def backward(self, stream, **fields) -> None:
         """fields: logits, targets, lse, entropy (with grad_entropy), grad_logprob and
         grad_entropy (each optional), grad (may be logits: in place)."""
-        self._launch("kjit_log_probs_backward", _capi.LogProbsBackwardArgs, stream, fields)
+        self._launch("backward", "kjit_log_probs_backward",
+                     _capi.LogProbsBackwardArgs, stream, fields)
 
     def config(self) -> str:
         return self._call_string("kjit_log_probs_config", self._handle)
@@ -410,10 +417,10 @@ class Runtime(_Handle):
         _capi.fill(spec, "cross_entropy()", dict(
             vocab=vocab, dtype=_choice("dtype", dtype, _capi.DTYPES),
             config=_capi.c_string("config", config)))
-        _fill_loss(spec.loss, "cross_entropy()", dict(
-            target_type=target_type, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, argmax=argmax,
-            entropy=entropy, class_weight_dtype=class_weight_dtype))
+        _fill_loss(spec.loss, "cross_entropy()",
+                   _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap),
+                   target_type=target_type, argmax=argmax, entropy=entropy,
+                   class_weight_dtype=class_weight_dtype)
         op = CrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
@@ -442,10 +449,10 @@ class Runtime(_Handle):
             weight_grad_accumulation=_choice("weight_grad_accumulation", weight_grad_accumulation,
                                              _capi.ACCUMULATIONS),
             config=_capi.c_string("config", config)))
-        _fill_loss(spec.loss, "linear_cross_entropy()", dict(
-            target_type=target_type, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, argmax=argmax,
-            entropy=entropy, class_weight_dtype=class_weight_dtype))
+        _fill_loss(spec.loss, "linear_cross_entropy()",
+                   _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap),
+                   target_type=target_type, argmax=argmax, entropy=entropy,
+                   class_weight_dtype=class_weight_dtype)
         op = LinearCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_linear_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))
@@ -481,10 +488,10 @@ class Runtime(_Handle):
         _capi.fill(spec, "sharded_cross_entropy()", dict(
             vocab=vocab, shard_start=shard_start, shard_end=shard_end,
             dtype=_choice("dtype", dtype, _capi.DTYPES), config=_capi.c_string("config", config)))
-        _fill_loss(spec.loss, "sharded_cross_entropy()", dict(
-            target_type=target_type, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, argmax=False,
-            entropy=False, class_weight_dtype=class_weight_dtype))
+        _fill_loss(spec.loss, "sharded_cross_entropy()",
+                   _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap),
+                   target_type=target_type, argmax=False, entropy=False,
+                   class_weight_dtype=class_weight_dtype)
         op = ShardedCrossEntropy(ctypes.c_void_p(), keep=self)
         self._call("kjit_sharded_cross_entropy_create", self._handle, ctypes.byref(spec),
                    ctypes.byref(op._handle))

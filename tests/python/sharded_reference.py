@@ -21,7 +21,7 @@ _STATS = 5  # local max, max, sum_exp, sum_x, target logit
 
 def _capped(logits, spec):
     x = logits.double()
-    return spec.softcap * torch.tanh(x / spec.softcap) if spec.softcap else x
+    return spec.options.softcap * torch.tanh(x / spec.options.softcap) if spec.options.softcap else x
 
 
 def _weights(weight, spec, rows_like):
@@ -69,17 +69,17 @@ class ReferenceShardKernels:
         row_max = ws[rows:2 * rows]
         sum_exp, sum_x, target_logit = sums.reshape(3, rows)
         lse = row_max + torch.log(sum_exp)
-        eps, z, vocab = spec.label_smoothing, spec.z_loss, spec.vocab
+        eps, z, vocab = spec.options.label_smoothing, spec.options.z_loss, spec.vocab
         t = target.long()
-        valid = (t != spec.ignore_index) & (t >= 0) & (t < vocab)
+        valid = (t != spec.options.ignore_index) & (t >= 0) & (t < vocab)
         w_local, w_t, sum_w = _weights(weight, spec, target)
         per_row = w_t * ((1 - eps) * (lse - target_logit) + z * lse ** 2) + \
             eps / vocab * (lse * sum_w - sum_x)
         per_row = torch.where(valid, per_row, 0.0)
         divisor = torch.where(valid, w_t, 0.0).sum()
-        if spec.reduction == "none":
+        if spec.options.reduction == "none":
             loss = per_row
-        elif spec.reduction == "sum":
+        elif spec.options.reduction == "sum":
             loss = per_row.sum().reshape(1)
         else:
             loss = (per_row.sum() / divisor).reshape(1)
@@ -94,11 +94,11 @@ class ReferenceShardKernels:
             onehot = torch.zeros_like(g)
             onehot[inside, local_t[inside]] = 1.0
             g = g - (1 - eps) * w_t[:, None] * onehot
-            if spec.softcap:
-                g = g * (1 - torch.tanh(logits.double() / spec.softcap) ** 2)
+            if spec.options.softcap:
+                g = g * (1 - torch.tanh(logits.double() / spec.options.softcap) ** 2)
             scale = torch.ones(1, dtype=torch.float64) if grad_output is None else \
                 grad_output.double()
-            if spec.reduction == "mean":
+            if spec.options.reduction == "mean":
                 scale = scale / divisor
             g = torch.where(valid[:, None], g * scale.reshape(-1, 1), 0.0)
             gradient = g.to(logits.dtype)

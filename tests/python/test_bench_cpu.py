@@ -11,7 +11,7 @@ pytestmark = needs_torch
 
 try:
     import torch
-    from kjit import bench
+    from kjit.bench import benchmark as bench
 except ImportError:
     pass
 

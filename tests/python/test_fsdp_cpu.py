@@ -85,7 +85,8 @@ def _worker(rank, world, store_dir, out_dir):
     failures = []
     try:
         import kjit.torch as kt
-        from kjit.torch import hf
+        from kjit.torch.integrations import hf
+        from kjit.torch._common import is_dtensor
         from test_hf_fusion_cpu import reference_lce
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
@@ -112,7 +113,7 @@ def _worker(rank, world, store_dir, out_dir):
         used = []
 
         def lce(hidden, weight, target, bias=None, **options):
-            used.append(tuple(weight.shape) if not hf._is_dtensor(weight) else "DTensor")
+            used.append(tuple(weight.shape) if not is_dtensor(weight) else "DTensor")
             return reference_lce(hidden, weight, target, bias, **options)
 
         hf.linear_cross_entropy = lce

@@ -28,7 +28,7 @@ pytestmark = needs_transformers
 try:
     import torch
     import kjit.torch as kt
-    from kjit.torch import hf
+    from kjit.torch.integrations import hf
 except ImportError:
     pass
 

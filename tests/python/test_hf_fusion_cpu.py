@@ -24,7 +24,7 @@ try:
     import torch
     import torch.nn.functional as F
     import kjit.torch as kt
-    from kjit.torch import hf
+    from kjit.torch.integrations import hf
 except ImportError:
     pass
 

@@ -22,7 +22,9 @@ try:
     import torch
     import torch.nn.functional as F
     import kjit.torch as kt
-    from kjit.torch import functional, hf
+    from kjit._loss_options import LossOptions
+    from kjit.torch import _common
+    from kjit.torch.integrations import hf
 except ImportError:
     pass
 
@@ -37,11 +39,11 @@ def _extras(logits, target, ignore_index, loss, names, reduction, weight=None):
         entropy = -(logp.exp() * logp).sum(-1)
         valid = target != ignore_index
         x_t = logits.gather(1, torch.where(valid, target, 0)[:, None])[:, 0]
-        return functional._loss_output(names, loss, target, lse.float(),
-                                       logits.argmax(-1).to(target.dtype), entropy.float(),
-                                       torch.where(valid, x_t - lse, 0.0).float(),
-                                       vocab=logits.shape[-1], ignore_index=ignore_index,
-                                       reduction=reduction, z_loss=0.0, weight=weight)
+        return _common.loss_output(names, loss, target, lse.float(),
+                                   logits.argmax(-1).to(target.dtype), entropy.float(),
+                                   torch.where(valid, x_t - lse, 0.0).float(),
+                                   vocab=logits.shape[-1],
+                                   options=LossOptions(ignore_index, reduction), weight=weight)
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def kjit_loss_on_cpu(monkeypatch):
         out = loss
         if extras:
             out = _extras(logits.detach().double(), target, ignore_index, loss,
-                          functional._extras_wanted(extras), reduction)
+                          _common.extras_wanted(extras), reduction)
         if inplace_backward and not logits.is_leaf and logits.requires_grad:
             # What the fused kernel does: the gradient, for the declared upstream gradient,
             # written over the logits during the forward (the graph above keeps what it needs).
@@ -220,7 +222,7 @@ def fused_with_metrics_on_cpu(monkeypatch):
         if not extras:
             return loss
         return _extras(logits.detach().double(), target, ignore_index, loss,
-                       functional._extras_wanted(extras), reduction)
+                       _common.extras_wanted(extras), reduction)
 
     monkeypatch.setattr(hf, "_runs_on_kjit", lambda hidden: True)
     monkeypatch.setattr(hf, "linear_cross_entropy", lce)

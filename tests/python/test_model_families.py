@@ -36,7 +36,7 @@ def test_kjit_tune_embeds_the_table_the_package_reads():
 
 @needs_torch
 def test_apply_to_reads_the_same_table():
-    from kjit.torch import hf
+    from kjit.torch.integrations import hf
     families = _families()
     assert hf._SUPPORTED == {name: (f["norm_casting"], f.get("norm_weight_offset", 0.0))
                              for name, f in families.items()}

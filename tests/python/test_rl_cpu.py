@@ -74,7 +74,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(_kernels, "log_probs_forward", forward)
     monkeypatch.setattr(_kernels, "log_probs_backward", backward)
     monkeypatch.setattr(_kernels, "log_probs_backward_", backward_)
-    monkeypatch.setattr(rl, "_check_on_one_gpu", lambda *named: None)
+    monkeypatch.setattr(rl, "check_on_one_gpu", lambda *named: None)
     return made
 
 

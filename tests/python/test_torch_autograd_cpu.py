@@ -14,6 +14,7 @@ try:
     import torch
     import torch.nn.functional as F
     import kjit.torch as kt
+    from kjit._loss_options import LossOptions
     from kjit.torch import _kernels, functional
 except ImportError:
     pass
@@ -93,7 +94,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(_kernels, "linear_cross_entropy_forward", forward)
     monkeypatch.setattr(_kernels, "linear_cross_entropy_forward_backward", forward_backward)
     monkeypatch.setattr(_kernels, "linear_cross_entropy_rescale_", rescale)
-    monkeypatch.setattr(functional, "_check_on_one_gpu", lambda *named: None)
+    monkeypatch.setattr(functional, "check_on_one_gpu", lambda *named: None)
     return made
 
 
@@ -307,11 +308,16 @@ def test_lse_square_scale_still_works_and_warns(launches):
 
 def test_the_weight_gradient_accumulation_is_chosen_and_checked(launches, monkeypatch):
     specs = []
-    monkeypatch.setattr(_kernels, "_op", lambda kind, device, **spec: specs.append(spec))
-    _kernels.linear_cross_entropy_op(*_inputs()[:3], True, True, None, (False, False, False),
-                                     -100, "mean", 0.0, 0.0, 0.0, "output_dtype")
-    _kernels.linear_cross_entropy_op(*_inputs()[:3], True, True, None, (False, False, False),
-                                     -100, "mean", 0.0, 0.0, 0.0, "fp32")
+
+    class Runtime:
+        def linear_cross_entropy(self, **spec):
+            specs.append(spec)
+
+    monkeypatch.setattr(_kernels, "runtime", lambda device: Runtime())
+    monkeypatch.setattr(_kernels, "_ops", {})
+    for accumulation in ("output_dtype", "fp32"):
+        _kernels.linear_cross_entropy_op(*_inputs()[:3], True, True, None, (False, False, False),
+                                         LossOptions(), accumulation)
     assert [s["weight_grad_accumulation"] for s in specs] == ["output_dtype", "fp32"]
     with pytest.raises(ValueError, match="weight_grad_accumulation"):
         kt.linear_cross_entropy(*_inputs(), weight_grad_accumulation="bf16")

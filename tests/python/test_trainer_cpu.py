@@ -23,8 +23,8 @@ try:
     import torch.nn.functional as F
     import transformers
     import kjit.torch as kt
-    from kjit.torch import hf
-    from kjit.torch.trainer import KjitMetricsMixin
+    from kjit.torch.integrations import hf
+    from kjit.torch.integrations.trainer import KjitMetricsMixin
     from test_hf_outputs_cpu import kjit_loss_on_cpu  # noqa: F401 (a fixture)
 except ImportError:
     pass
@@ -90,6 +90,14 @@ def expected_metrics(model, batches):
             entropy += (-(logp.exp() * logp).sum(-1))[valid].sum().item()
             count += valid.sum().item()
     return hits / count, entropy / count, count
+
+
+def test_the_old_module_paths_give_the_same_names():
+    import kjit.torch.hf
+    import kjit.torch.trainer
+    assert kjit.torch.hf.take_metrics is hf.take_metrics
+    assert kjit.torch.hf.apply_to is kt.apply_to
+    assert kjit.torch.trainer.KjitMetricsMixin is KjitMetricsMixin
 
 
 @pytest.mark.parametrize("kjit_loss", [False, True], ids=["hf_loss", "kjit_loss_stand_in"])

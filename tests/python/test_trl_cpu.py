@@ -1,9 +1,9 @@
-"""TRL's SFTTrainer on kjit's loss (kjit.torch.trl.KjitSFTTrainer), a few steps of a tiny random
-LLaMA on the CPU against TRL's own SFTTrainer on the unpatched model: the same losses, trained
-weights and logged entropy, mean_token_accuracy and num_tokens, with the loss computed by kjit's
-path (its kernels replaced by float64 stand-ins on the CPU, as in test_hf_outputs_cpu.py): the
-cross-entropy over the logits, and the fused lm_head + loss. Skips without torch, transformers and
-trl."""
+"""TRL's SFTTrainer on kjit's loss (kjit.torch.integrations.trl.KjitSFTTrainer), a few steps of a
+tiny random LLaMA on the CPU against TRL's own SFTTrainer on the unpatched model: the same losses,
+trained weights and logged entropy, mean_token_accuracy and num_tokens, with the loss computed by
+kjit's path (its kernels replaced by float64 stand-ins on the CPU, as in test_hf_outputs_cpu.py):
+the cross-entropy over the logits, and the fused lm_head + loss. Skips without torch, transformers
+and trl."""
 
 import copy
 import importlib.util
@@ -24,7 +24,7 @@ try:
     import trl
     import kjit
     import kjit.torch as kt
-    from kjit.torch.trl import KjitSFTTrainer
+    from kjit.torch.integrations.trl import KjitSFTTrainer
     from test_hf_outputs_cpu import (fused_with_metrics_on_cpu,  # noqa: F401 (fixtures)
                                      kjit_loss_on_cpu)
 except ImportError:
@@ -84,6 +84,11 @@ def train(model, trainer_class, tmp_path, steps=3, cpu=True, fallback_warnings="
 def tiny():
     return small_hf_model("llama", vocab_size=VOCAB, hidden_size=32, max_positions=64,
                           final_softcap=0.0)
+
+
+def test_the_old_module_path_gives_the_same_trainer():
+    import kjit.torch.trl
+    assert kjit.torch.trl.KjitSFTTrainer is KjitSFTTrainer
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["logits", "lm_head_fused"])

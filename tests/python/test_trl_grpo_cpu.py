@@ -1,10 +1,10 @@
-"""TRL's GRPOTrainer on kjit's RL heads (kjit.torch.trl.KjitGRPOTrainer), a few steps of a tiny
-random LLaMA on the CPU against TRL's own GRPOTrainer: the same logged loss, entropy, grad_norm
-and trained weights, with the per-token log-probabilities and entropies (the policy's with their
-gradients, the reference policy's forward-only) computed by kjit.torch.linear_log_probs (its
-kernels replaced by float64 stand-ins on the CPU, as in test_rl_cpu.py), at temperature 0.7 and
-with TRL's entropy bonus (entropy_coef) so that the entropy's gradient reaches the weights; on a
-GPU also with kjit's kernels themselves. Skips without torch, transformers, trl and datasets."""
+"""TRL's GRPOTrainer on kjit's RL heads (kjit.torch.integrations.trl.KjitGRPOTrainer), a few steps
+of a tiny random LLaMA on the CPU against TRL's own GRPOTrainer: the same logged loss, entropy,
+grad_norm and trained weights, with the per-token log-probabilities and entropies (the policy's with
+their gradients, the reference policy's forward-only) computed by kjit.torch.linear_log_probs (its
+kernels replaced by float64 stand-ins on the CPU, as in test_rl_cpu.py), at temperature 0.7 and with
+TRL's entropy bonus (entropy_coef) so that the entropy's gradient reaches the weights; on a GPU also
+with kjit's kernels themselves. Skips without torch, transformers, trl and datasets."""
 
 import importlib.util
 import warnings
@@ -24,7 +24,7 @@ try:
     import trl
     import kjit
     import kjit.torch as kt
-    import kjit.torch.trl as ktrl
+    import kjit.torch.integrations.trl as ktrl
     from test_rl_cpu import launches  # noqa: F401 (the fixture: kernels as float64 stand-ins)
     from test_trl_cpu import VOCAB, tokenizer
 except ImportError:

@@ -1,7 +1,7 @@
-"""kjit.torch.verl.linear_cross_entropy, verl's fused lm_head + log-probs + entropy, on the CPU
-(kjit's kernels replaced by the float64 stand-ins of test_rl_cpu.py) against a float64 torch
-implementation of verl's definitions (verl/utils/kernel: logits = hidden @ weight.T / T, logprobs
-= -cross_entropy(logits, labels, "none"), reduced by sum or mean over every token, entropy =
+"""kjit.torch.integrations.verl.linear_cross_entropy, verl's fused lm_head + log-probs + entropy, on
+the CPU (kjit's kernels replaced by the float64 stand-ins of test_rl_cpu.py) against a float64 torch
+implementation of verl's definitions (verl/utils/kernel: logits = hidden @ weight.T / T, logprobs =
+-cross_entropy(logits, labels, "none"), reduced by sum or mean over every token, entropy =
 logsumexp(logits) - sum softmax(logits) * logits): outputs, shapes and the gradients of hidden and
 weight from both outputs. verl itself is not installed here."""
 
@@ -14,7 +14,7 @@ pytestmark = needs_torch
 try:
     import torch
     import torch.nn.functional as F
-    from kjit.torch.verl import linear_cross_entropy
+    from kjit.torch.integrations.verl import linear_cross_entropy
     from test_rl_cpu import launches  # noqa: F401 (the fixture: kernels as float64 stand-ins)
 except ImportError:
     pass
@@ -53,6 +53,11 @@ def test_matches_verls_definitions(launches, reduction, temperature):
     ((ref_lp * 2).sum() + (ref_h * up).sum()).backward()
     torch.testing.assert_close(h.grad.double(), rh.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(w.grad.double(), rw.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_the_old_module_path_gives_the_same_function():
+    import kjit.torch.verl
+    assert kjit.torch.verl.linear_cross_entropy is linear_cross_entropy
 
 
 def test_refuses_what_it_does_not_compute(launches):

@@ -21,7 +21,8 @@ except ImportError as e:  # pragma: no cover - exercised where torch is absent
                       "python -m kjit doctor) works without it") from e
 
 from kjit.torch.functional import LossOutput, cross_entropy, linear_cross_entropy, rms_norm
-from kjit.torch.hf import KjitFallbackError, KjitFallbackWarning, KjitHFRMSNorm, apply_to
+from kjit.torch.integrations.hf import (KjitFallbackError, KjitFallbackWarning, KjitHFRMSNorm,
+                                        apply_to)
 from kjit.torch.modules import CrossEntropyLoss, LinearCrossEntropyLoss, RMSNorm
 from kjit.torch.rl import linear_log_probs, log_probs
 

@@ -11,12 +11,14 @@ rest.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from kjit import _capi
-from kjit._runtime import Runtime
+from kjit._loss_options import SCHEMA as LOSS_SCHEMA
+from kjit._loss_options import LossOptions
+from kjit._runtime import CrossEntropy, LinearCrossEntropy, LogProbs, RmsNorm, Runtime
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _INDEX_TYPES = {torch.int32: "int32", torch.int64: "int64"}
@@ -36,12 +38,12 @@ def runtime(device: torch.device) -> Runtime:
         return rt
 
 
-def _op(kind: str, device: torch.device, **spec):
-    key = (kind, device.index, *spec.values())  # one call site per kind: a fixed order
+def cached_op(device: torch.device, key: tuple, make: Callable[[Runtime], object]):
+    """The op handle of `key` (its kind and spec) on `device`, made once by make(runtime)."""
+    key = (device.index, *key)
     op = _ops.get(key)
     if op is None:
-        rt = runtime(device)
-        op = getattr(rt, kind)(**spec)
+        op = make(runtime(device))
         with _lock:
             op = _ops.setdefault(key, op)
     return op
@@ -113,17 +115,17 @@ def as_index(t: torch.Tensor, what: str) -> _capi.Index:
     return _capi.Index(t.data_ptr(), _capi.INDEX_TYPES[index_name(t, what)], t.numel())
 
 
-def _workspace(op, size_of: str, rows: int, device: torch.device) -> torch.Tensor:
-    """A workspace of op.<size_of>(rows) bytes (the size asked of the library once per op and
-    row count)."""
-    key = (id(op), size_of, rows)
+def _workspace(size_of: Callable[[int], int], rows: int, device: torch.device) -> torch.Tensor:
+    """A workspace of size_of(rows) bytes, size_of an op's bound method (the size is asked of the
+    library once per op, method and row count)."""
+    key = (size_of, rows)
     nbytes = _workspace_bytes.get(key)
     if nbytes is None:
-        nbytes = _workspace_bytes[key] = getattr(op, size_of)(rows)
+        nbytes = _workspace_bytes[key] = size_of(rows)
     return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
 
 
-_workspace_bytes: dict = {}  # ops live as long as the process (_ops), so their ids are stable
+_workspace_bytes: dict = {}  # ops live as long as the process (_ops): their methods as keys
 
 
 class _Kernel:
@@ -152,18 +154,17 @@ def _kernel(name: str, schema: str, mutates_args=()):
 
 # ---- Cross-entropy -----------------------------------------------------------------------------
 
-def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                     reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, options: LossOptions,
                      weight: Optional[torch.Tensor] = None, argmax: bool = False,
-                     entropy: bool = False):
+                     entropy: bool = False) -> CrossEntropy:
     """The op handle; class weights make another program, keyed by their dtype (the weights
     themselves are a launch argument), and so do argmax and entropy (per-row outputs compiled in)."""
-    return _op("cross_entropy", logits.device, vocab=logits.shape[-1],
-               dtype=dtype_name(logits, "logits"), target_type=index_name(target, "target"),
-               ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
-               z_loss=z_loss, softcap=softcap,
-               class_weight_dtype=None if weight is None else dtype_name(weight, "weight"),
-               argmax=bool(argmax), entropy=bool(entropy))
+    spec = dict(vocab=logits.shape[-1], dtype=dtype_name(logits, "logits"),
+                target_type=index_name(target, "target"),
+                class_weight_dtype=None if weight is None else dtype_name(weight, "weight"),
+                argmax=bool(argmax), entropy=bool(entropy))
+    return cached_op(logits.device, ("cross_entropy", options, *spec.values()),
+                     lambda rt: rt.cross_entropy(**spec, **options._asdict()))
 
 
 def _loss_like(logits: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -198,104 +199,101 @@ def _extras_fields(extras: tuple, target: torch.Tensor) -> dict:
     return fields
 
 
-def _ce_launch(method: str, logits, target, weight, grad, grad_scale, want, ignore_index,
-               reduction, label_smoothing, z_loss, softcap):
-    op = cross_entropy_op(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                          softcap, weight, want[0], want[1])
+def _ce_launch(logits, target, weight, grad, grad_scale, want, options: LossOptions):
+    """The forward, or with `grad` (a tensor, or the logits: in place) the forward and backward
+    in one pass."""
+    op = cross_entropy_op(logits, target, options, weight, want[0], want[1])
     rows = logits.shape[0]
-    loss, lse = _loss_like(logits, reduction), _lse_like(logits)
+    loss, lse = _loss_like(logits, options.reduction), _lse_like(logits)
     extras = _extras_like(logits, target, *want)
-    workspace = _workspace(op, "workspace_bytes", rows, logits.device)
+    workspace = _workspace(op.workspace_bytes, rows, logits.device)
     matrix = as_matrix(logits, "logits")
     fields = dict(logits=matrix, targets=as_index(target, "target"), loss=as_vector(loss),
                   lse=as_vector(lse), workspace=workspace.data_ptr(),
                   workspace_bytes=workspace.numel(), **_extras_fields(extras, target))
     if weight is not None:
         fields.update(class_weight=as_vector(weight))
-    if grad is not None:
-        fields.update(grad=matrix if grad is logits else as_matrix(grad, "grad"),
-                      grad_output=as_vector(grad_scale))
-    getattr(op, method)(_stream(logits.device), **fields)
+    if grad is None:
+        op.forward(_stream(logits.device), **fields)
+    else:
+        op.forward_backward(_stream(logits.device), grad_output=as_vector(grad_scale),
+                            grad=matrix if grad is logits else as_matrix(grad, "grad"), **fields)
     return (loss, lse, *extras)
 
-
-_SCHEMA_OPTIONS = "int ignore_index, str reduction, float label_smoothing, float z_loss, float softcap"
 # Which per-row extras a launch writes: argmax (the predicted token), entropy, the target's
 # log-probability.
 _SCHEMA_EXTRAS = "bool argmax, bool entropy, bool logprob"
 _CE_RESULTS = "(Tensor, Tensor, Tensor, Tensor, Tensor)"  # loss, lse, argmax, entropy, logprob
+# The custom ops take the loss options as LOSS_SCHEMA's scalars, last: `*options` below, made one
+# LossOptions again (LossOptions(*options)) before anything reads them.
 
 
 @_kernel("cross_entropy_forward", mutates_args=(),
          schema=f"(Tensor logits, Tensor target, Tensor? weight, {_SCHEMA_EXTRAS}, "
-                f"{_SCHEMA_OPTIONS}) -> {_CE_RESULTS}")
-def cross_entropy_forward(logits, target, weight, argmax, entropy, logprob, ignore_index,
-                          reduction, label_smoothing, z_loss, softcap):
+                f"{LOSS_SCHEMA}) -> {_CE_RESULTS}")
+def cross_entropy_forward(logits, target, weight, argmax, entropy, logprob, *options):
     """Loss, lse and the extras asked for; no gradient. weight: the class weights ([vocab],
     contiguous) or None."""
-    return _ce_launch("forward", logits, target, weight, None, None, (argmax, entropy, logprob),
-                      ignore_index, reduction, label_smoothing, z_loss, softcap)
+    return _ce_launch(logits, target, weight, None, None, (argmax, entropy, logprob),
+                      LossOptions(*options))
+
+
+def _ce_results_like(logits, target, want, options) -> tuple:
+    """A launch's loss, lse and extras, as the fake ops return them."""
+    return (_loss_like(logits, LossOptions(*options).reduction), _lse_like(logits),
+            *_extras_like(logits, target, *want))
 
 
 @cross_entropy_forward.register_fake
-def _(logits, target, weight, argmax, entropy, logprob, ignore_index, reduction, label_smoothing,
-      z_loss, softcap):
-    return (_loss_like(logits, reduction), _lse_like(logits),
-            *_extras_like(logits, target, argmax, entropy, logprob))
+def _(logits, target, weight, argmax, entropy, logprob, *options):
+    return _ce_results_like(logits, target, (argmax, entropy, logprob), options)
 
 
 @_kernel("cross_entropy_forward_backward", mutates_args=(),
          schema=f"(Tensor logits, Tensor target, Tensor? weight, Tensor? grad_scale, "
-                f"{_SCHEMA_EXTRAS}, {_SCHEMA_OPTIONS}) "
+                f"{_SCHEMA_EXTRAS}, {LOSS_SCHEMA}) "
                 "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def cross_entropy_forward_backward(logits, target, weight, grad_scale, argmax, entropy, logprob,
-                                   ignore_index, reduction, label_smoothing, z_loss, softcap):
+                                   *options):
     """Loss, lse, the extras and the gradient (for upstream gradient grad_scale, 1 when None) in
     a new tensor: one pass over the logits."""
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    results = _ce_launch("forward_backward", logits, target, weight, grad, grad_scale,
-                         (argmax, entropy, logprob), ignore_index, reduction, label_smoothing,
-                         z_loss, softcap)
+    results = _ce_launch(logits, target, weight, grad, grad_scale, (argmax, entropy, logprob),
+                         LossOptions(*options))
     return (*results, grad)
 
 
 @cross_entropy_forward_backward.register_fake
-def _(logits, target, weight, grad_scale, argmax, entropy, logprob, ignore_index, reduction,
-      label_smoothing, z_loss, softcap):
-    return (_loss_like(logits, reduction), _lse_like(logits),
-            *_extras_like(logits, target, argmax, entropy, logprob),
+def _(logits, target, weight, grad_scale, argmax, entropy, logprob, *options):
+    return (*_ce_results_like(logits, target, (argmax, entropy, logprob), options),
             torch.empty_like(logits, memory_format=torch.contiguous_format))
 
 
 @_kernel("cross_entropy_forward_backward_", mutates_args=("logits",),
          schema=f"(Tensor(a!) logits, Tensor target, Tensor? weight, Tensor? grad_scale, "
-                f"{_SCHEMA_EXTRAS}, {_SCHEMA_OPTIONS}) -> {_CE_RESULTS}")
+                f"{_SCHEMA_EXTRAS}, {LOSS_SCHEMA}) -> {_CE_RESULTS}")
 def cross_entropy_forward_backward_(logits, target, weight, grad_scale, argmax, entropy, logprob,
-                                    ignore_index, reduction, label_smoothing, z_loss, softcap):
+                                    *options):
     """As cross_entropy_forward_backward, with the gradient written over the logits."""
-    return _ce_launch("forward_backward", logits, target, weight, logits, grad_scale,
-                      (argmax, entropy, logprob), ignore_index, reduction, label_smoothing, z_loss,
-                      softcap)
+    return _ce_launch(logits, target, weight, logits, grad_scale, (argmax, entropy, logprob),
+                      LossOptions(*options))
 
 
 @cross_entropy_forward_backward_.register_fake
-def _(logits, target, weight, grad_scale, argmax, entropy, logprob, ignore_index, reduction,
-      label_smoothing, z_loss, softcap):
-    return (_loss_like(logits, reduction), _lse_like(logits),
-            *_extras_like(logits, target, argmax, entropy, logprob))
+def _(logits, target, weight, grad_scale, argmax, entropy, logprob, *options):
+    return _ce_results_like(logits, target, (argmax, entropy, logprob), options)
 
 
 @_kernel("cross_entropy_rescale_", mutates_args=("grad",),
          schema=f"(Tensor(a!) grad, Tensor target, Tensor? weight, Tensor grad_output, "
-                f"Tensor? applied, {_SCHEMA_EXTRAS}, {_SCHEMA_OPTIONS}) -> ()")
+                f"Tensor? applied, {_SCHEMA_EXTRAS}, {LOSS_SCHEMA}) -> ()")
 def cross_entropy_rescale_(grad, target, weight, grad_output, applied, argmax, entropy, logprob,
-                           ignore_index, reduction, label_smoothing, z_loss, softcap):
+                           *options):
     """grad (computed for upstream `applied`) becomes the gradient for `grad_output`; rows where
     the two are equal are not touched (checked on the device). The rescale reads no weights (they
     scale both gradients alike): weight and the extras, the forward's, only pick the forward's op
     handle, so that no other program is built for it."""
-    op = cross_entropy_op(grad, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-                          weight, argmax, entropy)
+    op = cross_entropy_op(grad, target, LossOptions(*options), weight, argmax, entropy)
     op.rescale_gradient(_stream(grad.device), grad=as_matrix(grad, "grad"),
                         grad_output=as_vector(grad_output), applied=as_vector(applied))
 
@@ -303,8 +301,8 @@ def cross_entropy_rescale_(grad, target, weight, grad_output, applied, argmax, e
 # ---- Linear + cross-entropy --------------------------------------------------------------------
 
 def linear_cross_entropy_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                            has_bias: bool, weight_grad: bool, class_weight, want, ignore_index,
-                            reduction, label_smoothing, z_loss, softcap, accumulation):
+                            has_bias: bool, weight_grad: bool, class_weight, want,
+                            options: LossOptions, accumulation: str) -> LinearCrossEntropy:
     """The op handle. weight_grad: whether its launches compute d_weight or d_bias, which then add
     up over the chunks in fp32 (the accumulator, vocab x hidden x 4 bytes, lies in the workspace)
     and are rounded to the weight's dtype once, unless accumulation is "output_dtype"; without,
@@ -314,20 +312,29 @@ def linear_cross_entropy_op(hidden: torch.Tensor, weight: torch.Tensor, target: 
     return _lce_op(hidden.device, weight.shape[0], weight.shape[1], dtype_name(hidden, "hidden"),
                    has_bias, index_name(target, "target"), weight_grad,
                    None if class_weight is None else dtype_name(class_weight, "class_weight"),
-                   bool(want[0]), bool(want[1]), ignore_index, reduction, label_smoothing, z_loss,
-                   softcap, accumulation)
+                   bool(want[0]), bool(want[1]), options, accumulation)
 
 
 def _lce_op(device, vocab, hidden_size, dtype, has_bias, target_type, weight_grad,
-            class_weight_dtype, argmax, entropy, ignore_index, reduction, label_smoothing, z_loss,
-            softcap, accumulation):
-    return _op("linear_cross_entropy", device, vocab=vocab, hidden=hidden_size, dtype=dtype,
-               bias=has_bias, target_type=target_type, ignore_index=ignore_index,
-               reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
-               softcap=softcap, argmax=argmax, entropy=entropy,
-               class_weight_dtype=class_weight_dtype,
-               weight_grad_accumulation="fp32" if weight_grad and accumulation == "fp32"
-               else "output_dtype")
+            class_weight_dtype, argmax, entropy, options: LossOptions,
+            accumulation: str) -> LinearCrossEntropy:
+    spec = dict(vocab=vocab, hidden=hidden_size, dtype=dtype, bias=has_bias,
+                target_type=target_type, argmax=argmax, entropy=entropy,
+                class_weight_dtype=class_weight_dtype,
+                weight_grad_accumulation="fp32" if weight_grad and accumulation == "fp32"
+                else "output_dtype")
+    return cached_op(device, ("linear_cross_entropy", options, *spec.values()),
+                     lambda rt: rt.linear_cross_entropy(**spec, **options._asdict()))
+
+
+def _lce_options(scalars: tuple) -> tuple:
+    """A linear cross-entropy custom op's trailing scalars (_LCE_OPTIONS: LOSS_SCHEMA's, then the
+    weight-gradient accumulation) as (LossOptions, accumulation)."""
+    *options, accumulation = scalars
+    return LossOptions(*options), accumulation
+
+
+_LCE_OPTIONS = f"{LOSS_SCHEMA}, str accumulation"
 
 
 def _lce_gradients_like(hidden, weight, bias, want_d_hidden, want_d_weight, want_d_bias):
@@ -348,35 +355,40 @@ def _lce_lse_like(hidden: torch.Tensor, extras: tuple) -> torch.Tensor:
                        device=hidden.device)
 
 
-def _lce_launch(method, hidden, weight, target, bias, class_weight, grad_output, extras, want,
-                options):
-    gradient = method == "forward_backward"
+def _lce_launch(hidden, weight, target, bias, class_weight, grad_output, extras, want,
+                scalars: tuple, gradient: bool):
+    """The forward, or with `gradient` the forward and the gradients `want`ed in one pass."""
+    options, accumulation = _lce_options(scalars)
     op = linear_cross_entropy_op(hidden, weight, target, bias is not None,
-                                 gradient and (want[1] or want[2]), class_weight, extras, *options)
+                                 gradient and (want[1] or want[2]), class_weight, extras, options,
+                                 accumulation)
     rows = hidden.shape[0]
-    loss, lse = _loss_like(hidden, options[1]), _lce_lse_like(hidden, extras)
+    loss, lse = _loss_like(hidden, options.reduction), _lce_lse_like(hidden, extras)
     per_row = _extras_like(hidden, target, *extras)
-    workspace = _workspace(op, "workspace_bytes", rows, hidden.device)
+    workspace = _workspace(op.workspace_bytes, rows, hidden.device)
     fields = dict(hidden_states=as_matrix(hidden, "hidden"), weight=as_matrix(weight, "weight"),
                   bias=as_vector(bias), targets=as_index(target, "target"), loss=as_vector(loss),
                   lse=as_vector(lse if lse.numel() else None),
                   class_weight=as_vector(class_weight),
                   workspace=workspace.data_ptr(), workspace_bytes=workspace.numel(),
                   **_extras_fields(per_row, target))
-    grads = ()
-    if gradient:
-        grads = _lce_gradients_like(hidden, weight, bias, *want)
-        d_hidden, d_weight, d_bias = grads
-        fields.update(grad_output=as_vector(grad_output),
-                      d_hidden=as_matrix(d_hidden, "d_hidden") if want[0] else _capi.Tensor(),
-                      d_weight=as_matrix(d_weight, "d_weight") if want[1] else _capi.Tensor(),
-                      d_bias=as_vector(d_bias) if want[2] and bias is not None else _capi.Tensor())
-    getattr(op, method)(_stream(hidden.device), **fields)
+    if not gradient:
+        op.forward(_stream(hidden.device), **fields)
+        return (loss, lse, *per_row)
+    grads = _lce_gradients_like(hidden, weight, bias, *want)
+    d_hidden, d_weight, d_bias = grads
+    op.forward_backward(
+        _stream(hidden.device), grad_output=as_vector(grad_output),
+        d_hidden=as_matrix(d_hidden, "d_hidden") if want[0] else _capi.Tensor(),
+        d_weight=as_matrix(d_weight, "d_weight") if want[1] else _capi.Tensor(),
+        d_bias=as_vector(d_bias) if want[2] and bias is not None else _capi.Tensor(), **fields)
     return (loss, lse, *per_row, *grads)
 
 
-_LCE_OPTIONS = ("int ignore_index, str reduction, float label_smoothing, float z_loss, "
-                "float softcap, str accumulation")
+def _lce_results_like(hidden, target, extras, scalars) -> tuple:
+    """A launch's loss, lse and extras, as the fake ops return them."""
+    return (_loss_like(hidden, _lce_options(scalars)[0].reduction), _lce_lse_like(hidden, extras),
+            *_extras_like(hidden, target, *extras))
 
 
 @_kernel("linear_cross_entropy_forward", mutates_args=(),
@@ -386,14 +398,13 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, class_weight, arg
                                  logprob, *options):
     """The loss, lse and the extras asked for of the logits hidden @ weight.T + bias; no
     gradient."""
-    return _lce_launch("forward", hidden, weight, target, bias, class_weight, None,
-                       (argmax, entropy, logprob), (False,) * 3, options)
+    return _lce_launch(hidden, weight, target, bias, class_weight, None,
+                       (argmax, entropy, logprob), (False,) * 3, options, gradient=False)
 
 
 @linear_cross_entropy_forward.register_fake
 def _(hidden, weight, target, bias, class_weight, argmax, entropy, logprob, *options):
-    return (_loss_like(hidden, options[1]), _lce_lse_like(hidden, (argmax, entropy, logprob)),
-            *_extras_like(hidden, target, argmax, entropy, logprob))
+    return _lce_results_like(hidden, target, (argmax, entropy, logprob), options)
 
 
 @_kernel("linear_cross_entropy_forward_backward", mutates_args=(),
@@ -407,16 +418,15 @@ def linear_cross_entropy_forward_backward(hidden, weight, target, bias, class_we
     """The loss, lse, the extras and the gradients asked for (each in its input's shape and
     dtype, else empty), for upstream gradient grad_output (fp32 [1] or [rows]; 1 when None), in
     one pass."""
-    return _lce_launch("forward_backward", hidden, weight, target, bias, class_weight,
-                       grad_output, (argmax, entropy, logprob), (d_hidden, d_weight, d_bias),
-                       options)
+    return _lce_launch(hidden, weight, target, bias, class_weight, grad_output,
+                       (argmax, entropy, logprob), (d_hidden, d_weight, d_bias), options,
+                       gradient=True)
 
 
 @linear_cross_entropy_forward_backward.register_fake
 def _(hidden, weight, target, bias, class_weight, grad_output, argmax, entropy, logprob, d_hidden,
       d_weight, d_bias, *options):
-    return (_loss_like(hidden, options[1]), _lce_lse_like(hidden, (argmax, entropy, logprob)),
-            *_extras_like(hidden, target, argmax, entropy, logprob),
+    return (*_lce_results_like(hidden, target, (argmax, entropy, logprob), options),
             *_lce_gradients_like(hidden, weight, bias, d_hidden, d_weight, d_bias))
 
 
@@ -433,7 +443,7 @@ def linear_cross_entropy_rescale_(grad, which, grad_output, applied, vocab, hidd
     grad_output (fp32 [1]); untouched when the two are equal (checked on the device). The spec
     names the forward's op handle, whose program is built already."""
     op = _lce_op(grad.device, vocab, hidden_size, dtype_name(grad, which), bias, target_type,
-                 weight_grad, class_weight_dtype, argmax, entropy, *options)
+                 weight_grad, class_weight_dtype, argmax, entropy, *_lce_options(options))
     view = as_vector(grad) if which == "d_bias" else as_matrix(grad, which)
     op.rescale_gradients(_stream(grad.device), **{which: view},
                          grad_output=as_vector(grad_output), applied=as_vector(applied))
@@ -442,14 +452,15 @@ def linear_cross_entropy_rescale_(grad, which, grad_output, applied, vocab, hidd
 # ---- Per-token log-probabilities and entropy (RL heads) ---------------------------------------
 
 def log_probs_op(logits: torch.Tensor, target: torch.Tensor, temperature: float,
-                 ignore_index: int, entropy: bool):
+                 ignore_index: int, entropy: bool) -> LogProbs:
     """The op handle (kjit/log_probs.h): one program per vocab, dtype, target type and whether
     the entropy is computed; the temperature and ignore_index are launch arguments' values
     compiled in as the other ops' options are."""
-    return _op("log_probs", logits.device, vocab=logits.shape[-1],
-               dtype=dtype_name(logits, "logits"), target_type=index_name(target, "target"),
-               ignore_index=int(ignore_index), temperature=float(temperature),
-               entropy=bool(entropy))
+    spec = dict(vocab=logits.shape[-1], dtype=dtype_name(logits, "logits"),
+                target_type=index_name(target, "target"), ignore_index=int(ignore_index),
+                temperature=float(temperature), entropy=bool(entropy))
+    return cached_op(logits.device, ("log_probs", *spec.values()),
+                     lambda rt: rt.log_probs(**spec))
 
 
 def _row_outputs_like(rows: int, device, entropy: bool) -> tuple:
@@ -525,10 +536,11 @@ def log_probs_backward_(logits, target, lse, entropy, grad_logprob, grad_entropy
 
 # ---- RMSNorm -----------------------------------------------------------------------------------
 
-def rms_norm_op(x, weight, eps, offset, casting, fused_residual):
-    return _op("rms_norm", x.device, hidden=x.shape[-1], dtype=dtype_name(x, "x"),
-               weight_dtype=dtype_name(weight, "weight"), eps=eps, weight_offset=offset,
-               casting=casting, fused_residual=fused_residual)
+def rms_norm_op(x, weight, eps, offset, casting, fused_residual) -> RmsNorm:
+    spec = dict(hidden=x.shape[-1], dtype=dtype_name(x, "x"),
+                weight_dtype=dtype_name(weight, "weight"), eps=eps, weight_offset=offset,
+                casting=casting, fused_residual=fused_residual)
+    return cached_op(x.device, ("rms_norm", *spec.values()), lambda rt: rt.rms_norm(**spec))
 
 
 def _rstd_like(x: torch.Tensor) -> torch.Tensor:
@@ -570,7 +582,7 @@ def rms_norm_backward(dy, x, weight, rstd, dresidual, eps, offset, casting, fuse
     rows = matrix_shape(x, "x")[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-    workspace = _workspace(op, "backward_workspace_bytes", rows, x.device)
+    workspace = _workspace(op.backward_workspace_bytes, rows, x.device)
     op.backward(_stream(x.device), dy=as_matrix(dy, "dy"), x=as_matrix(x, "x"),
                 weight=as_matrix(weight, "weight"), rstd=as_vector(rstd), dx=as_matrix(dx, "dx"),
                 dw=as_matrix(dw, "dw"), dresidual=as_matrix(dresidual, "dresidual"),

@@ -21,6 +21,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from kjit._loss_options import SCHEMA as LOSS_SCHEMA
+from kjit._loss_options import LossOptions
+from kjit._runtime import ShardedCrossEntropy
 from kjit.torch import _kernels
 
 
@@ -29,22 +32,31 @@ class ShardSpec(NamedTuple):
     vocab: int
     shard_start: int
     shard_end: int
-    ignore_index: int
-    reduction: str
-    label_smoothing: float
-    z_loss: float
-    softcap: float
+    options: LossOptions
+
+    def scalars(self) -> tuple:
+        """The spec as the custom ops take it (_SPEC): the shard, then the options' fields."""
+        return (self.vocab, self.shard_start, self.shard_end, *self.options)
+
+
+def _spec_of(scalars: tuple) -> ShardSpec:
+    vocab, shard_start, shard_end, *options = scalars
+    return ShardSpec(vocab, shard_start, shard_end, LossOptions(*options))
+
+
+_SPEC = f"int vocab, int shard_start, int shard_end, {LOSS_SCHEMA}"
 
 
 def _op(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
-        spec: ShardSpec):
-    return _kernels._op(
-        "sharded_cross_entropy", logits.device, vocab=spec.vocab, shard_start=spec.shard_start,
-        shard_end=spec.shard_end, dtype=_kernels.dtype_name(logits, "logits"),
-        target_type=_kernels.index_name(target, "target"), ignore_index=spec.ignore_index,
-        reduction=spec.reduction, label_smoothing=spec.label_smoothing, z_loss=spec.z_loss,
-        softcap=spec.softcap,
-        class_weight_dtype=None if weight is None else _kernels.dtype_name(weight, "weight"))
+        spec: ShardSpec) -> ShardedCrossEntropy:
+    shard = dict(vocab=spec.vocab, shard_start=spec.shard_start, shard_end=spec.shard_end,
+                 dtype=_kernels.dtype_name(logits, "logits"),
+                 target_type=_kernels.index_name(target, "target"),
+                 class_weight_dtype=None if weight is None else _kernels.dtype_name(weight,
+                                                                                    "weight"))
+    return _kernels.cached_op(
+        logits.device, ("sharded_cross_entropy", spec.options, *shard.values()),
+        lambda rt: rt.sharded_cross_entropy(**shard, **spec.options._asdict()))
 
 
 # A nominal 16-byte aligned address: stats_of is arithmetic on the workspace's address, so the
@@ -72,14 +84,6 @@ def _loss_like(rows: int, reduction: str, device) -> torch.Tensor:
                        device=device)
 
 
-def _spec_of(args) -> ShardSpec:
-    return ShardSpec(*args)
-
-
-_SPEC = ("int vocab, int shard_start, int shard_end, int ignore_index, str reduction, "
-         "float label_smoothing, float z_loss, float softcap")
-
-
 def _fields(op, logits, target, weight, workspace, loss):
     return dict(logits=_kernels.as_matrix(logits, "logits"),
                 targets=_kernels.as_index(target, "target"), loss=_kernels.as_vector(loss),
@@ -95,7 +99,8 @@ def _stats(logits, target, weight, *spec):
     op = _op(logits, target, weight, spec)
     rows = logits.shape[0]
     workspace = _workspace_like(op, rows, logits.device)
-    loss = _loss_like(rows, spec.reduction, logits.device)  # checked, written by finish only
+    # (checked here, written by finish only)
+    loss = _loss_like(rows, spec.options.reduction, logits.device)
     op.compute_stats(_kernels._stream(logits.device),
                      **_fields(op, logits, target, weight, workspace, loss))
     return workspace
@@ -143,7 +148,7 @@ def _finish(logits, target, weight, workspace, sums, grad_output, grad, *spec):
     op = _op(logits, target, weight, spec)
     rows = logits.shape[0]
     out = _with(workspace, _stats_offsets(op, rows)[1], sums)
-    loss = _loss_like(rows, spec.reduction, logits.device)
+    loss = _loss_like(rows, spec.options.reduction, logits.device)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     gradient = torch.empty(logits.shape if grad else (0,), dtype=logits.dtype,
                            device=logits.device)
@@ -159,7 +164,7 @@ def _finish(logits, target, weight, workspace, sums, grad_output, grad, *spec):
 @_finish.register_fake
 def _(logits, target, weight, workspace, sums, grad_output, grad, *spec):
     rows = logits.shape[0]
-    return (_loss_like(rows, spec[4], logits.device),
+    return (_loss_like(rows, _spec_of(spec).options.reduction, logits.device),
             torch.empty(rows, dtype=torch.float32, device=logits.device),
             torch.empty(logits.shape if grad else (0,), dtype=logits.dtype,
                         device=logits.device))
@@ -169,7 +174,7 @@ class KjitShardKernels:
     """The statistics contract kjit.torch.distributed combines, on kjit's kernels (CUDA)."""
 
     def stats(self, logits, target, weight, spec: ShardSpec) -> torch.Tensor:
-        return _stats(logits, target, weight, *spec)
+        return _stats(logits, target, weight, *spec.scalars())
 
     def max_of(self, workspace, logits, target, weight, spec: ShardSpec) -> torch.Tensor:
         return self._view(workspace, logits, target, weight, spec, 0, 1)
@@ -178,11 +183,12 @@ class KjitShardKernels:
         return self._view(workspace, logits, target, weight, spec, 1, 3)
 
     def rescale(self, workspace, max, logits, target, weight, spec: ShardSpec) -> torch.Tensor:
-        return _rescale(workspace, max, logits, target, weight, *spec)
+        return _rescale(workspace, max, logits, target, weight, *spec.scalars())
 
     def finish(self, logits, target, weight, workspace, sums, grad_output, grad: bool,
                spec: ShardSpec) -> tuple:
-        return _finish(logits, target, weight, workspace, sums, grad_output, grad, *spec)
+        return _finish(logits, target, weight, workspace, sums, grad_output, grad,
+                       *spec.scalars())
 
     @staticmethod
     def _view(workspace, logits, target, weight, spec, which: int, per_row: int):

@@ -33,10 +33,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _functional_collectives as funcol
 
-from kjit.torch import _kernels, functional
+from kjit.torch import _kernels
+from kjit.torch._common import (LossOutput, add_chunk_grads, check_bias_and_dtypes,
+                                checked_class_weight, extras_wanted, fp32_rows, is_dtensor,
+                                kernel_extras, lm_head, loss_options, loss_output, rows_per_chunk,
+                                same_device)
 from kjit.torch._sharded_kernels import KJIT_KERNELS, ShardSpec
-from kjit.torch.functional import _check_bias_and_dtypes
-from kjit.torch.rl import _add_chunk_grads, _chunk_rows, _lm_head
 
 # The per-shard steps by device type: an object with stats, max_of, sums_of, rescale and finish
 # (kjit.torch._sharded_kernels.KjitShardKernels says what each takes and returns).
@@ -71,8 +73,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_lse):
         logits, target, weight, ws, sums = ctx.saved_tensors
         spec = ctx.spec
-        shape = (logits.shape[0],) if spec.reduction == "none" else (1,)
-        grad_output = functional._per_row(grad_loss, shape)
+        shape = (logits.shape[0],) if spec.options.reduction == "none" else (1,)
+        grad_output = fp32_rows(grad_loss, shape)
         _, _, grad = _kernels_for(logits).finish(logits, target, weight, ws, sums, grad_output,
                                                  True, spec)
         return grad, None, None, None, None
@@ -85,7 +87,7 @@ def _dtensor_types():
 
 def _replicated_local(t, what: str):
     """A DTensor that is replicated as its local tensor; a plain tensor as it is."""
-    if t is None or not functional._is_dtensor(t):
+    if t is None or not is_dtensor(t):
         return t
     _, Replicate, _ = _dtensor_types()
     if not all(isinstance(p, Replicate) for p in t.placements):
@@ -135,9 +137,10 @@ def _check_ranks_agree(group, spec: ShardSpec, rows: int, has_weight: bool, devi
     value) fields every rank must pass alike (`op`'s own: value a float, show how to print it);
     `slice_is` says in errors what a slice's width is."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    mine = [spec.shard_start, spec.shard_end, spec.vocab, rows, spec.ignore_index,
-            _REDUCTION_CODES.index(spec.reduction), spec.label_smoothing, spec.z_loss,
-            spec.softcap, float(has_weight)] + [float(value) for _, _, value in extra]
+    options = spec.options
+    mine = [spec.shard_start, spec.shard_end, spec.vocab, rows, options.ignore_index,
+            _REDUCTION_CODES.index(options.reduction), options.label_smoothing, options.z_loss,
+            options.softcap, float(has_weight)] + [float(value) for _, _, value in extra]
     fields = _SAME_ON_EVERY_RANK + tuple((name, show) for name, show, _ in extra)
     table = torch.zeros(world, len(mine), dtype=torch.float64, device=device)
     table[rank] = torch.tensor(mine, dtype=torch.float64)
@@ -213,7 +216,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     if logits.dim() < 1:
         raise ValueError("kjit: logits must have a vocab dimension, got a 0-d tensor")
     mesh = None
-    if functional._is_dtensor(logits):
+    if is_dtensor(logits):
         _no_placement_with_dtensor("logits", group, vocab_start, vocab)
         _, _, Shard = _dtensor_types()
         mesh = logits.device_mesh
@@ -247,8 +250,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                          f"{tuple(local.shape[:-1])}, got {tuple(target.shape)}")
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32)")
-    ignore_index, reduction, label_smoothing, z_loss, softcap = functional._loss_options(
-        ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     _kernels.dtype_name(local, "logits")
     _kernels.index_name(target, "target")
     _kernels_for(local)
@@ -256,16 +258,15 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     _kernels.matrix_shape(flat, "logits")
     flat_target = target.reshape(-1)
     flat_target = flat_target if flat_target.is_contiguous() else flat_target.contiguous()
-    functional._same_device("target", flat_target, flat)
+    same_device("target", flat_target, flat)
     if weight is not None:
-        weight = functional._class_weight(weight, flat, vocab)
-    spec = ShardSpec(int(vocab), int(start), int(end), ignore_index, reduction, label_smoothing,
-                     z_loss, softcap)
+        weight = checked_class_weight(weight, flat, vocab)
+    spec = ShardSpec(int(vocab), int(start), int(end), options)
     if not torch.compiler.is_compiling():
         _check_ranks_agree(group, spec, flat.shape[0], weight is not None, flat.device,
                            vocab_start is None and mesh is None)
     loss, _ = _VocabParallelCrossEntropy.apply(flat, flat_target, weight, spec, group)
-    loss = loss.reshape(target.shape) if reduction == "none" else loss.reshape(())
+    loss = loss.reshape(target.shape) if options.reduction == "none" else loss.reshape(())
     if mesh is not None:
         DTensor, Replicate, _ = _dtensor_types()
         return DTensor.from_local(loss, mesh, [Replicate()], run_check=False)
@@ -330,11 +331,11 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         saved = []
         for first in range(0, rows, chunk):
             t = target[first:first + chunk]
-            logits = _lm_head(hidden[first:first + chunk], weight, bias)
+            logits = lm_head(hidden[first:first + chunk], weight, bias)
             ws = kernels.stats(logits, t, class_weight, spec)
             row_max = kernels.max_of(ws, logits, t, class_weight, spec)
             # Our own extras ride along in the two all-reduces (no collective of their own).
-            x = _capped_fp32(logits, spec.softcap) if want_entropy else None
+            x = _capped_fp32(logits, spec.options.softcap) if want_entropy else None
             mine = ([x.max(dim=1).values] if want_entropy else []) + \
                 ([_argmax_key(logits, spec.shard_start)] if want_argmax else [])
             if mine:
@@ -349,7 +350,8 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             if want_entropy:  # this shard's sum of exp(x - M) x, M the whole row's max
                 ours.append((torch.exp(x - mine[0].float()[:, None]) * x).sum(dim=1))
             if want_logprob:
-                ours.append(_owned_target_logit(logits, t, spec.shard_start, spec.softcap))
+                ours.append(_owned_target_logit(logits, t, spec.shard_start,
+                                                spec.options.softcap))
             if ours:
                 n = sums.numel()
                 reduced = _waited(funcol.all_reduce(
@@ -405,7 +407,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         kernels = _kernels_for(hidden, "hidden")
         rows = hidden.shape[0]
         if ctx.reduction == "none":
-            up = functional._per_row(grad_loss, (rows,))
+            up = fp32_rows(grad_loss, (rows,))
         else:
             scale = grad_loss.detach().float().reshape(1)
             up = (scale / divisor if ctx.reduction == "mean" else scale).expand(rows).contiguous()
@@ -417,14 +419,14 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         for i, first in enumerate(range(0, rows, chunk)):
             last = min(rows, first + chunk)
             h, t = hidden[first:last], target[first:last]
-            logits = _lm_head(h, weight, bias)
+            logits = lm_head(h, weight, bias)
             _, _, g = kernels.finish(logits, t, class_weight, saved[2 * i], saved[2 * i + 1],
                                      up[first:last], True, spec)
             del logits
             if want_h:
                 torch.mm(g, weight, out=d_hidden[first:last])
-            d_weight, d_bias = _add_chunk_grads(g, h, d_weight, d_bias, want_w, want_b, whole,
-                                                in_dtype)
+            d_weight, d_bias = add_chunk_grads(g, h, d_weight, d_bias, want_w, want_b, whole,
+                                               in_dtype)
             del g
         if want_h and ctx.reduce_hidden:
             d_hidden = _waited(funcol.all_reduce(d_hidden, "sum", ctx.group))
@@ -435,13 +437,13 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
 
 def _valid_rows(target: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     t = target.long()
-    return (t != spec.ignore_index) & (t >= 0) & (t < spec.vocab)
+    return (t != spec.options.ignore_index) & (t >= 0) & (t < spec.vocab)
 
 
 def _replicated_input(t, what: str, partial_grad: bool):
     """A replicated DTensor as its local tensor, whose gradient goes back Partial (each rank's
     part, summed where DTensor redistributes it) when partial_grad; a plain tensor as it is."""
-    if not partial_grad or not functional._is_dtensor(t):
+    if not partial_grad or not is_dtensor(t):
         return _replicated_local(t, what)
     _replicated_local(t, what)  # (the check)
     from torch.distributed.tensor import Partial
@@ -451,10 +453,10 @@ def _replicated_input(t, what: str, partial_grad: bool):
 def _sharded_on_rows(t, mesh, what: str):
     """t's local shard when t is a DTensor Shard(0) on `mesh`, else ValueError."""
     _, _, Shard = _dtensor_types()
-    if not functional._is_dtensor(t) or t.device_mesh != mesh or len(t.placements) != 1 or \
+    if not is_dtensor(t) or t.device_mesh != mesh or len(t.placements) != 1 or \
             not isinstance(t.placements[0], Shard) or t.placements[0].dim != 0:
         got = (f"placements {t.placements} on a {t.device_mesh.ndim}-D mesh"
-               if functional._is_dtensor(t) else "a plain tensor")
+               if is_dtensor(t) else "a plain tensor")
         raise ValueError(f"kjit: {what} must be a DTensor sharded on dim 0 (placements "
                          f"(Shard(0),)) on weight's 1-D mesh, as ColwiseParallel shards lm_head; "
                          f"got {got} (or pass local shards and a group)")
@@ -542,7 +544,7 @@ def vocab_parallel_linear_cross_entropy(
     if not isinstance(reduce_hidden_grad, bool):
         raise TypeError(f"kjit: reduce_hidden_grad must be a bool, got {reduce_hidden_grad!r}")
     mesh = None
-    if functional._is_dtensor(weight):
+    if is_dtensor(weight):
         _no_placement_with_dtensor("weight", group, vocab_start, vocab)
         mesh = weight.device_mesh
         if mesh.ndim != 1:
@@ -558,7 +560,7 @@ def vocab_parallel_linear_cross_entropy(
                              f"Shard(0) of {vocab} gives it [{start}, {end}); the DTensor is "
                              "unevenly sharded")
     else:
-        if bias is not None and functional._is_dtensor(bias):
+        if bias is not None and is_dtensor(bias):
             raise ValueError("kjit: bias is a DTensor but weight is not: pass both as DTensors "
                              "or both as local shards")
         group = group if group is not None else dist.group.WORLD
@@ -585,27 +587,25 @@ def vocab_parallel_linear_cross_entropy(
     if rows == 0:
         raise ValueError("kjit: hidden has no rows; the op needs at least one")
     flat = hidden.reshape(rows, size)
-    _check_bias_and_dtypes(flat, local_weight, local_bias)
+    check_bias_and_dtypes(flat, local_weight, local_bias)
     _kernels.index_name(target, "target")
     _kernels_for(flat, "hidden")
     for what, t in (("weight", local_weight), ("target", target), ("bias", local_bias)):
         if t is not None:
-            functional._same_device(what, t, flat)
-    ignore_index, reduction, label_smoothing, z_loss, softcap = functional._loss_options(
-        ignore_index, reduction, label_smoothing, z_loss, softcap)
-    names = functional._extras_wanted(extras)
+            same_device(what, t, flat)
+    options = loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    names = extras_wanted(extras)
     if weight_grad_accumulation not in ("fp32", "output_dtype"):
         raise ValueError("kjit: weight_grad_accumulation must be 'fp32' or 'output_dtype', got "
                          f"{weight_grad_accumulation!r}")
     flat_target = target.reshape(-1)
     flat_target = flat_target if flat_target.is_contiguous() else flat_target.contiguous()
     if class_weight is not None:
-        class_weight = functional._class_weight(class_weight, flat, vocab, "class_weight")
+        class_weight = checked_class_weight(class_weight, flat, vocab, "class_weight")
     world = dist.get_world_size(group)
-    chunk = _chunk_rows(rows, -(-vocab // world), flat.dtype, chunk_rows)
-    wanted = functional._kernel_extras(names)
-    spec = ShardSpec(int(vocab), int(start), int(end), ignore_index, reduction, label_smoothing,
-                     z_loss, softcap)
+    chunk = rows_per_chunk(rows, -(-vocab // world), flat.dtype, chunk_rows)
+    wanted = kernel_extras(names)
+    spec = ShardSpec(int(vocab), int(start), int(end), options)
     if not torch.compiler.is_compiling():
         grad_code = 0 if not needs_hidden_grad else (1 if reduce_hidden_grad else 2)
         _check_ranks_agree(
@@ -617,16 +617,15 @@ def vocab_parallel_linear_cross_entropy(
                    ("extras", _extras_shown, sum(int(w) << bit for bit, w in enumerate(wanted))),
                    ("hidden's gradient", lambda code: _HIDDEN_GRAD[int(code)], grad_code)))
     loss, *per_row = _VocabParallelLinearCrossEntropy.apply(
-        flat, local_weight, local_bias, flat_target, class_weight, spec._replace(reduction="none"),
-        reduction, group, chunk, wanted, reduce_hidden_grad, weight_grad_accumulation,
-        torch.is_grad_enabled())
-    loss = loss.reshape(target.shape) if reduction == "none" else loss
+        flat, local_weight, local_bias, flat_target, class_weight,
+        spec._replace(options=options._replace(reduction="none")), options.reduction, group,
+        chunk, wanted, reduce_hidden_grad, weight_grad_accumulation, torch.is_grad_enabled())
+    loss = loss.reshape(target.shape) if options.reduction == "none" else loss
     if names:
-        out = functional._loss_output(names, loss, flat_target, *per_row, vocab=vocab,
-                                      ignore_index=ignore_index, reduction=reduction,
-                                      z_loss=z_loss, weight=class_weight)
+        out = loss_output(names, loss, flat_target, *per_row, vocab=vocab,
+                          options=options, weight=class_weight)
         # (per-row fields in target's shape; built anew, as torch.compile traces a NamedTuple)
-        out = functional.LossOutput(*(
+        out = LossOutput(*(
             value.reshape(target.shape) if value is not None and name != "loss" and
             value.dim() == 1 and value.shape[0] == rows else value
             for name, value in zip(out._fields, out)))
@@ -640,5 +639,5 @@ def vocab_parallel_linear_cross_entropy(
         return None if t is None else DTensor.from_local(t, mesh, [Replicate()], run_check=False)
 
     if names:
-        return functional.LossOutput(*(replicated(t) for t in out))
+        return LossOutput(*(replicated(t) for t in out))
     return replicated(out)

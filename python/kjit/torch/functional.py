@@ -13,82 +13,18 @@ CUDA graphs (build the kernels first: run one step before capturing), and never 
 
 from __future__ import annotations
 
-import operator
-import sys
 import warnings
-from typing import Iterable, NamedTuple, Optional, Union
+from typing import Iterable, Optional, Union
 
 import torch
 
-from kjit import _capi
 from kjit.torch import _kernels
+from kjit.torch._common import LossOutput  # noqa: F401 -- what the losses return (re-exported)
+from kjit.torch._common import (check_bias_and_dtypes, check_on_one_gpu, checked_class_weight,
+                                extras_wanted, fp32_rows, kernel_extras, loss_options,
+                                loss_output, refuse_dtensors)
 
-_REDUCTIONS = ("none", "sum", "mean")
 _CASTINGS = ("llama", "gemma", "none")
-
-
-def _check_cuda(what: str, t: torch.Tensor) -> None:
-    if t.device.type != "cuda":
-        raise ValueError(f"kjit: {what} must be a CUDA tensor, got one on {t.device}; kjit's "
-                         "kernels run on NVIDIA GPUs only")
-
-
-def _is_dtensor(t) -> bool:
-    """Whether t is a torch.distributed.tensor.DTensor (none exists unless its module was
-    imported, so plain tensors cost a dict lookup)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-# What to do instead, by op, when a DTensor reaches it.
-_DTENSOR_HINTS = {
-    "cross_entropy": "for logits sharded on the vocab (Shard(-1), a column-parallel lm_head's "
-                     "output) use kjit.torch.distributed.vocab_parallel_cross_entropy; otherwise "
-                     "pass .full_tensor() (or .to_local() of a replicated DTensor)",
-    "linear_cross_entropy": "under FSDP2 (fully_shard) call it where lm_head's weight is "
-                            "unsharded (inside the forward of the fully_shard unit that holds "
-                            "lm_head: kjit.torch.apply_to(model, linear_cross_entropy=True) does "
-                            "when lm_head is not a unit of its own), or pass "
-                            "weight.full_tensor(); for a vocab-parallel lm_head (weight "
-                            "Shard(0) under tensor parallelism) use "
-                            "kjit.torch.distributed.vocab_parallel_linear_cross_entropy",
-    "rms_norm": "pass .full_tensor() (or .to_local() of a replicated DTensor)",
-    "log_probs": "pass .full_tensor() (or .to_local() of a replicated DTensor); logits sharded "
-                 "on the vocab have no kjit RL head yet",
-    "linear_log_probs": "call it where lm_head's weight is unsharded, or pass "
-                        "weight.full_tensor()",
-}
-
-
-def _refuse_dtensors(op: str, *named) -> None:
-    """TypeError naming the first (name, tensor) pair that is a DTensor: kjit's kernels take
-    plain tensors, and a DTensor's local shard is not the tensor it stands for."""
-    for what, t in named:
-        if t is not None and _is_dtensor(t):
-            raise TypeError(f"kjit.torch.{op}: {what} is a DTensor (placements "
-                            f"{tuple(t.placements)} on a mesh of {t.device_mesh.size()} ranks); "
-                            f"kjit's kernels take plain tensors: {_DTENSOR_HINTS[op]}")
-
-
-def _check_on_one_gpu(*named) -> None:
-    """Each (name, tensor) pair is a CUDA tensor on the first one's device."""
-    first = named[0][1]
-    for what, t in named:
-        _check_cuda(what, t)
-        _same_device(what, t, first)
-
-
-def _same_device(what: str, t: torch.Tensor, reference: torch.Tensor) -> None:
-    if t.device != reference.device:
-        raise ValueError(f"kjit: {what} is on {t.device} but the input is on {reference.device}")
-
-
-def _per_row(t: torch.Tensor, shape) -> torch.Tensor:
-    """A scalar or [rows] tensor as the contiguous fp32 [1] or [rows] the kernels read (the
-    kernels take a 0-d tensor as [1]: the usual upstream gradient passes without a copy)."""
-    if t.dtype == torch.float32 and t.numel() == shape[0] and t.is_contiguous():
-        return t.detach()
-    return t.detach().to(torch.float32).reshape(-1).expand(shape).contiguous()
 
 
 def _scale_tensor(scale, shape, device) -> Optional[torch.Tensor]:
@@ -99,99 +35,7 @@ def _scale_tensor(scale, shape, device) -> Optional[torch.Tensor]:
         return torch.full(shape, float(scale), dtype=torch.float32, device=device)
     if scale.device != device:
         raise ValueError(f"kjit: grad_scale is on {scale.device} but the input is on {device}")
-    return _per_row(scale, shape)
-
-
-class LossOutput(NamedTuple):
-    """What cross_entropy and linear_cross_entropy return when asked for extras (extras=True, or
-    the names wanted): the loss as the plain call returns it, then the extras asked for, None
-    for the others. Per-row fields are [rows], for every row (ignored ones too); the reductions
-    are 0-d fp32 tensors over the valid rows (target not ignore_index and inside the vocab),
-    computed on the device with no host synchronization. Only `loss` has a gradient: for each
-    token's log-probability with its gradient (RL), use reduction="none", whose per-row loss is
-    -log p(target) without label smoothing, z-loss or weights, and takes per-row upstream
-    gradients.
-
-    Peers' names: predicted is Liger-Kernel's predicted tokens (argmax of the logits),
-    token_accuracy its token accuracy and TRL's mean_token_accuracy, mean_entropy TRL's entropy,
-    z_loss Liger-Kernel's return_z_loss value."""
-    loss: torch.Tensor
-    lse: Optional[torch.Tensor] = None             # fp32 [rows]: log-sum-exp of the (capped) logits
-    predicted: Optional[torch.Tensor] = None       # [rows], target's dtype: argmax of the logits
-    entropy: Optional[torch.Tensor] = None         # fp32 [rows]: -sum p ln p of the softmax
-    target_logprob: Optional[torch.Tensor] = None  # fp32 [rows]: x_t - lse; 0 for ignored rows
-    token_accuracy: Optional[torch.Tensor] = None  # predicted == target, over the valid rows
-    mean_entropy: Optional[torch.Tensor] = None    # entropy, averaged over the valid rows
-    z_loss: Optional[torch.Tensor] = None          # the z-loss term's value, reduced as the loss
-    num_tokens: Optional[torch.Tensor] = None      # int64: the valid rows
-
-
-EXTRAS = LossOutput._fields[1:]
-
-
-def _extras_wanted(extras) -> frozenset:
-    """The LossOutput fields asked for: none (False, None), all (True), or those named."""
-    if extras is None or extras is False:
-        return frozenset()
-    if extras is True:
-        return frozenset(EXTRAS)
-    names = (extras,) if isinstance(extras, str) else extras
-    wrong = f"kjit: extras must be True, False, None, a name or an iterable of names of {EXTRAS}"
-    try:
-        names = tuple(names)
-    except TypeError:
-        raise TypeError(f"{wrong}; got {_capi.quoted(extras)}") from None
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"{wrong}; got {_capi.quoted(name)} among them")
-    names = frozenset(names)
-    unknown = sorted(names - set(EXTRAS))
-    if unknown:
-        raise ValueError(f"kjit: extras: unknown {', '.join(map(repr, unknown))}; the extras are "
-                         f"{', '.join(EXTRAS)} (or True for all)")
-    return names
-
-
-def _kernel_extras(names: frozenset) -> tuple:
-    """(argmax, entropy, logprob): the per-row outputs the kernels write for `names`."""
-    return ("predicted" in names or "token_accuracy" in names,
-            "entropy" in names or "mean_entropy" in names, "target_logprob" in names)
-
-
-def _loss_output(names, loss, target, lse, argmax, entropy, logprob, *, vocab: int,
-                 ignore_index: int, reduction: str, z_loss: float,
-                 weight: Optional[torch.Tensor]) -> LossOutput:
-    """The LossOutput of the kernels' per-row outputs: reductions by torch ops on the device."""
-    valid = (target != ignore_index) & (target >= 0) & (target < vocab)
-    count = valid.sum()
-    out = {}
-    if "lse" in names:
-        out["lse"] = lse
-    if "predicted" in names:
-        out["predicted"] = argmax
-    if "entropy" in names:
-        out["entropy"] = entropy
-    if "target_logprob" in names:
-        out["target_logprob"] = logprob
-    if "token_accuracy" in names:
-        hits = (valid & (argmax == target)).sum()
-        out["token_accuracy"] = hits.to(torch.float32) / count.to(torch.float32)
-    if "mean_entropy" in names:
-        out["mean_entropy"] = torch.where(valid, entropy, 0.0).sum() / count.to(torch.float32)
-    if "z_loss" in names:
-        w_t = 1.0 if weight is None else weight.float()[torch.where(valid, target, 0)]
-        per_row = torch.where(valid, z_loss * lse.square() * w_t, 0.0)
-        if reduction == "none":
-            out["z_loss"] = per_row
-        elif reduction == "sum":
-            out["z_loss"] = per_row.sum()
-        else:
-            divisor = (count.to(torch.float32) if weight is None
-                       else torch.where(valid, w_t, 0.0).sum())
-            out["z_loss"] = per_row.sum() / divisor
-    if "num_tokens" in names:
-        out["num_tokens"] = count
-    return LossOutput(loss, **out)
+    return fp32_rows(scale, shape)
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -216,7 +60,6 @@ class _CrossEntropy(torch.autograd.Function):
             # The weight only picks the backward's op handle: the rescale reads no weights.
             ctx.save_for_backward(grad, target, weight, grad_scale)
         ctx.options, ctx.extras = options, extras
-        ctx.reduction = options[1]
         return tuple(results)
 
     @staticmethod
@@ -229,51 +72,10 @@ class _CrossEntropy(torch.autograd.Function):
         if not torch.compiler.is_compiling():
             ctx.ran = True
         grad, target, weight, grad_scale = ctx.saved_tensors
-        shape = (grad.shape[0],) if ctx.reduction == "none" else (1,)
-        _kernels.cross_entropy_rescale_(grad, target, weight, _per_row(grad_loss, shape),
+        shape = (grad.shape[0],) if ctx.options.reduction == "none" else (1,)
+        _kernels.cross_entropy_rescale_(grad, target, weight, fp32_rows(grad_loss, shape),
                                         grad_scale, *ctx.extras, *ctx.options)
         return grad, None, None, None, None, None, None, None  # no gradient for the weights
-
-
-def _integer_option(name: str, value) -> int:
-    """An integer option (a Python or numpy int, a 0-d integer tensor): TypeError quoting what
-    was given otherwise (a str, a float)."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"kjit: {name} must be an int, got {_capi.quoted(value)}") from None
-
-
-def _number_option(name: str, value) -> float:
-    """A real-valued option (an int, a float, a 0-d tensor): TypeError quoting what was given
-    otherwise (a str such as "0.1", which float() would take, is refused: pass the number)."""
-    if not isinstance(value, (str, bytes)):
-        try:
-            return float(value)
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    raise TypeError(f"kjit: {name} must be a number (float), got {_capi.quoted(value)}")
-
-
-def _loss_options(ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
-                  softcap: Optional[float]) -> tuple:
-    """The loss options every loss takes, checked alike, as the kernels take them: (ignore_index,
-    reduction, label_smoothing, z_loss, softcap), softcap None or 0 meaning off."""
-    ignore_index = _integer_option("ignore_index", ignore_index)
-    label_smoothing, z_loss = (_number_option("label_smoothing", label_smoothing),
-                               _number_option("z_loss", z_loss))
-    softcap = None if softcap is None else _number_option("softcap", softcap)
-    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
-        raise ValueError(f"kjit: reduction must be one of {_REDUCTIONS}, got "
-                         f"{_capi.quoted(reduction)}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"kjit: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if not z_loss >= 0:
-        raise ValueError(f"kjit: z_loss must be >= 0, got {z_loss}")
-    softcap = 0.0 if softcap is None else float(softcap)
-    if not softcap >= 0:
-        raise ValueError(f"kjit: softcap must be None or >= 0 (None or 0: off), got {softcap}")
-    return int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
@@ -319,7 +121,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     for what, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
-    _refuse_dtensors("cross_entropy", ("logits", logits), ("target", target), ("weight", weight))
+    refuse_dtensors("cross_entropy", ("logits", logits), ("target", target), ("weight", weight))
     if logits.dim() != 2:
         raise ValueError(f"kjit: logits must be [rows, vocab], got shape {tuple(logits.shape)}; "
                          "flatten the leading dimensions (logits.view(-1, vocab))")
@@ -329,14 +131,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32); class "
                         "probabilities are not supported")
-    options = _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
-    names = _extras_wanted(extras)
+    options = loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    names = extras_wanted(extras)
     _kernels.dtype_name(logits, "logits")
     _kernels.index_name(target, "target")
     _kernels.matrix_shape(logits, "logits")
     if weight is not None:
-        weight = _class_weight(weight, logits, logits.shape[-1])
-    _check_on_one_gpu(("logits", logits), ("target", target))
+        weight = checked_class_weight(weight, logits, logits.shape[-1])
+    check_on_one_gpu(("logits", logits), ("target", target))
     target = target if target.is_contiguous() else target.contiguous()
     shape = (logits.shape[0],) if reduction == "none" else (1,)
     scale = _scale_tensor(grad_scale, shape, logits.device)
@@ -344,52 +146,36 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     inplace = inplace_backward and not logits.is_leaf
     if names and return_lse:
         raise ValueError("kjit: return_lse and extras: ask for extras=(..., 'lse') instead")
-    wanted = _kernel_extras(names)
+    wanted = kernel_extras(names)
     loss, lse, *per_row = _CrossEntropy.apply(logits, target, weight, scale, options, inplace,
                                               torch.is_grad_enabled(), wanted)
     if names:
-        return _loss_output(names, loss, target, lse, *per_row, vocab=logits.shape[1],
-                            ignore_index=int(ignore_index), reduction=reduction,
-                            z_loss=float(z_loss), weight=weight)
+        return loss_output(names, loss, target, lse, *per_row, vocab=logits.shape[1],
+                           options=options, weight=weight)
     return (loss, lse) if return_lse else loss
-
-
-def _class_weight(weight, logits: torch.Tensor, vocab: int, what: str = "weight") -> torch.Tensor:
-    """The class weights checked against the logits (or hidden states: their dtype and device),
-    as the contiguous [vocab] vector the kernels read (a copy only when it is strided: it is
-    small)."""
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"kjit: {what} must be a torch.Tensor or None, got {type(weight).__name__}")
-    if weight.dim() != 1 or weight.shape[0] != vocab:
-        raise ValueError(f"kjit: {what} must be a 1-D tensor of vocab = {vocab} class weights, "
-                         f"got shape {tuple(weight.shape)}")
-    if weight.dtype not in (torch.float32, logits.dtype):
-        raise TypeError(f"kjit: {what} must be float32 or the logits' dtype ({logits.dtype}), "
-                        f"got {weight.dtype}")
-    _same_device(what, weight, logits)
-    return weight.detach().contiguous()
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, class_weight, grad_scale, options, grad_enabled,
-                extras):
+    def forward(ctx, hidden, weight, target, bias, class_weight, grad_scale, options, accumulation,
+                grad_enabled, extras):
         # (forward runs with grad mode off: whether the caller had it on comes in grad_enabled)
         want = (grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1],
                 grad_enabled and bias is not None and ctx.needs_input_grad[3])
-        ctx.want, ctx.options, ctx.reduction = want, options, options[1]
+        ctx.want, ctx.options, ctx.accumulation = want, options, accumulation
         ctx.class_weight = class_weight
         # The forward's op handle, which the backward's rescale takes its kernels from.
         ctx.op_spec = (weight.shape[0], weight.shape[1], bias is not None,
                        _kernels.index_name(target, "target"), want[1] or want[2],
                        None if class_weight is None else
                        _kernels.dtype_name(class_weight, "class_weight"), extras[0], extras[1])
-        if not any(want) or ctx.reduction == "none":
+        if not any(want) or options.reduction == "none":
             # With "none", each row's loss gets its own upstream gradient and d_weight sums over
             # the rows, so a gradient computed now could not be rescaled: the backward runs the
             # fused pass with the upstream gradient instead (the logits GEMM runs twice).
             results = _kernels.linear_cross_entropy_forward(hidden, weight, target, bias,
-                                                            class_weight, *extras, *options)
+                                                            class_weight, *extras, *options,
+                                                            accumulation)
             if any(want):
                 ctx.save_for_backward(hidden, weight, target, bias)
         else:
@@ -397,7 +183,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # Liger-Kernel's fused linear cross-entropy does): the backward rescales them to the
             # upstream gradient it gets, on the device, touching nothing when the two are equal.
             *results, d_hidden, d_weight, d_bias = _kernels.linear_cross_entropy_forward_backward(
-                hidden, weight, target, bias, class_weight, grad_scale, *extras, *want, *options)
+                hidden, weight, target, bias, class_weight, grad_scale, *extras, *want, *options,
+                accumulation)
             ctx.save_for_backward(d_hidden, d_weight, d_bias, grad_scale)
         ctx.mark_non_differentiable(*results[1:])
         return tuple(results)
@@ -412,15 +199,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                "instead")
         if not torch.compiler.is_compiling():
             ctx.ran = True
-        if ctx.reduction == "none":
+        if ctx.options.reduction == "none":
             hidden, weight, target, bias = ctx.saved_tensors
             grads = _kernels.linear_cross_entropy_forward_backward(
                 hidden, weight, target, bias, ctx.class_weight,
-                _per_row(grad_loss, (hidden.shape[0],)), False, False, False, *ctx.want,
-                *ctx.options)[-3:]
+                fp32_rows(grad_loss, (hidden.shape[0],)), False, False, False, *ctx.want,
+                *ctx.options, ctx.accumulation)[-3:]
         else:
             *saved, applied = ctx.saved_tensors
-            grad_output = _per_row(grad_loss, (1,))
+            grad_output = fp32_rows(grad_loss, (1,))
             if torch.compiler.is_compiling():
                 # Out of place: torch.compile functionalizes the graph anyway.
                 scale = grad_output if applied is None else grad_output / applied
@@ -431,23 +218,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 for which, g, wanted in zip(("d_hidden", "d_weight", "d_bias"), saved, ctx.want):
                     if wanted:
                         _kernels.linear_cross_entropy_rescale_(g, which, grad_output, applied,
-                                                               *ctx.op_spec, *ctx.options)
+                                                               *ctx.op_spec, *ctx.options,
+                                                               ctx.accumulation)
                 grads = saved
         d_hidden, d_weight, d_bias = (g if wanted else None for g, wanted in zip(grads, ctx.want))
-        return d_hidden, d_weight, None, d_bias, None, None, None, None, None
-
-
-def _check_bias_and_dtypes(hidden: torch.Tensor, weight: torch.Tensor,
-                           bias: Optional[torch.Tensor]) -> None:
-    """lm_head's bias is [vocab], and hidden, weight and bias share one dtype kjit takes."""
-    vocab = weight.shape[0]
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != vocab):
-        raise ValueError(f"kjit: bias must be [vocab] = [{vocab}], got shape {tuple(bias.shape)}")
-    _kernels.dtype_name(hidden, "hidden")
-    for what, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
-            raise TypeError(f"kjit: {what} must have hidden's dtype ({hidden.dtype}), got "
-                            f"{t.dtype}")
+        return d_hidden, d_weight, None, d_bias, None, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -495,8 +270,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"kjit: bias must be a torch.Tensor or None, got {type(bias).__name__}")
-    _refuse_dtensors("linear_cross_entropy", ("weight", weight), ("hidden", hidden),
-                     ("target", target), ("bias", bias), ("class_weight", class_weight))
+    refuse_dtensors("linear_cross_entropy", ("weight", weight), ("hidden", hidden),
+                    ("target", target), ("bias", bias), ("class_weight", class_weight))
     if hidden.dim() != 2:
         raise ValueError(f"kjit: hidden must be [rows, hidden_size], got shape "
                          f"{tuple(hidden.shape)}; flatten the leading dimensions "
@@ -514,7 +289,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if target.is_floating_point():
         raise TypeError("kjit: target must hold class indices (int64 or int32); class "
                         "probabilities are not supported")
-    _check_bias_and_dtypes(hidden, weight, bias)
+    check_bias_and_dtypes(hidden, weight, bias)
     _kernels.index_name(target, "target")
     if lse_square_scale is not None:
         warnings.warn("kjit: linear_cross_entropy's lse_square_scale is now z_loss (as in "
@@ -522,15 +297,15 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         if z_loss:
             raise ValueError("kjit: give z_loss alone (lse_square_scale is its old name)")
         z_loss = lse_square_scale
-    options = _loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
-    names = _extras_wanted(extras)
+    options = loss_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    names = extras_wanted(extras)
     if weight_grad_accumulation not in ("fp32", "output_dtype"):
         raise ValueError("kjit: weight_grad_accumulation must be 'fp32' or 'output_dtype', got "
                          f"{weight_grad_accumulation!r}")
     _kernels.matrix_shape(hidden, "hidden")
     _kernels.matrix_shape(weight, "weight")
-    _check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
-                      *((("bias", bias),) if bias is not None else ()))
+    check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
+                     *((("bias", bias),) if bias is not None else ()))
     target = target if target.is_contiguous() else target.contiguous()
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()  # (differentiable: its gradient reaches the strided bias)
@@ -539,18 +314,16 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          "row's upstream gradient reaches the backward as it is")
     scale = _scale_tensor(grad_scale, (1,), hidden.device)
     if class_weight is not None:
-        class_weight = _class_weight(class_weight, hidden, vocab, "class_weight")
-    options = (*options, weight_grad_accumulation)
-    wanted = _kernel_extras(names)
+        class_weight = checked_class_weight(class_weight, hidden, vocab, "class_weight")
+    wanted = kernel_extras(names)
     if names & {"lse", "z_loss"} and not any(wanted):
         wanted = (False, False, True)  # any per-row output makes the op compute the lse
     loss, lse, *per_row = _LinearCrossEntropy.apply(hidden, weight, target, bias, class_weight,
-                                                    scale, options, torch.is_grad_enabled(),
-                                                    wanted)
+                                                    scale, options, weight_grad_accumulation,
+                                                    torch.is_grad_enabled(), wanted)
     if names:
-        return _loss_output(names, loss, target, lse, *per_row, vocab=vocab,
-                            ignore_index=int(ignore_index), reduction=reduction,
-                            z_loss=float(z_loss), weight=class_weight)
+        return loss_output(names, loss, target, lse, *per_row, vocab=vocab, options=options,
+                           weight=class_weight)
     return loss
 
 
@@ -602,7 +375,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     for what, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
-    _refuse_dtensors("rms_norm", ("x", x), ("weight", weight), ("residual", residual))
+    refuse_dtensors("rms_norm", ("x", x), ("weight", weight), ("residual", residual))
     if casting not in _CASTINGS:
         raise ValueError(f"kjit: casting must be one of {_CASTINGS}, got {casting!r}")
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
@@ -616,8 +389,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     _kernels.dtype_name(x, "x")
     _kernels.dtype_name(weight, "weight")
     _kernels.matrix_shape(x, "x")
-    _check_on_one_gpu(("x", x), ("weight", weight),
-                      *((("residual", residual),) if residual is not None else ()))
+    check_on_one_gpu(("x", x), ("weight", weight),
+                     *((("residual", residual),) if residual is not None else ()))
     if residual is not None:
         if residual.shape != x.shape or residual.dtype != x.dtype:
             raise ValueError(f"kjit: residual must match x ({tuple(x.shape)}, {x.dtype}), got "

@@ -23,18 +23,18 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from kjit import _capi
 from kjit.torch import _kernels
-from kjit.torch.functional import (_check_bias_and_dtypes, _check_on_one_gpu, _integer_option,
-                                   _number_option, _refuse_dtensors)
+from kjit.torch._common import (add_chunk_grads, check_bias_and_dtypes, check_on_one_gpu,
+                                integer_option, lm_head, number_option, refuse_dtensors,
+                                rows_per_chunk)
 
 
 def _check_temperature(temperature) -> float:
     """A number (TypeError naming the type expected otherwise, a str such as "0.7" included),
     finite and > 0."""
-    value = _number_option("temperature", temperature)
+    value = number_option("temperature", temperature)
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"kjit: temperature must be a finite number > 0, got "
                          f"{_capi.quoted(temperature)}")
@@ -146,17 +146,17 @@ def log_probs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1
     for what, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
-    _refuse_dtensors("log_probs", ("logits", logits), ("target", target))
+    refuse_dtensors("log_probs", ("logits", logits), ("target", target))
     if logits.dim() < 1:
         raise ValueError("kjit: logits must be [..., vocab]")
     _kernels.dtype_name(logits, "logits")
     _check_target(target, logits.shape[:-1], "logits")
     temperature = _check_temperature(temperature)
-    ignore_index = _integer_option("ignore_index", ignore_index)
+    ignore_index = integer_option("ignore_index", ignore_index)
     vocab = logits.shape[-1]
     if vocab < 1:
         raise ValueError("kjit: logits have an empty vocab dimension")
-    _check_on_one_gpu(("logits", logits), ("target", target))
+    check_on_one_gpu(("logits", logits), ("target", target))
     shape = target.shape
     if target.numel() == 0:
         empty = logits.float().sum(-1) * 0.0  # (differentiable, and nothing to launch)
@@ -173,38 +173,6 @@ def log_probs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1
     return _outputs(logprob, ent, shape, entropy)
 
 
-# The logits of one chunk of rows take at most this many bytes: about what LinearCrossEntropy's
-# chunks take at LLaMA 3's vocab (1920 rows x 128256 x bf16 is 470 MiB).
-_CHUNK_BYTES = 512 << 20
-
-
-def _chunk_rows(rows: int, vocab: int, dtype: torch.dtype, chunk_rows: Optional[int]) -> int:
-    if chunk_rows is not None:
-        chunk_rows = _integer_option("chunk_rows", chunk_rows)
-        if chunk_rows < 1:
-            raise ValueError(f"kjit: chunk_rows must be >= 1 or None, got {chunk_rows}")
-        return min(chunk_rows, rows)
-    element = torch.finfo(dtype).bits // 8
-    return max(1, min(rows, _CHUNK_BYTES // max(1, vocab * element)))
-
-
-def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b accumulated and returned in fp32 (one rounding, not the dtype's)."""
-    if a.dtype == torch.float32:
-        return a @ b
-    try:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    except (TypeError, RuntimeError, NotImplementedError):  # (older torch, or no such kernel)
-        return a.float() @ b.float()
-
-
-def _lm_head(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
-    """A chunk's logits in the inputs' dtype, autocast or not: the backward recomputes exactly
-    the logits the forward read (autocast does not reach a backward)."""
-    with torch.autocast(hidden.device.type, enabled=False):
-        return F.linear(hidden, weight, bias)
-
-
 class _LinearLogProbs(torch.autograd.Function):
     """The lm_head and the RL head over chunks of rows: each chunk's logits exist only while it
     is processed, in the forward and again (recomputed) in the backward, whose upstream gradients
@@ -217,7 +185,7 @@ class _LinearLogProbs(torch.autograd.Function):
         rows = hidden.shape[0]
         outs = ([], [], [])
         for start in range(0, rows, chunk):
-            logits = _lm_head(hidden[start:start + chunk], weight, bias)
+            logits = lm_head(hidden[start:start + chunk], weight, bias)
             for out, value in zip(outs, _kernels.log_probs_forward(
                     logits, target[start:start + chunk], temperature, ignore_index,
                     want_entropy)):
@@ -249,38 +217,19 @@ def _lm_head_gradients(ctx, up) -> tuple:
     for start in range(0, rows, chunk):
         end = min(rows, start + chunk)
         h = hidden[start:end]
-        d_logits = _lm_head(h, weight, bias)
+        d_logits = lm_head(h, weight, bias)
         _kernels.log_probs_backward_(
             d_logits, target[start:end], lse[start:end],
             entropy[start:end] if entropy.numel() else entropy,
             *(None if g is None else g[start:end] for g in up), *ctx.options)
         if want_h:
             d_hidden.append(d_logits @ weight)
-        d_weight, d_bias = _add_chunk_grads(d_logits, h, d_weight, d_bias, want_w, want_b, whole)
+        d_weight, d_bias = add_chunk_grads(d_logits, h, d_weight, d_bias, want_w, want_b, whole)
         del d_logits
     d_hidden = (d_hidden[0] if len(d_hidden) == 1 else torch.cat(d_hidden)) if want_h else None
     d_weight = d_weight.to(weight.dtype) if want_w else None
     d_bias = d_bias.to(bias.dtype) if want_b else None
     return d_hidden, d_weight, d_bias
-
-
-def _add_chunk_grads(d_logits: torch.Tensor, h: torch.Tensor, d_weight, d_bias, want_w: bool,
-                     want_b: bool, whole: bool, in_dtype: bool = False) -> tuple:
-    """d_weight and d_bias with one chunk's d_logits.T @ h and d_logits' column sums added
-    (None where not wanted): summed in fp32 over the chunks (in_dtype: in the dtype, no fp32
-    accumulator), or one GEMM rounded to the dtype once when the chunk is `whole`."""
-    if want_w:
-        if whole:
-            d_weight = d_logits.t() @ h
-        elif in_dtype:
-            d_weight = d_logits.t() @ h if d_weight is None else d_weight.addmm_(d_logits.t(), h)
-        else:
-            part = _mm_fp32(d_logits.t(), h)
-            d_weight = part if d_weight is None else d_weight.add_(part)
-    if want_b:
-        part = d_logits.sum(0, dtype=torch.float32)
-        d_bias = part if d_bias is None else d_bias.add_(part)
-    return d_weight, d_bias
 
 
 def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -301,26 +250,26 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
       loss whose upstream gradient is known takes 3.
     - lm_head runs in the inputs' dtype even under autocast (so that the backward recomputes the
       logits the forward read): cast hidden and weight to autocast's dtype first for a bf16 GEMM
-      (kjit.torch.trl does).
+      (kjit.torch.integrations.trl does).
     """
     for what, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kjit: {what} must be a torch.Tensor, got {type(t).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"kjit: bias must be a torch.Tensor or None, got {type(bias).__name__}")
-    _refuse_dtensors("linear_log_probs", ("weight", weight), ("hidden", hidden),
-                     ("target", target), ("bias", bias))
+    refuse_dtensors("linear_log_probs", ("weight", weight), ("hidden", hidden),
+                    ("target", target), ("bias", bias))
     if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"kjit: weight must be [vocab, hidden_size] = [vocab, "
                          f"{hidden.shape[-1] if hidden.dim() else '?'}], got shape "
                          f"{tuple(weight.shape)} for hidden {tuple(hidden.shape)}")
     vocab, size = weight.shape
     _check_target(target, hidden.shape[:-1], "hidden")
-    _check_bias_and_dtypes(hidden, weight, bias)
+    check_bias_and_dtypes(hidden, weight, bias)
     temperature = _check_temperature(temperature)
-    ignore_index = _integer_option("ignore_index", ignore_index)
-    _check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
-                      *((("bias", bias),) if bias is not None else ()))
+    ignore_index = integer_option("ignore_index", ignore_index)
+    check_on_one_gpu(("hidden", hidden), ("weight", weight), ("target", target),
+                     *((("bias", bias),) if bias is not None else ()))
     shape = target.shape
     if target.numel() == 0:
         empty = (hidden.float().sum(-1) + weight.float().sum() * 0.0) * 0.0
@@ -329,7 +278,7 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
     flat_hidden = hidden.reshape(rows, size)
     flat_target = target.reshape(-1)
     flat_target = flat_target if flat_target.is_contiguous() else flat_target.contiguous()
-    chunk = _chunk_rows(rows, vocab, hidden.dtype, chunk_rows)
+    chunk = rows_per_chunk(rows, vocab, hidden.dtype, chunk_rows)
     logprob, ent = _LinearLogProbs.apply(flat_hidden, weight, bias, flat_target, temperature,
                                          ignore_index, bool(entropy), chunk,
                                          torch.is_grad_enabled())

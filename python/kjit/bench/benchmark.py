@@ -31,16 +31,12 @@ import sys
 import time
 from typing import Optional
 
-try:
-    import torch
-except ImportError:
-    if __name__ == "__main__":  # a message, not a traceback, for `python -m kjit.bench`
-        sys.exit("python -m kjit.bench needs PyTorch: pip install torch")
-    raise
+import torch
 import torch.nn.functional as F
 
 import kjit
 import kjit.torch as kt
+from kjit._loss_options import LossOptions
 from kjit.torch import _kernels
 
 DEFAULT_CASES = ["ce:16384x128256", "ce:4096x128256", "ce:256x128256", "norm:16384x4096",
@@ -199,7 +195,7 @@ def bench_cross_entropy(rows: int, vocab: int, iters: int, copy_bw: float) -> li
         loss = kt.cross_entropy(logits.view_as(logits), target)
         torch.autograd.grad(loss, logits)
 
-    op = _kernels.cross_entropy_op(logits, target, -100, "mean", 0.0, 0.0, 0.0)
+    op = _kernels.cross_entropy_op(logits, target, LossOptions())
     loss = torch.empty((), device="cuda")
     workspace = torch.empty(op.workspace_bytes(rows), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
@@ -577,8 +573,8 @@ def bench_extras(rows: int, vocab: int, iters: int, copy_bw: float) -> dict:
         return step
 
     def bare(extras):
-        op = _kernels.cross_entropy_op(logits, target, -100, "mean", 0.0, 0.0, 0.0, None,
-                                       bool(extras), bool(extras))
+        op = _kernels.cross_entropy_op(logits, target, LossOptions(), None, bool(extras),
+                                       bool(extras))
         out = [torch.empty((), device="cuda")] + [torch.empty(rows, device="cuda")
                                                   for _ in range(2)]
         am = torch.empty(rows, dtype=target.dtype, device="cuda")
@@ -824,6 +820,3 @@ def main(argv=None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
