@@ -308,6 +308,16 @@ TEST(CapiRuntime, ExitWhileNvrtcStartsDoesNotCrash) {
 #define KJIT_FORK_UNSAFE_ALLOCATOR 1
 #endif
 #endif
+// TSan delivers a signal itself and runs the handler with every signal blocked, so the exit gate
+// cannot tell NVRTC's SIGTERM handler from its SIGINT one (a SIGTERM ended the process by SIGINT),
+// and it reports NVRTC's handler, which calls exit(), as signal-unsafe (CI, 2026-12-07).
+#if defined(__SANITIZE_THREAD__)
+#define KJIT_TSAN_DELIVERS_SIGNALS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KJIT_TSAN_DELIVERS_SIGNALS 1
+#endif
+#endif
 
 // A child forked while another thread compiles has no such thread: its exit must not wait for it
 // (before the gate's fork handler it waited the gate's 60 s).
@@ -333,6 +343,9 @@ TEST(CapiRuntime, AChildForkedWhileAThreadCompilesCanCompile) {
 // must end the process by the signal (143 / 130 in a shell) at once; the exiting thread waited
 // 60 s for its own compile, then exited with NVRTC's status.
 TEST(CapiRuntime, ASignalWhileNvrtcStartsEndsTheProcessByIt) {
+#ifdef KJIT_TSAN_DELIVERS_SIGNALS
+  GTEST_SKIP() << "TSan runs signal handlers its own way (see KJIT_TSAN_DELIVERS_SIGNALS)";
+#endif
   for (const auto& [mode, number] : {std::pair{"term", SIGTERM}, std::pair{"int", SIGINT}}) {
     for (int delay = 0; delay < 40; delay += 3) {
       const auto start = std::chrono::steady_clock::now();
