@@ -7,6 +7,8 @@ d_bias shards, d_hidden's all-reduce, DTensor Shard(0) and local shards with a g
 checks). Each case compares the loss, d_hidden, this rank's rows of d_weight and d_bias with
 F.cross_entropy on the whole logits hidden @ weight.T + bias in float64 (z-loss and softcap added by
 torch ops: test_distributed_cpu.expected_loss), for every option and reduction.
+The memory per rank the op's docstring states is counted, forward and backward, by a counting
+allocator (memory_counter.py, a TorchDispatchMode) with the reference's own temporaries set apart.
 
 Tolerances (fp32 hidden and weight: the op's logits GEMMs round to fp32 where the reference stays
 in float64): loss rtol 1e-5, gradients rtol 1e-4 with atol 1e-6. The extras cases use hidden states
@@ -554,6 +556,152 @@ def _no_full_logits_worker(rank, world, store_dir, out_dir):
 def test_logits_exist_one_chunk_of_one_slice_at_a_time(tmp_path):
     for rank, r in enumerate(_spawn(_no_full_logits_worker, 2, tmp_path)):
         assert r["failures"] == [], f"rank {rank}: " + "; ".join(r["failures"])
+
+
+def test_the_memory_counter_counts():
+    """memory_counter.MemoryCounter (the memory test's counting allocator) adds a new storage's
+    bytes and takes them off when the storage dies, not when a tensor viewing it does; views and
+    in-place ops add nothing; transient regions keep their inner peak out of `peak`; the autograd
+    engine's gradients count."""
+    from memory_counter import MemoryCounter
+    before = torch.ones(250)  # made before: not counted
+    w = torch.zeros(500, requires_grad=True)
+    with MemoryCounter() as counter:
+        a = torch.empty(1000)  # 4000 bytes
+        view = a[10:]
+        a.add_(1)
+        torch.add(a, 1, out=a)
+        assert (counter.current, counter.peak) == (4000, 4000)
+        b = a * 2 + before[0]  # a temporary (a * 2) and b: 4000 more each, one at a time
+        assert (counter.current, counter.peak) == (8000, 12000)
+        del b
+        del a
+        assert counter.current == 4000  # the view keeps a's storage
+        del view
+        assert (counter.current, counter.peak) == (0, 12000)
+        assert counter.reset_peak() == 0 and counter.peak == 0
+        with counter.transient():
+            scratch = torch.empty(2500)  # 10000 bytes, freed inside: not in peak
+            kept = torch.empty(25)  # 100 bytes, returned: in peak
+            del scratch
+        assert (counter.current, counter.peak, counter.transient_peak) == (100, 100, 10100)
+        del kept
+        counter.reset_peak()
+        # w * 3 (2000 bytes, freed by the sum), then the backward's w.grad (2000 bytes, kept)
+        (w * 3).sum().backward()
+        assert counter.current == 2000 and 2000 <= counter.peak < 2100
+    assert w.grad.shape == (500,)
+
+
+# The memory test's shape: per rank V/R = 2048 classes, 16 chunks of C = 64 rows, H = 128, fp32.
+# A chunk's logits (C*(V/R)*4 = 512 KiB), the fp32 d_weight shard ((V/R)*H*4 = 1 MiB) and the
+# O(rows) terms (1024 rows) are distinguishable, and all below the unchunked logits (8 MiB).
+MEM_VOCAB, MEM_HIDDEN, MEM_ROWS, MEM_CHUNK = 4096, 128, 1024, 64
+# What the float64 reference adds to the formula's O(rows) terms: per row, its saved statistics
+# are 64 bytes (a workspace of 5 float64 and the all-reduced sums, 3 float64) where kjit's kernels
+# keep 32; and 16 KiB for one chunk's workspaces, the all-reduces' copies, the per-row loss and lse
+# and the agreement check's tensors.
+MEM_SLACK_PER_ROW, MEM_SLACK = 32, 16384
+# With the entropy extra, besides: the per-row fields lse and entropy (4 bytes a row each) and the
+# chunk's float64 row max, stacked all-reduce and lse.
+MEM_ENTROPY_SLACK_PER_ROW, MEM_ENTROPY_SLACK = 8, 8192
+
+
+def _memory_worker(rank, world, store_dir, out_dir):
+    """Peak bytes above the start of each phase, counted by memory_counter.MemoryCounter, of a
+    forward and a backward (d_hidden, d_weight; no bias; reduction mean), without extras and with
+    the entropy extra, with the float64 reference kernels. The reference's own temporaries inside
+    stats, rescale and finish (several C x (V/R) float64 arrays, where kjit's fused kernels keep
+    none) run as transient regions: what is measured is what the docstring's formula covers, the
+    logits GEMMs, the kernels' outputs (workspaces, per-row losses, the logits' gradient), the
+    all-reduces, the extras' torch passes, the d_hidden and d_weight GEMMs and accumulator. The
+    peaks with the reference's temporaries are reported too."""
+    _init(rank, world, store_dir)
+    try:
+        from memory_counter import MemoryCounter
+        distributed = _use_reference()
+        reference_kernels = distributed.SHARD_KERNELS["cpu"]
+        counter = MemoryCounter()
+
+        class Transient(type(reference_kernels)):
+            pass
+
+        for name in ("stats", "rescale", "finish"):
+            def run(self, *args, _real=getattr(reference_kernels, name)):
+                with counter.transient():
+                    return _real(*args)
+            setattr(Transient, name, run)
+        distributed.SHARD_KERNELS["cpu"] = Transient()
+        start, end = distributed.shard_of(MEM_VOCAB, rank, world)
+        g = torch.Generator().manual_seed(51)
+        whole_hidden = torch.randn(MEM_ROWS, MEM_HIDDEN, generator=g)
+        whole_weight = torch.randn(MEM_VOCAB, MEM_HIDDEN, generator=g) / 8
+        target = torch.randint(0, MEM_VOCAB, (MEM_ROWS,), generator=g)
+        results = {}
+        for case, extras in (("plain", False), ("entropy", ("entropy",))):
+            hidden = whole_hidden.clone().requires_grad_()
+            weight = whole_weight[start:end].clone().requires_grad_()
+            r = results[case] = {}
+            with counter:
+                counter.reset_peak()
+                out = distributed.vocab_parallel_linear_cross_entropy(
+                    hidden, weight, target, group=dist.group.WORLD, chunk_rows=MEM_CHUNK,
+                    extras=extras)
+                loss = out.loss if extras else out
+                r["forward"] = counter.peak
+                r["forward_with_reference_temporaries"] = max(counter.peak,
+                                                             counter.transient_peak)
+                r["kept"] = counter.current
+                base = counter.reset_peak()
+                loss.backward()
+                r["backward"] = counter.peak - base
+                r["backward_with_reference_temporaries"] = \
+                    max(counter.peak, counter.transient_peak) - base
+                del out
+            r["loss"] = loss.item()
+            r["grads"] = [hidden.grad is not None, weight.grad is not None]
+            del loss, hidden, weight
+        _report(out_dir, rank, results)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_memory_per_rank_is_the_docstrings_formula(tmp_path):
+    """The docstring's memory per rank, counted by a counting allocator (memory_counter.py) over
+    gloo with 2 ranks (_memory_worker says what counts), with R ranks, V vocab, H hidden_size, b
+    the dtype's bytes (fp32 here: 4), C chunk_rows: forward C*(V/R)*b + 32 bytes a row (+
+    8*C*(V/R) with the entropy extra); backward C*(V/R)*b + max(C*(V/R)*b, 4*(V/R)*H) +
+    4*(V/R)*H besides the gradients (d_hidden rows*H*b; in fp32 the accumulator is d_weight).
+    Each measured peak lies between the formula and the formula plus the stated O(rows) slack
+    (MEM_SLACK_PER_ROW, MEM_SLACK: the reference's statistics are wider than kjit's; the entropy
+    case's per-row fields besides), and stays well below the unchunked logits, rows*(V/R)*b:
+    chunking counts. (The docstring's earlier backward, 2*C*(V/R)*b + 4*(V/R)*H, left out each
+    chunk's fp32 d_weight product, here 1 MiB against a chunk's 512 KiB logits.)"""
+    world, b = 2, 4
+    width = MEM_VOCAB // world
+    chunk_logits = MEM_CHUNK * width * b
+    d_weight_fp32 = 4 * width * MEM_HIDDEN
+    slack = MEM_SLACK_PER_ROW * MEM_ROWS + MEM_SLACK
+    entropy_slack = slack + MEM_ENTROPY_SLACK_PER_ROW * MEM_ROWS + MEM_ENTROPY_SLACK
+    forward = chunk_logits + 32 * MEM_ROWS
+    entropy_forward = forward + 8 * MEM_CHUNK * width
+    backward = chunk_logits + max(chunk_logits, d_weight_fp32) + d_weight_fp32 + \
+        MEM_ROWS * MEM_HIDDEN * b
+    unchunked = MEM_ROWS * width * b
+    results = _spawn(_memory_worker, world, tmp_path)
+    print(json.dumps(results, indent=1))
+    for case in ("plain", "entropy"):
+        assert results[0][case]["loss"] == pytest.approx(results[1][case]["loss"], rel=1e-6)
+    for rank, r in enumerate(results):
+        for case, want_forward, over in (("plain", forward, slack),
+                                         ("entropy", entropy_forward, entropy_slack)):
+            got = r[case]
+            assert got["grads"] == [True, True], (rank, case)
+            assert want_forward <= got["forward"] <= want_forward + over, \
+                (rank, case, got, want_forward)
+            assert backward <= got["backward"] <= backward + slack, (rank, case, got, backward)
+        assert r["plain"]["forward"] < unchunked / 8 and r["plain"]["backward"] < unchunked / 2, \
+            (rank, r)
 
 
 def _compile_worker(rank, world, store_dir, out_dir):

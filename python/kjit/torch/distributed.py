@@ -521,12 +521,16 @@ def vocab_parallel_linear_cross_entropy(
       replicated DTensor hidden then gets a Partial gradient, which DTensor reduces where it is
       redistributed, as ColwiseParallel's input gradient is; a plain hidden's gradient must be
       summed over the group by the caller, e.g. a sequence-parallel reduce-scatter).
-    - Memory per rank, with R ranks, V vocab, H hidden_size, b the dtype's bytes and C chunk_rows:
-      forward C*(V/R)*b (one chunk's logits) + 32 bytes a row of statistics kept for the backward
-      (+ 8*C*(V/R) with the entropy extra); backward 2*C*(V/R)*b (logits and their gradient)
-      + 4*(V/R)*H (the fp32 d_weight accumulator, when there is more than one chunk) besides the
-      gradients themselves (d_hidden rows*H*b, d_weight (V/R)*H*b). That is the single-GPU op's
-      workspace (C*V*b + 4*V*H) over R, plus O(rows).
+    - Memory per rank, with R ranks, V vocab, H hidden_size, b the dtype's bytes and C chunk_rows
+      (tests/python/test_tp_lce_cpu.py counts it in fp32): forward C*(V/R)*b (one chunk's logits)
+      + 32 bytes a row of statistics kept for the backward (+ 8*C*(V/R) with the entropy extra,
+      and 4*C*(V/R) more for its fp32 copy of the logits unless they are fp32 without softcap);
+      backward C*(V/R)*b (a chunk's logit gradient) + the larger of C*(V/R)*b (its logits) and
+      4*(V/R)*H (its fp32 d_weight product, added to the accumulator from the second chunk on)
+      + 4*(V/R)*H (the fp32 d_weight accumulator, when there is more than one chunk; in fp32 it
+      is d_weight; "output_dtype" has neither) besides the gradients themselves (d_hidden
+      rows*H*b, twice while it is all-reduced; d_weight (V/R)*H*b): no term in rows*(V/R)
+      besides O(rows).
     - Before the first collective one all-reduce ([ranks, 15] float64, read on the host) checks
       that the ranks' slices tile the vocab once and that their vocab, rows, hidden_size,
       chunk_rows, options, bias, extras and whether hidden's gradient is reduced agree: else every
