@@ -618,7 +618,7 @@ TEST_F(CliTest, FlagsOfAnotherOpAreRefused) {
                          "--z-loss", "0.001", "--softcap", "30", "--argmax"}));
   EXPECT_EQ(ce.exit_code, 0) << ce.Describe();
   for (const char* param : {"target_type=int32", "reduction=sum", "label_smoothing=0.1",
-                            "lse_square_scale=0.001", "softcap=30", "argmax=true"}) {
+                            "z_loss=0.001", "softcap=30", "argmax=true"}) {
     EXPECT_TRUE(Contains(ce.out, param)) << param << "\n" << ce.Describe();
   }
 }
