@@ -24,8 +24,9 @@
 #include "kjit/kjit.h"
 #include "kjit/kjit_c.h"
 
-// Each handle starts with its kind, so that one of another kind (or a destroyed one, while its
-// memory is still there) passed where this kind is expected is an error naming both, not UB.
+// Each handle starts with its kind (the type's kKind, which CheckHandle expects), so that one of
+// another kind (or a destroyed one, while its memory is still there) passed where this kind is
+// expected is an error naming both, not UB.
 enum class kjit_handle_kind : uint32_t {
   kDestroyed = 0,
   kRuntime = 0x6b6a7401,
@@ -36,27 +37,33 @@ enum class kjit_handle_kind : uint32_t {
   kLogProbs,
 };
 struct kjit_runtime {
-  kjit_handle_kind kind = kjit_handle_kind::kRuntime;
+  static constexpr kjit_handle_kind kKind = kjit_handle_kind::kRuntime;
+  kjit_handle_kind kind = kKind;
   kjit::Runtime rt;
 };
 struct kjit_rms_norm {
-  kjit_handle_kind kind = kjit_handle_kind::kRmsNorm;
+  static constexpr kjit_handle_kind kKind = kjit_handle_kind::kRmsNorm;
+  kjit_handle_kind kind = kKind;
   kjit::RmsNorm op;
 };
 struct kjit_cross_entropy {
-  kjit_handle_kind kind = kjit_handle_kind::kCrossEntropy;
+  static constexpr kjit_handle_kind kKind = kjit_handle_kind::kCrossEntropy;
+  kjit_handle_kind kind = kKind;
   kjit::CrossEntropy op;
 };
 struct kjit_linear_cross_entropy {
-  kjit_handle_kind kind = kjit_handle_kind::kLinearCrossEntropy;
+  static constexpr kjit_handle_kind kKind = kjit_handle_kind::kLinearCrossEntropy;
+  kjit_handle_kind kind = kKind;
   kjit::LinearCrossEntropy op;
 };
 struct kjit_sharded_cross_entropy {
-  kjit_handle_kind kind = kjit_handle_kind::kShardedCrossEntropy;
+  static constexpr kjit_handle_kind kKind = kjit_handle_kind::kShardedCrossEntropy;
+  kjit_handle_kind kind = kKind;
   kjit::ShardedCrossEntropy op;
 };
 struct kjit_log_probs {
-  kjit_handle_kind kind = kjit_handle_kind::kLogProbs;
+  static constexpr kjit_handle_kind kKind = kjit_handle_kind::kLogProbs;
+  kjit_handle_kind kind = kKind;
   kjit::LogProbs op;
 };
 
@@ -104,23 +111,6 @@ kjit_status Call(const char* fn, Body&& body) {
 absl::Status NotNull(const char* fn,
                      std::initializer_list<std::pair<const char*, const void*>> pointers);
 
-template <class Handle>
-inline constexpr kjit_handle_kind kKindOf = kjit_handle_kind::kDestroyed;
-template <>
-inline constexpr kjit_handle_kind kKindOf<kjit_runtime> = kjit_handle_kind::kRuntime;
-template <>
-inline constexpr kjit_handle_kind kKindOf<kjit_rms_norm> = kjit_handle_kind::kRmsNorm;
-template <>
-inline constexpr kjit_handle_kind kKindOf<kjit_cross_entropy> = kjit_handle_kind::kCrossEntropy;
-template <>
-inline constexpr kjit_handle_kind kKindOf<kjit_linear_cross_entropy> =
-    kjit_handle_kind::kLinearCrossEntropy;
-template <>
-inline constexpr kjit_handle_kind kKindOf<kjit_sharded_cross_entropy> =
-    kjit_handle_kind::kShardedCrossEntropy;
-template <>
-inline constexpr kjit_handle_kind kKindOf<kjit_log_probs> = kjit_handle_kind::kLogProbs;
-
 // The kind's handle type ("kjit_runtime"); nullptr for kDestroyed or a value no kind has.
 const char* KindName(kjit_handle_kind kind);
 
@@ -132,8 +122,8 @@ absl::Status CheckHandle(const char* fn, const char* name, const Handle* handle)
   KJIT_RETURN_IF_ERROR(NotNull(fn, {{name, handle}}));
   kjit_handle_kind kind;
   std::memcpy(&kind, handle, sizeof(kind));  // every handle starts with its kind
-  if (kind == kKindOf<Handle>) return absl::OkStatus();
-  const char* expected = KindName(kKindOf<Handle>);
+  if (kind == Handle::kKind) return absl::OkStatus();
+  const char* expected = KindName(Handle::kKind);
   if (const char* other = KindName(kind)) {
     return absl::InvalidArgumentError(
         fmt::format("{}: {} is a {} handle; expected a {}", fn, name, other, expected));
