@@ -32,7 +32,9 @@ def load(folder):
             report = json.load(f)
         devices.add(report.get("device", "?"))
         for r in report["results"]:
-            key = (m["bench"], r["op"], r["shape"], r["dtype"], r["pass"], r.get("config", ""))
+            # impl tells the lm_head report's rows apart (fused, gemms, unfused, ...) of one shape
+            key = (m["bench"], r["op"], r["shape"], r["dtype"], r["pass"], r.get("config", ""),
+                   r.get("impl", ""))
             times.setdefault(key, {}).setdefault(m["build"], []).append(r["median_us"])
     return times, devices
 
@@ -49,6 +51,11 @@ def main():
     rows, outside = [], 0
     print(f"device: {', '.join(sorted(devices))}")
     print(f"{'problem':<62} {'base us':>9} {'head us':>9} {'head/base':>9}  rounds (base | head)")
+    # A row's config is named where one problem was measured under several (the lm_head's
+    # heuristic and fixed-chunk rows).
+    configs = {}
+    for key in times:
+        configs.setdefault(key[1:5] + key[6:], set()).add(key[5])
     for key, by_build in sorted(times.items()):
         if "base" not in by_build or "head" not in by_build:
             print(f"{' '.join(key[1:5])}: only {', '.join(by_build)} measured")
@@ -59,12 +66,14 @@ def main():
         overlap = min(head) <= max(base) and min(base) <= max(head)
         flag = abs(ratio - 1) * 100 > a.limit
         outside += flag
-        name = f"{key[1]} {key[2]} {key[3]} {key[4]}"
+        name = f"{key[1]} {key[2]} {key[3]} {key[4]}" + (f" {key[6]}" if key[6] else "")
+        if len(configs[key[1:5] + key[6:]]) > 1:
+            name += f" ({key[5]})"
         print(f"{name:<62} {b:9.2f} {h:9.2f} {ratio:9.4f}{' *' if flag else '  '}"
               f" {min(base):.2f}-{max(base):.2f} | {min(head):.2f}-{max(head):.2f}"
               f"{'' if overlap else ' (no overlap)'}")
         rows.append({"op": key[1], "shape": key[2], "dtype": key[3], "pass": key[4],
-                     "config": key[5], "base_rounds_us": base, "head_rounds_us": head,
+                     "config": key[5], "impl": key[6], "base_rounds_us": base, "head_rounds_us": head,
                      "base_us": b, "head_us": h, "head_over_base": ratio,
                      "rounds_overlap": overlap})
     print(f"{outside} of {len(rows)} problems outside 1 +/- {a.limit}% (marked *)")
