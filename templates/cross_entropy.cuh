@@ -830,15 +830,17 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_staged(const CrossEntr
       add(begin + i * kVec, x);
     }
     if (l.owns_scalar(tid)) add(l.scalar_col(tid), Floats<1>{{scalar}});
-    st = block_combine<kThreads>(st, smem);
-    // Read before the block's gradient overwrites it (in place): the gradient waits for the row's
-    // statistics, which wait for this value.
+    // Read before the block's gradient overwrites it (in place, in shared memory or, for a scalar
+    // column, in the row itself): block_combine's barriers order this read before every thread's
+    // writes (with one block a row nothing else would: racecheck found the gradient read as the
+    // target logit), and with a cluster the exchange's too.
     const long long t = r.target - begin;
     if (r.valid && l.owner(r.target) == static_cast<int>(rank) &&
         (kCluster > 1 ? tid < kCluster : tid == 0)) {
       x_t = t >= 0 && t < body * kVec ? to_float(buf[t / kVec].v[t % kVec])
                                       : to_float(r.x[r.target]);
     }
+    st = block_combine<kThreads>(st, smem);
   }
   if constexpr (kCluster > 1) {
     parts.exchange({st, x_t}, rank);
