@@ -60,6 +60,10 @@ stage_end() {
   echo "== $1 done (exit $3)"
 }
 wants() { [[ $stages == *" $1 "* ]]; }
+# Seconds every stage before the benchmarks leaves them (BENCH_S, default 150): run 2 spent its
+# whole deadline in the suites and the benchmarks got none.
+bench_keep=0
+wants bench && bench_keep=${BENCH_S:-150}
 # The whole run ends by DEADLINE_S (default 560) seconds after its start, whatever the stages'
 # own limits, keeping 15 s for the summary and the archives: `limit N [R]` is N or what is left
 # with R more seconds kept for what must follow.
@@ -83,7 +87,7 @@ checked() {
 serial='CrossEntropyGpu.AllocatesNothingAndTheWorkspaceIsORows:LinearCrossEntropyGpu.TakesNoMemoryBeyondItsWorkspace:TuningGpu.*:GpuTimerGpu.*'
 
 cpp_shards() {
-  local t0 rc=0 pids=() shards=${SHARDS:-12} reserve=30
+  local t0 rc=0 pids=() shards=${SHARDS:-12} reserve=$((30 + bench_keep))
   t0=$(now_ms)
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_TRACE=$traces/cpp-$i.json \
@@ -100,7 +104,7 @@ cpp_shards() {
 memchecked='CrossEntropyGpu.EveryOptionCombination CrossEntropyGpu.ClassWeights CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.RescaleGradientPerRowLeavesEqualRowsAndNanOnlyItsRow RmsNormGpu.EveryOptionCombination RmsNormGpu.MisalignedViewsUseNarrowerVectors LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored LinearCrossEntropyGpu.ForwardOnly ShardedCrossEntropyGpu.EveryOptionAndReduction CapiCrossEntropyGpu.* LogProbsGpu.*'
 racechecked='CrossEntropyGpu.StridedAndMisalignedViewsSplitIntoHeadVectorsAndTail CrossEntropyGpu.EntropyAndTargetLogprob CrossEntropyGpu.NanRowLeavesOtherRowsFinite RmsNormGpu.MisalignedViewsUseNarrowerVectors RmsNormGpu.NanRowLeavesOtherRowsFinite LinearCrossEntropyGpu.OddShapesOneRowAndAllIgnored ShardedCrossEntropyGpu.SplitsMatchUnshardedAndReference CapiCrossEntropyGpu.ClassWeights LogProbsGpu.ShapesDtypesAndViews'
 sanitizer() {
-  local t0 rc=0 san pids=() test reserve=30
+  local t0 rc=0 san pids=() test reserve=$((30 + bench_keep))
   t0=$(now_ms)
   san=$(compute_sanitizer)
   for tool in memcheck racecheck; do
@@ -128,7 +132,7 @@ python_suite() {
   # Four pytest workers where pytest-xdist is installed (the GPU image has it).
   local workers=()
   "$python" -c 'import xdist' 2> /dev/null && workers=(-n 4)
-  KJIT_TRACE=$traces/python.json timeout "$(limit 400 30)" "$python" -m pytest -rs -v -p no:cacheprovider \
+  KJIT_TRACE=$traces/python.json timeout "$(limit 400 $((30 + bench_keep)))" "$python" -m pytest -rs -v -p no:cacheprovider \
     "${workers[@]}" --junitxml="$logs/python-junit.xml" tests/python ${PYTEST_ARGS:-} \
     > "$logs/python.log" 2>&1 || rc=1
   grep -E '^(FAILED|ERROR) ' "$logs/python.log"; tail -3 "$logs/python.log"
@@ -178,10 +182,10 @@ if wants cpp; then
   for log in "$logs"/cpp-shard*.log; do
     i=${log##*cpp-shard}; i=${i%.log}
     [ -f "$logs/cpp-shard$i.json" ] && continue
-    GTEST_TOTAL_SHARDS=${SHARDS:-12} GTEST_SHARD_INDEX=$i checked "rerun-cpp-shard$i" 200 \
+    reserve=$bench_keep GTEST_TOTAL_SHARDS=${SHARDS:-12} GTEST_SHARD_INDEX=$i checked "rerun-cpp-shard$i" 200 \
       "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" --gtest_output="json:$logs/rerun-cpp-shard$i.json"
   done
-  KJIT_TRACE=$traces/cpp-serial.json timeout "$(limit 200)" "$bin/kjit_gpu_tests" --gtest_filter="$serial" \
+  KJIT_TRACE=$traces/cpp-serial.json timeout "$(limit 200 "$bench_keep")" "$bin/kjit_gpu_tests" --gtest_filter="$serial" \
     --gtest_output="json:$logs/cpp-serial.json" > "$logs/cpp-serial.log" 2>&1 || rc=1
   grep -h -E '^\[  FAILED  \]' "$logs"/cpp-*.log | sort -u
   stage_end cpp "$t0" "$rc"
