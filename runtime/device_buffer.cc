@@ -48,7 +48,12 @@ DeviceBuffer::~DeviceBuffer() {
 absl::Status DeviceBuffer::Upload(const void* host, size_t bytes, size_t offset) const {
   if (offset + bytes > bytes_) return absl::OutOfRangeError("DeviceBuffer::Upload past the end");
   const jit::Driver& cu = *rt_->driver;
-  return cu.Check(cu.cuMemcpyHtoD(ptr_ + offset, host, bytes), "cuMemcpyHtoD");
+  KJIT_RETURN_IF_ERROR(cu.Check(cu.cuMemcpyHtoD(ptr_ + offset, host, bytes), "cuMemcpyHtoD"));
+  // From pageable memory cuMemcpyHtoD returns once the bytes are staged, before the DMA has
+  // landed; only the legacy default stream is ordered after it, so a kernel on a non-blocking
+  // stream could read the old contents (the suspected cause of a direct launch's +inf loss on an
+  // H100). Waiting for the default stream makes the copy done when this returns, as promised.
+  return cu.Check(cu.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
 }
 
 absl::Status DeviceBuffer::Download(void* host, size_t bytes, size_t offset) const {

@@ -3,6 +3,7 @@
 // before each launch, padding between strided rows must stay untouched, and a second run must give
 // the same bits.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -378,6 +379,11 @@ TEST(RmsNormGpu, RingBackwardConfigs) {
         c.residual = bits & 2;
         c.in_place = bits & 4;
         c.pad = (bits & 8) ? 24 : 0;
+        // One line a case, flushed: a run cut off by its time limit shows where it stopped (one
+        // did twice on an H100, 300 s and 200 s, with no output).
+        fmt::print("ring case {}: {} hidden={} rows={} config {}\n", cases, Name(t), sh.hidden,
+                   sh.rows, config.ToString());
+        std::fflush(stdout);
         RunCase(rt, c, 11000 + cases);
         ++cases;
         if (::testing::Test::HasFatalFailure()) return;
