@@ -45,6 +45,9 @@ run_start=$(now_ms)
 # The bundle's libraries (Abseil, fmt, ...); the toolkit's for the GEMM harness's cuBLASLt.
 gpu_bundle --toolkit
 export PYTHONUNBUFFERED=1
+# A crash in Python (a test's subprocess, a spawned rank) prints every thread's stack to stderr,
+# which the tests show: run 2 had three SIGSEGVs and not a line of where.
+export PYTHONFAULTHANDLER=1
 no_nvlink_multicast
 export KJIT_TUNE_BIN=$bin/kjit-tune  # TuningGpu's KJIT_AUTOTUNE test runs it
 kernel_cache_start > "$logs/cache.txt"  # not through a pipe: it sets KJIT_CACHE_DIR
