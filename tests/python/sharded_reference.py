@@ -37,14 +37,21 @@ def _weights(weight, spec, rows_like):
 class ReferenceShardKernels:
     """stats, max_of, sums_of, rescale and finish as kjit.torch._sharded_kernels'."""
 
-    def stats(self, logits, target, weight, spec):
+    def stats(self, logits, target, weight, spec, lse=False):
+        """As kjit's stats kernel: an ignored row (target ignore_index or outside the vocab) is
+        read only when the lse is wanted (lse=True); else its statistics are empty (max -inf,
+        sums 0), and finish gives it lse -inf."""
         x = _capped(logits, spec)
         w_local, _, _ = _weights(weight, spec, target)
-        local_max = x.max(dim=1).values
-        sum_exp = torch.exp(x - local_max[:, None]).sum(dim=1)
-        sum_x = (x * w_local).sum(dim=1)
-        t = target.long() - spec.shard_start
-        inside = (t >= 0) & (t < x.shape[1])
+        t = target.long()
+        valid = (t != spec.options.ignore_index) & (t >= 0) & (t < spec.vocab)
+        read = x if lse else torch.where(valid[:, None], x, float("-inf"))
+        local_max = read.max(dim=1).values
+        was_read = local_max > float("-inf")
+        sum_exp = torch.where(was_read, torch.exp(read - local_max[:, None]).sum(dim=1), 0.0)
+        sum_x = torch.where(was_read, (read * w_local).sum(dim=1), 0.0)
+        t = t - spec.shard_start
+        inside = valid & (t >= 0) & (t < x.shape[1])  # (the kernel's: 0 unless a valid target)
         target_logit = torch.where(inside, x.gather(1, t.clamp(0, x.shape[1] - 1)[:, None])[:, 0],
                                    0.0)
         return torch.cat([local_max, local_max, sum_exp, sum_x, target_logit])
@@ -61,7 +68,9 @@ class ReferenceShardKernels:
         rows = logits.shape[0]
         out = ws.clone()
         out[rows:2 * rows] = row_max
-        out[2 * rows:3 * rows] *= torch.exp(ws[:rows] - row_max)
+        # (a row no shard read stays empty: its max -inf is its own, as the kernel's factor 1)
+        out[2 * rows:3 * rows] *= torch.where(ws[:rows] == row_max, 1.0,
+                                              torch.exp(ws[:rows] - row_max))
         return out
 
     def finish(self, logits, target, weight, ws, sums, grad_output, grad, spec):

@@ -159,19 +159,21 @@ def _run_cases(rank, world, device, distributed, options_by_name=OPTIONS):
                                      rank * width, (rank + 1) * width))
             checked += 1
             # 3. a DTensor sharded on the vocab; the loss comes back replicated.
-            # The gradient is read as it leaves the op (a hook), as the layer before it would
-            # receive it: torch 2.11's AccumulateGrad replicates an unevenly sharded leaf's
-            # gradient (an all-gather; over gloo on CUDA tensors, a crash), 2.15's does not.
+            # The gradient is read as it leaves the op (torch.autograd.grad), as the layer
+            # before it would receive it: torch 2.11's AccumulateGrad replicates an unevenly
+            # sharded leaf's gradient (an all-gather; over gloo on CUDA tensors, a SIGSEGV of
+            # the GPU workers), 2.15's does not. A hook on the leaf does not avoid it (the
+            # accumulation runs after the hook: d.grad came back Replicate, 37 wide);
+            # autograd.grad accumulates nothing, which d.grad staying None shows.
             d = distribute_tensor(logits, mesh, [Shard(-1)]).requires_grad_()
-            grads = []
-            d.register_hook(grads.append)
             loss = distributed.vocab_parallel_cross_entropy(d, target, w, reduction=reduction,
                                                             **kw)
             assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
-            loss.backward(DTensor.from_local(up, mesh, [Replicate()], run_check=False))
-            assert len(grads) == 1 and grads[0].placements == (Shard(d.dim() - 1),)
+            (grad,) = torch.autograd.grad(
+                loss, d, DTensor.from_local(up, mesh, [Replicate()], run_check=False))
+            assert grad.placements == (Shard(d.dim() - 1),) and d.grad is None
             failures.append(_compare(f"{name}/{reduction}/dtensor", loss.to_local(),
-                                     grads[0].to_local(), logits, target, weight, up_rows,
+                                     grad.to_local(), logits, target, weight, up_rows,
                                      options, reduction, start, end))
             checked += 1
     return [f for f in failures if f], checked
@@ -214,13 +216,58 @@ def _report(out_dir, rank, payload: dict) -> None:
     dist.barrier()
 
 
+def _faults_of(out_dir, rank) -> str:
+    return f"{out_dir}/faults-rank{rank}.txt"
+
+
+_fault_file = None  # (kept open for the worker's life)
+
+
+def _with_faulthandler(rank, worker, world, store_dir, out_dir, *extra):
+    """worker(rank, world, store_dir, out_dir, *extra) with faulthandler writing the Python
+    stacks of every thread to out_dir/faults-rank<r>.txt should the process die of a signal
+    (SIGSEGV, SIGABRT, ...), which mp.spawn reports with no traceback."""
+    global _fault_file
+    import faulthandler
+    _fault_file = open(_faults_of(out_dir, rank), "w")
+    faulthandler.enable(file=_fault_file, all_threads=True)
+    worker(rank, world, store_dir, out_dir, *extra)
+
+
 def _spawn(worker, world, tmp_path, *extra):
     store, out = tmp_path / "store", tmp_path / "out"
     store.mkdir()
     out.mkdir()
-    mp.spawn(worker, args=(world, str(store), str(out), *extra), nprocs=world, join=True)
+    try:
+        mp.spawn(_with_faulthandler, args=(worker, world, str(store), str(out), *extra),
+                 nprocs=world, join=True)
+    except mp.ProcessExitedException as e:
+        faults = [f"rank {r}:\n{text}" for r in range(world)
+                  if (text := _read_or_empty(_faults_of(out, r)))]
+        raise AssertionError(f"{e}; where the ranks were when they died (faulthandler):\n" +
+                             ("\n".join(faults) or "nothing written")) from e
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return results
+
+
+def _read_or_empty(path) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _crashing_worker(rank, world, store_dir, out_dir):
+    import faulthandler
+    faulthandler._sigsegv()
+
+
+def test_a_worker_that_dies_of_a_signal_says_where(tmp_path):
+    """A rank that dies of SIGSEGV (as the GPU workers once did, with no traceback) fails the
+    test with its Python stack."""
+    with pytest.raises(AssertionError, match=r"(?s)SIGSEGV.*rank 0:.*in _crashing_worker"):
+        _spawn(_crashing_worker, 1, tmp_path)
 
 
 @pytest.mark.parametrize("world", [2, 4])

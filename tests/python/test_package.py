@@ -453,8 +453,11 @@ def test_exit_while_daemon_threads_build_does_not_crash(cache_dir, delay):
     # static destructors ran under the compiles: most runs died (exit 134 "LLVM ERROR: out of memory", or
     # SIGSEGV).
     start = time.monotonic()
+    # (PYTHONFAULTHANDLER: a death by a signal prints every thread's Python stack to stderr;
+    # the GPU machine's Python 3.12 runs died of SIGSEGV with nothing written)
     out = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUILDING, str(delay)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     assert out.returncode == 0, out.stderr
     # Exit waits for the builds in flight (a build's length), never for the gate's 60 s limit.
     assert time.monotonic() - start < 30

@@ -15,7 +15,7 @@ try:
     import torch.nn.functional as F
     import kjit.torch as kt
     # float64 torch autograd through log_softmax, and the scalar of the two upstream gradients
-    from test_rl_cpu import _loss as objective, reference
+    from test_rl_cpu import _loss as objective, fp32_gradient_slack, reference
 except ImportError:
     pass
 
@@ -50,7 +50,18 @@ def test_log_probs_match_float64(dtype, temperature, which, rows, vocab):
     objective(lp, h, g_lp, g_h).backward()
     objective(r_lp, r_h, g_lp, g_h).backward()
     tol = TOL[dtype]
-    torch.testing.assert_close(leaf.grad.double(), ref_leaf.grad, rtol=tol, atol=tol * 1e-2)
+    # Besides the one rounding of the gradient (tol), the fp32 rounding of ln p_j + H, which the
+    # entropy's gradient p_j (ln p_j + H) / T multiplies: about 4 u (max|x| + |lse|) absolute
+    # (x = z / T), large against entries where ln p_j + H ~ 0 (at T = 0.3 in fp32, 11 of 3.2M
+    # entries were off by up to 9.6e-6, relative 3.3e-4). test_rl_cpu.fp32_gradient_slack
+    # derives it, and checks it on the kernels' arithmetic emulated in fp32.
+    slack = fp32_gradient_slack(logits, target, temperature, g_lp, g_h)
+    err = (leaf.grad.double() - ref_leaf.grad).abs()
+    allowed = tol * ref_leaf.grad.abs() + tol * 1e-2 + slack
+    worst = (err / allowed).argmax()
+    assert torch.all(err <= allowed), (
+        f"{int((err > allowed).sum())} of {err.numel()} entries off; the worst by "
+        f"{err.flatten()[worst].item():.3g} where {allowed.flatten()[worst].item():.3g} is allowed")
 
 
 def test_all_ignored_forward_only_and_in_place():

@@ -75,23 +75,36 @@ def index_name(t: torch.Tensor, what: str) -> str:
 def matrix_shape(t: torch.Tensor, what: str) -> tuple:
     """(rows, row_stride) of t seen as [rows, t.shape[-1]]: its leading dimensions must collapse
     into one with a single stride and its last dimension must be contiguous (no copy is made)."""
+    found = _rows_of(t, what)
+    if isinstance(found, str):
+        raise ValueError(found)
+    return found
+
+
+def is_matrix(t: torch.Tensor) -> bool:
+    """Whether matrix_shape takes t (without raising: torch.compile traces this)."""
+    return not isinstance(_rows_of(t, ""), str)
+
+
+def _rows_of(t: torch.Tensor, what: str):
+    """matrix_shape's (rows, row_stride), or the message of why t cannot be seen so."""
     cols = t.shape[-1]
     if t.dim() == 1:
         return 1, max(cols, 1)
     if t.stride(-1) != 1 and cols > 1:
-        raise ValueError(f"kjit: {what} must have a contiguous last dimension (stride 1), got "
-                         f"strides {tuple(t.stride())}; call .contiguous() first")
+        return (f"kjit: {what} must have a contiguous last dimension (stride 1), got strides "
+                f"{tuple(t.stride())}; call .contiguous() first")
     rows, row_stride = 1, t.stride(-2) if t.shape[-2] > 1 else max(cols, 1)
     expected = row_stride
     for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
         if size != 1 and stride != expected:
-            raise ValueError(f"kjit: {what} of shape {tuple(t.shape)} and strides "
-                             f"{tuple(t.stride())} cannot be seen as [rows, {cols}] rows with one "
-                             "stride; call .contiguous() first")
+            return (f"kjit: {what} of shape {tuple(t.shape)} and strides {tuple(t.stride())} "
+                    f"cannot be seen as [rows, {cols}] rows with one stride; call .contiguous() "
+                    "first")
         expected = stride * size if size != 1 else expected
         rows *= size
     if row_stride < cols:
-        raise ValueError(f"kjit: {what}'s rows overlap (row stride {row_stride} < {cols})")
+        return f"kjit: {what}'s rows overlap (row stride {row_stride} < {cols})"
     return rows, row_stride
 
 

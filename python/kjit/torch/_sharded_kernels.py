@@ -8,7 +8,7 @@ finish take the reduced tensors and return new workspaces and outputs (functiona
 torch.compile traces them; the copies are O(rows), not O(rows x vocab)). Each launches on the
 current stream and allocates through torch only.
 
-    ws = KJIT_KERNELS.stats(local_logits, target, None, spec)
+    ws = KJIT_KERNELS.stats(local_logits, target, None, spec, True)  # True: lse of every row
     mx = all_reduce(KJIT_KERNELS.max_of(ws, spec, rows), "max", group)
     ws = KJIT_KERNELS.rescale(ws, mx, spec)
     sums = all_reduce(KJIT_KERNELS.sums_of(ws, spec, rows), "sum", group)
@@ -92,22 +92,30 @@ def _fields(op, logits, target, weight, workspace, loss):
 
 
 @_kernels._kernel("sharded_cross_entropy_stats", mutates_args=(),
-                  schema=f"(Tensor logits, Tensor target, Tensor? weight, {_SPEC}) -> Tensor")
-def _stats(logits, target, weight, *spec):
-    """The shard's statistics and the valid-row count, in a new workspace."""
+                  schema=f"(Tensor logits, Tensor target, Tensor? weight, bool lse, {_SPEC}) "
+                         "-> Tensor")
+def _stats(logits, target, weight, lse, *spec):
+    """The shard's statistics and the valid-row count, in a new workspace. lse: whether finish's
+    lse is wanted for every row: the kernel reads an ignored row (target ignore_index or outside
+    the vocab) only when given an lse vector, as cross_entropy_forward does; without, such a
+    row's statistics are empty and finish's lse of it is -inf (its loss and gradient are 0
+    either way)."""
     spec = _spec_of(spec)
     op = _op(logits, target, weight, spec)
     rows = logits.shape[0]
     workspace = _workspace_like(op, rows, logits.device)
-    # (checked here, written by finish only)
+    # (checked here, written by finish only; phase 1 only tests the lse pointer)
     loss = _loss_like(rows, spec.options.reduction, logits.device)
-    op.compute_stats(_kernels._stream(logits.device),
-                     **_fields(op, logits, target, weight, workspace, loss))
+    fields = _fields(op, logits, target, weight, workspace, loss)
+    if lse:
+        fields.update(lse=_kernels.as_vector(
+            torch.empty(rows, dtype=torch.float32, device=logits.device)))
+    op.compute_stats(_kernels._stream(logits.device), **fields)
     return workspace
 
 
 @_stats.register_fake
-def _(logits, target, weight, *spec):
+def _(logits, target, weight, lse, *spec):
     return _workspace_like(_op(logits, target, weight, _spec_of(spec)), logits.shape[0],
                            logits.device)
 
@@ -173,8 +181,9 @@ def _(logits, target, weight, workspace, sums, grad_output, grad, *spec):
 class KjitShardKernels:
     """The statistics contract kjit.torch.distributed combines, on kjit's kernels (CUDA)."""
 
-    def stats(self, logits, target, weight, spec: ShardSpec) -> torch.Tensor:
-        return _stats(logits, target, weight, *spec.scalars())
+    def stats(self, logits, target, weight, spec: ShardSpec, lse: bool = False) -> torch.Tensor:
+        """lse: finish's lse is wanted for ignored rows too (else it is -inf there)."""
+        return _stats(logits, target, weight, bool(lse), *spec.scalars())
 
     def max_of(self, workspace, logits, target, weight, spec: ShardSpec) -> torch.Tensor:
         return self._view(workspace, logits, target, weight, spec, 0, 1)

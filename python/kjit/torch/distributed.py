@@ -57,7 +57,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, spec, group):
         kernels = _kernels_for(logits)
-        ws = kernels.stats(logits, target, weight, spec)
+        # Without the lse (only the loss leaves vocab_parallel_cross_entropy) the kernels skip
+        # ignored rows: their lse here is -inf, their loss and gradient 0.
+        ws = kernels.stats(logits, target, weight, spec, False)
         row_max = funcol.all_reduce(kernels.max_of(ws, logits, target, weight, spec), "max",
                                     group)
         ws = kernels.rescale(ws, row_max, logits, target, weight, spec)
@@ -325,14 +327,16 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         # spec's reduction is "none": each chunk's per-row loss, reduced over all rows here.
         ctx.reduction = reduction
         kernels = _kernels_for(hidden, "hidden")
-        want_argmax, want_entropy, want_logprob = wanted
+        # want_lse: the lse of every row, ignored ones too (as the unsharded op's, which computes
+        # it whenever an extra is asked): the stats kernel reads ignored rows only then.
+        want_argmax, want_entropy, want_logprob, want_lse = wanted
         rows = hidden.shape[0]
         outs = {name: [] for name in ("loss", "lse", "predicted", "entropy", "logprob")}
         saved = []
         for first in range(0, rows, chunk):
             t = target[first:first + chunk]
             logits = lm_head(hidden[first:first + chunk], weight, bias)
-            ws = kernels.stats(logits, t, class_weight, spec)
+            ws = kernels.stats(logits, t, class_weight, spec, want_lse)
             row_max = kernels.max_of(ws, logits, t, class_weight, spec)
             # Our own extras ride along in the two all-reduces (no collective of their own).
             x = _capped_fp32(logits, spec.options.softcap) if want_entropy else None
@@ -623,7 +627,8 @@ def vocab_parallel_linear_cross_entropy(
     loss, *per_row = _VocabParallelLinearCrossEntropy.apply(
         flat, local_weight, local_bias, flat_target, class_weight,
         spec._replace(options=options._replace(reduction="none")), options.reduction, group,
-        chunk, wanted, reduce_hidden_grad, weight_grad_accumulation, torch.is_grad_enabled())
+        chunk, (*wanted, bool(names)), reduce_hidden_grad, weight_grad_accumulation,
+        torch.is_grad_enabled())
     loss = loss.reshape(target.shape) if options.reduction == "none" else loss
     if names:
         out = loss_output(names, loss, flat_target, *per_row, vocab=vocab,

@@ -351,11 +351,9 @@ class _RmsNorm(torch.autograd.Function):
 
 
 def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
-    try:
-        _kernels.matrix_shape(t, "gradient")
-        return t
-    except ValueError:
-        return t.contiguous()
+    """t when the kernels can see it as [rows, t.shape[-1]] rows of one stride, else a contiguous
+    copy (differentiable)."""
+    return t if _kernels.is_matrix(t) else t.contiguous()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -370,7 +368,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     PyTorch (x^2, the mean (accumulated in fp32), + eps, rsqrt, x * rstd, offset + weight and
     the product), and needs weight in x's dtype. Its backward, as the others', is fp32 with the
     saved rstd. y has x's dtype. With `residual`, h = x + residual is normalized and (y, h)
-    returned: the add of a pre-norm block fused into the norm.
+    returned: the add of a pre-norm block fused into the norm. x and residual may have any
+    strides: a view whose rows have no single stride is copied first (y and h are contiguous).
     """
     for what, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
@@ -388,13 +387,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
                          f"({x.dtype}), got {weight.dtype}")
     _kernels.dtype_name(x, "x")
     _kernels.dtype_name(weight, "weight")
-    _kernels.matrix_shape(x, "x")
+    # Any strided x (as F.rms_norm): the kernels take rows of one stride, so a view that cannot
+    # be seen so (Gemma 3's q/k norm gets a transposed [b, heads, seq, head_dim] view) is copied,
+    # differentiably: its gradient comes back in the view's shape and strides.
+    x = _contiguous_rows(x)
     check_on_one_gpu(("x", x), ("weight", weight),
                      *((("residual", residual),) if residual is not None else ()))
     if residual is not None:
         if residual.shape != x.shape or residual.dtype != x.dtype:
             raise ValueError(f"kjit: residual must match x ({tuple(x.shape)}, {x.dtype}), got "
                              f"{tuple(residual.shape)}, {residual.dtype}")
-        _kernels.matrix_shape(residual, "residual")
+        residual = _contiguous_rows(residual)
     y, h = _RmsNorm.apply(x, weight, residual, float(eps), float(offset), casting)
     return (y, h) if residual is not None else y
