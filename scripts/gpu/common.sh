@@ -91,8 +91,14 @@ kernel_cache_save() {
   list=$(mktemp)
   while [ "$budget" -gt 1048576 ]; do
     (cd "$KJIT_CACHE_DIR" && find . -maxdepth 1 -name '*.kjit' -printf '%T@ %s %p\n' | sort -rn |
-      awk -v budget="$budget" '{ total += $2; if (total > budget) exit; printf "%s%c", $3, 0 }' \
-      > "$list" && tar -czf "$archive" --null -T "$list") || { rm -f "$archive" "$list"; return 0; }
+      awk -v budget="$budget" '{ total += $2; if (total <= budget) printf "%s%c", $3, 0 }' \
+      > "$list" && tar -czf "$archive" --null -T "$list") || {
+      # (awk reads to the end: one that stopped early failed the pipe under pipefail, and run 3
+      # of verify.sh saved nothing without a word)
+      echo "kernel cache: not saved (archiving failed)"
+      rm -f "$archive" "$list"
+      return 0
+    }
     bytes=$(stat -c %s "$archive")
     if [ "$bytes" -le 15728640 ]; then
       echo "kernel cache: $(tr -cd '\0' < "$list" | wc -c) of $(find "$KJIT_CACHE_DIR" -maxdepth 1 \
