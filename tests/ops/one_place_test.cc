@@ -178,6 +178,19 @@ bool Names(std::string_view line, std::string_view word, bool type_prefix) {
   return false;
 }
 
+// Whether a line of Python names the op `op` (snake case): as a string of its own ("rms_norm"), in a
+// C function's name ("kjit_rms_norm_create"), or as a function or method (def rms_norm(, .rms_norm().
+// Python's variables and keywords are words too (grad_scale, a loss `scale`), so a part of a name
+// is not enough there, as it is in C and C++, whose shared files name ops only in their types and
+// functions.
+bool PythonNames(std::string_view line, const std::string& op) {
+  for (const std::string& form : {"\"" + op + "\"", "'" + op + "'", "kjit_" + op + "_",
+                                  "def " + op + "(", "." + op + "("}) {
+    if (line.find(form) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
 bool IsAllowed(const std::string& path, const std::string& line, std::string_view op,
                const std::vector<Allowed>& allowed) {
   const bool before_abi6 = std::find(std::begin(kOpsBeforeAbi6), std::end(kOpsBeforeAbi6), op) !=
@@ -217,8 +230,8 @@ std::vector<std::string> PerOpLines(const fs::path& root, const std::vector<std:
     std::string line;
     for (int number = 1; std::getline(code, line); ++number) {
       const bool offends = std::any_of(op_names.begin(), op_names.end(), [&](const std::string& op) {
-        return (Names(line, op, false) || Names(line, CamelCase(op), true)) &&
-               !IsAllowed(path, line, op, allowed);
+        const bool snake = ext == ".py" ? PythonNames(line, op) : Names(line, op, false);
+        return (snake || Names(line, CamelCase(op), true)) && !IsAllowed(path, line, op, allowed);
       });
       if (offends) found.push_back(path + ":" + std::to_string(number) + ": " + line);
     }
@@ -301,6 +314,24 @@ TEST_F(PlantedSharedFiles, NamesAreWholeWordsOrTypePrefixes) {
   EXPECT_EQ(Joined(PerOpLines(root_, {"scale", "cross_entropy"}, {})),
             "runtime/words.cc:2: kjit_cross_entropy_create();\n"
             "runtime/words.cc:3: CrossEntropySpec s;\n");
+}
+
+TEST_F(PlantedSharedFiles, PythonNamesAnOpInStringsFunctionsAndTypes) {
+  ASSERT_TRUE(tmp_.ok());
+  Write("python/kjit/_words.py",
+        "grad_scale = scale * 2\n"
+        "call(\"kjit_scale_create\")\n"
+        "getattr(rt, 'scale')\n"
+        "def scale(self):\n"
+        "rt.scale(4)\n"
+        "class Scale:\n"
+        "_scale_tensor(x)\n");
+  EXPECT_EQ(Joined(PerOpLines(root_, {"scale"}, {})),
+            "python/kjit/_words.py:2: call(\"kjit_scale_create\")\n"
+            "python/kjit/_words.py:3: getattr(rt, 'scale')\n"
+            "python/kjit/_words.py:4: def scale(self):\n"
+            "python/kjit/_words.py:5: rt.scale(4)\n"
+            "python/kjit/_words.py:6: class Scale:\n");
 }
 
 TEST_F(PlantedSharedFiles, TheOpsBeforeAbi6KeepTheirTypedApiAndANewOpDoesNot) {
