@@ -4,6 +4,8 @@
 #include "capi/op_entry.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <tuple>
 
@@ -73,7 +75,10 @@ bool RegisterOp(OpEntry entry) {
   std::vector<OpEntry>& table = Table();
   const auto at = std::lower_bound(table.begin(), table.end(), entry.kind,
                                    [](const OpEntry& e, const std::string& k) { return e.kind < k; });
-  if (at != table.end() && at->kind == entry.kind) std::abort();  // two files bind one kind
+  if (at != table.end() && at->kind == entry.kind) {  // two entry files bind one kind: a bug
+    std::fprintf(stderr, "kjit: the C API binds the op \"%s\" twice\n", entry.kind.c_str());
+    std::abort();
+  }
   table.insert(at, std::move(entry));
   return true;
 }

@@ -597,8 +597,8 @@ KJIT_C_EXPORT kjit_status kjit_log_probs_config(const kjit_log_probs* op, char**
 KJIT_C_EXPORT kjit_status kjit_log_probs_build(const kjit_log_probs* op, char** json_out);
 
 /* ---- Ops by name (ABI 6) -----------------------------------------------------------------
- * Every op added after the RL heads is offered here, with no functions or structs of its own, and
- * the ops above are offered here too (each is listed by kjit_op_schema); their own functions stay.
+ * Every op added after the RL heads is offered here only, with no functions or structs of its own;
+ * RMSNorm is offered here too, beside its functions above (kjit_op_schema lists the ops).
  * An op is made from its spec as JSON, the same JSON `kjit-tune --spec` and `kjit compile --json`
  * take ({"op": "rms_norm", "hidden": 4096, "dtype": "bf16"}): "op" names it, a field left out takes
  * the C++ spec's default, "config" (a string) overrides the tuned or heuristic config, and an

@@ -322,8 +322,8 @@ class LogProbs(_Handle):
 
 class Op(_Handle):
     """An op made by name (the C API's kjit_op_*): every op added after the RL heads is offered only
-    so, and the older ones are too. Its passes, their arguments and its spec's fields and defaults
-    are in op_schema(); each argument is named as in the C++ args struct.
+    so, and RMSNorm too (beside kjit.RmsNorm). Its passes, their arguments and its spec's fields and
+    defaults are in op_schema(); each argument is named as in the C++ args struct.
 
         norm = rt.op("rms_norm", hidden=4096, dtype="bf16")
         norm.launch("forward", stream, x=kjit.tensor(...), weight=..., y=...)
