@@ -77,6 +77,7 @@ const char* KindName(kjit_handle_kind kind) {
     case kjit_handle_kind::kLinearCrossEntropy: return "kjit_linear_cross_entropy";
     case kjit_handle_kind::kShardedCrossEntropy: return "kjit_sharded_cross_entropy";
     case kjit_handle_kind::kLogProbs: return "kjit_log_probs";
+    case kjit_handle_kind::kOp: return "kjit_op";
     case kjit_handle_kind::kDestroyed: break;
   }
   return nullptr;

@@ -35,6 +35,7 @@ enum class kjit_handle_kind : uint32_t {
   kLinearCrossEntropy,
   kShardedCrossEntropy,
   kLogProbs,
+  kOp,  // kjit_op (capi/op_entry.h): every op by name
 };
 struct kjit_runtime {
   static constexpr kjit_handle_kind kKind = kjit_handle_kind::kRuntime;

@@ -1,6 +1,7 @@
 // The C API's RMSNorm entry points (kjit_rms_norm_*): the spec and the forward and backward
 // arguments converted to the C++ ones, the launches and the queries.
 #include "capi/capi_common.h"
+#include "capi/op_entry.h"
 
 namespace kjit::capi {
 
@@ -110,3 +111,33 @@ kjit_status kjit_rms_norm_build(const kjit_rms_norm* op, char** json_out) {
     return kjit::capi::ReturnBuild(norm.Build(), json_out);
   });
 }
+
+// RMSNorm by name too (kjit_op_*, capi/op_entry.h): {"op": "rms_norm", ...}.
+namespace kjit::capi {
+namespace {
+
+const OpBinding<kjit::RmsNorm, RmsNormSpec> kRmsNormByName{
+    .kind = "rms_norm",
+    .to_json = kjit::ToJson,
+    .from_json = RmsNormSpecFromJson,
+    .parse_config = ConfigParser<RmsNormSpec>(ParseRmsNormConfig),
+    .create = [](const Runtime& rt, const RmsNormSpec& s) { return rt.RmsNorm(s); },
+    .passes = {Pass("forward", &kjit::RmsNorm::Forward, TensorArg("x", &RmsNormForwardArgs::x),
+                    TensorArg("weight", &RmsNormForwardArgs::weight),
+                    TensorArg("y", &RmsNormForwardArgs::y),
+                    TensorArg("rstd", &RmsNormForwardArgs::rstd),
+                    TensorArg("residual", &RmsNormForwardArgs::residual),
+                    TensorArg("residual_out", &RmsNormForwardArgs::residual_out)),
+               Pass("backward", &kjit::RmsNorm::Backward, TensorArg("dy", &RmsNormBackwardArgs::dy),
+                    TensorArg("x", &RmsNormBackwardArgs::x),
+                    TensorArg("weight", &RmsNormBackwardArgs::weight),
+                    TensorArg("rstd", &RmsNormBackwardArgs::rstd),
+                    TensorArg("dx", &RmsNormBackwardArgs::dx),
+                    TensorArg("dw", &RmsNormBackwardArgs::dw),
+                    TensorArg("dresidual", &RmsNormBackwardArgs::dresidual))
+                   .Workspace(&kjit::RmsNorm::BackwardWorkspaceBytes)},
+    .config_for = [](const kjit::RmsNorm& op, int64_t rows) { return op.ConfigFor(rows).ToString(); }};
+KJIT_C_OP(kRmsNormByName);
+
+}  // namespace
+}  // namespace kjit::capi

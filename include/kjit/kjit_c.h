@@ -57,8 +57,10 @@ extern "C" {
  *      their args; class weights in the fused linear op (class_weight_dtype, class_weight).
  *   4: the loss options are one struct, kjit_loss_options, embedded as `loss` in both loss specs;
  *      lse_square_scale is now z_loss.
- *   5: the RL heads (issue 47): kjit_log_probs_* (no existing struct changed). */
-#define KJIT_C_ABI_VERSION 5
+ *   5: the RL heads (issue 47): kjit_log_probs_* (no existing struct changed).
+ *   6: ops by name, kjit_op_* (issue 48): the way every op added from now on is offered (no existing
+ *      struct changed). */
+#define KJIT_C_ABI_VERSION 6
 
 #if defined(__GNUC__)
 #define KJIT_C_EXPORT __attribute__((visibility("default")))
@@ -593,6 +595,73 @@ KJIT_C_EXPORT kjit_status kjit_log_probs_backward(const kjit_log_probs* op, CUst
 /* The config every launch uses with the widest vectors (text form). */
 KJIT_C_EXPORT kjit_status kjit_log_probs_config(const kjit_log_probs* op, char** config_out);
 KJIT_C_EXPORT kjit_status kjit_log_probs_build(const kjit_log_probs* op, char** json_out);
+
+/* ---- Ops by name (ABI 6) -----------------------------------------------------------------
+ * Every op added after the RL heads is offered here only, with no functions or structs of its own;
+ * RMSNorm is offered here too, beside its functions above (kjit_op_schema lists the ops).
+ * An op is made from its spec as JSON, the same JSON `kjit-tune --spec` and `kjit compile --json`
+ * take ({"op": "rms_norm", "hidden": 4096, "dtype": "bf16"}): "op" names it, a field left out takes
+ * the C++ spec's default, "config" (a string) overrides the tuned or heuristic config, and an
+ * unknown field is KJIT_INVALID_ARGUMENT naming it. A launch names its pass ("forward") and passes
+ * its arguments by the C++ args struct's field names; an argument not given is empty, as in the
+ * op's own structs. The rules above hold: a bad name or value is KJIT_INVALID_ARGUMENT saying what
+ * the op takes.
+ *
+ *   kjit_op* norm = NULL;
+ *   kjit_op_create(rt, "{\"op\": \"rms_norm\", \"hidden\": 4096}", &norm);
+ *   kjit_named_tensor t[] = {{"x", x}, {"weight", w}, {"y", y}};
+ *   kjit_op_args args;
+ *   kjit_op_args_init(&args);
+ *   args.tensors = t;
+ *   args.tensor_count = 3;
+ *   kjit_op_launch(norm, "forward", stream, &args);
+ */
+
+typedef struct kjit_named_tensor {
+  const char* name; /* the C++ args' field: "x" */
+  kjit_tensor tensor;
+} kjit_named_tensor;
+
+typedef struct kjit_named_index {
+  const char* name; /* "targets" */
+  kjit_index index;
+} kjit_named_index;
+
+typedef struct kjit_op_args {
+  uint32_t struct_size;
+  const kjit_named_tensor* tensors; /* tensor_count of them, each name at most once */
+  int32_t tensor_count;
+  const kjit_named_index* indexes; /* index_count of them, each name at most once */
+  int32_t index_count;
+  void* workspace; /* for a pass that takes one: at least kjit_op_workspace_bytes */
+  int64_t workspace_bytes;
+} kjit_op_args;
+
+typedef struct kjit_op kjit_op;
+
+/* JSON: {"abi_version": 6, "ops": [{"op": "rms_norm", "spec": {the defaults, "op" included},
+ * "config": true (whether "config" is taken), "config_for": true (whether kjit_op_config_for
+ * answers), "passes": [{"pass": "forward", "tensors": ["x", ...], "indexes": [...],
+ * "workspace": false}, ...]}, ...]}, the ops in name order. */
+KJIT_C_EXPORT kjit_status kjit_op_schema(char** json_out);
+KJIT_C_EXPORT void kjit_op_args_init(kjit_op_args* args);
+/* Checks the spec (KJIT_INVALID_ARGUMENT names the field) and makes the op, as the op's own create
+ * does (a GPU runtime builds the common case's kernels now). */
+KJIT_C_EXPORT kjit_status kjit_op_create(const kjit_runtime* runtime, const char* spec_json,
+                                         kjit_op** out);
+KJIT_C_EXPORT void kjit_op_destroy(kjit_op* op);
+/* The op's spec as JSON, every field given (what kjit_op_create would make again). */
+KJIT_C_EXPORT kjit_status kjit_op_spec(const kjit_op* op, char** json_out);
+KJIT_C_EXPORT kjit_status kjit_op_launch(const kjit_op* op, const char* pass, CUstream stream,
+                                         const kjit_op_args* args);
+/* The workspace a launch of `pass` over `rows` (0 .. 2^31-1) needs; 0 for a pass that takes none. */
+KJIT_C_EXPORT kjit_status kjit_op_workspace_bytes(const kjit_op* op, const char* pass, int64_t rows,
+                                                  int64_t* bytes);
+/* The config a launch of `rows` uses (text form); KJIT_UNIMPLEMENTED for an op whose schema says
+ * "config_for": false. */
+KJIT_C_EXPORT kjit_status kjit_op_config_for(const kjit_op* op, int64_t rows, char** config_out);
+/* As the ops' *_build: compiles (or finds in the caches) the op's programs; works compile-only. */
+KJIT_C_EXPORT kjit_status kjit_op_build(const kjit_op* op, char** json_out);
 
 #ifdef __cplusplus
 }

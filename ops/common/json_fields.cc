@@ -48,6 +48,14 @@ absl::StatusOr<JsonFields> JsonFields::Of(const nlohmann::json& j) {
   return JsonFields(j);
 }
 
+absl::StatusOr<nlohmann::json> ParseSpecJson(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(fmt::format("op spec: not valid JSON: {}", text));
+  }
+  return j;
+}
+
 bool JsonFields::Has(std::string_view name) {
   asked_.emplace(name);
   return j_->contains(name);

@@ -62,6 +62,10 @@ class JsonFields {
   std::map<std::string, Rounded, std::less<>> rounded_;  // by field
 };
 
+// The JSON text of a spec (the public *SpecFromJson functions' argument), or InvalidArgument "op
+// spec: not valid JSON: ...".
+absl::StatusOr<nlohmann::json> ParseSpecJson(std::string_view text);
+
 // A message that starts by naming a field ("dtype: 'x' is not supported") without that name, for
 // a caller that names the field (or the flag) it came from itself; other messages as they are.
 std::string_view WithoutField(std::string_view message);

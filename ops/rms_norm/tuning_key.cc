@@ -67,3 +67,14 @@ absl::StatusOr<RmsNormSpec> RmsNormFromJson(const nlohmann::json& j) {
 }
 
 }  // namespace kjit::ops
+
+namespace kjit {
+
+std::string ToJson(const RmsNormSpec& spec) { return ops::RmsNormToJson(spec).dump(); }
+
+absl::StatusOr<RmsNormSpec> RmsNormSpecFromJson(std::string_view json) {
+  KJIT_ASSIGN_OR_RETURN(const nlohmann::json j, ops::ParseSpecJson(json));
+  return ops::RmsNormFromJson(j);
+}
+
+}  // namespace kjit

@@ -13,12 +13,14 @@ when the system has none); `python -m kjit doctor` says what is missing.
 
 from kjit import _capi
 from kjit._capi import ABI_VERSION, KjitError, KjitInvalidArgument, KjitUnavailable
-from kjit._runtime import (CrossEntropy, KjitWarning, LinearCrossEntropy, LogProbs, RmsNorm,
-                           Runtime, ShardedCrossEntropy, combine_stats, index, tensor, vector)
+from kjit._runtime import (CrossEntropy, KjitWarning, LinearCrossEntropy, LogProbs, Op, RmsNorm,
+                           Runtime, ShardedCrossEntropy, combine_stats, index, op_schema, tensor,
+                           vector)
 
 __all__ = ["ABI_VERSION", "CrossEntropy", "KjitError", "KjitInvalidArgument", "KjitUnavailable",
-           "KjitWarning", "LinearCrossEntropy", "LogProbs", "RmsNorm", "Runtime",
-           "ShardedCrossEntropy", "abi_version", "combine_stats", "full_version", "index", "tensor", "vector", "version"]
+           "KjitWarning", "LinearCrossEntropy", "LogProbs", "Op", "RmsNorm", "Runtime",
+           "ShardedCrossEntropy", "abi_version", "combine_stats", "full_version", "index",
+           "op_schema", "tensor", "vector", "version"]
 
 
 def version() -> str:

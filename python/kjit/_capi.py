@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 5  # KJIT_C_ABI_VERSION this binding was written for
+ABI_VERSION = 6  # KJIT_C_ABI_VERSION this binding was written for
 
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 
@@ -183,6 +183,22 @@ class LogProbsBackwardArgs(ctypes.Structure):
                 ("grad_entropy", Tensor), ("grad", Tensor)]
 
 
+class NamedTensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("tensor", Tensor)]
+
+
+class NamedIndex(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("index", Index)]
+
+
+class OpArgs(ctypes.Structure):
+    """kjit_op_args: a launch's named arguments, for the ops by name (kjit_op_*)."""
+    _fields_ = [("struct_size", ctypes.c_uint32), ("tensors", ctypes.POINTER(NamedTensor)),
+                ("tensor_count", ctypes.c_int32), ("indexes", ctypes.POINTER(NamedIndex)),
+                ("index_count", ctypes.c_int32), ("workspace", ctypes.c_void_p),
+                ("workspace_bytes", ctypes.c_int64)]
+
+
 # ---- Prototypes ---------------------------------------------------------------------------------
 
 _H = ctypes.c_void_p  # every handle
@@ -268,12 +284,23 @@ _PROTOTYPES = {
     "kjit_sharded_cross_entropy_config": (_S, [_H, _OUT_STR]),
     "kjit_sharded_cross_entropy_build": (_S, [_H, _OUT_STR]),
     "kjit_log_probs_spec_init": (None, [ctypes.POINTER(LogProbsSpec)]),
+    "kjit_log_probs_args_init": (None, [ctypes.POINTER(LogProbsArgs)]),
+    "kjit_log_probs_backward_args_init": (None, [ctypes.POINTER(LogProbsBackwardArgs)]),
     "kjit_log_probs_create": (_S, [_H, ctypes.POINTER(LogProbsSpec), ctypes.POINTER(_H)]),
     "kjit_log_probs_destroy": (None, [_H]),
     "kjit_log_probs_forward": (_S, [_H, _STREAM, ctypes.POINTER(LogProbsArgs)]),
     "kjit_log_probs_backward": (_S, [_H, _STREAM, ctypes.POINTER(LogProbsBackwardArgs)]),
     "kjit_log_probs_config": (_S, [_H, _OUT_STR]),
     "kjit_log_probs_build": (_S, [_H, _OUT_STR]),
+    "kjit_op_schema": (_S, [_OUT_STR]),
+    "kjit_op_args_init": (None, [ctypes.POINTER(OpArgs)]),
+    "kjit_op_create": (_S, [_H, ctypes.c_char_p, ctypes.POINTER(_H)]),
+    "kjit_op_destroy": (None, [_H]),
+    "kjit_op_spec": (_S, [_H, _OUT_STR]),
+    "kjit_op_launch": (_S, [_H, ctypes.c_char_p, _STREAM, ctypes.POINTER(OpArgs)]),
+    "kjit_op_workspace_bytes": (_S, [_H, ctypes.c_char_p, ctypes.c_int64, _I64P]),
+    "kjit_op_config_for": (_S, [_H, ctypes.c_int64, _OUT_STR]),
+    "kjit_op_build": (_S, [_H, _OUT_STR]),
 }
 
 _lib = None

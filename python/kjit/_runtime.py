@@ -320,6 +320,69 @@ class LogProbs(_Handle):
         return json.loads(self._call_string("kjit_log_probs_build", self._handle))
 
 
+class Op(_Handle):
+    """An op made by name (the C API's kjit_op_*): every op added after the RL heads is offered only
+    so, and RMSNorm too (beside kjit.RmsNorm). Its passes, their arguments and its spec's fields and
+    defaults are in op_schema(); each argument is named as in the C++ args struct.
+
+        norm = rt.op("rms_norm", hidden=4096, dtype="bf16")
+        norm.launch("forward", stream, x=kjit.tensor(...), weight=..., y=...)
+        norm.launch("backward", stream, ..., workspace=ws,
+                    workspace_bytes=norm.workspace_bytes("backward", rows))
+    """
+
+    _destroy = "kjit_op_destroy"
+
+    def spec(self) -> dict:
+        """The spec, every field given ({"op": "rms_norm", "hidden": 4096, ...})."""
+        return json.loads(self._call_string("kjit_op_spec", self._handle))
+
+    def launch(self, pass_name: str, stream, *, workspace: Optional[int] = None,
+               workspace_bytes: int = 0, **arguments) -> None:
+        """Launches the pass `pass_name` ("forward") with `arguments` by name, each a
+        kjit.tensor() or kjit.index() (None: not given); a name the pass does not take is a
+        KjitInvalidArgument listing those it takes."""
+        what = f"Op.launch({pass_name!r})"
+        tensors, indexes = [], []
+        for name, value in arguments.items():
+            if value is None:
+                continue
+            if isinstance(value, _capi.Tensor):
+                tensors.append(_capi.NamedTensor(name.encode(), value))
+            elif isinstance(value, _capi.Index):
+                indexes.append(_capi.NamedIndex(name.encode(), value))
+            else:
+                raise TypeError(f"{what}: {name}: expected a kjit.tensor() or kjit.index() (or "
+                                f"None), got {_capi.quoted(value)}")
+        tensor_array = (_capi.NamedTensor * max(len(tensors), 1))(*tensors)
+        index_array = (_capi.NamedIndex * max(len(indexes), 1))(*indexes)
+        args = _capi.OpArgs(ctypes.sizeof(_capi.OpArgs))
+        args.tensors, args.tensor_count = tensor_array, len(tensors)
+        args.indexes, args.index_count = index_array, len(indexes)
+        args.workspace = None if workspace is None else _capi.pointer("workspace", workspace)
+        args.workspace_bytes = _capi.integer("workspace_bytes", workspace_bytes)
+        self._call("kjit_op_launch", self._handle, _capi.c_string("pass", pass_name),
+                   _capi.stream(stream), ctypes.byref(args))
+
+    def workspace_bytes(self, pass_name: str, rows: int) -> int:
+        """The workspace a launch of `pass_name` over `rows` needs (0: it takes none)."""
+        return self._call_int64("kjit_op_workspace_bytes", self._handle,
+                                _capi.c_string("pass", pass_name), _capi.integer("rows", rows))
+
+    def config_for(self, rows: int) -> str:
+        return self._call_string("kjit_op_config_for", self._handle, _capi.integer("rows", rows))
+
+    def build(self) -> dict:
+        """Compiles (or finds in the caches) the op's kernels; works compile-only."""
+        return json.loads(self._call_string("kjit_op_build", self._handle))
+
+
+def op_schema() -> dict:
+    """The ops kjit.Runtime.op makes: {"abi_version": 6, "ops": [{"op", "spec" (the defaults),
+    "config", "config_for", "passes": [{"pass", "tensors", "indexes", "workspace"}]}]}."""
+    return json.loads(_capi.call_string("kjit_op_schema"))
+
+
 def combine_stats(stream, shards, rows: int) -> None:
     """The reduction for shards held by this process: `shards` is a sequence of (op, workspace)
     pairs, ShardedCrossEntropy ops that tile [0, vocab) in order, each after its compute_stats on
@@ -386,6 +449,22 @@ class Runtime(_Handle):
     @property
     def target(self) -> str:
         return self._info["target"]
+
+    def op(self, op: str, **spec) -> Op:
+        """The op `op` ("rms_norm", or any name op_schema() lists) for `spec`, its fields by their
+        names in the spec JSON (`kjit-tune --spec`'s); a field left out takes its default, config
+        (a string) overrides the tuned or heuristic config."""
+        if not isinstance(op, str):
+            raise TypeError(f"op: expected an op's name (a str), got {_capi.quoted(op)}")
+        try:
+            text = json.dumps({"op": op, **spec}, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"op({op!r}): a spec field is not a JSON value (str, int, float, "
+                            f"bool): {e}") from None
+        made = Op(ctypes.c_void_p(), keep=self)  # owns the handle before a warning can raise
+        self._call("kjit_op_create", self._handle, _capi.c_string("spec", text),
+                   ctypes.byref(made._handle))
+        return made
 
     def rms_norm(self, hidden: int, dtype: str = "bf16", *, weight_dtype: Optional[str] = None,
                  eps: float = 1e-6, weight_offset: float = 0.0, casting: str = "llama",

@@ -296,8 +296,12 @@ TEST(Registry, Bf16BelowSm80IsRefusedAsTheOpIsMade) {
 // which the parser refuses. Every config written out in the public headers, the README and the
 // Python package's docstrings ("name=value name=value ...", quoted) parses for one of the ops.
 TEST(Registry, TheConfigExamplesOfTheDocsParse) {
-  const std::vector<OpSpec> ops = {RmsNormSpec{.hidden = 4096}, CrossEntropySpec{.vocab = 128256},
-                                   LinearCrossEntropySpec{.vocab = 128256, .hidden = 4096}};
+  std::vector<OpSpec> ops;  // every op, at a size its examples fit (a new op's header has some)
+  for (const std::string& name : OpNames()) {
+    auto spec = BenchSpec(name, BenchSizeName(name) == "hidden" ? 4096 : 128256, DType::kBF16);
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    ops.push_back(*spec);
+  }
   const std::string root = KJIT_SOURCE_DIR;
   std::vector<std::string> files = {root + "/README.md", root + "/python/kjit/_runtime.py"};
   for (const auto& e : std::filesystem::directory_iterator(root + "/include/kjit")) {

@@ -29,7 +29,7 @@ def _driver_present() -> bool:
 
 
 def test_abi_and_version_match_the_native_library():
-    assert kjit.abi_version() == kjit.ABI_VERSION == 5
+    assert kjit.abi_version() == kjit.ABI_VERSION == 6
     assert kjit.version() == kjit.__version__
     assert kjit.full_version().startswith(f"kjit {kjit.__version__} (NVRTC ")
 
