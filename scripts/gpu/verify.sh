@@ -31,7 +31,8 @@
 # run returned (copy it there), so that the run spends its time running kernels, not compiling.
 #
 # Environment: STAGES (default "cpp sanitizer python bench") picks stages; SHARDS (default 12) the
-# C++ suite's processes; PYTEST_ARGS adds pytest arguments; KJIT_COLD_CACHE=1 starts without the
+# C++ suite's processes; CPP_FILTER (default *) the suite's tests besides the serial ones, for a
+# call that reruns a few; PYTEST_ARGS adds pytest arguments; KJIT_COLD_CACHE=1 starts without the
 # carried cache. Exit status 0 only when every stage ran with nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -94,7 +95,7 @@ cpp_shards() {
   t0=$(now_ms)
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i KJIT_TRACE=$traces/cpp-$i.json \
-      checked "cpp-shard$i" 300 nice -n 5 "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" \
+      checked "cpp-shard$i" 300 nice -n 5 "$bin/kjit_gpu_tests" --gtest_filter="${CPP_FILTER:-*}-$serial" \
       --gtest_output="json:$logs/cpp-shard$i.json" &
     pids+=($!)
   done
@@ -186,7 +187,7 @@ if wants cpp; then
     i=${log##*cpp-shard}; i=${i%.log}
     [ -f "$logs/cpp-shard$i.json" ] && continue
     reserve=$bench_keep GTEST_TOTAL_SHARDS=${SHARDS:-12} GTEST_SHARD_INDEX=$i checked "rerun-cpp-shard$i" 200 \
-      "$bin/kjit_gpu_tests" --gtest_filter="*-$serial" --gtest_output="json:$logs/rerun-cpp-shard$i.json"
+      "$bin/kjit_gpu_tests" --gtest_filter="${CPP_FILTER:-*}-$serial" --gtest_output="json:$logs/rerun-cpp-shard$i.json"
   done
   KJIT_TRACE=$traces/cpp-serial.json timeout "$(limit 200 "$bench_keep")" "$bin/kjit_gpu_tests" --gtest_filter="$serial" \
     --gtest_output="json:$logs/cpp-serial.json" > "$logs/cpp-serial.log" 2>&1 || rc=1
