@@ -122,16 +122,19 @@ PassOf<Op> Pass(const char* name, absl::Status (Op::*launch)(CUstream, const Arg
                                                       const NamedArgs& named) -> absl::Status {
     Args args{};
     Fields f;
-    for (const auto& [given, tensor] : named.tensors) {
+    // (named pairs, not structured bindings: clang 14 cannot capture those in a lambda)
+    for (const auto& named_tensor : named.tensors) {
+      const auto& [given, tensor] = named_tensor;
       const auto it = std::find_if(list.begin(), list.end(), [&](const ArgField<Args>& a) {
-        return a.tensor != nullptr && given == a.name;
+        return a.tensor != nullptr && named_tensor.first == a.name;
       });
       if (it == list.end()) return UnknownArgument("tensor", given, pass, list);
       args.*(it->tensor) = f.Tensor(given, *tensor);
     }
-    for (const auto& [given, index] : named.indexes) {
+    for (const auto& named_index : named.indexes) {
+      const auto& [given, index] = named_index;
       const auto it = std::find_if(list.begin(), list.end(), [&](const ArgField<Args>& a) {
-        return a.index != nullptr && given == a.name;
+        return a.index != nullptr && named_index.first == a.name;
       });
       if (it == list.end()) return UnknownArgument("index", given, pass, list);
       args.*(it->index) = f.Index(given, *index);

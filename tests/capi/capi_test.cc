@@ -36,6 +36,7 @@
 #include "kjit/rms_norm.h"
 #include "kjit/runtime.h"
 #include "kjit/sharded_cross_entropy.h"
+#include "tests/capi/take_string.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 
@@ -44,12 +45,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-// A string kjit returned through a char** out, freed with kjit_free.
-std::string Take(char* s) {
-  std::unique_ptr<char, decltype(&kjit_free)> owned(s, kjit_free);
-  return s != nullptr ? s : "";
-}
 
 // What a failed call left: its code and this thread's message.
 struct Result {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kjit/kjit_c.h"
+#include "tests/capi/take_string.h"
 #include "tests/temp_dir.h"
 
 namespace kjit {
@@ -19,11 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-std::string Take(char* s) {
-  std::unique_ptr<char, decltype(&kjit_free)> owned(s, kjit_free);
-  return s != nullptr ? s : "";
-}
 
 class CapiOpByName : public ::testing::Test {
  protected:
