@@ -37,7 +37,8 @@ absl::StatusOr<nlohmann::json> ParseObject(std::string_view what, std::string_vi
 
 std::string Kinds() {
   std::string kinds;
-  for (const OpEntry& e : Table()) kinds += fmt::format("{}\"{}\"", kinds.empty() ? "" : ", ", e.kind);
+  for (const OpEntry& e : Table())
+    kinds += fmt::format("{}\"{}\"", kinds.empty() ? "" : ", ", e.kind);
   return kinds;
 }
 
@@ -46,16 +47,16 @@ absl::StatusOr<std::unique_ptr<NamedOp>> Create(const Runtime& rt, std::string_v
   KJIT_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject("spec_json", text));
   const auto op = j.find("op");
   if (op == j.end() || !op->is_string()) {
-    return absl::InvalidArgumentError(fmt::format(
-        "op: {}; expected the op's name as a string, one of {}",
-        op == j.end() ? "is missing" : op->dump() + " is not a string", Kinds()));
+    return absl::InvalidArgumentError(
+        fmt::format("op: {}; expected the op's name as a string, one of {}",
+                    op == j.end() ? "is missing" : op->dump() + " is not a string", Kinds()));
   }
   const std::string kind = op->get<std::string>();
   const auto entry = std::find_if(Table().begin(), Table().end(),
                                   [&](const OpEntry& e) { return e.kind == kind; });
   if (entry == Table().end()) {
-    return absl::InvalidArgumentError(
-        fmt::format("op: \"{}\" is not an op of kjit_op_create; expected one of {}", kind, Kinds()));
+    return absl::InvalidArgumentError(fmt::format(
+        "op: \"{}\" is not an op of kjit_op_create; expected one of {}", kind, Kinds()));
   }
   std::optional<std::string> config;
   if (const auto c = j.find("config"); c != j.end()) {
@@ -73,8 +74,9 @@ absl::StatusOr<std::unique_ptr<NamedOp>> Create(const Runtime& rt, std::string_v
 
 bool RegisterOp(OpEntry entry) {
   std::vector<OpEntry>& table = Table();
-  const auto at = std::lower_bound(table.begin(), table.end(), entry.kind,
-                                   [](const OpEntry& e, const std::string& k) { return e.kind < k; });
+  const auto at =
+      std::lower_bound(table.begin(), table.end(), entry.kind,
+                       [](const OpEntry& e, const std::string& k) { return e.kind < k; });
   if (at != table.end() && at->kind == entry.kind) {  // two entry files bind one kind: a bug
     std::fprintf(stderr, "kjit: the C API binds the op \"%s\" twice\n", entry.kind.c_str());
     std::abort();
@@ -200,12 +202,11 @@ kjit_status kjit_op_workspace_bytes(const kjit_op* op, const char* pass, int64_t
 }
 
 kjit_status kjit_op_config_for(const kjit_op* op, int64_t rows, char** config_out) {
-  return kjit::capi::QueryOp(__func__, op, "config_out", config_out,
-                             [&](const auto& named) -> absl::Status {
-                               KJIT_ASSIGN_OR_RETURN(const std::string config,
-                                                     named->ConfigFor(rows));
-                               return kjit::capi::Return(config, config_out);
-                             });
+  return kjit::capi::QueryOp(
+      __func__, op, "config_out", config_out, [&](const auto& named) -> absl::Status {
+        KJIT_ASSIGN_OR_RETURN(const std::string config, named->ConfigFor(rows));
+        return kjit::capi::Return(config, config_out);
+      });
 }
 
 kjit_status kjit_op_build(const kjit_op* op, char** json_out) {

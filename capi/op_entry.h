@@ -27,8 +27,8 @@
 
 namespace kjit::capi {
 
-// A launch's named arguments as the C caller gave them, checked: arrays not NULL where counted, each
-// name not NULL and given once.
+// A launch's named arguments as the C caller gave them, checked: arrays not NULL where counted,
+// each name not NULL and given once.
 struct NamedArgs {
   std::vector<std::pair<std::string_view, const kjit_tensor*>> tensors;
   std::vector<std::pair<std::string_view, const kjit_index*>> indexes;
@@ -55,15 +55,15 @@ constexpr int FieldCount() {
 template <class Args>
 struct ArgField {
   const char* name;
-  TensorView Args::* tensor = nullptr;
-  IndexView Args::* index = nullptr;
+  TensorView Args::*tensor = nullptr;
+  IndexView Args::*index = nullptr;
 };
 template <class Args>
-ArgField<Args> TensorArg(const char* name, TensorView Args::* field) {
+ArgField<Args> TensorArg(const char* name, TensorView Args::*field) {
   return {name, field, nullptr};
 }
 template <class Args>
-ArgField<Args> IndexArg(const char* name, IndexView Args::* field) {
+ArgField<Args> IndexArg(const char* name, IndexView Args::*field) {
   return {name, nullptr, field};
 }
 
@@ -98,9 +98,9 @@ absl::Status UnknownArgument(const char* kind, std::string_view given, const std
       names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", a.name);
     }
   }
-  return absl::InvalidArgumentError(fmt::format(
-      "{}s: \"{}\" is not a {} of the {} pass; it takes {}", kind, given, kind, pass,
-      names.empty() ? std::string("none") : names));
+  return absl::InvalidArgumentError(
+      fmt::format("{}s: \"{}\" is not a {} of the {} pass; it takes {}", kind, given, kind, pass,
+                  names.empty() ? std::string("none") : names));
 }
 
 // The pass `name` launching `launch` with Args whose view fields are `fields`, every one named:
@@ -117,7 +117,8 @@ PassOf<Op> Pass(const char* name, absl::Status (Op::*launch)(CUstream, const Arg
                 "name every view field of the args struct");
   std::vector<ArgField<Args>> list{fields...};
   PassSchema schema{.name = name, .workspace = kWorkspace};
-  for (const ArgField<Args>& f : list) (f.tensor ? schema.tensors : schema.indexes).push_back(f.name);
+  for (const ArgField<Args>& f : list)
+    (f.tensor ? schema.tensors : schema.indexes).push_back(f.name);
   auto run = [list, launch, pass = std::string(name)](const Op& op, CUstream stream,
                                                       const NamedArgs& named) -> absl::Status {
     Args args{};
@@ -229,9 +230,8 @@ class BoundOp final : public NamedOp {
   }
   absl::StatusOr<std::string> ConfigFor(int64_t rows) const override {
     if (!binding_.config_for) {
-      return absl::UnimplementedError(
-          fmt::format("{} has no per-row config (its schema says \"config_for\": false)",
-                      binding_.kind));
+      return absl::UnimplementedError(fmt::format(
+          "{} has no per-row config (its schema says \"config_for\": false)", binding_.kind));
     }
     KJIT_RETURN_IF_ERROR(CheckRows(rows));
     return binding_.config_for(op_, rows);
@@ -264,15 +264,14 @@ OpEntry EntryOf(const OpBinding<Op, Spec>& b) {
             .config = static_cast<bool>(b.parse_config),
             .config_for = static_cast<bool>(b.config_for)};
   for (const PassOf<Op>& p : b.passes) e.passes.push_back(p.schema);
-  e.create = [&b, defaults = e.defaults_json](const Runtime& rt, std::string_view json,
-                                              std::optional<std::string> config)
-      -> absl::StatusOr<std::unique_ptr<NamedOp>> {
+  e.create = [&b, defaults = e.defaults_json](
+                 const Runtime& rt, std::string_view json,
+                 std::optional<std::string> config) -> absl::StatusOr<std::unique_ptr<NamedOp>> {
     KJIT_ASSIGN_OR_RETURN(const std::string full, OverDefaults(defaults, json));
     KJIT_ASSIGN_OR_RETURN(Spec spec, b.from_json(full));
     if (config) {
       if (!b.parse_config) {
-        return absl::InvalidArgumentError(
-            fmt::format("config: {} takes no config", b.kind));
+        return absl::InvalidArgumentError(fmt::format("config: {} takes no config", b.kind));
       }
       KJIT_RETURN_IF_ERROR(b.parse_config(*config, spec));
     }
@@ -283,8 +282,9 @@ OpEntry EntryOf(const OpBinding<Op, Spec>& b) {
 }
 
 // Registers the OpBinding `binding` (a namespace-scope constant of the op's entry file) at load.
-#define KJIT_C_OP(binding) \
-  [[maybe_unused]] const bool binding##_registered = ::kjit::capi::RegisterOp(::kjit::capi::EntryOf(binding))
+#define KJIT_C_OP(binding)                           \
+  [[maybe_unused]] const bool binding##_registered = \
+      ::kjit::capi::RegisterOp(::kjit::capi::EntryOf(binding))
 
 }  // namespace kjit::capi
 

@@ -136,7 +136,8 @@ const OpBinding<kjit::RmsNorm, RmsNormSpec> kRmsNormByName{
                     TensorArg("dw", &RmsNormBackwardArgs::dw),
                     TensorArg("dresidual", &RmsNormBackwardArgs::dresidual))
                    .Workspace(&kjit::RmsNorm::BackwardWorkspaceBytes)},
-    .config_for = [](const kjit::RmsNorm& op, int64_t rows) { return op.ConfigFor(rows).ToString(); }};
+    .config_for = [](const kjit::RmsNorm& op,
+                     int64_t rows) { return op.ConfigFor(rows).ToString(); }};
 KJIT_C_OP(kRmsNormByName);
 
 }  // namespace

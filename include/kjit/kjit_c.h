@@ -58,8 +58,8 @@ extern "C" {
  *   4: the loss options are one struct, kjit_loss_options, embedded as `loss` in both loss specs;
  *      lse_square_scale is now z_loss.
  *   5: the RL heads (issue 47): kjit_log_probs_* (no existing struct changed).
- *   6: ops by name, kjit_op_* (issue 48): the way every op added from now on is offered (no existing
- *      struct changed). */
+ *   6: ops by name, kjit_op_* (issue 48): the way every op added from now on is offered (no
+ * existing struct changed). */
 #define KJIT_C_ABI_VERSION 6
 
 #if defined(__GNUC__)
@@ -654,7 +654,8 @@ KJIT_C_EXPORT void kjit_op_destroy(kjit_op* op);
 KJIT_C_EXPORT kjit_status kjit_op_spec(const kjit_op* op, char** json_out);
 KJIT_C_EXPORT kjit_status kjit_op_launch(const kjit_op* op, const char* pass, CUstream stream,
                                          const kjit_op_args* args);
-/* The workspace a launch of `pass` over `rows` (0 .. 2^31-1) needs; 0 for a pass that takes none. */
+/* The workspace a launch of `pass` over `rows` (0 .. 2^31-1) needs; 0 for a pass that takes none.
+ */
 KJIT_C_EXPORT kjit_status kjit_op_workspace_bytes(const kjit_op* op, const char* pass, int64_t rows,
                                                   int64_t* bytes);
 /* The config a launch of `rows` uses (text form); KJIT_UNIMPLEMENTED for an op whose schema says

@@ -127,7 +127,8 @@ struct RmsNormBackwardArgs {
 // Checks a spec without a GPU; InvalidArgument names the bad field.
 absl::Status ValidateRmsNormSpec(const RmsNormSpec& spec);
 
-// The spec as JSON without its config, as `kjit-tune --spec` and the C API's kjit_op_create take it:
+// The spec as JSON without its config, as `kjit-tune --spec` and the C API's kjit_op_create take
+// it:
 // {"op": "rms_norm", "hidden": 4096, "dtype": "bf16", ...}. RmsNormSpecFromJson needs every field
 // but weight_dtype and validates the spec; InvalidArgument names the field.
 std::string ToJson(const RmsNormSpec& spec);

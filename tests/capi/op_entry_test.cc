@@ -1,5 +1,5 @@
-// The C API's ops by name (kjit_op_*, ABI 6) on a compile-only runtime, through libkjit_c.so and its
-// header only: the schema, a spec JSON over the defaults, the same op as the typed entry points
+// The C API's ops by name (kjit_op_*, ABI 6) on a compile-only runtime, through libkjit_c.so and
+// its header only: the schema, a spec JSON over the defaults, the same op as the typed entry points
 // make, named arguments checked by name and converted as the typed structs are, workspaces, queries
 // and the handle's kind.
 #include <cstring>
@@ -98,7 +98,8 @@ TEST_F(CapiOpByName, TheSchemaListsEachOpWithItsDefaultsAndPasses) {
 }
 
 TEST_F(CapiOpByName, MakesTheOpTheTypedEntryPointsMake) {
-  kjit_op* op = Create(R"({"op": "rms_norm", "hidden": 4096, "eps": 1e-5, "config": "vec=8 fwd=256x1 bwd=512x1r2"})");
+  kjit_op* op = Create(
+      R"({"op": "rms_norm", "hidden": 4096, "eps": 1e-5, "config": "vec=8 fwd=256x1 bwd=512x1r2"})");
   ASSERT_NE(op, nullptr) << message_;
   const nlohmann::json spec = nlohmann::json::parse(Spec(op));
   EXPECT_EQ(spec["hidden"], 4096);
@@ -146,7 +147,8 @@ TEST_F(CapiOpByName, BadSpecsAreNamed) {
       {"[1]", "spec_json: expected a JSON object"},
       {R"({"hidden": 4096})", "op: is missing; expected the op's name as a string, one of "},
       {R"({"op": 7})", "op: 7 is not a string"},
-      {R"({"op": "rms_nrom"})", "op: \"rms_nrom\" is not an op of kjit_op_create; expected one of "},
+      {R"({"op": "rms_nrom"})",
+       "op: \"rms_nrom\" is not an op of kjit_op_create; expected one of "},
       {R"({"op": "rms_norm"})", "hidden: "},  // the default, 0, is refused by the op's checks
       {R"({"op": "rms_norm", "hidden": 4096, "hiden": 1})", "hiden: "},
       {R"({"op": "rms_norm", "hidden": 4096.5})", "hidden: 4096.5 is not an integer"},
@@ -168,15 +170,15 @@ TEST_F(CapiOpByName, LaunchesCheckTheNamesThenTheArgumentsThenRefuseCompileOnly)
   kjit_op* op = Create(R"({"op": "rms_norm", "hidden": 4096})");
   ASSERT_NE(op, nullptr) << message_;
   kjit_tensor y = x_;
-  EXPECT_EQ(Launch(op, "forward", {{"x", x_}, {"weight", w_}, {"y", y}}),
-            KJIT_FAILED_PRECONDITION)
+  EXPECT_EQ(Launch(op, "forward", {{"x", x_}, {"weight", w_}, {"y", y}}), KJIT_FAILED_PRECONDITION)
       << message_;
   EXPECT_THAT(message_, HasSubstr("compile-only"));
 
   EXPECT_EQ(Launch(op, "forward", {{"x", x_}, {"z", w_}}), KJIT_INVALID_ARGUMENT);
-  EXPECT_EQ(message_,
-            "tensors: \"z\" is not a tensor of the forward pass; it takes \"x\", \"weight\", \"y\", "
-            "\"rstd\", \"residual\", \"residual_out\"");
+  EXPECT_EQ(
+      message_,
+      "tensors: \"z\" is not a tensor of the forward pass; it takes \"x\", \"weight\", \"y\", "
+      "\"rstd\", \"residual\", \"residual_out\"");
   EXPECT_EQ(Launch(op, "forward", {{"x", x_}, {"x", x_}}), KJIT_INVALID_ARGUMENT);
   EXPECT_EQ(message_, "tensors[1].name: \"x\" is given twice");
   EXPECT_EQ(Launch(op, "forward", {{nullptr, x_}}), KJIT_INVALID_ARGUMENT);
@@ -221,8 +223,7 @@ TEST_F(CapiOpByName, AHandleOfAnotherKindIsRefusedBothWays) {
   ASSERT_NE(op, nullptr) << message_;
   char* text = nullptr;
   EXPECT_EQ(kjit_op_build(reinterpret_cast<const kjit_op*>(rt_), &text), KJIT_INVALID_ARGUMENT);
-  EXPECT_STREQ(kjit_last_error(),
-               "kjit_op_build: op is a kjit_runtime handle; expected a kjit_op");
+  EXPECT_STREQ(kjit_last_error(), "kjit_op_build: op is a kjit_runtime handle; expected a kjit_op");
   EXPECT_EQ(kjit_rms_norm_build(reinterpret_cast<const kjit_rms_norm*>(op), &text),
             KJIT_INVALID_ARGUMENT);
   EXPECT_STREQ(kjit_last_error(),

@@ -1,10 +1,10 @@
-// An op registers in one place (issues 36 and 48): its folder under ops/, its line in the registry's
-// OpSpec and, for a public op, its public header (include/kjit/<op>.h), its line in the umbrella
-// header and its entry file of the C API (capi/<op>_capi.cc). This scans the files every op shares
-// (the tools, the registry, the tuner, the runtime, the public headers, the C API and the Python
-// package) for an op's name or its spec's type outside the short allow-list below, so that a shared
-// file that grows a per-op branch ("if (op == "rms_norm")", "std::get_if<CrossEntropySpec>", a
-// Python class per op) fails here, naming the file and line. The scanner is tested on planted
+// An op registers in one place (issues 36 and 48): its folder under ops/, its line in the
+// registry's OpSpec and, for a public op, its public header (include/kjit/<op>.h), its line in the
+// umbrella header and its entry file of the C API (capi/<op>_capi.cc). This scans the files every
+// op shares (the tools, the registry, the tuner, the runtime, the public headers, the C API and the
+// Python package) for an op's name or its spec's type outside the short allow-list below, so that a
+// shared file that grows a per-op branch ("if (op == "rms_norm")", "std::get_if<CrossEntropySpec>",
+// a Python class per op) fails here, naming the file and line. The scanner is tested on planted
 // trees, so that it can fail.
 #include <algorithm>
 #include <cctype>
@@ -27,14 +27,14 @@ namespace fs = std::filesystem;
 
 // The shared files: each folder's C++, Python and CMake files, or one file. An op's own files in
 // them (include/kjit/<op>.h, capi/<op>_capi.cc) are its, as its folder under ops/ is.
-constexpr std::string_view kSharedFiles[] = {"tools/",          "autotune/",      "runtime/",
-                                             "ops/registry.h",  "ops/registry.cc", "include/kjit/",
-                                             "capi/",           "python/kjit/"};
+constexpr std::string_view kSharedFiles[] = {"tools/",         "autotune/",       "runtime/",
+                                             "ops/registry.h", "ops/registry.cc", "include/kjit/",
+                                             "capi/",          "python/kjit/"};
 
 // The ops that came before the C API's ops by name (kjit_op_*, ABI 6), each with a Runtime factory,
 // C functions and structs, and Python classes of its own, which stay for their users. A new op has
-// none of these: Op::Create, kjit_op_* and kjit.Runtime.op serve it without a shared file naming it.
-// (The sharded cross-entropy and the RL heads share cross_entropy's name or types.)
+// none of these: Op::Create, kjit_op_* and kjit.Runtime.op serve it without a shared file naming
+// it. (The sharded cross-entropy and the RL heads share cross_entropy's name or types.)
 constexpr std::string_view kOpsBeforeAbi6[] = {"rms_norm", "cross_entropy", "linear_cross_entropy",
                                                "log_probs"};
 
@@ -179,14 +179,14 @@ bool Names(std::string_view line, std::string_view word, bool type_prefix) {
   return false;
 }
 
-// Whether a line of Python names the op `op` (snake case): as a string of its own ("rms_norm"), in a
-// C function's name ("kjit_rms_norm_create"), or as a function or method (def rms_norm(, .rms_norm().
-// Python's variables and keywords are words too (grad_scale, a loss `scale`), so a part of a name
-// is not enough there, as it is in C and C++, whose shared files name ops only in their types and
-// functions.
+// Whether a line of Python names the op `op` (snake case): as a string of its own ("rms_norm"), in
+// a C function's name ("kjit_rms_norm_create"), or as a function or method (def rms_norm(,
+// .rms_norm(). Python's variables and keywords are words too (grad_scale, a loss `scale`), so a
+// part of a name is not enough there, as it is in C and C++, whose shared files name ops only in
+// their types and functions.
 bool PythonNames(std::string_view line, const std::string& op) {
-  for (const std::string& form : {"\"" + op + "\"", "'" + op + "'", "kjit_" + op + "_",
-                                  "def " + op + "(", "." + op + "("}) {
+  for (const std::string& form :
+       {"\"" + op + "\"", "'" + op + "'", "kjit_" + op + "_", "def " + op + "(", "." + op + "("}) {
     if (line.find(form) != std::string_view::npos) return true;
   }
   return false;
@@ -230,10 +230,12 @@ std::vector<std::string> PerOpLines(const fs::path& root, const std::vector<std:
     std::istringstream code(cpp ? WithoutComments(text.str()) : WithoutHashComments(text.str()));
     std::string line;
     for (int number = 1; std::getline(code, line); ++number) {
-      const bool offends = std::any_of(op_names.begin(), op_names.end(), [&](const std::string& op) {
-        const bool snake = ext == ".py" ? PythonNames(line, op) : Names(line, op, false);
-        return (snake || Names(line, CamelCase(op), true)) && !IsAllowed(path, line, op, allowed);
-      });
+      const bool offends =
+          std::any_of(op_names.begin(), op_names.end(), [&](const std::string& op) {
+            const bool snake = ext == ".py" ? PythonNames(line, op) : Names(line, op, false);
+            return (snake || Names(line, CamelCase(op), true)) &&
+                   !IsAllowed(path, line, op, allowed);
+          });
       if (offends) found.push_back(path + ":" + std::to_string(number) + ": " + line);
     }
   }
@@ -293,7 +295,7 @@ TEST_F(PlantedSharedFiles, CommentsOpFoldersAndTheAllowListPass) {
 TEST_F(PlantedSharedFiles, PublicHeadersTheCApiAndPythonAreShared) {
   ASSERT_TRUE(tmp_.ok());
   Write("include/kjit/rms_norm.h", "struct RmsNormSpec {};\n");  // the op's own header
-  Write("capi/rms_norm_capi.cc", "kjit_rms_norm_create();\n");  // the op's own entry file
+  Write("capi/rms_norm_capi.cc", "kjit_rms_norm_create();\n");   // the op's own entry file
   Write("include/kjit/runtime.h", "int a;\nabsl::StatusOr<RmsNorm> RmsNorm(const RmsNormSpec&);\n");
   Write("capi/capi_common.cc", "case kCrossEntropy: return \"kjit_cross_entropy\";\n");
   Write("python/kjit/_runtime.py",
@@ -340,10 +342,10 @@ TEST_F(PlantedSharedFiles, TheOpsBeforeAbi6KeepTheirTypedApiAndANewOpDoesNot) {
   Write("include/kjit/kjit_c.h", "kjit_rms_norm_create();\nkjit_scale_create();\n");
   Write("python/kjit/_runtime.py", "class Scale(_Handle):\n    pass\n");
   Write("include/kjit/kjit.h", "#include \"kjit/scale.h\"\n");
-  EXPECT_EQ(Joined(PerOpLines(root_, {"rms_norm", "scale"},
-                              {std::begin(kAllowed), std::end(kAllowed)})),
-            "include/kjit/kjit_c.h:2: kjit_scale_create();\n"
-            "python/kjit/_runtime.py:1: class Scale(_Handle):\n");
+  EXPECT_EQ(
+      Joined(PerOpLines(root_, {"rms_norm", "scale"}, {std::begin(kAllowed), std::end(kAllowed)})),
+      "include/kjit/kjit_c.h:2: kjit_scale_create();\n"
+      "python/kjit/_runtime.py:1: class Scale(_Handle):\n");
 }
 
 }  // namespace
