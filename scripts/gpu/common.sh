@@ -16,7 +16,8 @@
 #                          it can take the host's shared GPUs down)
 #   fresh_kernel_cache     KJIT_CACHE_DIR: a new, empty folder
 #   kernel_cache_start     KJIT_CACHE_DIR: a new folder, seeded from .device-cache/kernels.tgz
-#   kernel_cache_save      its most recently used entries as $out/kernels.tgz (what fits 15 MiB: what comes back)
+#   kernel_cache_save      its most recently used entries as $out/kernels.tgz, as many as fit the
+#                          15 MiB a call returns
 #   wheel_env LOG          python: a virtual environment with the carried kjit wheel (below)
 #   tp_sizes NAME [sizes...], torchrun_each SCRIPT ARGS...
 #                          the multi-GPU TP benchmarks' sizes and runs (below)
