@@ -88,6 +88,15 @@ struct PassOf {
   }
 };
 
+// The field of `list` of one kind (ArgField::tensor or ::index) named `name`, or list.end().
+template <class Args, class View>
+auto FieldNamed(const std::vector<ArgField<Args>>& list, View Args::*ArgField<Args>::*kind,
+                std::string_view name) {
+  return std::find_if(list.begin(), list.end(), [&](const ArgField<Args>& a) {
+    return a.*kind != nullptr && name == a.name;
+  });
+}
+
 // InvalidArgument for a name the pass's args do not have, listing those of its kind it has.
 template <class Args>
 absl::Status UnknownArgument(const char* kind, std::string_view given, const std::string& pass,
@@ -123,20 +132,13 @@ PassOf<Op> Pass(const char* name, absl::Status (Op::*launch)(CUstream, const Arg
                                                       const NamedArgs& named) -> absl::Status {
     Args args{};
     Fields f;
-    // (named pairs, not structured bindings: clang 14 cannot capture those in a lambda)
-    for (const auto& named_tensor : named.tensors) {
-      const auto& [given, tensor] = named_tensor;
-      const auto it = std::find_if(list.begin(), list.end(), [&](const ArgField<Args>& a) {
-        return a.tensor != nullptr && named_tensor.first == a.name;
-      });
+    for (const auto& [given, tensor] : named.tensors) {
+      const auto it = FieldNamed(list, &ArgField<Args>::tensor, given);
       if (it == list.end()) return UnknownArgument("tensor", given, pass, list);
       args.*(it->tensor) = f.Tensor(given, *tensor);
     }
-    for (const auto& named_index : named.indexes) {
-      const auto& [given, index] = named_index;
-      const auto it = std::find_if(list.begin(), list.end(), [&](const ArgField<Args>& a) {
-        return a.index != nullptr && named_index.first == a.name;
-      });
+    for (const auto& [given, index] : named.indexes) {
+      const auto it = FieldNamed(list, &ArgField<Args>::index, given);
       if (it == list.end()) return UnknownArgument("index", given, pass, list);
       args.*(it->index) = f.Index(given, *index);
     }
