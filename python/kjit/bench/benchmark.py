@@ -365,14 +365,21 @@ def check_linear_cross_entropy(hidden, weight, target) -> dict:
     check = {"reference": reference, "loss": got[0].item(), "loss_expected": expected[0].item(),
              "loss_rel_err": loss_rel, "loss_rtol": LCE_CHECK_LOSS_RTOL,
              "grad_tol_of_max": LCE_CHECK_GRAD_OF_MAX}
-    ok = loss_rel <= LCE_CHECK_LOSS_RTOL
-    for name, g, e in zip(("d_hidden", "d_weight"), got[1:], expected[1:]):
+    grads_ok = _grads_within(check, ("d_hidden", "d_weight"), got[1:], expected[1:])
+    check["ok"] = loss_rel <= LCE_CHECK_LOSS_RTOL and grads_ok
+    return check
+
+
+def _grads_within(check: dict, names, got, expected) -> bool:
+    """Whether each gradient's largest error is within LCE_CHECK_GRAD_OF_MAX of its expected
+    largest magnitude; both figures go into `check` under the gradient's name."""
+    ok = True
+    for name, g, e in zip(names, got, expected):
         err = (g.float() - e.float()).abs().max().item()
         largest = e.abs().max().float().item()
         check.update({f"{name}_max_abs_err": err, f"{name}_max_abs": largest})
         ok = ok and err <= LCE_CHECK_GRAD_OF_MAX * largest
-    check["ok"] = ok
-    return check
+    return ok
 
 
 def _lce_inputs(rows: int, hidden: int, vocab: int) -> tuple:
@@ -453,13 +460,7 @@ def _rl_step(fn, inputs, target):
 def _rl_check(got, expected) -> dict:
     """kjit's gradients against eager's (fp32 softmax of the same bf16 logits), as the lce check."""
     check = {"reference": "torch eager, fp32 softmax", "grad_tol_of_max": LCE_CHECK_GRAD_OF_MAX}
-    ok = True
-    for i, (g, e) in enumerate(zip(got, expected)):
-        err = (g.float() - e.float()).abs().max().item()
-        largest = e.abs().max().float().item()
-        check.update({f"grad{i}_max_abs_err": err, f"grad{i}_max_abs": largest})
-        ok = ok and err <= LCE_CHECK_GRAD_OF_MAX * largest
-    check["ok"] = ok
+    check["ok"] = _grads_within(check, [f"grad{i}" for i in range(len(got))], got, expected)
     return check
 
 
